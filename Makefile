@@ -1,0 +1,36 @@
+# The two quick-start commands: `make demo` and `make test` (spec section 1).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-test
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(VENV)/.installed $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/mcp-gateway demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check gateway sandbox tests bench
+	$(VENV)/bin/ruff format --check gateway sandbox tests bench
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PY) -m pytest
+
+bench: $(VENV)/.installed
+	$(PY) bench/stdio_refusals.py
+
+clean:
+	rm -rf $(VENV) .demo build *.egg-info

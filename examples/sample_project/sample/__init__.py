@@ -1,0 +1,1 @@
+"""A tiny library for the gateway's demo: an inventory with prices."""

@@ -1,0 +1,220 @@
+"""The append-only, hash-chained audit log (spec section 8).
+
+Each event stores `prev_hash` and `hash = sha256(prev_hash + canonical JSON of the event)`,
+where the event is every exported field but the two hashes. Events are numbered 1, 2, 3...
+and `audit_head` keeps the last id and hash, so an edited, deleted, reordered or truncated
+log fails `verify_chain`. Appends lock `audit_head`, so several gateways can share a log.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway import db
+from gateway.canonical import canonical_json, sha256_hex
+from gateway.clock import Clock, iso_utc
+from gateway.errors import InternalError
+
+
+class EventType(StrEnum):
+    MCP_TOOL_CALL = "MCP_TOOL_CALL"
+    POLICY_BLOCKED = "POLICY_BLOCKED"
+    TOOL_STARTED = "TOOL_STARTED"
+    SANDBOX_EXEC = "SANDBOX_EXEC"
+    TOOL_FINISHED = "TOOL_FINISHED"
+    PERMISSION_DECISION = "mcp.permission.decision"
+    USER_ADDED = "USER_ADDED"
+    USER_DISABLED = "USER_DISABLED"
+    USER_ROLE_CHANGED = "USER_ROLE_CHANGED"
+    TOKEN_ISSUED = "TOKEN_ISSUED"
+    TOKEN_REVOKED = "TOKEN_REVOKED"
+
+
+@dataclass(frozen=True, slots=True)
+class EventDraft:
+    """What a caller supplies; the log adds id, ts and the hashes."""
+
+    event_type: EventType
+    run_id: str | None = None
+    user: str | None = None
+    workspace: str | None = None
+    tool_name: str | None = None
+    args_hash: str | None = None
+    code: int | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    id: int
+    ts: str
+    event_type: str
+    run_id: str | None
+    user: str | None
+    workspace: str | None
+    tool_name: str | None
+    args_hash: str | None
+    code: int | None
+    detail: Mapping[str, Any]
+    prev_hash: str
+    hash: str
+
+    def body(self) -> dict[str, Any]:
+        """The hashed part: everything but the two hashes."""
+        return {
+            "id": self.id,
+            "ts": self.ts,
+            "event_type": self.event_type,
+            "run_id": self.run_id,
+            "user": self.user,
+            "workspace": self.workspace,
+            "tool_name": self.tool_name,
+            "args_hash": self.args_hash,
+            "code": self.code,
+            "detail": dict(self.detail),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.body(), "prev_hash": self.prev_hash, "hash": self.hash}
+
+
+def chain_hash(prev_hash: str, body: Mapping[str, Any]) -> str:
+    return sha256_hex(prev_hash + canonical_json(body))
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHead:
+    last_id: int
+    last_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainReport:
+    ok: bool
+    checked: int
+    first_bad_id: int | None = None
+    problem: str | None = None
+
+
+def verify_chain(events: Iterable[AuditEvent], head: ChainHead) -> ChainReport:
+    """Check ids run 1..n without gaps, each hash links to the previous, and the head matches."""
+    prev_hash = db.GENESIS_HASH
+    expected_id = 1
+    checked = 0
+    for event in events:
+        if event.id != expected_id:
+            bad = min(event.id, expected_id)
+            return ChainReport(False, checked, bad, f"expected event {expected_id}, found {event.id}")
+        if event.prev_hash != prev_hash:
+            return ChainReport(False, checked, event.id, "prev_hash does not match the previous event")
+        if chain_hash(prev_hash, event.body()) != event.hash:
+            return ChainReport(False, checked, event.id, "hash does not match the event's content")
+        prev_hash = event.hash
+        expected_id += 1
+        checked += 1
+    if head.last_id != checked or head.last_hash != prev_hash:
+        return ChainReport(False, checked, checked + 1, "events after the last one found are missing")
+    return ChainReport(True, checked)
+
+
+class AuditLog:
+    def __init__(self, engine: Engine, clock: Clock) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def append(self, *drafts: EventDraft) -> list[AuditEvent]:
+        """Commit the drafts, in order, as consecutive events; InternalError if they cannot be written."""
+        try:
+            with self._engine.begin() as connection:
+                row = connection.execute(
+                    select(db.audit_head.c.last_id, db.audit_head.c.last_hash)
+                    .where(db.audit_head.c.id == 1)
+                    .with_for_update()
+                ).one()
+                last_id, prev_hash = int(row.last_id), str(row.last_hash)
+                written: list[AuditEvent] = []
+                ts = iso_utc(self._clock.now())
+                for draft in drafts:
+                    last_id += 1
+                    event = _seal(last_id, ts, draft, prev_hash)
+                    written.append(event)
+                    prev_hash = event.hash
+                connection.execute(db.audit_events.insert(), [_to_row(e) for e in written])
+                connection.execute(
+                    update(db.audit_head).where(db.audit_head.c.id == 1).values(last_id=last_id, last_hash=prev_hash)
+                )
+        except SQLAlchemyError as exc:
+            raise InternalError("audit_unavailable", "the audit log could not be written") from exc
+        return written
+
+    def head(self) -> ChainHead:
+        with self._engine.connect() as connection:
+            row = connection.execute(select(db.audit_head).where(db.audit_head.c.id == 1)).one()
+        return ChainHead(int(row.last_id), str(row.last_hash))
+
+    def events(self, since_ts: str | None = None, run_id: str | None = None) -> Iterator[AuditEvent]:
+        query = select(db.audit_events).order_by(db.audit_events.c.id)
+        if since_ts is not None:
+            query = query.where(db.audit_events.c.ts >= since_ts)
+        if run_id is not None:
+            query = query.where(db.audit_events.c.run_id == run_id)
+        with self._engine.connect() as connection:
+            for row in connection.execute(query.execution_options(yield_per=1000)):
+                yield _from_row(row._mapping)
+
+
+def _seal(event_id: int, ts: str, draft: EventDraft, prev_hash: str) -> AuditEvent:
+    unsealed = AuditEvent(
+        id=event_id,
+        ts=ts,
+        event_type=str(draft.event_type),
+        run_id=draft.run_id,
+        user=draft.user,
+        workspace=draft.workspace,
+        tool_name=draft.tool_name,
+        args_hash=draft.args_hash,
+        code=draft.code,
+        detail=dict(draft.detail),
+        prev_hash=prev_hash,
+        hash="",
+    )
+    return AuditEvent(**{**_fields(unsealed), "hash": chain_hash(prev_hash, unsealed.body())})
+
+
+def _fields(event: AuditEvent) -> dict[str, Any]:
+    return {name: getattr(event, name) for name in AuditEvent.__slots__}
+
+
+def _to_row(event: AuditEvent) -> dict[str, Any]:
+    row = _fields(event)
+    row["user_name"] = row.pop("user")
+    row["detail"] = canonical_json(row["detail"])
+    return row
+
+
+def _from_row(row: Mapping[str, Any]) -> AuditEvent:
+    try:
+        detail = json.loads(row["detail"])
+    except (TypeError, ValueError):
+        detail = {"unreadable_detail": str(row["detail"])}
+    return AuditEvent(
+        id=int(row["id"]),
+        ts=row["ts"],
+        event_type=row["event_type"],
+        run_id=row["run_id"],
+        user=row["user_name"],
+        workspace=row["workspace"],
+        tool_name=row["tool_name"],
+        args_hash=row["args_hash"],
+        code=row["code"],
+        detail=detail,
+        prev_hash=row["prev_hash"],
+        hash=row["hash"],
+    )

@@ -1,0 +1,285 @@
+"""Stage 2 of the pipeline (spec section 4): a per-call JWT becomes a Principal, or -32001.
+
+pyjwt checks the signature, the algorithm, `iss`, `aud` and the presence of the required
+claims; the lifetime (`exp`, `nbf`, `iat`, the policy's max TTL) is checked here by a pure
+function against the injected clock. The key is chosen by the algorithm family named in
+the token's header, and only among the policy's algorithms, so an HS256 token can never be
+checked against an RSA public key (the HS/RS confusion) and `alg: none` is never accepted.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+from sqlalchemy import Engine, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway import db
+from gateway.clock import Clock
+from gateway.errors import AuthRequiredError, ConfigError, InternalError
+from gateway.policy import AuthPolicy
+from gateway.users import UserRecord, UserStore
+
+REQUIRED_CLAIMS = ("sub", "iss", "aud", "iat", "exp", "jti")
+MAX_TOKEN_BYTES = 8192
+WORKSPACE_CLAIM = "ws"
+_ASYMMETRIC_FILES = {"RS256": "signing-rs256.pem", "EdDSA": "signing-eddsa.pem"}
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    sub: str
+    jti: str
+    iat: float
+    exp: float
+    nbf: float | None
+    workspace: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    name: str
+    role: str
+    workspaces: tuple[str, ...]
+    token_workspace: str | None
+    jti: str
+
+
+# --- keys ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRing:
+    hmac_secret: bytes
+    private_keys: Mapping[str, Any]
+
+    def signing_key(self, alg: str) -> Any:
+        return self.hmac_secret if alg.startswith("HS") else self.private_keys.get(alg)
+
+    def verification_key(self, alg: str) -> Any:
+        if alg.startswith("HS"):
+            return self.hmac_secret
+        private = self.private_keys.get(alg)
+        return None if private is None else private.public_key()
+
+
+def _create_exclusive(path: Path, data: bytes) -> None:
+    """Write a new 0600 file; never replace an existing one."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def ensure_keys(home: Path, algorithms: tuple[str, ...]) -> list[Path]:
+    """Create the signing keys the policy's algorithms need; existing keys are kept. Returns new files."""
+    created: list[Path] = []
+    secret_path = home / "signing.key"
+    if not secret_path.exists():
+        _create_exclusive(secret_path, secrets.token_hex(32).encode("ascii") + b"\n")
+        created.append(secret_path)
+    for alg, filename in _ASYMMETRIC_FILES.items():
+        path = home / filename
+        if alg in algorithms and not path.exists():
+            key = rsa.generate_private_key(65537, 3072) if alg == "RS256" else ed25519.Ed25519PrivateKey.generate()
+            pem = key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+            _create_exclusive(path, pem)
+            created.append(path)
+    return created
+
+
+def load_keyring(home: Path) -> KeyRing:
+    secret_path = home / "signing.key"
+    try:
+        secret = bytes.fromhex(secret_path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError) as exc:
+        raise ConfigError("signing key missing or unreadable; run `mcp-gateway init`", str(secret_path)) from exc
+    if len(secret) < 32:
+        raise ConfigError("signing key is shorter than 32 bytes", str(secret_path))
+    private: dict[str, Any] = {}
+    for alg, filename in _ASYMMETRIC_FILES.items():
+        path = home / filename
+        if path.exists():
+            try:
+                private[alg] = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            except (OSError, ValueError) as exc:
+                raise ConfigError("private key unreadable", str(path)) from exc
+    return KeyRing(secret, private)
+
+
+# --- issuing ------------------------------------------------------------------------------
+
+
+def issue_token(
+    keys: KeyRing,
+    auth: AuthPolicy,
+    user: str,
+    *,
+    now: float,
+    ttl_s: int,
+    jti: str,
+    workspace: str | None = None,
+) -> str:
+    if ttl_s <= 0 or ttl_s > auth.max_ttl_s:
+        raise ConfigError(f"--ttl must be between 1 and the policy's max_ttl_s ({auth.max_ttl_s})")
+    alg = auth.algorithms[0]
+    key = keys.signing_key(alg)
+    if key is None:
+        raise ConfigError(f"no signing key for {alg}; run `mcp-gateway init` with this policy")
+    payload: dict[str, Any] = {
+        "sub": user,
+        "iss": auth.issuer,
+        "aud": auth.audience,
+        "iat": int(now),
+        "nbf": int(now),
+        "exp": int(now) + ttl_s,
+        "jti": jti,
+    }
+    if workspace is not None:
+        payload[WORKSPACE_CLAIM] = workspace
+    return jwt.encode(payload, key, algorithm=alg)
+
+
+# --- verifying ----------------------------------------------------------------------------
+
+_PYJWT_REASONS: tuple[tuple[type[Exception], str], ...] = (
+    (jwt.InvalidSignatureError, "bad_signature"),
+    (jwt.InvalidAudienceError, "wrong_audience"),
+    (jwt.InvalidIssuerError, "wrong_issuer"),
+    (jwt.MissingRequiredClaimError, "missing_claim"),
+    (jwt.InvalidAlgorithmError, "alg_not_allowed"),
+    (jwt.InvalidKeyError, "bad_signature"),
+    (jwt.DecodeError, "token_malformed"),
+)
+
+
+def decode_token(token: object, keys: KeyRing, auth: AuthPolicy) -> dict[str, Any]:
+    """Signature, algorithm, issuer, audience and required claims; lifetime is `check_lifetime`'s."""
+    if not isinstance(token, str) or not token:
+        raise AuthRequiredError("token_missing", "params.auth.token is required")
+    if len(token) > MAX_TOKEN_BYTES:
+        raise AuthRequiredError("token_malformed", "the token is too long")
+    try:
+        header = jwt.get_unverified_header(token)
+    except jwt.PyJWTError as exc:
+        raise AuthRequiredError("token_malformed", "the token is not a JWT") from exc
+    alg = header.get("alg")
+    if not isinstance(alg, str) or alg not in auth.algorithms:
+        raise AuthRequiredError("alg_not_allowed", "the token's algorithm is not allowed by the policy")
+    key = keys.verification_key(alg)
+    if key is None:
+        raise AuthRequiredError("alg_not_allowed", "no verification key for the token's algorithm")
+    try:
+        return jwt.decode(
+            token,
+            key,
+            algorithms=[alg],
+            audience=auth.audience,
+            issuer=auth.issuer,
+            options={
+                "require": list(REQUIRED_CLAIMS),
+                "verify_exp": False,
+                "verify_nbf": False,
+                "verify_iat": False,
+            },
+        )
+    except jwt.PyJWTError as exc:
+        for kind, reason in _PYJWT_REASONS:
+            if isinstance(exc, kind):
+                raise AuthRequiredError(reason, "the token was rejected") from exc
+        raise AuthRequiredError("token_invalid", "the token was rejected") from exc
+
+
+def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> Claims:
+    """Validate claim types and the token's lifetime against `now` (pure)."""
+    sub, jti = payload.get("sub"), payload.get("jti")
+    iat, exp, nbf = payload.get("iat"), payload.get("exp"), payload.get("nbf")
+    workspace = payload.get(WORKSPACE_CLAIM)
+    if not isinstance(sub, str) or not sub or not isinstance(jti, str) or not jti:
+        raise AuthRequiredError("claim_invalid", "sub and jti must be non-empty strings")
+    numbers = [iat, exp] + ([] if nbf is None else [nbf])
+    if any(isinstance(n, bool) or not isinstance(n, int | float) for n in numbers):
+        raise AuthRequiredError("claim_invalid", "iat, exp and nbf must be numbers")
+    if workspace is not None and not isinstance(workspace, str):
+        raise AuthRequiredError("claim_invalid", "ws must be a string")
+    leeway = auth.leeway_s
+    if now > exp + leeway:
+        raise AuthRequiredError("token_expired", "the token has expired")
+    if nbf is not None and now + leeway < nbf:
+        raise AuthRequiredError("token_not_yet_valid", "the token is not valid yet")
+    if now + leeway < iat:
+        raise AuthRequiredError("token_not_yet_valid", "the token was issued in the future")
+    if exp - iat > auth.max_ttl_s:
+        raise AuthRequiredError("token_ttl_too_long", "the token outlives the policy's max_ttl_s")
+    return Claims(sub, jti, float(iat), float(exp), None if nbf is None else float(nbf), workspace)
+
+
+def require_active_user(user: UserRecord | None, claims: Claims, revoked: bool) -> Principal:
+    if revoked:
+        raise AuthRequiredError("token_revoked", "the token has been revoked")
+    if user is None:
+        raise AuthRequiredError("user_unknown", "the token's user does not exist")
+    if user.disabled:
+        raise AuthRequiredError("user_disabled", "the token's user is disabled")
+    return Principal(user.name, user.role, user.workspaces, claims.workspace, claims.jti)
+
+
+class TokenStore:
+    """Issued and revoked token ids (`jti`); the tokens themselves are never stored."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def record_issued(self, jti: str, user: str, issued_at: float, expires_at: float) -> None:
+        with self._engine.begin() as connection:
+            connection.execute(
+                db.tokens.insert().values(jti=jti, user_name=user, issued_at=issued_at, expires_at=expires_at)
+            )
+
+    def revoke(self, jti: str, now: float) -> None:
+        """Revoke a jti, known or not (a token minted elsewhere with our key is revocable too)."""
+        values = {"jti": jti, "revoked_at": now}
+        dialect = self._engine.dialect.name
+        insert = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(db.tokens).values(**values)
+        statement = insert.on_conflict_do_update(index_elements=["jti"], set_={"revoked_at": now})
+        with self._engine.begin() as connection:
+            connection.execute(statement)
+
+    def is_revoked(self, jti: str) -> bool:
+        with self._engine.connect() as connection:
+            revoked_at = connection.execute(
+                select(db.tokens.c.revoked_at).where(db.tokens.c.jti == jti)
+            ).scalar_one_or_none()
+        return revoked_at is not None
+
+
+class Authenticator:
+    """Token -> Principal, reading revocation and the user's role from the database at each call."""
+
+    def __init__(self, keys: KeyRing, auth: AuthPolicy, tokens: TokenStore, users: UserStore, clock: Clock) -> None:
+        self._keys = keys
+        self._auth = auth
+        self._tokens = tokens
+        self._users = users
+        self._clock = clock
+
+    def authenticate(self, token: object) -> Principal:
+        claims = check_lifetime(decode_token(token, self._keys, self._auth), self._clock.now(), self._auth)
+        try:
+            revoked = self._tokens.is_revoked(claims.jti)
+            user = self._users.fetch(claims.sub)
+        except SQLAlchemyError as exc:
+            raise InternalError("database_unavailable", "the user database could not be read") from exc
+        return require_active_user(user, claims, revoked)

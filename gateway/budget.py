@@ -1,0 +1,130 @@
+"""Stage 6 of the pipeline (spec section 4): a per-user budget over a sliding window.
+
+A write call reserves one attempt before it runs (so concurrent calls cannot both take
+the last attempt) and is charged its elapsed time after it. The reservation is one
+transaction that first locks the user's row, then reads the window, decides with the pure
+`evaluate`, and inserts the charge; the charge after the run is a single UPDATE adding to
+the row, never a read-modify-write in Python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway import db
+from gateway.clock import Clock
+from gateway.errors import BudgetExceededError, InternalError
+from gateway.policy import BudgetPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    ts: float
+    elapsed_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    attempts: int
+    elapsed_ms: int
+
+
+def usage_of(charges: Sequence[Charge]) -> Usage:
+    return Usage(len(charges), sum(c.elapsed_ms for c in charges))
+
+
+def evaluate(charges: Sequence[Charge], limits: BudgetPolicy, now: float) -> None:
+    """Raise BudgetExceededError if one more attempt would not fit. `charges` are in the window."""
+    ordered = sorted(charges, key=lambda c: c.ts)
+    if len(ordered) >= limits.attempts_total:
+        # Room appears when enough of the oldest attempts leave the window; with a budget
+        # of zero attempts it never does, and the answer is "not within this window".
+        retry = (
+            _retry_after(ordered[len(ordered) - limits.attempts_total].ts, limits, now)
+            if limits.attempts_total
+            else limits.window_s
+        )
+        raise BudgetExceededError("attempts_exhausted", retry, "attempts over the window's budget")
+    total = sum(c.elapsed_ms for c in ordered)
+    if total >= limits.elapsed_ms_total:
+        remaining = total
+        leaving_ts = ordered[-1].ts if ordered else now
+        for charge in ordered:
+            remaining -= charge.elapsed_ms
+            if remaining < limits.elapsed_ms_total:
+                leaving_ts = charge.ts
+                break
+        raise BudgetExceededError(
+            "elapsed_exhausted",
+            _retry_after(leaving_ts, limits, now),
+            "elapsed time over the window's budget",
+        )
+
+
+def _retry_after(leaving_ts: float, limits: BudgetPolicy, now: float) -> int:
+    return max(1, math.ceil(leaving_ts + limits.window_s - now))
+
+
+class BudgetLedger:
+    def __init__(self, engine: Engine, clock: Clock) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def reserve(self, user: str, run_id: str, limits: BudgetPolicy) -> int:
+        """Take one attempt for `run_id` or raise BudgetExceededError. Returns the charge's id."""
+        now = self._clock.now()
+        try:
+            with self._engine.begin() as connection:
+                # The row lock serialises reservations of one user across gateways (PostgreSQL);
+                # SQLite's BEGIN IMMEDIATE already serialises every writer.
+                connection.execute(select(db.users.c.id).where(db.users.c.name == user).with_for_update())
+                rows = connection.execute(
+                    select(db.budget_charges.c.ts, db.budget_charges.c.elapsed_ms).where(
+                        db.budget_charges.c.user_name == user,
+                        db.budget_charges.c.ts > now - limits.window_s,
+                    )
+                ).all()
+                evaluate([Charge(float(r.ts), int(r.elapsed_ms)) for r in rows], limits, now)
+                return int(
+                    connection.execute(
+                        db.budget_charges.insert()
+                        .values(user_name=user, ts=now, elapsed_ms=0, run_id=run_id)
+                        .returning(db.budget_charges.c.id)
+                    ).scalar_one()
+                )
+        except SQLAlchemyError as exc:
+            raise InternalError("database_unavailable", "the budget could not be read") from exc
+
+    def check(self, user: str, limits: BudgetPolicy) -> None:
+        """The same decision as `reserve`, without taking anything (for `policy explain`)."""
+        now = self._clock.now()
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(db.budget_charges.c.ts, db.budget_charges.c.elapsed_ms).where(
+                    db.budget_charges.c.user_name == user, db.budget_charges.c.ts > now - limits.window_s
+                )
+            ).all()
+        evaluate([Charge(float(r.ts), int(r.elapsed_ms)) for r in rows], limits, now)
+
+    def charge(self, charge_id: int, elapsed_ms: int) -> None:
+        with self._engine.begin() as connection:
+            connection.execute(
+                update(db.budget_charges)
+                .where(db.budget_charges.c.id == charge_id)
+                .values(elapsed_ms=db.budget_charges.c.elapsed_ms + max(0, elapsed_ms))
+            )
+
+    def usage(self, user: str, limits: BudgetPolicy) -> Usage:
+        now = self._clock.now()
+        with self._engine.connect() as connection:
+            row = connection.execute(
+                select(func.count(), func.coalesce(func.sum(db.budget_charges.c.elapsed_ms), 0)).where(
+                    db.budget_charges.c.user_name == user, db.budget_charges.c.ts > now - limits.window_s
+                )
+            ).one()
+        return Usage(int(row[0]), int(row[1]))

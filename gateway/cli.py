@@ -1,0 +1,311 @@
+"""The `mcp-gateway` command (spec section 3). Exit 0 success, 1 refused or failed, 2 usage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jwt
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.audit import AuditLog, EventDraft, EventType, verify_chain
+from gateway.auth import ensure_keys, issue_token
+from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
+from gateway.db import make_engine, migrate, schema_is_current
+from gateway.errors import ConfigError
+from gateway.policy import load_policy, risky_settings
+from gateway.rbac import ADMIN_ROLE
+from gateway.services import Services, open_services
+from gateway.settings import Settings, resolve_settings
+from gateway.tools.registry import TOOL_NAMES
+from gateway.users import UserError
+
+log = logging.getLogger("gateway")
+
+
+class CommandError(Exception):
+    """An expected failure: one line on stderr, exit 1."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mcp-gateway", description="A security gateway for MCP write tools.")
+    parser.add_argument("--home", help="state folder (env MCP_GATEWAY_HOME, default ~/.mcp-gateway)")
+    parser.add_argument("--db", help="SQLAlchemy database URL (env MCP_GATEWAY_DB)")
+    parser.add_argument("--policy", help="policy file (env MCP_GATEWAY_POLICY)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("init", help="create the state folder, database schema and signing key")
+
+    user = sub.add_parser("user", help="manage users").add_subparsers(dest="action", required=True)
+    add = user.add_parser("add", help="add a user")
+    add.add_argument("name")
+    add.add_argument("--role", required=True)
+    add.add_argument("--workspace", action="append", default=[], help="a workspace the user may use (repeatable)")
+    add.add_argument("--password-stdin", action="store_true", help="read a password (for the web console) on stdin")
+    user.add_parser("list", help="list users")
+    disable = user.add_parser("disable", help="disable a user; their tokens stop working at once")
+    disable.add_argument("name")
+    set_role = user.add_parser("set-role", help="change a user's role")
+    set_role.add_argument("name")
+    set_role.add_argument("role")
+
+    token = sub.add_parser("token", help="issue and revoke tokens").add_subparsers(dest="action", required=True)
+    issue = token.add_parser("issue", help="print a new token for a user")
+    issue.add_argument("name")
+    issue.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds (default 3600)")
+    issue.add_argument("--workspace", help="limit the token to one workspace")
+    revoke = token.add_parser("revoke", help="revoke a token (give the token or its jti)")
+    revoke.add_argument("token_or_jti")
+
+    sub.add_parser("serve", help="run the stdio MCP server")
+
+    policy = sub.add_parser("policy", help="check or explain the policy").add_subparsers(dest="action", required=True)
+    check = policy.add_parser("check", help="validate a policy file and warn about risky settings")
+    check.add_argument("file", nargs="?")
+    explain = policy.add_parser("explain", help="dry run of the pipeline for a user and a tool")
+    explain.add_argument("--user", required=True)
+    explain.add_argument("--tool", required=True)
+    explain.add_argument("--args", default="{}", help="the tool's arguments as JSON")
+
+    audit = sub.add_parser("audit", help="read the audit log").add_subparsers(dest="action", required=True)
+    export = audit.add_parser("export", help="print the audit log as JSON Lines")
+    export.add_argument("--since", help="only events at or after this ISO 8601 time")
+    audit.add_parser("verify", help="check the hash chain")
+
+    consent = sub.add_parser("consent", help="stored consent decisions").add_subparsers(dest="action", required=True)
+    for name in ("list", "grant", "revoke"):
+        consent.add_parser(name, help="not available yet (stored decisions: docs/consent.md)")
+    sub.add_parser("approvals", help="terminal approver for pending consent requests (not available yet)")
+    sub.add_parser("demo", help="what `make demo` runs: a real MCP client session against the gateway")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    settings = resolve_settings(home=args.home, db=args.db, policy=args.policy)
+    handler = _HANDLERS[(args.command, getattr(args, "action", None))]
+    try:
+        return handler(settings, args)
+    except (CommandError, ConfigError, UserError) as exc:
+        print(f"mcp-gateway: {exc}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as exc:
+        print(f"mcp-gateway: database error ({type(exc).__name__}); is `mcp-gateway init` done?", file=sys.stderr)
+        return 1
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def cmd_init(settings: Settings, _args: argparse.Namespace) -> int:
+    settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (settings.artifacts_dir).mkdir(mode=0o700, exist_ok=True)
+    algorithms: tuple[str, ...] = ("HS256",)
+    if settings.policy_path.is_file():
+        algorithms = load_policy(settings.policy_path, TOOL_NAMES).auth.algorithms
+    created = ensure_keys(settings.home, algorithms)
+    migrate(make_engine(settings.db_url))
+    for path in created:
+        print(f"created {path}", file=sys.stderr)
+    print(f"initialised {settings.home} (database schema current)", file=sys.stderr)
+    return 0
+
+
+def _services(settings: Settings) -> Services:
+    return open_services(settings)
+
+
+def _check_role(services: Services, role: str) -> None:
+    if role not in services.policy.roles:
+        known = ", ".join(services.policy.roles)
+        raise CommandError(f"unknown role {role!r} (the policy defines: {known})")
+
+
+def cmd_user_add(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    _check_role(s, args.role)
+    workspaces = tuple(dict.fromkeys(args.workspace)) or (("default",) if "default" in s.policy.workspaces else ())
+    for workspace in workspaces:
+        if workspace not in s.policy.workspaces:
+            raise CommandError(f"unknown workspace {workspace!r} (the policy defines: {', '.join(s.policy.workspaces)})")
+    password = sys.stdin.readline().rstrip("\n") if args.password_stdin else None
+    s.users.add(args.name, args.role, workspaces, password)
+    s.audit.append(EventDraft(EventType.USER_ADDED, user=args.name, detail={"role": args.role, "workspaces": workspaces}))
+    print(f"added user {args.name} ({args.role}; workspaces: {', '.join(workspaces) or 'none'})", file=sys.stderr)
+    return 0
+
+
+def cmd_user_list(settings: Settings, _args: argparse.Namespace) -> int:
+    for record in _services(settings).users.list():
+        state = "disabled" if record.disabled else "active"
+        print(f"{record.name}\t{record.role}\t{state}\t{','.join(record.workspaces)}")
+    return 0
+
+
+def cmd_user_disable(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    s.users.disable(args.name)
+    s.audit.append(EventDraft(EventType.USER_DISABLED, user=args.name))
+    print(f"disabled user {args.name}", file=sys.stderr)
+    return 0
+
+
+def cmd_user_set_role(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    _check_role(s, args.role)
+    s.users.set_role(args.name, args.role)
+    s.audit.append(EventDraft(EventType.USER_ROLE_CHANGED, user=args.name, detail={"role": args.role}))
+    print(f"user {args.name} now has role {args.role}", file=sys.stderr)
+    return 0
+
+
+def cmd_token_issue(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    record = s.users.fetch(args.name)
+    if record is None:
+        raise CommandError(f"no user named {args.name!r}")
+    if record.disabled:
+        raise CommandError(f"user {args.name!r} is disabled")
+    if args.workspace is not None and args.workspace not in record.workspaces and record.role != ADMIN_ROLE:
+        raise CommandError(f"user {args.name!r} has no workspace {args.workspace!r}")
+    now, jti = s.clock.now(), new_token_id()
+    token = issue_token(s.keys, s.policy.auth, args.name, now=now, ttl_s=args.ttl, jti=jti, workspace=args.workspace)
+    s.tokens.record_issued(jti, args.name, now, now + args.ttl)
+    s.audit.append(EventDraft(EventType.TOKEN_ISSUED, user=args.name, detail={"jti": jti, "ttl_s": args.ttl}))
+    print(token)
+    return 0
+
+
+def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    value: str = args.token_or_jti
+    jti = value
+    if value.count(".") == 2:
+        try:
+            claims = jwt.decode(value, options={"verify_signature": False})
+        except jwt.PyJWTError as exc:
+            raise CommandError("that is not a readable token") from exc
+        if not isinstance(claims.get("jti"), str):
+            raise CommandError("the token has no jti")
+        jti = claims["jti"]
+    s.tokens.revoke(jti, s.clock.now())
+    s.audit.append(EventDraft(EventType.TOKEN_REVOKED, detail={"jti": jti}))
+    print(f"revoked token {jti}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
+    from gateway.server import run_stdio
+
+    s = _services(settings)
+    try:
+        if not schema_is_current(s.engine):
+            raise CommandError("the database schema is not current; run `mcp-gateway init`")
+    except SQLAlchemyError as exc:
+        # Serve anyway: every call will fail closed with -32603 until the database is back.
+        log.error("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
+    for warning in risky_settings(s.policy, settings.home):
+        log.warning("%s", warning)
+    log.info("serving on stdio (policy %s)", settings.policy_path)
+    run_stdio(s)
+    return 0
+
+
+def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
+    path = Path(args.file) if args.file else settings.policy_path
+    try:
+        policy = load_policy(path, TOOL_NAMES)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    warnings = risky_settings(policy, settings.home)
+    for warning in warnings:
+        print(str(warning), file=sys.stderr)
+    print(f"{path}: valid ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
+    return 0
+
+
+def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.pipeline import Pipeline
+
+    try:
+        arguments = json.loads(args.args)
+    except ValueError as exc:
+        raise CommandError("--args is not valid JSON") from exc
+    if not isinstance(arguments, dict):
+        raise CommandError("--args must be a JSON object")
+    reports = Pipeline(_services(settings)).explain(args.user, args.tool, arguments)
+    for report in reports:
+        verdict = "pass" if report.code is None else f"{report.code} {report.reason or ''}".strip()
+        print(f"{report.stage:<13}{verdict}{'  (' + report.note + ')' if report.note else ''}")
+    refused = next((r for r in reports if r.code is not None), None)
+    print(f"result: {'would run' if refused is None else f'refused with {refused.code}'}")
+    return 0
+
+
+def cmd_audit_export(settings: Settings, args: argparse.Namespace) -> int:
+    since = None
+    if args.since:
+        try:
+            since = iso_utc(parse_iso(args.since))
+        except ValueError as exc:
+            raise CommandError("--since must be an ISO 8601 time, e.g. 2026-11-22T10:00:00Z") from exc
+    audit = AuditLog(make_engine(settings.db_url), SystemClock())
+    out = sys.stdout
+    for event in audit.events(since_ts=since):
+        out.write(json.dumps(event.to_json(), sort_keys=True, ensure_ascii=False) + "\n")
+    return 0
+
+
+def cmd_audit_verify(settings: Settings, _args: argparse.Namespace) -> int:
+    audit = AuditLog(make_engine(settings.db_url), SystemClock())
+    report = verify_chain(audit.events(), audit.head())
+    if report.ok:
+        print(f"ok: {report.checked} events, hash chain intact")
+        return 0
+    print(f"broken: first bad event id {report.first_bad_id} ({report.problem})")
+    return 1
+
+
+def cmd_not_yet(_settings: Settings, args: argparse.Namespace) -> int:
+    raise CommandError(f"`{args.command}` is not available in this version; see docs/consent.md")
+
+
+def cmd_demo(settings: Settings, _args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    return run_demo(settings, os.environ)
+
+
+_Handler = Callable[[Settings, argparse.Namespace], int]
+_HANDLERS: dict[tuple[str, str | None], _Handler] = {
+    ("init", None): cmd_init,
+    ("user", "add"): cmd_user_add,
+    ("user", "list"): cmd_user_list,
+    ("user", "disable"): cmd_user_disable,
+    ("user", "set-role"): cmd_user_set_role,
+    ("token", "issue"): cmd_token_issue,
+    ("token", "revoke"): cmd_token_revoke,
+    ("serve", None): cmd_serve,
+    ("policy", "check"): cmd_policy_check,
+    ("policy", "explain"): cmd_policy_explain,
+    ("audit", "export"): cmd_audit_export,
+    ("audit", "verify"): cmd_audit_verify,
+    ("consent", "list"): cmd_not_yet,
+    ("consent", "grant"): cmd_not_yet,
+    ("consent", "revoke"): cmd_not_yet,
+    ("approvals", None): cmd_not_yet,
+    ("demo", None): cmd_demo,
+}

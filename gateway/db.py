@@ -1,0 +1,171 @@
+"""Tables, engine set-up and migrations (spec section 2): the only module with DDL.
+
+The same code runs on SQLite and PostgreSQL. Writers are serialised the portable way:
+SQLite transactions start with BEGIN IMMEDIATE (one writer at a time, no upgrade
+deadlocks), and on PostgreSQL the few read-then-write paths lock a row first
+(`audit_head` for the hash chain, the user's row for the budget).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Double,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+)
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from gateway.errors import ConfigError
+
+GENESIS_HASH = "0" * 64
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(64))
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
+    password_hash: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+class UserWorkspace(Base):
+    __tablename__ = "user_workspaces"
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    workspace: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
+class Token(Base):
+    """Issued tokens by `jti`; a revoked one has `revoked_at`. The token itself is never stored."""
+
+    __tablename__ = "tokens"
+    jti: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    issued_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    expires_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
+class AuditEventRow(Base):
+    __tablename__ = "audit_events"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    ts: Mapped[str] = mapped_column(String(32))
+    event_type: Mapped[str] = mapped_column(String(64))
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    user_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    workspace: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    tool_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    args_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    detail: Mapped[str] = mapped_column(Text)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+    __table_args__ = (Index("ix_audit_events_run_id", "run_id"), Index("ix_audit_events_ts", "ts"))
+
+
+class AuditHead(Base):
+    """One row: the last event's id and hash. Locked to append, compared to detect truncation."""
+
+    __tablename__ = "audit_head"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    last_id: Mapped[int] = mapped_column(BigInteger)
+    last_hash: Mapped[str] = mapped_column(String(64))
+
+
+class BudgetCharge(Base):
+    __tablename__ = "budget_charges"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_name: Mapped[str] = mapped_column(String(64))
+    ts: Mapped[float] = mapped_column(Double)
+    elapsed_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+    run_id: Mapped[str] = mapped_column(String(64))
+    __table_args__ = (Index("ix_budget_charges_user_ts", "user_name", "ts"),)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(64))
+    workspace: Mapped[str] = mapped_column(String(64))
+    tool_name: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Double)
+    status: Mapped[str] = mapped_column(String(32))
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    __table_args__ = (Index("ix_runs_workspace", "workspace", "created_at"),)
+
+
+users = User.__table__
+user_workspaces = UserWorkspace.__table__
+tokens = Token.__table__
+audit_events = AuditEventRow.__table__
+audit_head = AuditHead.__table__
+budget_charges = BudgetCharge.__table__
+runs = Run.__table__
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with the per-dialect settings the rest of the code relies on."""
+    try:
+        engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"))
+    except (SQLAlchemyError, ImportError, ValueError) as exc:
+        raise ConfigError(f"cannot use database URL ({type(exc).__name__})") from exc
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event issue BEGIN IMMEDIATE instead of pysqlite's deferred BEGIN.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA busy_timeout = 10000")
+    cursor.execute("PRAGMA journal_mode = WAL")
+    # FULL: a committed audit event survives power loss, not only a crash of the gateway.
+    cursor.execute("PRAGMA synchronous = FULL")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.close()
+
+
+def _sqlite_on_begin(connection: Any) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    config.attributes["engine"] = engine
+    return config
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest migration (idempotent)."""
+    command.upgrade(_alembic_config(engine), "head")
+
+
+def schema_is_current(engine: Engine) -> bool:
+    head = ScriptDirectory.from_config(_alembic_config(engine)).get_current_head()
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    return current == head

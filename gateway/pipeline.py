@@ -1,0 +1,322 @@
+"""The ordered stages of a tools/call (spec section 4): the only place that knows their order.
+
+    1 audit MCP_TOOL_CALL   2 authenticate   3 authorize   4 policy   5 validate
+    6 budget   7 sandbox precondition   8 consent   9 execute   10 audit + charge
+
+The first stage that fails ends the call with its GatewayError, after the terminal audit
+event (POLICY_BLOCKED before execution, TOOL_FINISHED after it) is committed. If an audit
+event cannot be committed the call fails closed with -32603 and nothing runs.
+`explain` walks the same stages as a dry run for `policy explain`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.audit import EventDraft, EventType
+from gateway.auth import Principal
+from gateway.canonical import args_hash
+from gateway.consent import ConsentAsker, ConsentRequest, risk_tier
+from gateway.errors import (
+    AuthRequiredError,
+    GatewayError,
+    InternalError,
+    InvalidParamsError,
+    SandboxViolationError,
+)
+from gateway.rbac import ADMIN_ROLE, require_permission
+from gateway.runs import RunRecord
+from gateway.scope import Caller, CallScope, check_arguments, check_call
+from gateway.services import Services
+from gateway.tools import artifacts, run_pytest
+from gateway.tools.outcome import ToolOutcome
+from gateway.tools.registry import TOOLS, ToolSpec
+
+log = logging.getLogger("gateway.pipeline")
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    tool_name: str
+    arguments: Mapping[str, Any]
+    token: object
+    """`params.auth.token` exactly as received (possibly missing or not a string)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A call that passed stages 2-5."""
+
+    principal: Principal
+    spec: ToolSpec
+    scope: CallScope
+
+
+def caller_of(principal: Principal) -> Caller:
+    return Caller(principal.workspaces, principal.token_workspace, principal.role == ADMIN_ROLE)
+
+
+def lookup_tool(name: str) -> ToolSpec:
+    spec = TOOLS.get(name)
+    if spec is None:
+        raise InvalidParamsError("unknown_tool", f"unknown tool {name!r}")
+    return spec
+
+
+class Pipeline:
+    def __init__(self, services: Services) -> None:
+        self.s = services
+
+    def admit(self, principal: Principal, tool_name: str, arguments: Mapping[str, Any]) -> Admitted:
+        """Stages 3-5 for an authenticated principal."""
+        spec = lookup_tool(tool_name)
+        require_permission(self.s.policy.roles, principal.role, spec.permission)
+        scope = check_call(self.s.policy, spec, arguments, caller_of(principal))
+        check_arguments(spec, arguments)
+        return Admitted(principal, spec, scope)
+
+    async def call(self, request: CallRequest, asker: ConsentAsker | None = None) -> tuple[str, ToolOutcome]:
+        """Run a call through every stage; return (run_id, outcome) or raise GatewayError with .run_id."""
+        run_id = self.s.new_run_id()
+        hashed = args_hash(dict(request.arguments))
+        base = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=request.tool_name, args_hash=hashed)
+        try:
+            self.s.audit.append(base)
+        except GatewayError as exc:
+            exc.data["run_id"] = run_id
+            raise
+        principal: Principal | None = None
+        workspace: str | None = None
+        executing = False
+        try:
+            principal = self.s.authenticator.authenticate(request.token)
+            admitted = self.admit(principal, request.tool_name, request.arguments)
+            workspace = admitted.scope.workspace
+            if not admitted.spec.sandboxed:
+                outcome = self._read(admitted, request.arguments)
+                self._finish(base, principal, workspace, None, {"status": "ok"})
+                return run_id, outcome
+            charge_id = self.s.budget.reserve(principal.name, run_id, self.s.policy.budget)
+            if not self.s.policy.sandbox.enabled:
+                raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
+            await self._consent(admitted, run_id, hashed, request.arguments, asker)
+            executing = True
+            outcome = await self._execute(admitted, run_id, hashed, request.arguments, charge_id)
+            return run_id, outcome
+        except GatewayError as exc:
+            exc.data["run_id"] = run_id
+            detail = {"reason": exc.reason}
+            if executing:
+                self._finish(base, principal, workspace, exc.code, {"status": "error", **detail})
+            else:
+                self._blocked(base, principal, workspace, exc)
+            raise
+        except SQLAlchemyError as exc:
+            error = InternalError("database_unavailable", "the gateway's database failed")
+            error.data["run_id"] = run_id
+            log.exception("run %s: database error (%s)", run_id, type(exc).__name__)
+            raise error from exc
+
+    # --- stages ---------------------------------------------------------------------------
+
+    def _read(self, admitted: Admitted, arguments: Mapping[str, Any]) -> ToolOutcome:
+        visible = admitted.scope.visible_workspaces
+        name = admitted.spec.name
+        if name == "list_artifacts":
+            return artifacts.list_artifacts(self.s.runs, arguments, visible)
+        if name == "get_evidence":
+            return artifacts.get_evidence(self.s.runs, arguments, visible)
+        if name == "get_artifact_content":
+            return artifacts.get_artifact_content(self.s.runs, arguments, visible)
+        raise InternalError("tool_not_implemented", name)
+
+    async def _consent(
+        self,
+        admitted: Admitted,
+        run_id: str,
+        hashed: str,
+        arguments: Mapping[str, Any],
+        asker: ConsentAsker | None,
+    ) -> None:
+        request = ConsentRequest(
+            run_id=run_id,
+            user=admitted.principal.name,
+            workspace=admitted.scope.workspace or "",
+            server_id=self.s.server_id,
+            tool_name=admitted.spec.name,
+            args_hash=hashed,
+            arguments=arguments,
+            risk=risk_tier(admitted.spec.annotations, trusted=True),
+        )
+        await self.s.consent.require(request, asker)
+
+    async def _execute(
+        self, admitted: Admitted, run_id: str, hashed: str, arguments: Mapping[str, Any], charge_id: int
+    ) -> ToolOutcome:
+        principal, scope = admitted.principal, admitted.scope
+        if scope.root is None or scope.workspace is None:
+            raise InternalError("workspace_missing", "a write tool needs a workspace")
+        now = self.s.clock.now()
+        self.s.runs.insert(RunRecord(run_id, principal.name, scope.workspace, admitted.spec.name, now, "running", None))
+        common = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
+        self.s.audit.append(
+            EventDraft(EventType.TOOL_STARTED, tool_name=admitted.spec.name, args_hash=hashed, **common)
+        )
+        usage = self.s.budget.usage(principal.name, self.s.policy.budget)
+        governance = run_pytest.Governance(
+            elapsed_ms_total=usage.elapsed_ms,
+            attempts_total=usage.attempts,
+            short_circuited=False,
+            policy_timeout_s=self.s.policy.sandbox.timeout_s,
+        )
+        try:
+            result, outcome = await run_pytest.run(
+                run_id=run_id,
+                root=scope.root,
+                arguments=arguments,
+                policy=self.s.policy.sandbox,
+                timeout_s=scope.timeout_s,
+                run_dir=self.s.runs.folder(run_id),
+                governance=governance,
+                environ=self.s.environ,
+            )
+        except anyio.get_cancelled_exc_class():
+            # The client went away or cancelled: the runner killed the run; leave the trail.
+            with anyio.CancelScope(shield=True):
+                self.s.runs.finish(run_id, "cancelled", None)
+                self.s.audit.append(EventDraft(EventType.TOOL_FINISHED, detail={"status": "cancelled"}, **common))
+            raise
+        self.s.audit.append(
+            EventDraft(
+                EventType.SANDBOX_EXEC,
+                tool_name=admitted.spec.name,
+                detail=run_pytest.sandbox_summary(result),
+                **common,
+            )
+        )
+        self.s.budget.charge(charge_id, result.duration_ms)
+        refusal = run_pytest.refusal(result, scope.timeout_s, self.s.policy.sandbox)
+        status = refusal.reason if refusal else ("error" if outcome.is_error else "ok")
+        self.s.runs.finish(run_id, status, result.exit_code)
+        if refusal is not None:
+            raise refusal
+        structured = dict(outcome.structured or {})
+        self.s.audit.append(
+            EventDraft(
+                EventType.TOOL_FINISHED,
+                tool_name=admitted.spec.name,
+                args_hash=hashed,
+                detail={"status": status, **{k: structured[k] for k in _COUNTS if k in structured}},
+                **common,
+            )
+        )
+        return outcome
+
+    # --- terminal events -----------------------------------------------------------------
+
+    def _blocked(self, base: EventDraft, principal: Principal | None, workspace: str | None, exc: GatewayError) -> None:
+        if isinstance(exc, InternalError) and exc.reason in ("audit_unavailable", "database_unavailable"):
+            return  # the log itself is what failed; the caller gets -32603
+        self.s.audit.append(
+            EventDraft(
+                EventType.POLICY_BLOCKED,
+                run_id=base.run_id,
+                user=principal.name if principal else None,
+                workspace=workspace,
+                tool_name=base.tool_name,
+                args_hash=base.args_hash,
+                code=exc.code,
+                detail={"blocked_reason": exc.reason},
+            )
+        )
+
+    def _finish(
+        self,
+        base: EventDraft,
+        principal: Principal | None,
+        workspace: str | None,
+        code: int | None,
+        detail: Mapping[str, Any],
+    ) -> None:
+        self.s.audit.append(
+            EventDraft(
+                EventType.TOOL_FINISHED,
+                run_id=base.run_id,
+                user=principal.name if principal else None,
+                workspace=workspace,
+                tool_name=base.tool_name,
+                args_hash=base.args_hash,
+                code=code,
+                detail=dict(detail),
+            )
+        )
+
+    # --- dry run ---------------------------------------------------------------------------
+
+    def explain(self, user: str, tool_name: str, arguments: Mapping[str, Any]) -> list[StageReport]:
+        """Walk the stages for a user (no token) without writing anything."""
+        reports: list[StageReport] = []
+
+        def passed(stage: str, note: str = "") -> None:
+            reports.append(StageReport(stage, None, None, note))
+
+        record = self.s.users.fetch(user)
+        if record is None or record.disabled:
+            reason = "user_unknown" if record is None else "user_disabled"
+            reports.append(StageReport("authenticate", AuthRequiredError.code, reason, ""))
+            return reports
+        principal = Principal(record.name, record.role, record.workspaces, None, "explain")
+        passed("authenticate", f"user {record.name}, role {record.role}")
+        steps: list[tuple[str, Any]] = [
+            (
+                "authorize",
+                lambda: require_permission(self.s.policy.roles, record.role, lookup_tool(tool_name).permission),
+            ),
+            (
+                "policy",
+                lambda: check_call(self.s.policy, lookup_tool(tool_name), arguments, caller_of(principal)),
+            ),
+            ("validate", lambda: check_arguments(lookup_tool(tool_name), arguments)),
+        ]
+        for stage, step in steps:
+            try:
+                step()
+            except GatewayError as exc:
+                reports.append(StageReport(stage, exc.code, exc.reason, exc.public_message()))
+                return reports
+            passed(stage)
+        spec = lookup_tool(tool_name)
+        if not spec.sandboxed:
+            passed("execute", "read tool, runs in process")
+            return reports
+        try:
+            self.s.budget.check(record.name, self.s.policy.budget)
+        except GatewayError as exc:
+            reports.append(StageReport("budget", exc.code, exc.reason, exc.public_message()))
+            return reports
+        passed("budget")
+        if not self.s.policy.sandbox.enabled:
+            reports.append(StageReport("sandbox", SandboxViolationError.code, "sandbox_disabled", ""))
+            return reports
+        passed("sandbox")
+        mode = self.s.policy.consent.mode
+        note = "would ask a person" if mode == "prompt" else "would deny (consent.mode: deny)"
+        reports.append(StageReport("consent", None if mode == "prompt" else -32008, None, note))
+        return reports
+
+
+@dataclass(frozen=True, slots=True)
+class StageReport:
+    stage: str
+    code: int | None
+    reason: str | None
+    note: str
+
+
+_COUNTS = ("passed", "failed", "errors", "skipped", "exit_code", "duration_ms")

@@ -1,0 +1,439 @@
+"""policy.yaml (spec section 6): strict loading with file:line errors, and the risky-setting warnings.
+
+The loader walks PyYAML's node tree rather than the loaded dict so that every error can
+name the line it is about, and so that a duplicated key (which plain `yaml.safe_load`
+silently resolves to the last value) is an error a reviewer cannot be fooled by.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import yaml
+
+from gateway.errors import ConfigError, PolicyBlockedError
+from gateway.rbac import Permission
+
+SUPPORTED_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "EdDSA")
+LOCALES = ("en-US", "pt-BR")
+CONSENT_MODES = ("prompt", "deny")
+RISK_TIERS = ("low", "medium", "high")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_SECRET_LIKE = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|CERT", re.IGNORECASE)
+_NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_", "MCP_GATEWAY")
+
+
+@dataclass(frozen=True, slots=True)
+class AuthPolicy:
+    issuer: str = "mcp-gateway"
+    audience: str = "mcp-gateway"
+    algorithms: tuple[str, ...] = ("HS256",)
+    leeway_s: int = 30
+    max_ttl_s: int = 86400
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetPolicy:
+    window_s: int = 3600
+    attempts_total: int = 30
+    elapsed_ms_total: int = 900000
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPolicy:
+    enabled: bool = True
+    timeout_s: int = 300
+    memory_limit_mb: int = 1024
+    max_processes: int = 64
+    max_output_bytes: int = 4194304
+    network: bool = False
+    allowed_paths: tuple[Path, ...] = ()
+    env_whitelist: tuple[str, ...] = ("PATH", "LANG", "LC_ALL")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsentPolicy:
+    mode: Literal["prompt", "deny"] = "prompt"
+    timeout_s: int = 300
+    expiry_days: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({"low": 90, "medium": 30, "high": 7})
+    )
+    locale: Literal["en-US", "pt-BR"] = "en-US"
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionPromptPolicy:
+    enabled: bool = False
+    deny: tuple[str, ...] = ()
+    ask: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    source: Path
+    version: int
+    auth: AuthPolicy
+    roles: Mapping[str, frozenset[Permission]]
+    workspaces: Mapping[str, Path]
+    allowlist: tuple[str, ...]
+    budget: BudgetPolicy
+    sandbox: SandboxPolicy
+    consent: ConsentPolicy
+    permission_prompt: PermissionPromptPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyWarning:
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: warning: {self.message}"
+
+
+# --- the node walker -----------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to a YAML node tree; every failure is a ConfigError naming file:line."""
+
+    def __init__(self, source: Path) -> None:
+        self.source = source
+
+    def where(self, node: yaml.Node) -> str:
+        return f"{self.source}:{node.start_mark.line + 1}"
+
+    def fail(self, node: yaml.Node, message: str) -> ConfigError:
+        return ConfigError(message, self.where(node))
+
+    def mapping(self, node: yaml.Node, what: str, allowed: tuple[str, ...] | None) -> dict[str, yaml.Node]:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, f"{what} must be a mapping")
+        out: dict[str, yaml.Node] = {}
+        keys: dict[str, yaml.Node] = {}
+        for key_node, value_node in node.value:
+            key = self.string(key_node, f"a key in {what}")
+            if key in out:
+                raise self.fail(key_node, f"duplicate key {key!r} in {what}")
+            if allowed is not None and key not in allowed:
+                raise self.fail(key_node, f"unknown key {key!r} in {what} (allowed: {', '.join(allowed)})")
+            out[key] = value_node
+            keys[key] = key_node
+        return out
+
+    def scalar(self, node: yaml.Node, what: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, f"{what} must be a single value")
+        return yaml.SafeLoader(self.source.name).construct_object(node)  # type: ignore[no-untyped-call]
+
+    def string(self, node: yaml.Node, what: str) -> str:
+        value = self.scalar(node, what)
+        if not isinstance(value, str) or not value:
+            raise self.fail(node, f"{what} must be a non-empty string")
+        return value
+
+    def boolean(self, node: yaml.Node, what: str) -> bool:
+        value = self.scalar(node, what)
+        if not isinstance(value, bool):
+            raise self.fail(node, f"{what} must be true or false")
+        return value
+
+    def integer(self, node: yaml.Node, what: str, minimum: int = 1) -> int:
+        value = self.scalar(node, what)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(node, f"{what} must be an integer")
+        if value < minimum:
+            raise self.fail(node, f"{what} must be at least {minimum}")
+        return value
+
+    def choice(self, node: yaml.Node, what: str, choices: tuple[str, ...]) -> str:
+        value = self.string(node, what)
+        if value not in choices:
+            raise self.fail(node, f"{what} must be one of {', '.join(choices)} (got {value!r})")
+        return value
+
+    def strings(self, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node]]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, f"{what} must be a list")
+        out = [(self.string(item, f"an item of {what}"), item) for item in node.value]
+        seen: set[str] = set()
+        for value, item in out:
+            if value in seen:
+                raise self.fail(item, f"{value!r} is listed twice in {what}")
+            seen.add(value)
+        return out
+
+
+_TOP_KEYS = (
+    "version", "auth", "roles", "workspaces", "tools", "budget", "sandbox", "consent", "permission_prompt",
+)  # fmt: skip
+
+
+def load_policy(path: Path, known_tools: frozenset[str]) -> Policy:
+    """Read and validate a policy file; raise ConfigError with file:line on the first problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read policy file ({exc.strerror})", str(path)) from exc
+    return parse_policy(text, path, known_tools)
+
+
+def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 1
+        raise ConfigError(f"not valid YAML: {exc.problem}", f"{source}:{line}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError("not valid YAML", str(source)) from exc
+    if root is None:
+        raise ConfigError("the policy file is empty", f"{source}:1")
+    r = _Reader(source)
+    top = r.mapping(root, "the policy", _TOP_KEYS)
+    if "version" not in top:
+        raise r.fail(root, "missing required key 'version'")
+    version = r.integer(top["version"], "version")
+    if version != 1:
+        raise r.fail(top["version"], f"unsupported policy version {version} (this gateway reads version 1)")
+    base = source.parent.resolve()
+    return Policy(
+        source=source,
+        version=version,
+        auth=_auth(r, top.get("auth")),
+        roles=_roles(r, top.get("roles")),
+        workspaces=_workspaces(r, top.get("workspaces"), base),
+        allowlist=_allowlist(r, top.get("tools"), known_tools),
+        budget=_budget(r, top.get("budget")),
+        sandbox=_sandbox(r, top.get("sandbox"), base),
+        consent=_consent(r, top.get("consent")),
+        permission_prompt=_permission_prompt(r, top.get("permission_prompt")),
+    )
+
+
+def _section(r: _Reader, node: yaml.Node | None, name: str, keys: tuple[str, ...]) -> dict[str, yaml.Node]:
+    return {} if node is None else r.mapping(node, name, keys)
+
+
+def _auth(r: _Reader, node: yaml.Node | None) -> AuthPolicy:
+    d = _section(r, node, "auth", ("issuer", "audience", "algorithms", "leeway_s", "max_ttl_s"))
+    default = AuthPolicy()
+    algorithms = default.algorithms
+    if "algorithms" in d:
+        items = r.strings(d["algorithms"], "auth.algorithms")
+        if not items:
+            raise r.fail(d["algorithms"], "auth.algorithms must name at least one algorithm")
+        for name, item in items:
+            if name.lower() == "none":
+                raise r.fail(item, "algorithm 'none' is never accepted")
+            if name not in SUPPORTED_ALGORITHMS:
+                raise r.fail(item, f"unsupported algorithm {name!r} (supported: {', '.join(SUPPORTED_ALGORITHMS)})")
+        algorithms = tuple(name for name, _ in items)
+    return AuthPolicy(
+        issuer=r.string(d["issuer"], "auth.issuer") if "issuer" in d else default.issuer,
+        audience=r.string(d["audience"], "auth.audience") if "audience" in d else default.audience,
+        algorithms=algorithms,
+        leeway_s=r.integer(d["leeway_s"], "auth.leeway_s", 0) if "leeway_s" in d else default.leeway_s,
+        max_ttl_s=r.integer(d["max_ttl_s"], "auth.max_ttl_s") if "max_ttl_s" in d else default.max_ttl_s,
+    )
+
+
+def _roles(r: _Reader, node: yaml.Node | None) -> Mapping[str, frozenset[Permission]]:
+    if node is None:
+        return MappingProxyType(
+            {
+                "ADMIN": frozenset(Permission),
+                "USER": frozenset(Permission),
+                "VIEWER": frozenset({Permission.ARTIFACT_READ}),
+            }
+        )
+    roles: dict[str, frozenset[Permission]] = {}
+    for name, value in r.mapping(node, "roles", None).items():
+        if not _NAME.match(name):
+            raise r.fail(value, f"role name {name!r} must be letters, digits, '_', '.' or '-'")
+        perms: set[Permission] = set()
+        for perm, item in r.strings(value, f"roles.{name}"):
+            if perm not in Permission.__members__:
+                known = ", ".join(Permission)
+                raise r.fail(item, f"unknown permission {perm!r} in roles.{name} (known: {known})")
+            perms.add(Permission(perm))
+        roles[name] = frozenset(perms)
+    return MappingProxyType(roles)
+
+
+def _workspaces(r: _Reader, node: yaml.Node | None, base: Path) -> Mapping[str, Path]:
+    if node is None:
+        return MappingProxyType({})
+    out: dict[str, Path] = {}
+    for name, value in r.mapping(node, "workspaces", None).items():
+        if not _NAME.match(name):
+            raise r.fail(value, f"workspace name {name!r} must be letters, digits, '_', '.' or '-'")
+        out[name] = (base / r.string(value, f"workspaces.{name}")).resolve()
+    return MappingProxyType(out)
+
+
+def _allowlist(r: _Reader, node: yaml.Node | None, known_tools: frozenset[str]) -> tuple[str, ...]:
+    d = _section(r, node, "tools", ("allowlist",))
+    if "allowlist" not in d:
+        return ()
+    items = r.strings(d["allowlist"], "tools.allowlist")
+    for name, item in items:
+        if name not in known_tools:
+            raise r.fail(item, f"unknown tool {name!r} in tools.allowlist (known: {', '.join(sorted(known_tools))})")
+    return tuple(name for name, _ in items)
+
+
+def _budget(r: _Reader, node: yaml.Node | None) -> BudgetPolicy:
+    d = _section(r, node, "budget", ("window_s", "attempts_total", "elapsed_ms_total"))
+    default = BudgetPolicy()
+    return BudgetPolicy(
+        window_s=r.integer(d["window_s"], "budget.window_s") if "window_s" in d else default.window_s,
+        attempts_total=(
+            r.integer(d["attempts_total"], "budget.attempts_total", 0)
+            if "attempts_total" in d
+            else default.attempts_total
+        ),
+        elapsed_ms_total=(
+            r.integer(d["elapsed_ms_total"], "budget.elapsed_ms_total", 0)
+            if "elapsed_ms_total" in d
+            else default.elapsed_ms_total
+        ),
+    )
+
+
+_SANDBOX_KEYS = (
+    "enabled", "timeout_s", "memory_limit_mb", "max_processes", "max_output_bytes", "network",
+    "allowed_paths", "env_whitelist",
+)  # fmt: skip
+
+
+def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
+    d = _section(r, node, "sandbox", _SANDBOX_KEYS)
+    default = SandboxPolicy()
+
+    def integer(key: str, fallback: int) -> int:
+        return r.integer(d[key], f"sandbox.{key}") if key in d else fallback
+
+    allowed_paths = default.allowed_paths
+    if "allowed_paths" in d:
+        allowed_paths = tuple((base / p).resolve() for p, _ in r.strings(d["allowed_paths"], "sandbox.allowed_paths"))
+    env_whitelist = default.env_whitelist
+    if "env_whitelist" in d:
+        items = r.strings(d["env_whitelist"], "sandbox.env_whitelist")
+        for name, item in items:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise r.fail(item, f"{name!r} in sandbox.env_whitelist is not an environment variable name")
+        env_whitelist = tuple(name for name, _ in items)
+    return SandboxPolicy(
+        enabled=r.boolean(d["enabled"], "sandbox.enabled") if "enabled" in d else default.enabled,
+        timeout_s=integer("timeout_s", default.timeout_s),
+        memory_limit_mb=integer("memory_limit_mb", default.memory_limit_mb),
+        max_processes=integer("max_processes", default.max_processes),
+        max_output_bytes=integer("max_output_bytes", default.max_output_bytes),
+        network=r.boolean(d["network"], "sandbox.network") if "network" in d else default.network,
+        allowed_paths=allowed_paths,
+        env_whitelist=env_whitelist,
+    )
+
+
+def _consent(r: _Reader, node: yaml.Node | None) -> ConsentPolicy:
+    d = _section(r, node, "consent", ("mode", "timeout_s", "expiry_days", "locale"))
+    default = ConsentPolicy()
+    expiry = dict(default.expiry_days)
+    if "expiry_days" in d:
+        for tier, value in r.mapping(d["expiry_days"], "consent.expiry_days", RISK_TIERS).items():
+            expiry[tier] = r.integer(value, f"consent.expiry_days.{tier}")
+    mode = r.choice(d["mode"], "consent.mode", CONSENT_MODES) if "mode" in d else default.mode
+    locale = r.choice(d["locale"], "consent.locale", LOCALES) if "locale" in d else default.locale
+    return ConsentPolicy(
+        mode="deny" if mode == "deny" else "prompt",
+        timeout_s=r.integer(d["timeout_s"], "consent.timeout_s") if "timeout_s" in d else default.timeout_s,
+        expiry_days=MappingProxyType(expiry),
+        locale="pt-BR" if locale == "pt-BR" else "en-US",
+    )
+
+
+def _permission_prompt(r: _Reader, node: yaml.Node | None) -> PermissionPromptPolicy:
+    d = _section(r, node, "permission_prompt", ("enabled", "deny", "ask", "allow"))
+
+    def rules(key: str) -> tuple[str, ...]:
+        return tuple(v for v, _ in r.strings(d[key], f"permission_prompt.{key}")) if key in d else ()
+
+    enabled = r.boolean(d["enabled"], "permission_prompt.enabled") if "enabled" in d else False
+    return PermissionPromptPolicy(enabled=enabled, deny=rules("deny"), ask=rules("ask"), allow=rules("allow"))
+
+
+# --- warnings for settings that are valid but risky ----------------------------------------
+
+
+def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarning]:
+    """What `policy check` warns about: valid settings a security reviewer should look at twice."""
+    where = str(policy.source)
+    out: list[PolicyWarning] = []
+
+    def warn(message: str) -> None:
+        out.append(PolicyWarning(where, message))
+
+    sandbox = policy.sandbox
+    if not sandbox.enabled:
+        warn("sandbox.enabled is false: every write tool (run_pytest) will be refused with -32006")
+    if not policy.allowlist:
+        warn("tools.allowlist is empty: every tool call will be refused with -32004")
+    if sandbox.network:
+        warn("sandbox.network is true: sandboxed test suites can reach the network")
+    home = state_home.resolve() if state_home else None
+    for path in sandbox.allowed_paths:
+        if path == Path("/"):
+            warn("sandbox.allowed_paths contains '/': the whole filesystem becomes readable inside the sandbox")
+        elif home is not None and (_is_within(home, path) or _is_within(path, home)):
+            warn(f"sandbox.allowed_paths contains {path}, which overlaps the gateway's state folder {home}")
+    for name in sandbox.env_whitelist:
+        if name.startswith(_NEVER_PASSED):
+            warn(f"sandbox.env_whitelist names {name}: variables starting with {name.split('_')[0]} are never passed")
+        elif _SECRET_LIKE.search(name):
+            warn(f"sandbox.env_whitelist names {name}, which looks like a secret; it would reach the tool")
+    for name, root in policy.workspaces.items():
+        if not root.is_dir():
+            warn(f"workspace {name!r} points at {root}, which is not a directory")
+        if home is not None and (_is_within(home, root) or _is_within(root, home)):
+            warn(f"workspace {name!r} ({root}) overlaps the gateway's state folder {home}")
+    if policy.consent.mode == "prompt" and policy.consent.timeout_s > sandbox.timeout_s * 4:
+        warn("consent.timeout_s is long: an unattended prompt holds the agent's call that long")
+    hmac = any(a.startswith("HS") for a in policy.auth.algorithms)
+    public = any(not a.startswith("HS") for a in policy.auth.algorithms)
+    if hmac and public:
+        warn("auth.algorithms mixes HMAC and public-key algorithms; each verifies only with its own key")
+    if policy.budget.attempts_total == 0 or policy.budget.elapsed_ms_total == 0:
+        warn("a budget total is 0: every write call will be refused with -32005")
+    return out
+
+
+def _is_within(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
+
+
+# --- stage 4: arguments that must stay inside the policy --------------------------------
+
+
+def check_relative_path(root: Path, value: str, argument: str, resolve: Callable[[Path], Path] = Path.resolve) -> Path:
+    """Return the resolved path of `value` under `root`, or raise PolicyBlockedError.
+
+    Rejects absolute paths, option-looking values, NUL bytes, and anything whose resolved
+    location (after `..` and symlinks) is outside the workspace root.
+    """
+    if "\x00" in value:
+        raise PolicyBlockedError("path_invalid", f"{argument} contains a NUL byte")
+    if value.startswith("-"):
+        raise PolicyBlockedError("path_looks_like_option", f"{argument} must not start with '-'")
+    if Path(value).is_absolute():
+        raise PolicyBlockedError("path_outside_workspace", f"{argument} must be relative to the workspace")
+    real_root = resolve(root)
+    target = resolve(root / value)
+    if not _is_within(target, real_root):
+        raise PolicyBlockedError("path_outside_workspace", f"{argument} resolves outside the workspace")
+    return target

@@ -1,0 +1,28 @@
+"""Stage 3 of the pipeline (spec section 4): a role's permissions must include the tool's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from gateway.errors import PermissionDeniedError
+
+
+class Permission(StrEnum):
+    ARTIFACT_READ = "ARTIFACT_READ"
+    ORCHESTRATION_RUN = "ORCHESTRATION_RUN"
+
+
+ADMIN_ROLE = "ADMIN"
+"""The one role that reads every workspace's runs (spec section 5)."""
+
+
+def has_permission(roles: Mapping[str, frozenset[Permission]], role: str, permission: Permission) -> bool:
+    return permission in roles.get(role, frozenset())
+
+
+def require_permission(roles: Mapping[str, frozenset[Permission]], role: str, permission: Permission) -> None:
+    if role not in roles:
+        raise PermissionDeniedError("role_unknown", f"role {role!r} is not defined in the policy")
+    if not has_permission(roles, role, permission):
+        raise PermissionDeniedError("missing_permission", f"role {role} lacks {permission}")

@@ -1,0 +1,78 @@
+"""Runs and their artifact folders (spec section 5): who ran what, in which workspace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Engine, select, update
+
+from gateway import db
+
+ARTIFACT_FILES = ("stdout.txt", "stderr.txt", "junit.xml", "evidence.json")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    user: str
+    workspace: str
+    tool_name: str
+    created_at: float
+    status: str
+    exit_code: int | None
+
+
+class RunStore:
+    def __init__(self, engine: Engine, artifacts_dir: Path) -> None:
+        self._engine = engine
+        self.artifacts_dir = artifacts_dir
+
+    def folder(self, run_id: str) -> Path:
+        return self.artifacts_dir / run_id
+
+    def insert(self, record: RunRecord) -> None:
+        with self._engine.begin() as connection:
+            connection.execute(
+                db.runs.insert().values(
+                    run_id=record.run_id,
+                    user_name=record.user,
+                    workspace=record.workspace,
+                    tool_name=record.tool_name,
+                    created_at=record.created_at,
+                    status=record.status,
+                    exit_code=record.exit_code,
+                )
+            )
+
+    def finish(self, run_id: str, status: str, exit_code: int | None) -> None:
+        with self._engine.begin() as connection:
+            connection.execute(
+                update(db.runs).where(db.runs.c.run_id == run_id).values(status=status, exit_code=exit_code)
+            )
+
+    def fetch(self, run_id: str) -> RunRecord | None:
+        with self._engine.connect() as connection:
+            row = connection.execute(select(db.runs).where(db.runs.c.run_id == run_id)).one_or_none()
+        return None if row is None else _record(row)
+
+    def list(self, workspaces: tuple[str, ...] | None, limit: int) -> list[RunRecord]:
+        """Newest first; `workspaces=None` means every workspace (ADMIN)."""
+        query = select(db.runs).order_by(db.runs.c.created_at.desc()).limit(limit)
+        if workspaces is not None:
+            query = query.where(db.runs.c.workspace.in_(workspaces))
+        with self._engine.connect() as connection:
+            return [_record(row) for row in connection.execute(query)]
+
+
+def _record(row: object) -> RunRecord:
+    r = row._mapping  # type: ignore[attr-defined]
+    return RunRecord(
+        r["run_id"],
+        r["user_name"],
+        r["workspace"],
+        r["tool_name"],
+        float(r["created_at"]),
+        r["status"],
+        r["exit_code"],
+    )

@@ -1,0 +1,168 @@
+"""The stdio MCP server (spec sections 4-5): SDK wiring, and the one place errors become MCPError.
+
+Every refusal leaves a handler through `to_mcp_error`, with `data.run_id` and
+`data.reason`; anything unexpected is logged (never with arguments or tokens) and
+answered as -32603.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from gateway import __version__
+from gateway.consent import Decision
+from gateway.errors import GatewayError, InternalError
+from gateway.pipeline import CallRequest, Pipeline
+from gateway.rbac import has_permission
+from gateway.services import Services
+from gateway.tools.outcome import ToolOutcome
+from gateway.tools.registry import TOOLS, ToolSpec
+from gateway.transport import DEFAULT_MAX_MESSAGE_BYTES, stdio_transport
+
+log = logging.getLogger("gateway.server")
+
+_ELICITATION = types.ClientCapabilities(elicitation=types.ElicitationCapability())
+
+
+def to_mcp_error(exc: GatewayError, run_id: str | None = None) -> MCPError:
+    data: dict[str, Any] = {"run_id": exc.data.get("run_id", run_id), "reason": exc.reason}
+    data.update({k: v for k, v in exc.data.items() if k not in data})
+    return MCPError(code=exc.code, message=exc.public_message(), data=data)
+
+
+def tool_definition(spec: ToolSpec) -> types.Tool:
+    annotations = {k: v for k, v in spec.annotations.items() if k != "title"}
+    return types.Tool(
+        name=spec.name,
+        title=spec.title,
+        description=spec.description,
+        input_schema=dict(spec.input_schema),
+        annotations=types.ToolAnnotations(title=spec.annotations.get("title"), **_snake(annotations)),
+    )
+
+
+def _snake(hints: Mapping[str, Any]) -> dict[str, Any]:
+    names = {
+        "readOnlyHint": "read_only_hint",
+        "destructiveHint": "destructive_hint",
+        "idempotentHint": "idempotent_hint",
+        "openWorldHint": "open_world_hint",
+    }
+    return {names[k]: v for k, v in hints.items()}
+
+
+def to_call_result(outcome: ToolOutcome) -> types.CallToolResult:
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=outcome.text)]
+    for link in outcome.links:
+        content.append(
+            types.ResourceLink(
+                type="resource_link",
+                uri=link.uri,
+                name=link.name,
+                mime_type=link.mime_type,
+                description=link.description,
+            )
+        )
+    structured = dict(outcome.structured) if outcome.structured is not None else None
+    return types.CallToolResult(content=content, structured_content=structured, is_error=outcome.is_error)
+
+
+def _token_of(params: Mapping[str, Any] | None) -> object:
+    auth = (params or {}).get("auth")
+    return auth.get("token") if isinstance(auth, Mapping) else None
+
+
+class ElicitationAsker:
+    """Asks the person behind the client through `elicitation/create` (form mode)."""
+
+    def __init__(self, ctx: ServerRequestContext[Any, Any]) -> None:
+        self._ctx = ctx
+
+    async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | None:
+        schema = {
+            "type": "object",
+            "properties": {
+                "decision": {
+                    "type": "string",
+                    "title": "Decision",
+                    "enum": [c.value.lower() for c in choices],
+                }
+            },
+            "required": ["decision"],
+        }
+        result = await self._ctx.session.elicit_form(message, schema, related_request_id=self._ctx.request_id)
+        if result.action != "accept" or not result.content:
+            return None
+        answer = str(result.content.get("decision", "")).upper()
+        return Decision(answer) if answer in {c.value for c in choices} else None
+
+
+def asker_for(ctx: ServerRequestContext[Any, Any]) -> ElicitationAsker | None:
+    """Ask in-band only where the client declared elicitation on a session that can send requests."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return None  # 2026-07-28 input_required round trips: not yet (see docs/consent.md)
+    if not ctx.session.check_client_capability(_ELICITATION):
+        return None
+    return ElicitationAsker(ctx)
+
+
+def build_server(services: Services) -> Server[Any]:
+    pipeline = Pipeline(services)
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        allowlisted = [TOOLS[name] for name in services.policy.allowlist if name in TOOLS]
+        token = _token_of(ctx.params)
+        if token is None:
+            return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted])
+        try:
+            principal = services.authenticator.authenticate(token)
+        except GatewayError as exc:
+            raise to_mcp_error(exc) from None
+        roles = services.policy.roles
+        mine = [s for s in allowlisted if has_permission(roles, principal.role, s.permission)]
+        return types.ListToolsResult(tools=[tool_definition(s) for s in mine])
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params))
+        try:
+            _run_id, outcome = await pipeline.call(request, asker_for(ctx))
+        except GatewayError as exc:
+            raise to_mcp_error(exc) from None
+        except Exception:
+            log.exception("tools/call %s failed unexpectedly", params.name)
+            raise to_mcp_error(InternalError("internal_error", "the gateway failed; nothing ran")) from None
+        return to_call_result(outcome)
+
+    return Server(
+        "mcp-write-gateway",
+        version=__version__,
+        instructions=(
+            "Write tools (run_pytest) need a per-call JWT in params.auth.token, pass RBAC, the policy "
+            "allowlist, a budget and a person's consent, and run in a sandbox."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    server = build_server(services)
+    async with stdio_transport(max_message_bytes) as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def run_stdio(services: Services) -> None:
+    anyio.run(serve, services)

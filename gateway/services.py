@@ -1,0 +1,73 @@
+"""The gateway's I/O, built once from Settings and handed to the pipeline, the server and the CLI."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+
+from gateway.audit import AuditLog
+from gateway.auth import Authenticator, KeyRing, TokenStore, load_keyring
+from gateway.budget import BudgetLedger
+from gateway.clock import Clock, IdFactory, SystemClock, new_run_id
+from gateway.consent import ConsentStage
+from gateway.db import make_engine
+from gateway.policy import Policy, load_policy
+from gateway.runs import RunStore
+from gateway.settings import Settings
+from gateway.tools.registry import TOOL_NAMES
+from gateway.users import UserStore
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    policy: Policy
+    engine: Engine
+    clock: Clock
+    new_run_id: IdFactory
+    keys: KeyRing
+    audit: AuditLog
+    users: UserStore
+    tokens: TokenStore
+    budget: BudgetLedger
+    runs: RunStore
+    authenticator: Authenticator
+    consent: ConsentStage
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    server_id: str = "mcp-write-gateway"
+
+
+def open_services(
+    settings: Settings,
+    *,
+    policy: Policy | None = None,
+    clock: Clock | None = None,
+    new_id: IdFactory = new_run_id,
+    engine: Engine | None = None,
+) -> Services:
+    """Load the policy and keys and connect the stores. Raises ConfigError on bad configuration."""
+    policy = policy or load_policy(settings.policy_path, TOOL_NAMES)
+    clock = clock or SystemClock()
+    engine = engine or make_engine(settings.db_url)
+    keys = load_keyring(settings.home)
+    audit = AuditLog(engine, clock)
+    users = UserStore(engine, clock)
+    tokens = TokenStore(engine)
+    return Services(
+        settings=settings,
+        policy=policy,
+        engine=engine,
+        clock=clock,
+        new_run_id=new_id,
+        keys=keys,
+        audit=audit,
+        users=users,
+        tokens=tokens,
+        budget=BudgetLedger(engine, clock),
+        runs=RunStore(engine, settings.artifacts_dir),
+        authenticator=Authenticator(keys, policy.auth, tokens, users, clock),
+        consent=ConsentStage(policy.consent, audit),
+    )

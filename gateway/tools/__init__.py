@@ -1,0 +1,1 @@
+"""The gateway's tools: the catalogue in `registry`, one module per implementation."""

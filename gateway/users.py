@@ -1,0 +1,111 @@
+"""Users, their roles and workspaces (spec section 3: `user add/list/disable/set-role`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from passlib.context import CryptContext
+from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import IntegrityError
+
+from gateway import db
+from gateway.clock import Clock
+
+# pbkdf2_sha256 needs no compiled extension; passwords are for the later web console.
+_passwords = CryptContext(schemes=["pbkdf2_sha256"], pbkdf2_sha256__default_rounds=600_000)
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    name: str
+    role: str
+    disabled: bool
+    workspaces: tuple[str, ...]
+    created_at: float
+
+
+class UserError(Exception):
+    """An expected failure of a user operation (exists, unknown...), with a one-line message."""
+
+
+def hash_password(password: str) -> str:
+    return _passwords.hash(password)
+
+
+def password_matches(password: str, password_hash: str) -> bool:
+    return _passwords.verify(password, password_hash)
+
+
+class UserStore:
+    def __init__(self, engine: Engine, clock: Clock) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def add(self, name: str, role: str, workspaces: tuple[str, ...], password: str | None = None) -> UserRecord:
+        now = self._clock.now()
+        try:
+            with self._engine.begin() as connection:
+                user_id = connection.execute(
+                    db.users.insert()
+                    .values(
+                        name=name,
+                        role=role,
+                        disabled=False,
+                        password_hash=hash_password(password) if password else None,
+                        created_at=now,
+                    )
+                    .returning(db.users.c.id)
+                ).scalar_one()
+                if workspaces:
+                    connection.execute(
+                        db.user_workspaces.insert(),
+                        [{"user_id": user_id, "workspace": w} for w in workspaces],
+                    )
+        except IntegrityError as exc:
+            raise UserError(f"user {name!r} already exists") from exc
+        return UserRecord(name, role, False, workspaces, now)
+
+    def fetch(self, name: str) -> UserRecord | None:
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(db.users, db.user_workspaces.c.workspace)
+                .outerjoin(db.user_workspaces, db.user_workspaces.c.user_id == db.users.c.id)
+                .where(db.users.c.name == name)
+                .order_by(db.user_workspaces.c.workspace)
+            ).all()
+        if not rows:
+            return None
+        first = rows[0]
+        workspaces = tuple(r.workspace for r in rows if r.workspace is not None)
+        return UserRecord(first.name, first.role, bool(first.disabled), workspaces, float(first.created_at))
+
+    def list(self) -> list[UserRecord]:
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(db.users, db.user_workspaces.c.workspace)
+                .outerjoin(db.user_workspaces, db.user_workspaces.c.user_id == db.users.c.id)
+                .order_by(db.users.c.name, db.user_workspaces.c.workspace)
+            ).all()
+        records: dict[str, UserRecord] = {}
+        for r in rows:
+            known = records.get(r.name)
+            extra = (r.workspace,) if r.workspace is not None else ()
+            if known is None:
+                records[r.name] = UserRecord(r.name, r.role, bool(r.disabled), extra, float(r.created_at))
+            else:
+                records[r.name] = UserRecord(
+                    known.name, known.role, known.disabled, known.workspaces + extra, known.created_at
+                )
+        return list(records.values())
+
+    def disable(self, name: str) -> None:
+        self._update(name, disabled=True)
+
+    def set_role(self, name: str, role: str) -> None:
+        self._update(name, role=role)
+
+    def _update(self, name: str, **values: object) -> None:
+        with self._engine.begin() as connection:
+            result = connection.execute(update(db.users).where(db.users.c.name == name).values(**values))
+        if result.rowcount == 0:
+            raise UserError(f"no user named {name!r}")

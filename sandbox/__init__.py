@@ -1,0 +1,9 @@
+"""Runs a command confined and limited, and reports how it ended (spec sections 4-6).
+
+This package never imports `gateway`: limits come in as values, outcomes go out as values.
+"""
+
+from sandbox.limits import Limits
+from sandbox.runner import RunResult, run_unsafe_unconfined
+
+__all__ = ["Limits", "RunResult", "run_unsafe_unconfined"]

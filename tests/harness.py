@@ -1,0 +1,206 @@
+"""A gateway state folder and a real stdio JSON-RPC client, for the end-to-end tests.
+
+`GatewayHome` builds a state folder the way `mcp-gateway init` does (through the same
+functions), with a policy derived from the shipped default. `StdioSession` starts
+`python -m gateway serve` as a subprocess and speaks newline-delimited JSON-RPC to it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.auth import ensure_keys, issue_token, load_keyring
+from gateway.clock import SystemClock, new_token_id
+from gateway.db import make_engine, migrate
+from gateway.settings import Settings
+from gateway.users import UserStore
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_POLICY: dict[str, Any] = yaml.safe_load((REPO / "policy.yaml").read_text())
+SAMPLE_PROJECT = REPO / "examples" / "sample_project"
+LEGACY = "2025-11-25"
+
+
+def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+@dataclass
+class GatewayHome:
+    root: Path
+    policy_overrides: Mapping[str, Any] = field(default_factory=dict)
+    db_url: str | None = None
+
+    def __post_init__(self) -> None:
+        self.home = self.root / "state"
+        self.workspace = self.root / "workspace"
+        shutil.copytree(SAMPLE_PROJECT, self.workspace, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        self.policy_path = self.root / "policy.yaml"
+        self.write_policy(self.policy_overrides)
+        self.home.mkdir(mode=0o700)
+        (self.home / "artifacts").mkdir(mode=0o700)
+        policy = yaml.safe_load(self.policy_path.read_text())
+        ensure_keys(self.home, tuple(policy["auth"]["algorithms"]))
+        self.url = self.db_url or f"sqlite:///{self.home / 'gateway.db'}"
+        self.engine = make_engine(self.url)
+        migrate(self.engine)
+        self.users = UserStore(self.engine, SystemClock())
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(self.home, self.url, self.policy_path)
+
+    def write_policy(self, overrides: Mapping[str, Any]) -> None:
+        policy = deep_merge(DEFAULT_POLICY, {"workspaces": {"default": str(self.workspace)}})
+        policy = deep_merge(policy, overrides)
+        self.policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
+
+    def add_user(self, name: str, role: str = "USER", workspaces: tuple[str, ...] = ("default",)) -> None:
+        self.users.add(name, role, workspaces)
+
+    def token(self, user: str, ttl_s: int = 600, now: float | None = None, workspace: str | None = None) -> str:
+        policy = yaml.safe_load(self.policy_path.read_text())
+        from gateway.policy import AuthPolicy
+
+        auth = AuthPolicy(
+            issuer=policy["auth"]["issuer"],
+            audience=policy["auth"]["audience"],
+            algorithms=tuple(policy["auth"]["algorithms"]),
+            leeway_s=policy["auth"]["leeway_s"],
+            max_ttl_s=policy["auth"]["max_ttl_s"],
+        )
+        issued_at = SystemClock().now() if now is None else now
+        return issue_token(
+            load_keyring(self.home), auth, user, now=issued_at, ttl_s=ttl_s, jti=new_token_id(), workspace=workspace
+        )
+
+    def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "--home", str(self.home), "--db", self.url, "--policy", str(self.policy_path), *args],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=60,
+            check=False,
+        )
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        result = self.cli("audit", "export")
+        if result.returncode != 0:
+            raise AssertionError(result.stderr)
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    def events_of(self, run_id: str) -> list[dict[str, Any]]:
+        return [e for e in self.audit_events() if e["run_id"] == run_id]
+
+
+class StdioSession:
+    """`mcp-gateway serve` in a subprocess, driven line by line."""
+
+    def __init__(self, gateway: GatewayHome, extra_args: tuple[str, ...] = (), db_url: str | None = None) -> None:
+        self.stderr_path = gateway.root / f"serve-stderr-{id(self)}.log"
+        self._stderr = self.stderr_path.open("wb")
+        url = db_url or gateway.url
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--home", str(gateway.home), "--db", url, "--policy", str(gateway.policy_path), *extra_args, "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+        )
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        self._pending: dict[Any, dict[str, Any]] = {}
+        self.unsolicited: list[dict[str, Any]] = []
+        self._next_id = 0
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+        self._lines.put(b"")
+
+    def send_raw(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        self.send_raw(json.dumps(message).encode() + b"\n")
+
+    def read_message(self, timeout: float = 30) -> dict[str, Any]:
+        line = self._lines.get(timeout=timeout)
+        if not line:
+            raise EOFError("the gateway closed its stdout")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def wait_response(self, request_id: Any, timeout: float = 60) -> dict[str, Any]:
+        if request_id in self._pending:
+            return self._pending.pop(request_id)
+        while True:
+            message = self.read_message(timeout)
+            if "method" in message:
+                self.unsolicited.append(message)
+                continue
+            if message.get("id") == request_id:
+                return message
+            self._pending[message.get("id")] = message
+
+    def request(self, method: str, params: Mapping[str, Any] | None = None, timeout: float = 60) -> dict[str, Any]:
+        self._next_id += 1
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": self._next_id, "method": method}
+        if params is not None:
+            message["params"] = dict(params)
+        self.send(message)
+        return self.wait_response(self._next_id, timeout)
+
+    def initialize(self, capabilities: Mapping[str, Any] | None = None, version: str = LEGACY) -> dict[str, Any]:
+        response = self.request(
+            "initialize",
+            {"protocolVersion": version, "capabilities": dict(capabilities or {}), "clientInfo": {"name": "tests", "version": "1"}},
+        )
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return response
+
+    def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, token: str | None = None, timeout: float = 60
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        if token is not None:
+            params["auth"] = {"token": token}
+        return self.request("tools/call", params, timeout)
+
+    def stderr_text(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text(errors="replace")
+
+    def close(self) -> int:
+        if self.process.stdin and not self.process.stdin.closed:
+            self.process.stdin.close()
+        try:
+            code = self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait(timeout=20)
+        if self.process.stdout:
+            self.process.stdout.close()
+        self._stderr.close()
+        return code
