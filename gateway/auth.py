@@ -9,6 +9,7 @@ checked against an RSA public key (the HS/RS confusion) and `alg: none` is never
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from collections.abc import Mapping
@@ -86,7 +87,7 @@ def ensure_keys(home: Path, algorithms: tuple[str, ...]) -> list[Path]:
     created: list[Path] = []
     secret_path = home / "signing.key"
     if not secret_path.exists():
-        _create_exclusive(secret_path, secrets.token_hex(32).encode("ascii") + b"\n")
+        _create_exclusive(secret_path, secrets.token_hex(64).encode("ascii") + b"\n")
         created.append(secret_path)
     for alg, filename in _ASYMMETRIC_FILES.items():
         path = home / filename
@@ -210,10 +211,13 @@ def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> 
     if not isinstance(sub, str) or not sub or not isinstance(jti, str) or not jti:
         raise AuthRequiredError("claim_invalid", "sub and jti must be non-empty strings")
     numbers = [iat, exp] + ([] if nbf is None else [nbf])
-    if any(isinstance(n, bool) or not isinstance(n, int | float) for n in numbers):
-        raise AuthRequiredError("claim_invalid", "iat, exp and nbf must be numbers")
+    # NaN compares false with everything, so a NaN `exp` would never expire: finite numbers only.
+    if any(isinstance(n, bool) or not isinstance(n, int | float) or not math.isfinite(n) for n in numbers):
+        raise AuthRequiredError("claim_invalid", "iat, exp and nbf must be finite numbers")
     if workspace is not None and not isinstance(workspace, str):
         raise AuthRequiredError("claim_invalid", "ws must be a string")
+    iat, exp = float(payload["iat"]), float(payload["exp"])
+    nbf = None if nbf is None else float(nbf)
     leeway = auth.leeway_s
     if now > exp + leeway:
         raise AuthRequiredError("token_expired", "the token has expired")
@@ -223,7 +227,7 @@ def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> 
         raise AuthRequiredError("token_not_yet_valid", "the token was issued in the future")
     if exp - iat > auth.max_ttl_s:
         raise AuthRequiredError("token_ttl_too_long", "the token outlives the policy's max_ttl_s")
-    return Claims(sub, jti, float(iat), float(exp), None if nbf is None else float(nbf), workspace)
+    return Claims(sub, jti, iat, exp, nbf, workspace)
 
 
 def require_active_user(user: UserRecord | None, claims: Claims, revoked: bool) -> Principal:

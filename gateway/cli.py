@@ -18,6 +18,7 @@ from gateway.auth import ensure_keys, issue_token
 from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
 from gateway.errors import ConfigError
+from gateway.pipeline import Pipeline
 from gateway.policy import load_policy, risky_settings
 from gateway.rbac import ADMIN_ROLE
 from gateway.services import Services, open_services
@@ -139,10 +140,14 @@ def cmd_user_add(settings: Settings, args: argparse.Namespace) -> int:
     workspaces = tuple(dict.fromkeys(args.workspace)) or (("default",) if "default" in s.policy.workspaces else ())
     for workspace in workspaces:
         if workspace not in s.policy.workspaces:
-            raise CommandError(f"unknown workspace {workspace!r} (the policy defines: {', '.join(s.policy.workspaces)})")
+            raise CommandError(
+                f"unknown workspace {workspace!r} (the policy defines: {', '.join(s.policy.workspaces)})"
+            )
     password = sys.stdin.readline().rstrip("\n") if args.password_stdin else None
     s.users.add(args.name, args.role, workspaces, password)
-    s.audit.append(EventDraft(EventType.USER_ADDED, user=args.name, detail={"role": args.role, "workspaces": workspaces}))
+    s.audit.append(
+        EventDraft(EventType.USER_ADDED, user=args.name, detail={"role": args.role, "workspaces": workspaces})
+    )
     print(f"added user {args.name} ({args.role}; workspaces: {', '.join(workspaces) or 'none'})", file=sys.stderr)
     return 0
 
@@ -207,7 +212,7 @@ def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
-    from gateway.server import run_stdio
+    from gateway.server import run_stdio  # noqa: PLC0415  (the MCP SDK loads only for serve)
 
     s = _services(settings)
     try:
@@ -215,7 +220,7 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
             raise CommandError("the database schema is not current; run `mcp-gateway init`")
     except SQLAlchemyError as exc:
         # Serve anyway: every call will fail closed with -32603 until the database is back.
-        log.error("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
+        log.warning("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
     for warning in risky_settings(s.policy, settings.home):
         log.warning("%s", warning)
     log.info("serving on stdio (policy %s)", settings.policy_path)
@@ -238,8 +243,6 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
-    from gateway.pipeline import Pipeline
-
     try:
         arguments = json.loads(args.args)
     except ValueError as exc:
@@ -284,7 +287,7 @@ def cmd_not_yet(_settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(settings: Settings, _args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo
+    from gateway.demo import run_demo  # noqa: PLC0415  (the MCP SDK loads only for the demo)
 
     return run_demo(settings, os.environ)
 

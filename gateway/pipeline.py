@@ -164,7 +164,7 @@ class Pipeline:
             raise InternalError("workspace_missing", "a write tool needs a workspace")
         now = self.s.clock.now()
         self.s.runs.insert(RunRecord(run_id, principal.name, scope.workspace, admitted.spec.name, now, "running", None))
-        common = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
+        common: dict[str, Any] = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
         self.s.audit.append(
             EventDraft(EventType.TOOL_STARTED, tool_name=admitted.spec.name, args_hash=hashed, **common)
         )

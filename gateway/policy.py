@@ -130,7 +130,7 @@ class _Reader:
     def scalar(self, node: yaml.Node, what: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, f"{what} must be a single value")
-        return yaml.SafeLoader(self.source.name).construct_object(node)  # type: ignore[no-untyped-call]
+        return yaml.SafeLoader(self.source.name).construct_object(node)
 
     def string(self, node: yaml.Node, what: str) -> str:
         value = self.scalar(node, what)
@@ -393,8 +393,9 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
         elif home is not None and (_is_within(home, path) or _is_within(path, home)):
             warn(f"sandbox.allowed_paths contains {path}, which overlaps the gateway's state folder {home}")
     for name in sandbox.env_whitelist:
-        if name.startswith(_NEVER_PASSED):
-            warn(f"sandbox.env_whitelist names {name}: variables starting with {name.split('_')[0]} are never passed")
+        prefix = next((p for p in _NEVER_PASSED if name.startswith(p)), None)
+        if prefix is not None:
+            warn(f"sandbox.env_whitelist names {name}: variables starting with {prefix} are never passed")
         elif _SECRET_LIKE.search(name):
             warn(f"sandbox.env_whitelist names {name}, which looks like a secret; it would reach the tool")
     for name, root in policy.workspaces.items():

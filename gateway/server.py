@@ -60,7 +60,11 @@ def _snake(hints: Mapping[str, Any]) -> dict[str, Any]:
     return {names[k]: v for k, v in hints.items()}
 
 
-def to_call_result(outcome: ToolOutcome) -> types.CallToolResult:
+RUN_ID_META = "mcp-write-gateway/run_id"
+"""`_meta` key of every successful result: the call's run_id, as in error data."""
+
+
+def to_call_result(outcome: ToolOutcome, run_id: str) -> types.CallToolResult:
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=outcome.text)]
     for link in outcome.links:
         content.append(
@@ -73,7 +77,9 @@ def to_call_result(outcome: ToolOutcome) -> types.CallToolResult:
             )
         )
     structured = dict(outcome.structured) if outcome.structured is not None else None
-    return types.CallToolResult(content=content, structured_content=structured, is_error=outcome.is_error)
+    return types.CallToolResult(
+        content=content, structured_content=structured, is_error=outcome.is_error, _meta={RUN_ID_META: run_id}
+    )
 
 
 def _token_of(params: Mapping[str, Any] | None) -> object:
@@ -138,13 +144,13 @@ def build_server(services: Services) -> Server[Any]:
     ) -> types.CallToolResult:
         request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params))
         try:
-            _run_id, outcome = await pipeline.call(request, asker_for(ctx))
+            run_id, outcome = await pipeline.call(request, asker_for(ctx))
         except GatewayError as exc:
             raise to_mcp_error(exc) from None
         except Exception:
             log.exception("tools/call %s failed unexpectedly", params.name)
             raise to_mcp_error(InternalError("internal_error", "the gateway failed; nothing ran")) from None
-        return to_call_result(outcome)
+        return to_call_result(outcome, run_id)
 
     return Server(
         "mcp-write-gateway",

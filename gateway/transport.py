@@ -38,7 +38,7 @@ class LineReader:
         self._stream = stream
         self._limit = limit
 
-    def read(self) -> bytes | None | EOFError:
+    def read(self) -> bytes | EOFError | None:
         line = self._stream.readline(self._limit + 1)
         if not line:
             return EOFError()
@@ -66,6 +66,8 @@ def classify(line: bytes) -> SessionMessage | bytes | None:
         return error_line(None, PARSE_ERROR, "Parse error")
     if not isinstance(data, dict):
         return error_line(None, INVALID_REQUEST, "Invalid Request: expected one JSON-RPC object (no batches)")
+    if "id" in data and (not isinstance(data["id"], str | int) or isinstance(data["id"], bool)):
+        return error_line(None, INVALID_REQUEST, "Invalid Request: id must be a string or a number")
     try:
         message = types.jsonrpc_message_adapter.validate_python(data, by_name=False)
     except (ValidationError, RecursionError):
@@ -78,7 +80,9 @@ def classify(line: bytes) -> SessionMessage | bytes | None:
 @asynccontextmanager
 async def stdio_transport(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]]:
+) -> AsyncIterator[
+    tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+]:
     wire_in_fd, wire_out_fd = os.dup(0), os.dup(1)
     saved_in, saved_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -104,7 +108,9 @@ async def stdio_transport(
                 if isinstance(line, EOFError):
                     return
                 if line is None:
-                    await write(error_line(None, INVALID_REQUEST, f"Request too large (over {max_message_bytes} bytes)"))
+                    await write(
+                        error_line(None, INVALID_REQUEST, f"Request too large (over {max_message_bytes} bytes)")
+                    )
                     continue
                 outcome = classify(line)
                 if isinstance(outcome, bytes):

@@ -29,11 +29,11 @@ class UserError(Exception):
 
 
 def hash_password(password: str) -> str:
-    return _passwords.hash(password)
+    return str(_passwords.hash(password))
 
 
 def password_matches(password: str, password_hash: str) -> bool:
-    return _passwords.verify(password, password_hash)
+    return bool(_passwords.verify(password, password_hash))
 
 
 class UserStore:

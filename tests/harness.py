@@ -14,13 +14,14 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gateway.audit import AuditLog, verify_chain
 from gateway.auth import ensure_keys, issue_token, load_keyring
 from gateway.clock import SystemClock, new_token_id
 from gateway.db import make_engine, migrate
@@ -94,7 +95,18 @@ class GatewayHome:
 
     def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "gateway", "--home", str(self.home), "--db", self.url, "--policy", str(self.policy_path), *args],
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "--home",
+                str(self.home),
+                "--db",
+                self.url,
+                "--policy",
+                str(self.policy_path),
+                *args,
+            ],
             capture_output=True,
             text=True,
             input=stdin,
@@ -109,7 +121,12 @@ class GatewayHome:
         return [json.loads(line) for line in result.stdout.splitlines()]
 
     def events_of(self, run_id: str) -> list[dict[str, Any]]:
-        return [e for e in self.audit_events() if e["run_id"] == run_id]
+        """The run's events as `audit export` prints them (read in process: no CLI start-up per call)."""
+        return [e.to_json() for e in AuditLog(self.engine, SystemClock()).events(run_id=run_id)]
+
+    def chain_ok(self) -> bool:
+        log = AuditLog(self.engine, SystemClock())
+        return verify_chain(log.events(), log.head()).ok
 
 
 class StdioSession:
@@ -120,7 +137,19 @@ class StdioSession:
         self._stderr = self.stderr_path.open("wb")
         url = db_url or gateway.url
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--home", str(gateway.home), "--db", url, "--policy", str(gateway.policy_path), *extra_args, "serve"],
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "--home",
+                str(gateway.home),
+                "--db",
+                url,
+                "--policy",
+                str(gateway.policy_path),
+                *extra_args,
+                "serve",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -128,6 +157,8 @@ class StdioSession:
         self._lines: queue.Queue[bytes] = queue.Queue()
         self._pending: dict[Any, dict[str, Any]] = {}
         self.unsolicited: list[dict[str, Any]] = []
+        self.responder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        """Answers server-to-client requests (e.g. elicitation/create): message -> result."""
         self._next_id = 0
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -159,6 +190,8 @@ class StdioSession:
             message = self.read_message(timeout)
             if "method" in message:
                 self.unsolicited.append(message)
+                if "id" in message and self.responder is not None:
+                    self.send({"jsonrpc": "2.0", "id": message["id"], "result": self.responder(message)})
                 continue
             if message.get("id") == request_id:
                 return message
@@ -175,7 +208,11 @@ class StdioSession:
     def initialize(self, capabilities: Mapping[str, Any] | None = None, version: str = LEGACY) -> dict[str, Any]:
         response = self.request(
             "initialize",
-            {"protocolVersion": version, "capabilities": dict(capabilities or {}), "clientInfo": {"name": "tests", "version": "1"}},
+            {
+                "protocolVersion": version,
+                "capabilities": dict(capabilities or {}),
+                "clientInfo": {"name": "tests", "version": "1"},
+            },
         )
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return response
@@ -189,7 +226,8 @@ class StdioSession:
         return self.request("tools/call", params, timeout)
 
     def stderr_text(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:
+            self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")
 
     def close(self) -> int:

@@ -1,0 +1,172 @@
+"""A permitted run_pytest over real stdio: consent by elicitation, counts, artifacts, audit, reads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tests.harness import SAMPLE_PROJECT, GatewayHome, StdioSession
+
+SessionFactory = Callable[..., StdioSession]
+ELICITATION = {"elicitation": {"form": {}}}
+
+
+def answer(decision: str | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def respond(message: dict[str, Any]) -> dict[str, Any]:
+        assert message["method"] == "elicitation/create"
+        if decision is None:
+            return {"action": "decline"}
+        return {"action": "accept", "content": {"decision": decision}}
+
+    return respond
+
+
+def bare_pytest_counts() -> dict[str, int]:
+    """The sample suite's counts from pytest run directly, for comparison."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests",
+            "--junitxml=/dev/stdout",
+            "-o",
+            "junit_family=xunit2",
+        ],
+        cwd=SAMPLE_PROJECT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    import xml.etree.ElementTree as ET
+
+    xml = out.stdout[out.stdout.index("<?xml") : out.stdout.index("</testsuites>") + len("</testsuites>")]
+    suite = ET.fromstring(xml).find("testsuite")  # noqa: S314
+    assert suite is not None
+    tests, failed, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+    return {"passed": tests - failed - errors - skipped, "failed": failed, "errors": errors, "skipped": skipped}
+
+
+def test_allowed_run_matches_bare_pytest_and_leaves_a_full_trail(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answer("allow_once")
+    token = gateway.token("alice")
+    response = session.call_tool("run_pytest", {"test_path": "tests"}, token)
+    result = response["result"]
+    assert result["isError"] is False
+    structured = result["structuredContent"]
+    expected = bare_pytest_counts()
+    assert {k: structured[k] for k in expected} == expected
+    assert structured["exit_code"] == 0 and structured["duration_ms"] > 0
+    run_id = structured["run_id"]
+    assert result["_meta"]["mcp-write-gateway/run_id"] == run_id
+    assert any(c["type"] == "resource_link" and run_id in c["uri"] for c in result["content"])
+    prompt = session.unsolicited[-1]["params"]
+    assert "run_pytest" in prompt["message"] and "alice" in prompt["message"]
+    assert prompt["requestedSchema"]["properties"]["decision"]["enum"] == ["allow_once", "deny_once"]
+
+    folder = gateway.home / "artifacts" / run_id
+    assert sorted(p.name for p in folder.iterdir()) == ["evidence.json", "junit.xml", "stderr.txt", "stdout.txt"]
+    evidence = json.loads((folder / "evidence.json").read_text())
+    assert evidence["governance"]["attempts_total"] == 1
+    assert evidence["governance"]["policy_timeout_s"] == 300
+    assert evidence["sandbox"]["exit_code"] == 0 and evidence["sandbox"]["killed_by"] is None
+
+    kinds = [e["event_type"] for e in gateway.events_of(run_id)]
+    assert kinds == ["MCP_TOOL_CALL", "mcp.permission.decision", "TOOL_STARTED", "SANDBOX_EXEC", "TOOL_FINISHED"]
+    decision = gateway.events_of(run_id)[1]["detail"]
+    assert decision == {
+        "decision": "ALLOW_ONCE",
+        "origin": "user_prompt",
+        "risk_tier": "medium",
+        "server_id": "mcp-write-gateway",
+    }
+
+    # The read tools see the run; a viewer of the same workspace too.
+    viewer = gateway.token("vic")
+    listed = session.call_tool("list_artifacts", {}, viewer)["result"]["structuredContent"]["runs"]
+    assert [r["run_id"] for r in listed] == [run_id]
+    got = session.call_tool("get_evidence", {"run_id": run_id}, viewer)["result"]["structuredContent"]
+    assert got["sandbox"]["exit_code"] == 0
+    content = session.call_tool("get_artifact_content", {"run_id": run_id, "name": "stdout.txt"}, viewer)["result"]
+    assert "passed" in content["content"][0]["text"]
+
+
+def test_deny_and_decline_refuse_with_32008_and_nothing_runs(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = open_session(gateway, capabilities=ELICITATION)
+    for decision, expected in (("deny_once", "DENY_ONCE"), (None, "DENY_ONCE")):
+        session.responder = answer(decision)
+        response = session.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))
+        assert response["error"]["code"] == -32008
+        assert "retrying will not help" in response["error"]["message"]
+        run_id = response["error"]["data"]["run_id"]
+        events = gateway.events_of(run_id)
+        assert [e["event_type"] for e in events] == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
+        assert events[1]["detail"]["decision"] == expected
+    assert not any((gateway.home / "artifacts").iterdir())
+
+
+def test_timeout_kills_the_run_and_answers_32007(gateway: GatewayHome, open_session: SessionFactory) -> None:
+    (gateway.workspace / "tests" / "test_slow.py").write_text("import time\n\ndef test_sleeps():\n    time.sleep(30)\n")
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answer("allow_once")
+    response = session.call_tool(
+        "run_pytest", {"test_path": "tests/test_slow.py", "timeout_s": 2}, gateway.token("alice")
+    )
+    assert response["error"]["code"] == -32007, response
+    run_id = response["error"]["data"]["run_id"]
+    events = gateway.events_of(run_id)
+    kinds = [e["event_type"] for e in events]
+    assert kinds == ["MCP_TOOL_CALL", "mcp.permission.decision", "TOOL_STARTED", "SANDBOX_EXEC", "TOOL_FINISHED"]
+    assert events[3]["detail"]["killed_by"] == "timeout"
+    assert events[4]["code"] == -32007
+    assert 2000 <= events[3]["detail"]["duration_ms"] < 10000
+
+
+def test_another_tenants_run_is_not_found(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, tmp_path: Any
+) -> None:
+    other_root = tmp_path / "other-ws"
+    other_root.mkdir()
+    gateway = make_gateway({"workspaces": {"other": str(other_root)}})
+    gateway.add_user("alice", "USER", ("default",))
+    gateway.add_user("bob", "USER", ("other",))
+    gateway.add_user("root", "ADMIN", ("other",))
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answer("allow_once")
+    run_id = session.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))["result"][
+        "structuredContent"
+    ]["run_id"]
+    bob = gateway.token("bob")
+    for name, arguments in (
+        ("get_evidence", {"run_id": run_id}),
+        ("get_artifact_content", {"run_id": run_id, "name": "stdout.txt"}),
+    ):
+        foreign = session.call_tool(name, arguments, bob)
+        missing = session.call_tool(name, {**arguments, "run_id": "0" * 32}, bob)
+        assert foreign["error"]["code"] == missing["error"]["code"] == -32602
+        assert foreign["error"]["data"]["reason"] == missing["error"]["data"]["reason"] == "run_not_found"
+    assert session.call_tool("list_artifacts", {}, bob)["result"]["structuredContent"]["runs"] == []
+    admin_view = session.call_tool("get_evidence", {"run_id": run_id}, gateway.token("root"))
+    assert "result" in admin_view, "ADMIN reads every workspace"
+
+
+def test_artifact_names_cannot_escape_the_run_folder(gateway: GatewayHome, open_session: SessionFactory) -> None:
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answer("allow_once")
+    token = gateway.token("alice")
+    run_id = session.call_tool("run_pytest", {"test_path": "tests"}, token)["result"]["structuredContent"]["run_id"]
+    for name in ("../../signing.key", "..", ".hidden", "/etc/passwd", "stdout.txt/../../gateway.db"):
+        response = session.call_tool("get_artifact_content", {"run_id": run_id, "name": name}, token)
+        assert response["error"]["code"] == -32602, (name, response)
