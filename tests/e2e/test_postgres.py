@@ -1,0 +1,84 @@
+"""The same gateway on PostgreSQL: migrations, refusals, a run, the audit chain, atomic budget.
+
+Runs when MCP_GATEWAY_TEST_PG_URL names an empty database it may wipe, e.g.
+postgresql+psycopg://gw:gw@127.0.0.1/gw (CI adds the server in a later issue).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from sqlalchemy import text
+
+from gateway.budget import BudgetLedger
+from gateway.clock import SystemClock
+from gateway.db import make_engine
+from gateway.errors import BudgetExceededError
+from gateway.policy import BudgetPolicy
+from tests.e2e.test_refusals import assert_blocked_trail, refusal
+from tests.e2e.test_run_pytest import ELICITATION, answer
+from tests.harness import GatewayHome, StdioSession
+
+PG_URL = os.environ.get("MCP_GATEWAY_TEST_PG_URL")
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(not PG_URL, reason="MCP_GATEWAY_TEST_PG_URL is not set"),
+]
+
+
+@pytest.fixture
+def pg_gateway(make_gateway: Callable[..., GatewayHome]) -> Iterator[GatewayHome]:
+    assert PG_URL is not None
+    engine = make_engine(PG_URL)
+    with engine.begin() as connection:
+        connection.execute(text("DROP SCHEMA public CASCADE"))
+        connection.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+    gateway = make_gateway(db_url=PG_URL)
+    gateway.add_user("alice", "USER")
+    gateway.add_user("vic", "VIEWER")
+    yield gateway
+    gateway.engine.dispose()
+
+
+def test_refusals_a_run_and_the_chain_on_postgres(
+    pg_gateway: GatewayHome, open_session: Callable[..., StdioSession]
+) -> None:
+    session = open_session(pg_gateway, capabilities=ELICITATION)
+    run_id = refusal(session.call_tool("run_pytest", {"test_path": "tests"}, pg_gateway.token("vic")), -32003)
+    assert_blocked_trail(pg_gateway, run_id, -32003)
+    token = pg_gateway.token("alice")
+    assert pg_gateway.cli("token", "revoke", token).returncode == 0
+    refusal(session.call_tool("list_artifacts", {}, token), -32001, "token_revoked")
+    assert pg_gateway.cli("token", "revoke", token).returncode == 0, "revoking twice is fine"
+    session.responder = answer("allow_once")
+    result = session.call_tool("run_pytest", {"test_path": "tests"}, pg_gateway.token("alice"))["result"]
+    assert result["structuredContent"]["passed"] > 0
+    verify = pg_gateway.cli("audit", "verify")
+    assert verify.returncode == 0, verify.stdout
+
+
+def test_budget_reservations_are_atomic_on_postgres(pg_gateway: GatewayHome) -> None:
+    ledger = BudgetLedger(pg_gateway.engine, SystemClock())
+    limits = BudgetPolicy(window_s=600, attempts_total=5, elapsed_ms_total=10**9)
+    granted: list[int] = []
+    refused: list[BudgetExceededError] = []
+    barrier = threading.Barrier(10)
+
+    def reserve(i: int) -> None:
+        barrier.wait()
+        try:
+            granted.append(ledger.reserve("alice", f"run{i}", limits))
+        except BudgetExceededError as exc:
+            refused.append(exc)
+
+    threads = [threading.Thread(target=reserve, args=(i,)) for i in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(granted) == 5
+    assert len(refused) == 5
