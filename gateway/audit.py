@@ -119,8 +119,13 @@ def verify_chain(events: Iterable[AuditEvent], head: ChainHead) -> ChainReport:
         prev_hash = event.hash
         expected_id += 1
         checked += 1
-    if head.last_id != checked or head.last_hash != prev_hash:
+    # Name an event that exists where one does: the head is written with every append.
+    if checked < head.last_id:
         return ChainReport(False, checked, checked + 1, "events after the last one found are missing")
+    if checked > head.last_id:
+        return ChainReport(False, checked, head.last_id + 1, "events beyond the recorded head")
+    if head.last_hash != prev_hash:
+        return ChainReport(False, checked, max(checked, 1), "the last event does not match the recorded head")
     return ChainReport(True, checked)
 
 

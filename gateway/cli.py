@@ -88,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Everything the gateway creates (database, keys, artifacts) is private to its user.
+    os.umask(0o077)
     args = _parser().parse_args(argv)
     logging.basicConfig(
         stream=sys.stderr,
@@ -105,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SQLAlchemyError as exc:
         print(f"mcp-gateway: database error ({type(exc).__name__}); is `mcp-gateway init` done?", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`audit export | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -112,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cmd_init(settings: Settings, _args: argparse.Namespace) -> int:
     settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.home.chmod(0o700)
     (settings.artifacts_dir).mkdir(mode=0o700, exist_ok=True)
     algorithms: tuple[str, ...] = ("HS256",)
     if settings.policy_path.is_file():

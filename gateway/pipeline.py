@@ -37,6 +37,7 @@ from gateway.services import Services
 from gateway.tools import artifacts, run_pytest
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS, ToolSpec
+from sandbox.errors import SandboxStartError
 
 log = logging.getLogger("gateway.pipeline")
 
@@ -82,46 +83,65 @@ class Pipeline:
         return Admitted(principal, spec, scope)
 
     async def call(self, request: CallRequest, asker: ConsentAsker | None = None) -> tuple[str, ToolOutcome]:
-        """Run a call through every stage; return (run_id, outcome) or raise GatewayError with .run_id."""
+        """Run a call through every stage; return (run_id, outcome) or raise GatewayError with data.run_id."""
         run_id = self.s.new_run_id()
         hashed = args_hash(dict(request.arguments))
-        base = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=request.tool_name, args_hash=hashed)
+        trail = _Trail(
+            EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=request.tool_name, args_hash=hashed)
+        )
         try:
-            self.s.audit.append(base)
+            self.s.audit.append(trail.entry)
+            return run_id, await self._stages(trail, request, asker)
         except GatewayError as exc:
-            exc.data["run_id"] = run_id
+            exc.data.setdefault("run_id", run_id)
             raise
-        principal: Principal | None = None
-        workspace: str | None = None
-        executing = False
+
+    async def _stages(self, trail: _Trail, request: CallRequest, asker: ConsentAsker | None) -> ToolOutcome:
+        """Stages 2-10; every way out leaves its terminal event (or fails closed with -32603)."""
+        run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
         try:
-            principal = self.s.authenticator.authenticate(request.token)
-            admitted = self.admit(principal, request.tool_name, request.arguments)
-            workspace = admitted.scope.workspace
+            trail.principal = self.s.authenticator.authenticate(request.token)
+            admitted = self.admit(trail.principal, request.tool_name, request.arguments)
+            trail.workspace = admitted.scope.workspace
             if not admitted.spec.sandboxed:
                 outcome = self._read(admitted, request.arguments)
-                self._finish(base, principal, workspace, None, {"status": "ok"})
-                return run_id, outcome
-            charge_id = self.s.budget.reserve(principal.name, run_id, self.s.policy.budget)
+                self.s.audit.append(trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
+                return outcome
+            charge_id = self.s.budget.reserve(trail.principal.name, run_id, self.s.policy.budget)
             if not self.s.policy.sandbox.enabled:
                 raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
-            executing = True
-            outcome = await self._execute(admitted, run_id, hashed, request.arguments, charge_id)
-            return run_id, outcome
+            trail.executing = True
+            return await self._execute(admitted, run_id, hashed, request.arguments, charge_id)
         except GatewayError as exc:
-            exc.data["run_id"] = run_id
-            detail = {"reason": exc.reason}
-            if executing:
-                self._finish(base, principal, workspace, exc.code, {"status": "error", **detail})
-            else:
-                self._blocked(base, principal, workspace, exc)
+            if not _is_audit_failure(exc):
+                self.s.audit.append(trail.refusal(exc))
             raise
         except SQLAlchemyError as exc:
-            error = InternalError("database_unavailable", "the gateway's database failed")
-            error.data["run_id"] = run_id
-            log.exception("run %s: database error (%s)", run_id, type(exc).__name__)
+            log.error("run %s: database error (%s)", run_id, type(exc).__name__)  # noqa: TRY400  (no traceback: the URL may hold a password)
+            raise InternalError("database_unavailable", "the gateway's database failed; nothing more ran") from exc
+        except Exception as exc:
+            log.exception("run %s: unexpected failure", run_id)
+            error = InternalError("internal_error", "the gateway failed")
+            self._best_effort(trail, trail.refusal(error))
             raise error from exc
+        except anyio.get_cancelled_exc_class():
+            # The client cancelled or went away; a running tool was killed by the runner.
+            with anyio.CancelScope(shield=True):
+                if trail.executing:
+                    self._best_effort(trail, None, run_status="cancelled")
+                self._best_effort(trail, trail.cancelled())
+            raise
+
+    def _best_effort(self, trail: _Trail, event: EventDraft | None, run_status: str | None = None) -> None:
+        """Leave what trail can still be left while failing; the caller's error is already decided."""
+        try:
+            if run_status is not None:
+                self.s.runs.finish(str(trail.entry.run_id), run_status, None)
+            if event is not None:
+                self.s.audit.append(event)
+        except (GatewayError, SQLAlchemyError):
+            log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
 
     # --- stages ---------------------------------------------------------------------------
 
@@ -168,30 +188,20 @@ class Pipeline:
         self.s.audit.append(
             EventDraft(EventType.TOOL_STARTED, tool_name=admitted.spec.name, args_hash=hashed, **common)
         )
-        usage = self.s.budget.usage(principal.name, self.s.policy.budget)
-        governance = run_pytest.Governance(
-            elapsed_ms_total=usage.elapsed_ms,
-            attempts_total=usage.attempts,
-            short_circuited=False,
-            policy_timeout_s=self.s.policy.sandbox.timeout_s,
-        )
         try:
-            result, outcome = await run_pytest.run(
+            run = await run_pytest.run(
                 run_id=run_id,
                 root=scope.root,
                 arguments=arguments,
                 policy=self.s.policy.sandbox,
                 timeout_s=scope.timeout_s,
                 run_dir=self.s.runs.folder(run_id),
-                governance=governance,
                 environ=self.s.environ,
             )
-        except anyio.get_cancelled_exc_class():
-            # The client went away or cancelled: the runner killed the run; leave the trail.
-            with anyio.CancelScope(shield=True):
-                self.s.runs.finish(run_id, "cancelled", None)
-                self.s.audit.append(EventDraft(EventType.TOOL_FINISHED, detail={"status": "cancelled"}, **common))
-            raise
+        except SandboxStartError as exc:
+            self.s.runs.finish(run_id, "failed_to_start", None)
+            raise InternalError("sandbox_start_failed", "the sandbox could not start the tool") from exc
+        result, outcome = run.result, run.outcome
         self.s.audit.append(
             EventDraft(
                 EventType.SANDBOX_EXEC,
@@ -201,6 +211,14 @@ class Pipeline:
             )
         )
         self.s.budget.charge(charge_id, result.duration_ms)
+        usage = self.s.budget.usage(principal.name, self.s.policy.budget)
+        governance = run_pytest.Governance(
+            elapsed_ms_total=usage.elapsed_ms,
+            attempts_total=usage.attempts,
+            short_circuited=result.killed_by is not None,
+            policy_timeout_s=self.s.policy.sandbox.timeout_s,
+        )
+        run_pytest.write_evidence(self.s.runs.folder(run_id), governance, run.limits, result)
         refusal = run_pytest.refusal(result, scope.timeout_s, self.s.policy.sandbox)
         status = refusal.reason if refusal else ("error" if outcome.is_error else "ok")
         self.s.runs.finish(run_id, status, result.exit_code)
@@ -217,45 +235,6 @@ class Pipeline:
             )
         )
         return outcome
-
-    # --- terminal events -----------------------------------------------------------------
-
-    def _blocked(self, base: EventDraft, principal: Principal | None, workspace: str | None, exc: GatewayError) -> None:
-        if isinstance(exc, InternalError) and exc.reason in ("audit_unavailable", "database_unavailable"):
-            return  # the log itself is what failed; the caller gets -32603
-        self.s.audit.append(
-            EventDraft(
-                EventType.POLICY_BLOCKED,
-                run_id=base.run_id,
-                user=principal.name if principal else None,
-                workspace=workspace,
-                tool_name=base.tool_name,
-                args_hash=base.args_hash,
-                code=exc.code,
-                detail={"blocked_reason": exc.reason},
-            )
-        )
-
-    def _finish(
-        self,
-        base: EventDraft,
-        principal: Principal | None,
-        workspace: str | None,
-        code: int | None,
-        detail: Mapping[str, Any],
-    ) -> None:
-        self.s.audit.append(
-            EventDraft(
-                EventType.TOOL_FINISHED,
-                run_id=base.run_id,
-                user=principal.name if principal else None,
-                workspace=workspace,
-                tool_name=base.tool_name,
-                args_hash=base.args_hash,
-                code=code,
-                detail=dict(detail),
-            )
-        )
 
     # --- dry run ---------------------------------------------------------------------------
 
@@ -306,9 +285,50 @@ class Pipeline:
             return reports
         passed("sandbox")
         mode = self.s.policy.consent.mode
-        note = "would ask a person" if mode == "prompt" else "would deny (consent.mode: deny)"
+        note = (
+            "would ask a person (denied if the client cannot ask one)"
+            if mode == "prompt"
+            else "would deny (consent.mode: deny)"
+        )
         reports.append(StageReport("consent", None if mode == "prompt" else -32008, None, note))
         return reports
+
+
+@dataclass(slots=True)
+class _Trail:
+    """What the call has learnt so far, for the terminal audit event."""
+
+    entry: EventDraft
+    principal: Principal | None = None
+    workspace: str | None = None
+    executing: bool = False
+
+    def terminal(self, kind: EventType, code: int | None, detail: Mapping[str, Any]) -> EventDraft:
+        return EventDraft(
+            kind,
+            run_id=self.entry.run_id,
+            user=self.principal.name if self.principal else None,
+            workspace=self.workspace,
+            tool_name=self.entry.tool_name,
+            args_hash=self.entry.args_hash,
+            code=code,
+            detail=dict(detail),
+        )
+
+    def refusal(self, exc: GatewayError) -> EventDraft:
+        """POLICY_BLOCKED before the tool ran, TOOL_FINISHED with the code after."""
+        if self.executing:
+            return self.terminal(EventType.TOOL_FINISHED, exc.code, {"status": "error", "reason": exc.reason})
+        return self.terminal(EventType.POLICY_BLOCKED, exc.code, {"blocked_reason": exc.reason})
+
+    def cancelled(self) -> EventDraft:
+        kind = EventType.TOOL_FINISHED if self.executing else EventType.POLICY_BLOCKED
+        return self.terminal(kind, None, {"status": "cancelled"})
+
+
+def _is_audit_failure(exc: GatewayError) -> bool:
+    """The log itself failed: no further event can be written; the caller gets -32603."""
+    return isinstance(exc, InternalError) and exc.reason in ("audit_unavailable", "database_unavailable")
 
 
 @dataclass(frozen=True, slots=True)

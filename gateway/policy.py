@@ -130,7 +130,12 @@ class _Reader:
     def scalar(self, node: yaml.Node, what: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, f"{what} must be a single value")
-        return yaml.SafeLoader(self.source.name).construct_object(node)
+        try:
+            return yaml.SafeLoader(self.source.name).construct_object(node)
+        except Exception as exc:
+            # An explicit tag (`!!int abc`, `!!python/object:...`, `!custom`) makes PyYAML's
+            # constructors raise errors of many kinds; each is a bad value at this line.
+            raise self.fail(node, f"{what} is not a valid value") from exc
 
     def string(self, node: yaml.Node, what: str) -> str:
         value = self.scalar(node, what)

@@ -67,6 +67,9 @@ def check_call(
     requested = arguments.get("workspace")
     if requested is not None and not isinstance(requested, str):
         return CallScope(None, None, visible_workspaces(caller), timeout_s)  # stage 5 rejects the type
+    if requested is None and not spec.sandboxed:
+        # A read across workspaces (list_artifacts): everything the caller may see, ADMIN all.
+        return CallScope(None, None, visible_workspaces(caller), timeout_s)
     workspace = _choose_workspace(policy, requested, caller)
     root = policy.workspaces[workspace]
     for name in spec.path_arguments:

@@ -134,7 +134,7 @@ def build_server(services: Services) -> Server[Any]:
         try:
             principal = services.authenticator.authenticate(token)
         except GatewayError as exc:
-            raise to_mcp_error(exc) from None
+            raise to_mcp_error(exc, services.new_run_id()) from None
         roles = services.policy.roles
         mine = [s for s in allowlisted if has_permission(roles, principal.role, s.permission)]
         return types.ListToolsResult(tools=[tool_definition(s) for s in mine])
@@ -148,8 +148,9 @@ def build_server(services: Services) -> Server[Any]:
         except GatewayError as exc:
             raise to_mcp_error(exc) from None
         except Exception:
-            log.exception("tools/call %s failed unexpectedly", params.name)
-            raise to_mcp_error(InternalError("internal_error", "the gateway failed; nothing ran")) from None
+            log.exception("tools/call failed unexpectedly")
+            error = InternalError("internal_error", "the gateway failed")
+            raise to_mcp_error(error, services.new_run_id()) from None
         return to_call_result(outcome, run_id)
 
     return Server(

@@ -41,7 +41,16 @@ class Counts:
 
 
 @dataclass(frozen=True, slots=True)
+class PytestRun:
+    result: RunResult
+    outcome: ToolOutcome
+    limits: Limits
+
+
+@dataclass(frozen=True, slots=True)
 class Governance:
+    """evidence.json's `governance`: the user's window totals including this run (spec section 5)."""
+
     elapsed_ms_total: int
     attempts_total: int
     short_circuited: bool
@@ -136,10 +145,9 @@ async def run(
     policy: SandboxPolicy,
     timeout_s: int,
     run_dir: Path,
-    governance: Governance,
     environ: Mapping[str, str],
-) -> tuple[RunResult, ToolOutcome]:
-    """Run pytest for one call; the artifacts and evidence.json are written by the gateway."""
+) -> PytestRun:
+    """Run pytest for one call; the artifacts are written by the gateway (evidence: `write_evidence`)."""
     run_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
     scratch = Path(tempfile.mkdtemp(prefix=f"mcp-run-{run_id[:8]}-"))
     try:
@@ -164,7 +172,6 @@ async def run(
             shutil.copyfile(junit_scratch, run_dir / "junit.xml")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    _write_evidence(run_dir, governance, limits, result)
     counts = parse_junit(run_dir / "junit.xml") or Counts(0, 0, 0, 0)
     stdout = (run_dir / "stdout.txt").read_text(encoding="utf-8", errors="replace")
     structured = {
@@ -181,10 +188,11 @@ async def run(
         description="stdout.txt, stderr.txt, junit.xml, evidence.json; read them with get_artifact_content",
     )
     # pytest exit codes: 0 passed, 1 tests failed, 5 none collected; anything else is a tool error.
-    return result, ToolOutcome(text, structured, (link,), is_error=result.exit_code not in (0, 1, 5))
+    outcome = ToolOutcome(text, structured, (link,), is_error=result.exit_code not in (0, 1, 5))
+    return PytestRun(result, outcome, limits)
 
 
-def _write_evidence(run_dir: Path, governance: Governance, limits: Limits, result: RunResult) -> None:
+def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result: RunResult) -> None:
     evidence = {
         "governance": asdict(governance),
         "sandbox": {

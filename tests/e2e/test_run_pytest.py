@@ -170,3 +170,31 @@ def test_artifact_names_cannot_escape_the_run_folder(gateway: GatewayHome, open_
     for name in ("../../signing.key", "..", ".hidden", "/etc/passwd", "stdout.txt/../../gateway.db"):
         response = session.call_tool("get_artifact_content", {"run_id": run_id, "name": name}, token)
         assert response["error"]["code"] == -32602, (name, response)
+
+
+def test_listing_spans_the_callers_workspaces(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, tmp_path: Any
+) -> None:
+    other_root = tmp_path / "second"
+    other_root.mkdir()
+    gateway = make_gateway({"workspaces": {"second": str(other_root)}})
+    gateway.add_user("alice", "USER", ("default", "second"))
+    gateway.add_user("carol", "USER", ("second",))
+    gateway.add_user("root", "ADMIN", ())
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answer("allow_once")
+    run_id = session.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))["result"][
+        "structuredContent"
+    ]["run_id"]
+
+    def listed(token: str, **arguments: Any) -> list[str]:
+        return [
+            r["run_id"]
+            for r in session.call_tool("list_artifacts", arguments, token)["result"]["structuredContent"]["runs"]
+        ]
+
+    assert listed(gateway.token("alice")) == [run_id]
+    assert listed(gateway.token("alice"), workspace="second") == []
+    assert listed(gateway.token("carol")) == []
+    assert listed(gateway.token("root")) == [run_id], "ADMIN reads every workspace"
+    assert listed(gateway.token("alice", workspace="second")) == [], "a token limited to one workspace sees only it"

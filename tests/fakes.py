@@ -1,0 +1,37 @@
+"""Fakes handed to the gateway's stages in unit tests, instead of patching globals."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from gateway.clock import RunId
+
+T0 = 1_700_000_000.0
+"""A fixed epoch second the fakes start from (2023-11-14T22:13:20Z)."""
+
+
+class FakeClock:
+    """A Clock that only moves when told to."""
+
+    def __init__(self, start: float = T0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+    def set(self, when: float) -> None:
+        self._now = when
+
+
+class SequentialRunIds:
+    """An IdFactory giving 32-hex-digit ids in order: ...0001, ...0002, ..."""
+
+    def __init__(self) -> None:
+        self._counter: Iterator[int] = itertools.count(1)
+
+    def __call__(self) -> RunId:
+        return RunId(f"{next(self._counter):032x}")

@@ -1,0 +1,840 @@
+"""gateway/policy.py: strict loading with file:line errors, defaults, risky settings, relative paths."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from textwrap import dedent
+from typing import Any
+
+import pytest
+
+from gateway.errors import ConfigError, PolicyBlockedError
+from gateway.policy import (
+    AuthPolicy,
+    BudgetPolicy,
+    ConsentPolicy,
+    PermissionPromptPolicy,
+    Policy,
+    SandboxPolicy,
+    check_relative_path,
+    load_policy,
+    parse_policy,
+    risky_settings,
+)
+from gateway.rbac import Permission
+from gateway.tools.registry import TOOL_NAMES
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "policy.yaml"
+MARK = "# <-"
+
+
+def parse(text: str, tmp_path: Path) -> Policy:
+    return parse_policy(dedent(text), tmp_path / "policy.yaml", TOOL_NAMES)
+
+
+def marked_line(text: str) -> int:
+    """The 1-based line of `text` carrying the `# <-` marker: where the error must point."""
+    lines = dedent(text).splitlines()
+    marked = [i for i, line in enumerate(lines, start=1) if MARK in line]
+    assert len(marked) == 1, "a case marks exactly one line"
+    return marked[0]
+
+
+# --- the shipped default -----------------------------------------------------------------
+
+
+def test_shipped_policy_loads_with_the_documented_values() -> None:
+    policy = load_policy(SHIPPED, TOOL_NAMES)
+
+    assert policy.version == 1
+    assert policy.auth == AuthPolicy("mcp-gateway", "mcp-gateway", ("HS256",), 30, 86400)
+    assert dict(policy.roles) == {
+        "ADMIN": frozenset({Permission.ARTIFACT_READ, Permission.ORCHESTRATION_RUN}),
+        "USER": frozenset({Permission.ARTIFACT_READ, Permission.ORCHESTRATION_RUN}),
+        "VIEWER": frozenset({Permission.ARTIFACT_READ}),
+    }
+    assert dict(policy.workspaces) == {"default": (REPO / "examples" / "sample_project").resolve()}
+    assert policy.allowlist == ("run_pytest", "list_artifacts", "get_evidence", "get_artifact_content")
+    assert policy.budget == BudgetPolicy(3600, 30, 900000)
+    assert policy.sandbox == SandboxPolicy(True, 300, 1024, 64, 4194304, False, (), ("PATH", "LANG", "LC_ALL"))
+    assert policy.consent.mode == "prompt"
+    assert policy.consent.timeout_s == 300
+    assert dict(policy.consent.expiry_days) == {"low": 90, "medium": 30, "high": 7}
+    assert policy.consent.locale == "en-US"
+    assert policy.permission_prompt == PermissionPromptPolicy()
+
+
+def test_shipped_policy_has_no_risky_settings(tmp_path: Path) -> None:
+    policy = load_policy(SHIPPED, TOOL_NAMES)
+
+    assert risky_settings(policy, tmp_path / "state") == []
+    assert risky_settings(policy, None) == []
+
+
+def test_load_policy_of_a_missing_file_names_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+
+    with pytest.raises(ConfigError, match="cannot read policy file") as caught:
+        load_policy(missing, TOOL_NAMES)
+    assert caught.value.where == str(missing)
+
+
+def test_load_policy_reports_the_line_in_the_file_it_read(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("version: 1\nbudget:\n  window_s: soon\n", encoding="utf-8")
+
+    with pytest.raises(ConfigError) as caught:
+        load_policy(path, TOOL_NAMES)
+    assert caught.value.where == f"{path}:3"
+    assert str(caught.value).startswith(f"{path}:3: ")
+
+
+# --- rejections, each at the right line ----------------------------------------------------
+
+REJECTED = [
+    pytest.param(
+        """\
+        version: 1
+        sandbox_enabled: true  # <-
+        """,
+        "unknown key 'sandbox_enabled' in the policy",
+        id="unknown-top-level-key",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          issuer: mcp-gateway
+          verify: false  # <-
+        """,
+        "unknown key 'verify' in auth",
+        id="unknown-key-in-auth",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          enabled: true
+          seccomp: off  # <-
+        """,
+        "unknown key 'seccomp' in sandbox",
+        id="unknown-key-in-sandbox",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        consent:
+          expiry_days:
+            low: 90
+            forever: 9999  # <-
+        """,
+        "unknown key 'forever' in consent.expiry_days",
+        id="unknown-key-two-levels-down",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        tools:
+          allowlist: []
+          denylist: []  # <-
+        """,
+        "unknown key 'denylist' in tools",
+        id="unknown-key-in-tools",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          timeout_s: "300"  # <-
+        """,
+        "sandbox.timeout_s must be an integer",
+        id="string-where-int",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          enabled: 1  # <-
+        """,
+        "sandbox.enabled must be true or false",
+        id="int-where-bool",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          network: "false"  # <-
+        """,
+        "sandbox.network must be true or false",
+        id="string-where-bool",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        budget:
+          window_s: true  # <-
+        """,
+        "budget.window_s must be an integer",
+        id="bool-where-int",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        budget:
+          attempts_total: 2.5  # <-
+        """,
+        "budget.attempts_total must be an integer",
+        id="float-where-int",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          memory_limit_mb: 0  # <-
+        """,
+        "sandbox.memory_limit_mb must be at least 1",
+        id="zero-memory",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          leeway_s: -1  # <-
+        """,
+        "auth.leeway_s must be at least 0",
+        id="negative-leeway",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          issuer: ""  # <-
+        """,
+        "auth.issuer must be a non-empty string",
+        id="empty-issuer",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          algorithms: HS256  # <-
+        """,
+        "auth.algorithms must be a list",
+        id="algorithms-not-a-list",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          timeout_s: [300]  # <-
+        """,
+        "sandbox.timeout_s must be a single value",
+        id="list-where-int",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        budget: 30  # <-
+        """,
+        "budget must be a mapping",
+        id="section-not-a-mapping",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        roles:
+          ADMIN: [ARTIFACT_READ, ORCHESTRATION_RUN]
+          USER:
+            - ARTIFACT_READ
+            - DELETE_EVERYTHING  # <-
+        """,
+        "unknown permission 'DELETE_EVERYTHING' in roles.USER",
+        id="unknown-permission",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        roles:
+          USER: [artifact_read]  # <-
+        """,
+        "unknown permission 'artifact_read' in roles.USER",
+        id="permission-is-case-sensitive",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        roles:
+          USER: ARTIFACT_READ  # <-
+        """,
+        "roles.USER must be a list",
+        id="role-not-a-list",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          issuer: a
+        auth:  # <-
+          issuer: b
+        """,
+        "duplicate key 'auth' in the policy",
+        id="duplicate-top-level-key",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          enabled: false
+          timeout_s: 10
+          enabled: true  # <-
+        """,
+        "duplicate key 'enabled' in sandbox",
+        id="duplicate-nested-key",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        roles:
+          USER: [ARTIFACT_READ]
+          USER: [ARTIFACT_READ, ORCHESTRATION_RUN]  # <-
+        """,
+        "duplicate key 'USER' in roles",
+        id="duplicate-role",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        tools:
+          allowlist:
+            - run_pytest
+            - run_pytest  # <-
+        """,
+        "'run_pytest' is listed twice in tools.allowlist",
+        id="duplicate-list-item",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          algorithms:
+            - HS256
+            - none  # <-
+        """,
+        "algorithm 'none' is never accepted",
+        id="alg-none",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          algorithms: [NONE]  # <-
+        """,
+        "algorithm 'none' is never accepted",
+        id="alg-NONE-any-case",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          algorithms: [HS256, ES256K]  # <-
+        """,
+        "unsupported algorithm 'ES256K'",
+        id="alg-unknown",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          algorithms: [hs256]  # <-
+        """,
+        "unsupported algorithm 'hs256'",
+        id="alg-is-case-sensitive",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          algorithms: []  # <-
+        """,
+        "auth.algorithms must name at least one algorithm",
+        id="alg-empty-list",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        tools:
+          allowlist:
+            - run_pytest
+            - run_shell  # <-
+        """,
+        "unknown tool 'run_shell' in tools.allowlist",
+        id="unknown-tool",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        consent:
+          mode: prompt
+          locale: fr-FR  # <-
+        """,
+        "consent.locale must be one of en-US, pt-BR (got 'fr-FR')",
+        id="bad-locale",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        consent:
+          mode: allow  # <-
+        """,
+        "consent.mode must be one of prompt, deny (got 'allow')",
+        id="bad-mode",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        workspaces:
+          "../up": /tmp  # <-
+        """,
+        "workspace name '../up'",
+        id="bad-workspace-name",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          env_whitelist: [PATH, "LANG=C"]  # <-
+        """,
+        "'LANG=C' in sandbox.env_whitelist is not an environment variable name",
+        id="env-name-with-equals",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        permission_prompt:
+          enabled: "yes please"  # <-
+        """,
+        "permission_prompt.enabled must be true or false",
+        id="permission-prompt-enabled-string",
+    ),
+    pytest.param(
+        """\
+        version: !!python/object:os.system echo  # <-
+        """,
+        "version is not a valid value",
+        id="python-tag",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          timeout_s: !custom 300  # <-
+        """,
+        "sandbox.timeout_s is not a valid value",
+        id="custom-tag",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        budget:
+          window_s: !!int soon  # <-
+        """,
+        "budget.window_s is not a valid value",
+        id="int-tag-on-text",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          enabled: !!bool maybe  # <-
+        """,
+        "sandbox.enabled is not a valid value",
+        id="bool-tag-on-text",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          issuer: !!binary "not base64!"  # <-
+        """,
+        "auth.issuer is not a valid value",
+        id="binary-tag",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        consent:
+          timeout_s: !!timestamp later  # <-
+        """,
+        "consent.timeout_s is not a valid value",
+        id="timestamp-tag",
+    ),
+    pytest.param(
+        """\
+        # a comment first
+        auth:  # <-
+          issuer: mcp-gateway
+        """,
+        "missing required key 'version'",
+        id="version-missing",
+    ),
+    pytest.param(
+        """\
+        # header
+        version: 2  # <-
+        """,
+        "unsupported policy version 2",
+        id="version-2",
+    ),
+    pytest.param(
+        """\
+        version: "1"  # <-
+        """,
+        "version must be an integer",
+        id="version-string",
+    ),
+    pytest.param(
+        """\
+        version: 0  # <-
+        """,
+        "version must be at least 1",
+        id="version-0",
+    ),
+    pytest.param(
+        """\
+        - version: 1  # <-
+        """,
+        "the policy must be a mapping",
+        id="top-level-list",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          issuer: [unclosed
+          audience: x  # <-
+        budget: {}
+        """,
+        "not valid YAML",
+        id="invalid-yaml-unclosed-flow",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        \tauth: {}  # <-
+        """,
+        "not valid YAML",
+        id="invalid-yaml-tab",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        ---  # <-
+        version: 1
+        """,
+        "not valid YAML",
+        id="two-documents",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), REJECTED)
+def test_rejects_with_file_and_line(text: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(text, tmp_path)
+
+    assert caught.value.where is not None
+    assert caught.value.where.startswith(str(tmp_path / "policy.yaml") + ":")
+    assert caught.value.where.endswith(f":{marked_line(text)}")
+    assert message in caught.value.bare_message
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
+def test_empty_file_is_rejected_at_line_1(text: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(text, tmp_path)
+
+    assert caught.value.bare_message == "the policy file is empty"
+    assert caught.value.where == f"{tmp_path / 'policy.yaml'}:1"
+
+
+# --- defaults ------------------------------------------------------------------------------
+
+
+def test_missing_sections_take_the_defaults(tmp_path: Path) -> None:
+    policy = parse("version: 1\n", tmp_path)
+
+    assert policy.auth == AuthPolicy()
+    assert policy.budget == BudgetPolicy()
+    assert policy.sandbox == SandboxPolicy()
+    assert policy.consent == ConsentPolicy()
+    assert policy.permission_prompt == PermissionPromptPolicy()
+    assert dict(policy.roles) == {
+        "ADMIN": frozenset(Permission),
+        "USER": frozenset(Permission),
+        "VIEWER": frozenset({Permission.ARTIFACT_READ}),
+    }
+    assert dict(policy.workspaces) == {}
+    # No tools section means no allowlisted tool: the default fails closed.
+    assert policy.allowlist == ()
+
+
+def test_missing_keys_inside_a_section_take_the_defaults(tmp_path: Path) -> None:
+    policy = parse(
+        """\
+        version: 1
+        auth:
+          issuer: corp
+        sandbox:
+          timeout_s: 60
+        consent:
+          expiry_days: {high: 1}
+        """,
+        tmp_path,
+    )
+
+    assert policy.auth == AuthPolicy(issuer="corp")
+    assert policy.sandbox == SandboxPolicy(timeout_s=60)
+    assert dict(policy.consent.expiry_days) == {"low": 90, "medium": 30, "high": 1}
+
+
+def test_empty_sections_take_the_defaults(tmp_path: Path) -> None:
+    policy = parse("version: 1\nauth: {}\nbudget: {}\nsandbox: {}\nconsent: {}\n", tmp_path)
+
+    assert policy.auth == AuthPolicy()
+    assert policy.budget == BudgetPolicy()
+    assert policy.sandbox == SandboxPolicy()
+
+
+def test_zero_budget_totals_are_allowed(tmp_path: Path) -> None:
+    policy = parse("version: 1\nbudget:\n  attempts_total: 0\n  elapsed_ms_total: 0\n", tmp_path)
+
+    assert policy.budget == BudgetPolicy(attempts_total=0, elapsed_ms_total=0)
+
+
+def test_paths_are_relative_to_the_policy_file(tmp_path: Path) -> None:
+    policy = parse(
+        """\
+        version: 1
+        workspaces:
+          here: ws
+          there: /srv/elsewhere
+        sandbox:
+          allowed_paths: [shared/data]
+        """,
+        tmp_path,
+    )
+
+    assert dict(policy.workspaces) == {"here": (tmp_path / "ws").resolve(), "there": Path("/srv/elsewhere")}
+    assert policy.sandbox.allowed_paths == ((tmp_path / "shared" / "data").resolve(),)
+
+
+def test_custom_roles_replace_the_default_roles(tmp_path: Path) -> None:
+    policy = parse("version: 1\nroles:\n  AUDITOR: [ARTIFACT_READ]\n  NOBODY: []\n", tmp_path)
+
+    assert dict(policy.roles) == {"AUDITOR": frozenset({Permission.ARTIFACT_READ}), "NOBODY": frozenset()}
+
+
+# --- risky settings ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def shipped() -> Policy:
+    return load_policy(SHIPPED, TOOL_NAMES)
+
+
+def with_sandbox(policy: Policy, **changes: Any) -> Policy:
+    return dataclasses.replace(policy, sandbox=dataclasses.replace(policy.sandbox, **changes))
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        pytest.param({"enabled": False}, "sandbox.enabled is false", id="sandbox-disabled"),
+        pytest.param({"network": True}, "sandbox.network is true", id="network"),
+        pytest.param({"allowed_paths": (Path("/"),)}, "contains '/'", id="root-readable"),
+        pytest.param(
+            {"env_whitelist": ("PATH", "AWS_SECRET_ACCESS_KEY")},
+            "AWS_SECRET_ACCESS_KEY, which looks like a secret",
+            id="aws",
+        ),
+        pytest.param(
+            {"env_whitelist": ("GITHUB_TOKEN",)}, "GITHUB_TOKEN, which looks like a secret", id="github-token"
+        ),
+        pytest.param({"env_whitelist": ("DB_PASSWORD",)}, "DB_PASSWORD, which looks like a secret", id="password"),
+        pytest.param({"env_whitelist": ("PYTHONPATH",)}, "starting with PYTHON are never passed", id="pythonpath"),
+        pytest.param({"env_whitelist": ("LD_PRELOAD",)}, "starting with LD_ are never passed", id="ld-preload"),
+        pytest.param({"env_whitelist": ("PYTEST_ADDOPTS",)}, "starting with PYTEST_ are never passed", id="pytest"),
+        pytest.param(
+            {"env_whitelist": ("MCP_GATEWAY_TOKEN",)}, "starting with MCP_GATEWAY are never passed", id="gateway-token"
+        ),
+    ],
+)
+def test_risky_sandbox_settings_warn(shipped: Policy, changes: dict[str, Any], fragment: str, tmp_path: Path) -> None:
+    warnings = risky_settings(with_sandbox(shipped, **changes), tmp_path / "state")
+
+    assert len(warnings) == 1, warnings
+    assert fragment in warnings[0].message
+    assert str(warnings[0]).startswith(f"{SHIPPED}: warning: ")
+
+
+@pytest.mark.parametrize(
+    "relative",
+    [
+        pytest.param(".", id="the-state-folder"),
+        pytest.param("artifacts", id="inside-it"),
+        pytest.param("..", id="its-parent"),
+    ],
+)
+def test_allowed_path_overlapping_the_state_folder_warns(shipped: Policy, relative: str, tmp_path: Path) -> None:
+    home = tmp_path / "state"
+    policy = with_sandbox(shipped, allowed_paths=((home / relative).resolve(),))
+
+    warnings = risky_settings(policy, home)
+
+    assert [w.message for w in warnings] == [
+        f"sandbox.allowed_paths contains {(home / relative).resolve()}, which overlaps the gateway's state folder {home}"
+    ]
+
+
+def test_allowed_path_beside_the_state_folder_does_not_warn(shipped: Policy, tmp_path: Path) -> None:
+    # "state-other" shares a string prefix with "state" but is not inside it.
+    policy = with_sandbox(shipped, allowed_paths=(tmp_path / "state-other",))
+
+    assert risky_settings(policy, tmp_path / "state") == []
+
+
+def test_empty_allowlist_warns(shipped: Policy, tmp_path: Path) -> None:
+    warnings = risky_settings(dataclasses.replace(shipped, allowlist=()), tmp_path / "state")
+
+    assert [w.message for w in warnings] == ["tools.allowlist is empty: every tool call will be refused with -32004"]
+
+
+def test_workspace_that_is_not_a_directory_warns(shipped: Policy, tmp_path: Path) -> None:
+    policy = dataclasses.replace(shipped, workspaces={"gone": tmp_path / "missing"})
+
+    warnings = risky_settings(policy, tmp_path / "state")
+
+    assert len(warnings) == 1
+    assert "workspace 'gone'" in warnings[0].message
+    assert "not a directory" in warnings[0].message
+
+
+def test_workspace_inside_the_state_folder_warns(shipped: Policy, tmp_path: Path) -> None:
+    home = tmp_path / "state"
+    (home / "ws").mkdir(parents=True)
+    policy = dataclasses.replace(shipped, workspaces={"w": (home / "ws").resolve()})
+
+    warnings = risky_settings(policy, home)
+
+    assert len(warnings) == 1
+    assert "overlaps the gateway's state folder" in warnings[0].message
+
+
+@pytest.mark.parametrize(
+    ("algorithms", "warned"),
+    [
+        (("HS256",), False),
+        (("RS256",), False),
+        (("RS256", "EdDSA"), False),
+        (("HS256", "RS256"), True),
+    ],
+)
+def test_mixed_algorithm_families_warn(
+    shipped: Policy, algorithms: tuple[str, ...], warned: bool, tmp_path: Path
+) -> None:
+    policy = dataclasses.replace(shipped, auth=dataclasses.replace(shipped.auth, algorithms=algorithms))
+
+    warnings = risky_settings(policy, tmp_path / "state")
+
+    assert any("mixes HMAC and public-key" in w.message for w in warnings) is warned
+    assert len(warnings) == int(warned)
+
+
+@pytest.mark.parametrize(
+    ("budget", "warned"),
+    [
+        (BudgetPolicy(attempts_total=0), True),
+        (BudgetPolicy(elapsed_ms_total=0), True),
+        (BudgetPolicy(attempts_total=1, elapsed_ms_total=1), False),
+    ],
+)
+def test_zero_budget_warns(shipped: Policy, budget: BudgetPolicy, warned: bool, tmp_path: Path) -> None:
+    warnings = risky_settings(dataclasses.replace(shipped, budget=budget), tmp_path / "state")
+
+    assert [w.message for w in warnings] == (
+        ["a budget total is 0: every write call will be refused with -32005"] if warned else []
+    )
+
+
+@pytest.mark.parametrize(("consent_timeout_s", "warned"), [(1200, False), (1201, True)])
+def test_long_consent_timeout_warns(shipped: Policy, consent_timeout_s: int, warned: bool, tmp_path: Path) -> None:
+    policy = dataclasses.replace(shipped, consent=dataclasses.replace(shipped.consent, timeout_s=consent_timeout_s))
+
+    warnings = risky_settings(policy, tmp_path / "state")
+
+    assert len(warnings) == int(warned)
+
+
+# --- check_relative_path -------------------------------------------------------------------
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    (root / "tests").mkdir(parents=True)
+    (root / "tests" / "test_a.py").write_text("def test_a():\n    pass\n", encoding="utf-8")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "ws-evil").mkdir()
+    (root / "escape").symlink_to(tmp_path / "outside", target_is_directory=True)
+    (root / "tests" / "alias").symlink_to(root / "tests", target_is_directory=True)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("../x", "path_outside_workspace"),
+        ("tests/../../x", "path_outside_workspace"),
+        ("../ws-evil", "path_outside_workspace"),
+        ("/etc/passwd", "path_outside_workspace"),
+        ("//etc", "path_outside_workspace"),
+        ("escape", "path_outside_workspace"),
+        ("escape/anything.py", "path_outside_workspace"),
+        ("-x", "path_looks_like_option"),
+        ("--rootdir=/", "path_looks_like_option"),
+        ("tests\x00/x", "path_invalid"),
+    ],
+)
+def test_check_relative_path_rejects(workspace: Path, value: str, reason: str) -> None:
+    with pytest.raises(PolicyBlockedError) as caught:
+        check_relative_path(workspace, value, "test_path")
+
+    assert caught.value.reason == reason
+    assert caught.value.code == -32004
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("tests", "tests"),
+        ("tests/", "tests"),
+        ("tests/test_a.py", "tests/test_a.py"),
+        ("tests/../tests/test_a.py", "tests/test_a.py"),
+        ("tests/alias/test_a.py", "tests/test_a.py"),
+        (".", "."),
+        ("not/there/yet.py", "not/there/yet.py"),
+    ],
+)
+def test_check_relative_path_accepts(workspace: Path, value: str, expected: str) -> None:
+    assert check_relative_path(workspace, value, "test_path") == (workspace / expected).resolve()
+
+
+def test_check_relative_path_follows_a_symlinked_root(workspace: Path, tmp_path: Path) -> None:
+    linked_root = tmp_path / "ws-link"
+    linked_root.symlink_to(workspace, target_is_directory=True)
+
+    assert check_relative_path(linked_root, "tests", "test_path") == (workspace / "tests").resolve()
+    with pytest.raises(PolicyBlockedError):
+        check_relative_path(linked_root, "escape", "test_path")
