@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, bindparam, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
@@ -129,20 +129,27 @@ def verify_chain(events: Iterable[AuditEvent], head: ChainHead) -> ChainReport:
     return ChainReport(True, checked)
 
 
+# Built once: the append runs on every call, and statement construction is a visible cost.
+_LOCK_HEAD = select(db.audit_head.c.last_id, db.audit_head.c.last_hash).where(db.audit_head.c.id == 1).with_for_update()
+_INSERT_EVENT = db.audit_events.insert()
+_MOVE_HEAD = (
+    update(db.audit_head)
+    .where(db.audit_head.c.id == 1)
+    .values(last_id=bindparam("new_id"), last_hash=bindparam("new_hash"))
+)
+
+
 class AuditLog:
     def __init__(self, engine: Engine, clock: Clock) -> None:
         self._engine = engine
+        self._read = db.reader(engine)
         self._clock = clock
 
     def append(self, *drafts: EventDraft) -> list[AuditEvent]:
         """Commit the drafts, in order, as consecutive events; InternalError if they cannot be written."""
         try:
             with self._engine.begin() as connection:
-                row = connection.execute(
-                    select(db.audit_head.c.last_id, db.audit_head.c.last_hash)
-                    .where(db.audit_head.c.id == 1)
-                    .with_for_update()
-                ).one()
+                row = connection.execute(_LOCK_HEAD).one()
                 last_id, prev_hash = int(row.last_id), str(row.last_hash)
                 written: list[AuditEvent] = []
                 ts = iso_utc(self._clock.now())
@@ -151,16 +158,14 @@ class AuditLog:
                     event = _seal(last_id, ts, draft, prev_hash)
                     written.append(event)
                     prev_hash = event.hash
-                connection.execute(db.audit_events.insert(), [_to_row(e) for e in written])
-                connection.execute(
-                    update(db.audit_head).where(db.audit_head.c.id == 1).values(last_id=last_id, last_hash=prev_hash)
-                )
+                connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
+                connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
         except SQLAlchemyError as exc:
             raise InternalError("audit_unavailable", "the audit log could not be written") from exc
         return written
 
     def head(self) -> ChainHead:
-        with self._engine.connect() as connection:
+        with self._read.connect() as connection:
             row = connection.execute(select(db.audit_head).where(db.audit_head.c.id == 1)).one()
         return ChainHead(int(row.last_id), str(row.last_hash))
 
@@ -170,7 +175,7 @@ class AuditLog:
             query = query.where(db.audit_events.c.ts >= since_ts)
         if run_id is not None:
             query = query.where(db.audit_events.c.run_id == run_id)
-        with self._engine.connect() as connection:
+        with self._read.connect() as connection:
             for row in connection.execute(query.execution_options(yield_per=1000)):
                 yield _from_row(row._mapping)
 

@@ -20,7 +20,7 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
-from sqlalchemy import Engine, select
+from sqlalchemy import Connection, Engine, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -240,11 +240,15 @@ def require_active_user(user: UserRecord | None, claims: Claims, revoked: bool) 
     return Principal(user.name, user.role, user.workspaces, claims.workspace, claims.jti)
 
 
+_FETCH_REVOCATION = select(db.tokens.c.revoked_at).where(db.tokens.c.jti == bindparam("jti"))
+
+
 class TokenStore:
     """Issued and revoked token ids (`jti`); the tokens themselves are never stored."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._read = db.reader(engine)
 
     def record_issued(self, jti: str, user: str, issued_at: float, expires_at: float) -> None:
         with self._engine.begin() as connection:
@@ -261,18 +265,21 @@ class TokenStore:
         with self._engine.begin() as connection:
             connection.execute(statement)
 
-    def is_revoked(self, jti: str) -> bool:
-        with self._engine.connect() as connection:
-            revoked_at = connection.execute(
-                select(db.tokens.c.revoked_at).where(db.tokens.c.jti == jti)
-            ).scalar_one_or_none()
+    def is_revoked(self, jti: str, connection: Connection | None = None) -> bool:
+        if connection is None:
+            with self._read.connect() as own:
+                return self.is_revoked(jti, own)
+        revoked_at = connection.execute(_FETCH_REVOCATION, {"jti": jti}).scalar_one_or_none()
         return revoked_at is not None
 
 
 class Authenticator:
     """Token -> Principal, reading revocation and the user's role from the database at each call."""
 
-    def __init__(self, keys: KeyRing, auth: AuthPolicy, tokens: TokenStore, users: UserStore, clock: Clock) -> None:
+    def __init__(
+        self, engine: Engine, keys: KeyRing, auth: AuthPolicy, *, tokens: TokenStore, users: UserStore, clock: Clock
+    ) -> None:
+        self._read = db.reader(engine)
         self._keys = keys
         self._auth = auth
         self._tokens = tokens
@@ -282,8 +289,9 @@ class Authenticator:
     def authenticate(self, token: object) -> Principal:
         claims = check_lifetime(decode_token(token, self._keys, self._auth), self._clock.now(), self._auth)
         try:
-            revoked = self._tokens.is_revoked(claims.jti)
-            user = self._users.fetch(claims.sub)
+            with self._read.connect() as connection:
+                revoked = self._tokens.is_revoked(claims.jti, connection)
+                user = self._users.fetch(claims.sub, connection)
         except SQLAlchemyError as exc:
             raise InternalError("database_unavailable", "the user database could not be read") from exc
         return require_active_user(user, claims, revoked)

@@ -73,6 +73,7 @@ def _retry_after(leaving_ts: float, limits: BudgetPolicy, now: float) -> int:
 class BudgetLedger:
     def __init__(self, engine: Engine, clock: Clock) -> None:
         self._engine = engine
+        self._read = db.reader(engine)
         self._clock = clock
 
     def reserve(self, user: str, run_id: str, limits: BudgetPolicy) -> int:
@@ -103,7 +104,7 @@ class BudgetLedger:
     def check(self, user: str, limits: BudgetPolicy) -> None:
         """The same decision as `reserve`, without taking anything (for `policy explain`)."""
         now = self._clock.now()
-        with self._engine.connect() as connection:
+        with self._read.connect() as connection:
             rows = connection.execute(
                 select(db.budget_charges.c.ts, db.budget_charges.c.elapsed_ms).where(
                     db.budget_charges.c.user_name == user, db.budget_charges.c.ts > now - limits.window_s
@@ -121,7 +122,7 @@ class BudgetLedger:
 
     def usage(self, user: str, limits: BudgetPolicy) -> Usage:
         now = self._clock.now()
-        with self._engine.connect() as connection:
+        with self._read.connect() as connection:
             row = connection.execute(
                 select(func.count(), func.coalesce(func.sum(db.budget_charges.c.elapsed_ms), 0)).where(
                     db.budget_charges.c.user_name == user, db.budget_charges.c.ts > now - limits.window_s

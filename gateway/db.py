@@ -8,6 +8,7 @@ deadlocks), and on PostgreSQL the few read-then-write paths lock a row first
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +29,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    make_url,
 )
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -126,32 +128,52 @@ budget_charges = cast(Table, BudgetCharge.__table__)
 runs = cast(Table, Run.__table__)
 
 
+SQLITE_SYNC_MODES = ("normal", "full")
+
+
 def make_engine(url: str) -> Engine:
-    """An engine with the per-dialect settings the rest of the code relies on."""
+    """An engine with the per-dialect settings the rest of the code relies on.
+
+    A SQLite URL may end in `?synchronous=full` (default `normal`, see docs/decisions.md).
+    """
     try:
-        engine = create_engine(url, pool_pre_ping=not url.startswith("sqlite"))
+        parsed = make_url(url)
+        sync = "normal"
+        if parsed.get_backend_name() == "sqlite":
+            sync = str(parsed.query.get("synchronous", "normal")).lower()
+            if sync not in SQLITE_SYNC_MODES:
+                raise ConfigError("synchronous= in a SQLite URL must be normal or full")
+            parsed = parsed.difference_update_query(["synchronous"])
+        engine = create_engine(parsed, pool_pre_ping=parsed.get_backend_name() != "sqlite")
     except (SQLAlchemyError, ImportError, ValueError) as exc:
         raise ConfigError(f"cannot use database URL ({type(exc).__name__})") from exc
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "connect", partial(_sqlite_on_connect, sync.upper()))
         event.listen(engine, "begin", _sqlite_on_begin)
     return engine
 
 
-def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    # Let SQLAlchemy's "begin" event issue BEGIN IMMEDIATE instead of pysqlite's deferred BEGIN.
+def reader(engine: Engine) -> Engine:
+    """The same engine for read-only work: on SQLite its transactions take no write lock."""
+    return engine.execution_options(read_only=True)
+
+
+def _sqlite_on_connect(synchronous: str, dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event issue the BEGIN instead of pysqlite's own.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA busy_timeout = 10000")
     cursor.execute("PRAGMA journal_mode = WAL")
-    # FULL: a committed audit event survives power loss, not only a crash of the gateway.
-    cursor.execute("PRAGMA synchronous = FULL")
+    cursor.execute(f"PRAGMA synchronous = {synchronous}")
     cursor.execute("PRAGMA foreign_keys = ON")
     cursor.close()
 
 
 def _sqlite_on_begin(connection: Any) -> None:
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # Writers take the lock up front (no upgrade deadlock between two gateways); readers in
+    # WAL mode read a snapshot and never block a writer (a long `audit export` included).
+    read_only = connection.get_execution_options().get("read_only", False)
+    connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _alembic_config(engine: Engine) -> Config:

@@ -11,6 +11,7 @@ event cannot be committed the call fails closed with -32603 and nothing runs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -90,7 +91,6 @@ class Pipeline:
             EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=request.tool_name, args_hash=hashed)
         )
         try:
-            self.s.audit.append(trail.entry)
             return run_id, await self._stages(trail, request, asker)
         except GatewayError as exc:
             exc.data.setdefault("run_id", run_id)
@@ -105,8 +105,9 @@ class Pipeline:
             trail.workspace = admitted.scope.workspace
             if not admitted.spec.sandboxed:
                 outcome = self._read(admitted, request.arguments)
-                self.s.audit.append(trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
+                self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
                 return outcome
+            self._log(trail)  # the entry is committed before the first side effect
             charge_id = self.s.budget.reserve(trail.principal.name, run_id, self.s.policy.budget)
             if not self.s.policy.sandbox.enabled:
                 raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
@@ -115,7 +116,7 @@ class Pipeline:
             return await self._execute(admitted, run_id, hashed, request.arguments, charge_id)
         except GatewayError as exc:
             if not _is_audit_failure(exc):
-                self.s.audit.append(trail.refusal(exc))
+                self._log(trail, trail.refusal(exc))
             raise
         except SQLAlchemyError as exc:
             log.error("run %s: database error (%s)", run_id, type(exc).__name__)  # noqa: TRY400  (no traceback: the URL may hold a password)
@@ -133,13 +134,24 @@ class Pipeline:
                 self._best_effort(trail, trail.cancelled())
             raise
 
+    def _log(self, trail: _Trail, *events: EventDraft) -> None:
+        """Commit the entry event (once, naming the caller when known) with `events`, in one transaction.
+
+        Until something happens that the log must precede (a reservation, a prompt, a run),
+        the entry waits, so a refused or read-only call costs one commit; the answer still
+        leaves only after both events are committed.
+        """
+        pending = () if trail.entry_logged else (trail.entry_for_log(),)
+        if pending or events:
+            self.s.audit.append(*pending, *events)
+        trail.entry_logged = True
+
     def _best_effort(self, trail: _Trail, event: EventDraft | None, run_status: str | None = None) -> None:
         """Leave what trail can still be left while failing; the caller's error is already decided."""
         try:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
-            if event is not None:
-                self.s.audit.append(event)
+            self._log(trail, *(() if event is None else (event,)))
         except (GatewayError, SQLAlchemyError):
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
 
@@ -302,6 +314,13 @@ class _Trail:
     principal: Principal | None = None
     workspace: str | None = None
     executing: bool = False
+    entry_logged: bool = False
+
+    def entry_for_log(self) -> EventDraft:
+        """MCP_TOOL_CALL with the caller, once authentication has named one."""
+        if self.principal is None:
+            return self.entry
+        return dataclasses.replace(self.entry, user=self.principal.name, workspace=self.workspace)
 
     def terminal(self, kind: EventType, code: int | None, detail: Mapping[str, Any]) -> EventDraft:
         return EventDraft(

@@ -26,6 +26,7 @@ class RunRecord:
 class RunStore:
     def __init__(self, engine: Engine, artifacts_dir: Path) -> None:
         self._engine = engine
+        self._read = db.reader(engine)
         self.artifacts_dir = artifacts_dir
 
     def folder(self, run_id: str) -> Path:
@@ -52,7 +53,7 @@ class RunStore:
             )
 
     def fetch(self, run_id: str) -> RunRecord | None:
-        with self._engine.connect() as connection:
+        with self._read.connect() as connection:
             row = connection.execute(select(db.runs).where(db.runs.c.run_id == run_id)).one_or_none()
         return None if row is None else _record(row)
 
@@ -61,7 +62,7 @@ class RunStore:
         query = select(db.runs).order_by(db.runs.c.created_at.desc()).limit(limit)
         if workspaces is not None:
             query = query.where(db.runs.c.workspace.in_(workspaces))
-        with self._engine.connect() as connection:
+        with self._read.connect() as connection:
             return [_record(row) for row in connection.execute(query)]
 
 

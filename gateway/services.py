@@ -68,6 +68,6 @@ def open_services(
         tokens=tokens,
         budget=BudgetLedger(engine, clock),
         runs=RunStore(engine, settings.artifacts_dir),
-        authenticator=Authenticator(keys, policy.auth, tokens, users, clock),
+        authenticator=Authenticator(engine, keys, policy.auth, tokens=tokens, users=users, clock=clock),
         consent=ConsentStage(policy.consent, audit),
     )

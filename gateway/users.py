@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from passlib.context import CryptContext
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Connection, Engine, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway import db
@@ -36,9 +36,18 @@ def password_matches(password: str, password_hash: str) -> bool:
     return bool(_passwords.verify(password, password_hash))
 
 
+_FETCH_USER = (
+    select(db.users, db.user_workspaces.c.workspace)
+    .outerjoin(db.user_workspaces, db.user_workspaces.c.user_id == db.users.c.id)
+    .where(db.users.c.name == bindparam("name"))
+    .order_by(db.user_workspaces.c.workspace)
+)
+
+
 class UserStore:
     def __init__(self, engine: Engine, clock: Clock) -> None:
         self._engine = engine
+        self._read = db.reader(engine)
         self._clock = clock
 
     def add(self, name: str, role: str, workspaces: tuple[str, ...], password: str | None = None) -> UserRecord:
@@ -65,14 +74,12 @@ class UserStore:
             raise UserError(f"user {name!r} already exists") from exc
         return UserRecord(name, role, False, workspaces, now)
 
-    def fetch(self, name: str) -> UserRecord | None:
-        with self._engine.connect() as connection:
-            rows = connection.execute(
-                select(db.users, db.user_workspaces.c.workspace)
-                .outerjoin(db.user_workspaces, db.user_workspaces.c.user_id == db.users.c.id)
-                .where(db.users.c.name == name)
-                .order_by(db.user_workspaces.c.workspace)
-            ).all()
+    def fetch(self, name: str, connection: Connection | None = None) -> UserRecord | None:
+        """The user, or None; pass `connection` to read inside a caller's transaction."""
+        if connection is None:
+            with self._read.connect() as own:
+                return self.fetch(name, own)
+        rows = connection.execute(_FETCH_USER, {"name": name}).all()
         if not rows:
             return None
         first = rows[0]
@@ -80,7 +87,7 @@ class UserStore:
         return UserRecord(first.name, first.role, bool(first.disabled), workspaces, float(first.created_at))
 
     def list(self) -> list[UserRecord]:
-        with self._engine.connect() as connection:
+        with self._read.connect() as connection:
             rows = connection.execute(
                 select(db.users, db.user_workspaces.c.workspace)
                 .outerjoin(db.user_workspaces, db.user_workspaces.c.user_id == db.users.c.id)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tests.harness import SAMPLE_PROJECT, GatewayHome, StdioSession
@@ -198,3 +201,72 @@ def test_listing_spans_the_callers_workspaces(
     assert listed(gateway.token("carol")) == []
     assert listed(gateway.token("root")) == [run_id], "ADMIN reads every workspace"
     assert listed(gateway.token("alice", workspace="second")) == [], "a token limited to one workspace sees only it"
+
+
+def _slow_suite(gateway: GatewayHome) -> str:
+    marker = gateway.root / "slow-started"
+    (gateway.workspace / "tests" / "test_slow.py").write_text(
+        f"import os, time\n\ndef test_sleeps():\n    open({str(marker)!r}, 'w').write(str(os.getpid()))\n    time.sleep(60)\n"
+    )
+    return str(marker)
+
+
+def _wait_for(path: str, timeout: float = 20) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if Path(path).exists() and Path(path).read_text():
+            return int(Path(path).read_text())
+        time.sleep(0.05)
+    raise AssertionError("the suite never started")
+
+
+def _gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _start_slow_call(gateway: GatewayHome, open_session: SessionFactory) -> tuple[StdioSession, int]:
+    marker = _slow_suite(gateway)
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 500,
+            "method": "tools/call",
+            "params": {
+                "name": "run_pytest",
+                "arguments": {"test_path": "tests/test_slow.py"},
+                "auth": {"token": gateway.token("alice")},
+            },
+        }
+    )
+    prompt = session.read_message()
+    assert prompt["method"] == "elicitation/create"
+    session.send(
+        {"jsonrpc": "2.0", "id": prompt["id"], "result": {"action": "accept", "content": {"decision": "allow_once"}}}
+    )
+    return session, _wait_for(marker)
+
+
+def test_client_going_away_kills_the_run(gateway: GatewayHome, open_session: SessionFactory) -> None:
+    session, pid = _start_slow_call(gateway, open_session)
+    assert session.close() == 0
+    assert _gone(pid), "the test process outlived its client"
+    events = gateway.audit_events()
+    assert events[-1]["event_type"] == "TOOL_FINISHED"
+    assert events[-1]["detail"] == {"status": "cancelled"}
+
+
+def test_cancellation_kills_the_run(gateway: GatewayHome, open_session: SessionFactory) -> None:
+    session, pid = _start_slow_call(gateway, open_session)
+    session.send(
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 500, "reason": "user"}}
+    )
+    assert _gone(pid), "the test process outlived the cancellation"
+    assert "result" in session.call_tool("list_artifacts", {}, gateway.token("alice")), "the server goes on"

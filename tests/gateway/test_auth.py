@@ -384,7 +384,7 @@ def users(engine: Engine, clock: FakeClock) -> UserStore:
 
 @pytest.fixture
 def authenticator(keys: KeyRing, engine: Engine, users: UserStore, clock: FakeClock) -> Authenticator:
-    return Authenticator(keys, AUTH, TokenStore(engine), users, clock)
+    return Authenticator(engine, keys, AUTH, tokens=TokenStore(engine), users=users, clock=clock)
 
 
 def token_for(keys: KeyRing, user: str, jti: str = "j1", workspace: str | None = None) -> str:
