@@ -190,7 +190,10 @@ def cmd_token_issue(settings: Settings, args: argparse.Namespace) -> int:
         raise CommandError(f"no user named {args.name!r}")
     if record.disabled:
         raise CommandError(f"user {args.name!r} is disabled")
-    if args.workspace is not None and args.workspace not in record.workspaces and record.role != ADMIN_ROLE:
+    if args.workspace is not None and (
+        args.workspace not in s.policy.workspaces
+        or (args.workspace not in record.workspaces and record.role != ADMIN_ROLE)
+    ):
         raise CommandError(f"user {args.name!r} has no workspace {args.workspace!r}")
     now, jti = s.clock.now(), new_token_id()
     token = issue_token(s.keys, s.policy.auth, args.name, now=now, ttl_s=args.ttl, jti=jti, workspace=args.workspace)

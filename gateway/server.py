@@ -20,12 +20,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
 from gateway.consent import Decision
-from gateway.errors import GatewayError, InternalError
+from gateway.errors import GatewayError, InternalError, InvalidParamsError
 from gateway.pipeline import CallRequest, Pipeline
 from gateway.rbac import has_permission
 from gateway.services import Services
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS, ToolSpec
+from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
 from gateway.transport import DEFAULT_MAX_MESSAGE_BYTES, stdio_transport
 
 log = logging.getLogger("gateway.server")
@@ -153,6 +154,31 @@ def build_server(services: Services) -> Server[Any]:
             raise to_mcp_error(error, services.new_run_id()) from None
         return to_call_result(outcome, run_id)
 
+    async def read_resource(
+        ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        """A run's artifact by URI: the same call, checks and audit as get_artifact_content."""
+        target = parse_artifact_uri(params.uri)
+        if target is None:
+            raise to_mcp_error(InvalidParamsError("unknown_resource", "unknown resource"), services.new_run_id())
+        run_id, name = target
+        arguments = {"run_id": run_id, "name": name}
+        request = CallRequest("get_artifact_content", arguments, _token_of(ctx.params))
+        try:
+            _call_id, outcome = await pipeline.call(request)
+        except GatewayError as exc:
+            raise to_mcp_error(exc) from None
+        mime = ARTIFACT_MIME_TYPES.get(name, "text/plain")
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=params.uri, mime_type=mime, text=outcome.text)]
+        )
+
+    async def list_resources(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        # Runs are found with list_artifacts (which needs a token); no resource is public.
+        return types.ListResourcesResult(resources=[])
+
     return Server(
         "mcp-write-gateway",
         version=__version__,
@@ -162,6 +188,8 @@ def build_server(services: Services) -> Server[Any]:
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
     )
 
 

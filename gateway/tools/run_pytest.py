@@ -28,6 +28,27 @@ from sandbox import Limits, RunResult, run_unsafe_unconfined
 from sandbox.runner import KilledBy
 
 CONFIG_FILES = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+ARTIFACT_MIME_TYPES = {
+    "evidence.json": "application/json",
+    "junit.xml": "application/xml",
+    "stdout.txt": "text/plain",
+    "stderr.txt": "text/plain",
+}
+ARTIFACT_URI_PREFIX = "mcp-gateway://runs/"
+
+
+def artifact_uri(run_id: str, name: str) -> str:
+    """`resources/read` resolves it through get_artifact_content, with the same checks."""
+    return f"{ARTIFACT_URI_PREFIX}{run_id}/{name}"
+
+
+def parse_artifact_uri(uri: str) -> tuple[str, str] | None:
+    if not uri.startswith(ARTIFACT_URI_PREFIX):
+        return None
+    run_id, _, name = uri[len(ARTIFACT_URI_PREFIX) :].partition("/")
+    return (run_id, name) if run_id and name else None
+
+
 _NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_")
 MAX_JUNIT_BYTES = 16 * 1024 * 1024
 
@@ -181,14 +202,12 @@ async def run(
         "run_id": run_id,
     }
     text = f"{summary_line(stdout)}\n(run {run_id}; exit code {result.exit_code})"
-    link = ResourceLink(
-        uri=f"mcp-gateway://runs/{run_id}/",
-        name=f"run {run_id} artifacts",
-        mime_type="inode/directory",
-        description="stdout.txt, stderr.txt, junit.xml, evidence.json; read them with get_artifact_content",
+    links = tuple(
+        ResourceLink(uri=artifact_uri(run_id, name), name=name, mime_type=mime, description=f"{name} of run {run_id}")
+        for name, mime in ARTIFACT_MIME_TYPES.items()
     )
     # pytest exit codes: 0 passed, 1 tests failed, 5 none collected; anything else is a tool error.
-    outcome = ToolOutcome(text, structured, (link,), is_error=result.exit_code not in (0, 1, 5))
+    outcome = ToolOutcome(text, structured, links, is_error=result.exit_code not in (0, 1, 5))
     return PytestRun(result, outcome, limits)
 
 

@@ -270,3 +270,32 @@ def test_cancellation_kills_the_run(gateway: GatewayHome, open_session: SessionF
     )
     assert _gone(pid), "the test process outlived the cancellation"
     assert "result" in session.call_tool("list_artifacts", {}, gateway.token("alice")), "the server goes on"
+
+
+def test_resource_links_read_back_through_the_same_checks(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, tmp_path: Any
+) -> None:
+    other_root = tmp_path / "other-ws"
+    other_root.mkdir()
+    gateway = make_gateway({"workspaces": {"other": str(other_root)}})
+    gateway.add_user("alice", "USER", ("default",))
+    gateway.add_user("bob", "USER", ("other",))
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answer("allow_once")
+    result = session.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))["result"]
+    links = {c["name"]: c["uri"] for c in result["content"] if c["type"] == "resource_link"}
+    assert set(links) == {"evidence.json", "junit.xml", "stdout.txt", "stderr.txt"}
+    read = session.request("resources/read", {"uri": links["evidence.json"], "auth": {"token": gateway.token("alice")}})
+    contents = read["result"]["contents"][0]
+    assert contents["mimeType"] == "application/json"
+    assert json.loads(contents["text"])["sandbox"]["exit_code"] == 0
+    foreign = session.request("resources/read", {"uri": links["stdout.txt"], "auth": {"token": gateway.token("bob")}})
+    assert foreign["error"]["code"] == -32602 and foreign["error"]["data"]["reason"] == "run_not_found"
+    anonymous = session.request("resources/read", {"uri": links["stdout.txt"]})
+    assert anonymous["error"]["code"] == -32001
+    escape = session.request(
+        "resources/read",
+        {"uri": links["stdout.txt"] + "/../../../signing.key", "auth": {"token": gateway.token("alice")}},
+    )
+    assert escape["error"]["code"] == -32602
+    assert session.request("resources/read", {"uri": "file:///etc/passwd"})["error"]["code"] == -32602
