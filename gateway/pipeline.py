@@ -4,8 +4,11 @@
     6 budget   7 sandbox precondition   8 consent   9 execute   10 audit + charge
 
 The first stage that fails ends the call with its GatewayError, after the terminal audit
-event (POLICY_BLOCKED before execution, TOOL_FINISHED after it) is committed. If an audit
-event cannot be committed the call fails closed with -32603 and nothing runs.
+event (POLICY_BLOCKED before execution, TOOL_FINISHED after it) is committed. The entry
+event (1) is committed with that terminal event when nothing happened in between (a
+refusal, a read), and on its own before the first side effect of a write tool; no answer
+leaves before its events are committed. If an audit event cannot be committed the call
+fails closed with -32603 and nothing (more) runs.
 `explain` walks the same stages as a dry run for `policy explain`.
 """
 
