@@ -1,0 +1,367 @@
+"""What a refused tools/call costs over stdio: `mcp-gateway serve` against a bare MCP SDK server.
+
+Three servers run as subprocesses of this script and are driven by the same raw client:
+newline-delimited JSON-RPC on their stdin/stdout, `initialize` (protocol 2025-11-25) and
+`notifications/initialized`, then sequential `tools/call` requests, one in flight at a
+time, each round trip timed with `time.perf_counter_ns`.
+
+- bare: bench/bare_server.py, the SDK's lowlevel `Server` over its own `stdio_server`,
+  answering every call at once.
+- gateway, synchronous=normal: `mcp-gateway serve` on a SQLite URL as `mcp-gateway init`
+  writes it (WAL, `PRAGMA synchronous=NORMAL`, the default).
+- gateway, synchronous=full: the same on its own state folder, with a SQLite URL ending in
+  `?synchronous=full` (every commit is fsynced: it survives power loss, not only a crash).
+
+On each gateway a VIEWER calls `run_pytest` with a valid token in `params.auth.token`. It
+passes authentication (JWT; revocation and user read on one read-only connection) and is
+refused at authorization with -32003 once MCP_TOOL_CALL and POLICY_BLOCKED are committed,
+in one transaction, to the hash-chained log (spec sections 4 and 8).
+
+All servers stay up for the whole run. After an unmeasured warm-up on each, the measured
+calls run in blocks whose order rotates so machine noise falls on all alike. The script
+prints p50, p99 and mean of each, the ratios to bare and what each gateway adds to the
+bare p50, with two verdicts: p50 at most 1.5x bare, and at most 1.0 ms added (the issue's
+"authentication, database and audit together under 1 ms"). Then, for each gateway, it
+checks that the audit log holds exactly MCP_TOOL_CALL then POLICY_BLOCKED (-32003) per
+refused call and no token, and that `audit verify` passes. It exits 0 whether or not the
+targets are met (the figures are the output), and 1 if a server misbehaves, an audit log
+is wrong, or the run outlives `--deadline`.
+
+    .venv/bin/python bench/stdio_refusals.py [--calls 1000] [--warmup 50] [--blocks 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # for tests.harness: the state folder the end-to-end tests use
+
+from tests.harness import GatewayHome  # noqa: E402
+
+PROTOCOL_VERSION = "2025-11-25"
+PERMISSION_DENIED = -32003
+TARGET_MEDIAN_RATIO = 1.5
+TARGET_ADDED_MS = 1.0
+VIEWER = "viewer"
+CALL: dict[str, Any] = {"name": "run_pytest", "arguments": {"test_path": "tests"}}
+
+
+class BenchError(Exception):
+    """A server answered wrongly, died, or left a wrong audit trail."""
+
+
+def gateway_home(root: Path, synchronous: str) -> tuple[GatewayHome, str]:
+    """A fresh state folder with a VIEWER, and a token of theirs; `synchronous` is "normal" or "full".
+
+    "normal" keeps the URL `mcp-gateway init` writes; "full" adds `?synchronous=full` to it.
+    """
+    query = "" if synchronous == "normal" else f"?synchronous={synchronous}"
+    home = GatewayHome(root, db_url=f"sqlite:///{root / 'state' / 'gateway.db'}{query}")
+    home.add_user(VIEWER, "VIEWER")
+    return home, home.token(VIEWER, ttl_s=3600)
+
+
+def serve_argv(home: GatewayHome) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "gateway",
+        *("--home", str(home.home), "--db", home.url, "--policy", str(home.policy_path)),
+        "serve",
+    ]
+
+
+# --- the raw client ---------------------------------------------------------------------------
+
+
+class RawClient:
+    """One server subprocess, spoken to in newline-delimited JSON-RPC, one request at a time.
+
+    No reader thread (unlike tests.harness.StdioSession): the timed read is a plain
+    `readline` on the pipe, so the client adds the same small cost to every server.
+    """
+
+    def __init__(
+        self, name: str, argv: Sequence[str], stderr_path: Path, children: list[subprocess.Popen[bytes]]
+    ) -> None:
+        self.name = name
+        self.stderr_path = stderr_path
+        self._stderr = stderr_path.open("wb")
+        self.process = subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=REPO
+        )
+        children.append(self.process)
+        self._next_id = 0
+
+    def _send(self, message: Mapping[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        self.process.stdin.flush()
+
+    def request(self, method: str, params: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+        """Send one request and wait for its response; return it with the round trip in ns."""
+        assert self.process.stdin is not None
+        assert self.process.stdout is not None
+        self._next_id += 1
+        request_id = self._next_id
+        line = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).encode() + b"\n"
+        stdin, stdout = self.process.stdin, self.process.stdout
+        started = time.perf_counter_ns()
+        stdin.write(line)
+        stdin.flush()
+        while True:
+            reply = stdout.readline()
+            elapsed = time.perf_counter_ns() - started
+            if not reply:
+                raise BenchError(f"{self.name} closed its stdout; its stderr ends with:\n{self.stderr_tail()}")
+            message: dict[str, Any] = json.loads(reply)
+            if message.get("id") == request_id and "method" not in message:
+                return message, elapsed
+            if "id" in message and "method" in message:
+                raise BenchError(f"{self.name} sent an unexpected request: {message['method']}")
+            # a notification (e.g. a log message): not ours, keep reading
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        self._stderr.flush()
+        return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def initialize(self) -> None:
+        params = {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "1"},
+        }
+        response, _ = self.request("initialize", params)
+        if "result" not in response:
+            raise BenchError(f"{self.name} refused initialize: {response}")
+        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def close(self) -> int:
+        """Close stdin (the server's cue to exit), drain stdout, and return the exit code."""
+        try:
+            self.process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+        finally:
+            self._stderr.close()
+        return self.process.returncode
+
+
+# --- the calls ---------------------------------------------------------------------------------
+
+
+class Side:
+    """One server under measurement: its client, what a correct answer is, and its samples."""
+
+    def __init__(self, label: str, client: RawClient, token: str, home: GatewayHome | None) -> None:
+        self.label = label
+        self.client = client
+        self.token = token
+        self.home = home
+        """The gateway's state folder; None for the bare server, which answers instead of refusing."""
+        # The same request bytes, auth included, for every server; the bare one ignores `auth`.
+        self.params = {**CALL, "auth": {"token": token}}
+        self.samples: list[int] = []
+        self.run_ids: list[str] = []
+
+    def one(self) -> int:
+        response, elapsed = self.client.request("tools/call", self.params)
+        if self.home is None:
+            if "result" not in response:
+                raise BenchError(f"{self.label}: expected a result, got {response}")
+            return elapsed
+        error = response.get("error")
+        if not isinstance(error, dict) or error.get("code") != PERMISSION_DENIED:
+            raise BenchError(f"{self.label}: expected a {PERMISSION_DENIED} error, got {response}")
+        self.run_ids.append(error["data"]["run_id"])
+        return elapsed
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+
+    @classmethod
+    def of(cls, samples_ns: Sequence[int]) -> Figures:
+        ordered = sorted(samples_ns)
+        p99 = ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]  # nearest rank
+        return cls(statistics.median(ordered) / 1e6, p99 / 1e6, statistics.fmean(ordered) / 1e6)
+
+
+def block_sizes(calls: int, blocks: int) -> list[int]:
+    base, extra = divmod(calls, blocks)
+    return [base + (1 if i < extra else 0) for i in range(blocks) if base or i < extra]
+
+
+def warm_up(sides: Sequence[Side], calls: int) -> None:
+    for _ in range(calls):
+        for side in sides:
+            side.one()
+
+
+def measure(sides: Sequence[Side], calls: int, blocks: int) -> None:
+    """Blocks of calls per server, the order rotated each block so no server always goes first."""
+    for index, size in enumerate(block_sizes(calls, blocks)):
+        shift = index % len(sides)
+        for side in [*sides[shift:], *sides[:shift]]:
+            side.samples.extend(side.one() for _ in range(size))
+
+
+def print_table(sides: Sequence[Side], calls: int, warmup: int, blocks: int) -> None:
+    """The first side is the baseline every ratio and difference is taken against."""
+    blocks = len(block_sizes(calls, blocks))
+    print(
+        f"stdio tools/call round trip: {calls} calls per server in {blocks} rotating blocks,"
+        f" {warmup} warm-up calls each not measured"
+    )
+    print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, {os.cpu_count()} cpus")
+    print()
+    figures = [Figures.of(side.samples) for side in sides]
+    base = figures[0]
+    header = f"{'':<30}{'p50 ms':>8}{'p99 ms':>8}{'mean ms':>9}{'p50/bare':>10}{'p99/bare':>10}{'+ms p50':>9}"
+    print(header)
+    for side, f in zip(sides, figures, strict=True):
+        ratios = f"{f.p50_ms / base.p50_ms:>9.2f}x{f.p99_ms / base.p99_ms:>9.2f}x"
+        print(
+            f"{side.label:<30}{f.p50_ms:>8.3f}{f.p99_ms:>8.3f}{f.mean_ms:>9.3f}{ratios}{f.p50_ms - base.p50_ms:>9.3f}"
+        )
+    print("(the bare server answers every call; the gateways refuse a VIEWER's run_pytest with -32003)")
+    print()
+    print(f"targets: p50 <= {TARGET_MEDIAN_RATIO}x bare p50; gateway adds <= {TARGET_ADDED_MS:.1f} ms to bare p50")
+    for side, f in zip(sides[1:], figures[1:], strict=True):
+        ratio, added = f.p50_ms / base.p50_ms, f.p50_ms - base.p50_ms
+        ratio_verdict = "met" if ratio <= TARGET_MEDIAN_RATIO else "NOT met"
+        added_verdict = "met" if added <= TARGET_ADDED_MS else "NOT met"
+        print(f"  {side.label + ':':<30}ratio {ratio:.2f}x: {ratio_verdict:<9}added {added:.3f} ms: {added_verdict}")
+
+
+# --- the audit trail ----------------------------------------------------------------------------
+
+
+def check_audit(side: Side) -> str:
+    """Exactly MCP_TOOL_CALL then POLICY_BLOCKED (-32003) per refused call, no token, chain intact.
+
+    Every refused call of the run is counted, warm-up included: the log starts empty.
+    """
+    assert side.home is not None
+    export = side.home.cli("audit", "export")
+    if export.returncode != 0:
+        raise BenchError(f"{side.label}: audit export failed: {export.stderr.strip()}")
+    if side.token in export.stdout:
+        raise BenchError(f"{side.label}: the audit log contains the token")
+    events = [json.loads(line) for line in export.stdout.splitlines()]
+    run_ids = side.run_ids
+    if len(events) != 2 * len(run_ids):
+        raise BenchError(f"{side.label}: {len(events)} audit events for {len(run_ids)} refused calls (expected 2 each)")
+    trails: dict[str, list[tuple[str, int | None]]] = {}
+    for event in events:
+        trails.setdefault(event["run_id"], []).append((event["event_type"], event["code"]))
+    expected = [("MCP_TOOL_CALL", None), ("POLICY_BLOCKED", PERMISSION_DENIED)]
+    wrong = [run_id for run_id in run_ids if trails.get(run_id) != expected]
+    if wrong or len(trails) != len(run_ids):
+        raise BenchError(f"{side.label}: {len(wrong)} refused calls without exactly {expected}, e.g. {wrong[:1]}")
+    verify = side.home.cli("audit", "verify")
+    if verify.returncode != 0:
+        raise BenchError(f"{side.label}: audit verify failed: {verify.stdout.strip()} {verify.stderr.strip()}")
+    kinds = dict(Counter(e["event_type"] for e in events))
+    return f"{len(events)} events for {len(run_ids)} refused calls {kinds}, no token; verify: {verify.stdout.strip()}"
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def run(root: Path, children: list[subprocess.Popen[bytes]], *, calls: int, warmup: int, blocks: int) -> None:
+    homes = {sync: gateway_home(root / sync, sync) for sync in ("normal", "full")}
+    clients: list[RawClient] = []
+
+    def start(label: str, argv: Sequence[str], token: str, home: GatewayHome | None) -> Side:
+        client = RawClient(label, argv, root / f"stderr-{len(clients)}.log", children)
+        clients.append(client)
+        return Side(label, client, token, home)
+
+    sides = [start("bare SDK server", [sys.executable, str(REPO / "bench" / "bare_server.py")], "", None)]
+    for sync, (home, token) in homes.items():
+        sides.append(start(f"gateway, synchronous={sync}", serve_argv(home), token, home))
+    sides[0].params = sides[1].params  # the bare server gets the very same request bytes
+    try:
+        for side in sides:
+            side.client.initialize()
+        warm_up(sides, warmup)
+        measure(sides, calls, blocks)
+    finally:
+        codes = [client.close() for client in clients]
+    for client, code in zip(clients, codes, strict=True):
+        if code != 0:
+            raise BenchError(f"{client.name} exited with {code}; its stderr ends with:\n{client.stderr_tail()}")
+    print_table(sides, calls, warmup, blocks)
+    print()
+    for side in sides[1:]:
+        print(f"audit, {side.label}: {check_audit(side)}")
+    for home, _ in homes.values():
+        home.engine.dispose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--calls", type=int, default=1000, help="measured calls per server (default 1000)")
+    parser.add_argument("--warmup", type=int, default=50, help="unmeasured calls per server first (default 50)")
+    parser.add_argument("--blocks", type=int, default=10, help="blocks the calls are split into (default 10)")
+    parser.add_argument("--deadline", type=float, default=110.0, help="give up after this many seconds")
+    args = parser.parse_args(argv)
+    if args.calls < 1 or args.warmup < 0 or args.blocks < 1:
+        parser.error("--calls and --blocks must be at least 1, --warmup at least 0")
+    # A hung server would block readline forever: past the deadline its process is killed,
+    # so the read ends (EOF) and the run fails with a clear line instead of hanging.
+    children: list[subprocess.Popen[bytes]] = []
+    expired = threading.Event()
+
+    def kill_children() -> None:
+        expired.set()
+        for child in children:
+            child.kill()
+
+    timer = threading.Timer(args.deadline, kill_children)
+    timer.daemon = True
+    timer.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-stdio-") as tmp:
+            run(Path(tmp), children, calls=args.calls, warmup=args.warmup, blocks=args.blocks)
+    except BenchError as exc:
+        if expired.is_set():
+            print(
+                f"stdio_refusals: not done after {args.deadline:.0f} s (--deadline); the servers were killed",
+                file=sys.stderr,
+            )
+        else:
+            print(f"stdio_refusals: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        timer.cancel()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
