@@ -164,6 +164,18 @@ class AuditLog:
             raise InternalError("audit_unavailable", "the audit log could not be written") from exc
         return written
 
+    def verify(self) -> ChainReport:
+        """verify_chain over one consistent snapshot of the events and the head (safe while serving)."""
+        with self._read.connect() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execution_options(isolation_level="REPEATABLE READ")
+            row = connection.execute(select(db.audit_head).where(db.audit_head.c.id == 1)).one()
+            head = ChainHead(int(row.last_id), str(row.last_hash))
+            rows = connection.execute(
+                select(db.audit_events).order_by(db.audit_events.c.id).execution_options(yield_per=1000)
+            )
+            return verify_chain((_from_row(r._mapping) for r in rows), head)
+
     def head(self) -> ChainHead:
         with self._read.connect() as connection:
             row = connection.execute(select(db.audit_head).where(db.audit_head.c.id == 1)).one()

@@ -13,7 +13,7 @@ from pathlib import Path
 import jwt
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.audit import AuditLog, EventDraft, EventType, verify_chain
+from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.auth import ensure_keys, issue_token
 from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
@@ -284,7 +284,7 @@ def cmd_audit_export(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_audit_verify(settings: Settings, _args: argparse.Namespace) -> int:
     audit = AuditLog(make_engine(settings.db_url), SystemClock())
-    report = verify_chain(audit.events(), audit.head())
+    report = audit.verify()
     if report.ok:
         print(f"ok: {report.checked} events, hash chain intact")
         return 0

@@ -22,7 +22,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from gateway.audit import AuditLog, verify_chain
+from gateway.audit import AuditLog
 from gateway.auth import TokenStore, ensure_keys, issue_token, load_keyring
 from gateway.clock import SystemClock, new_token_id
 from gateway.db import make_engine, migrate
@@ -168,7 +168,7 @@ def run_demo(settings: Settings, environ: Mapping[str, str], out: TextIO = sys.s
             out,
             f"  #{event.id:<3} {event.event_type:<24} run={event.run_id[:8] if event.run_id else '-'} user={who}{code} {detail}",
         )
-    report = verify_chain(audit.events(), audit.head())
+    report = audit.verify()
     _line(out)
     _line(out, f"audit verify: {'ok' if report.ok else 'BROKEN'} ({report.checked} events)")
     _line(out, f"server log (stderr of serve): {log_path}")

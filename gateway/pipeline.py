@@ -106,17 +106,17 @@ class Pipeline:
             trail.principal = self.s.authenticator.authenticate(request.token)
             admitted = self.admit(trail.principal, request.tool_name, request.arguments)
             trail.workspace = admitted.scope.workspace
+            self._log(trail)  # spec section 8: the entry is committed before any tool runs
             if not admitted.spec.sandboxed:
                 outcome = self._read(admitted, request.arguments)
                 self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
                 return outcome
-            self._log(trail)  # the entry is committed before the first side effect
-            charge_id = self.s.budget.reserve(trail.principal.name, run_id, self.s.policy.budget)
+            trail.charge_id = self.s.budget.reserve(trail.principal.name, run_id, self.s.policy.budget)
             if not self.s.policy.sandbox.enabled:
                 raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
-            trail.executing = True
-            return await self._execute(admitted, run_id, hashed, request.arguments, charge_id)
+            trail.executing, trail.started_at = True, self.s.clock.now()
+            return await self._execute(admitted, trail, request.arguments)
         except GatewayError as exc:
             if not _is_audit_failure(exc):
                 self._log(trail, trail.refusal(exc))
@@ -127,14 +127,12 @@ class Pipeline:
         except Exception as exc:
             log.exception("run %s: unexpected failure", run_id)
             error = InternalError("internal_error", "the gateway failed")
-            self._best_effort(trail, trail.refusal(error))
+            self._best_effort(trail, trail.refusal(error), run_status="failed" if trail.executing else None)
             raise error from exc
         except anyio.get_cancelled_exc_class():
             # The client cancelled or went away; a running tool was killed by the runner.
             with anyio.CancelScope(shield=True):
-                if trail.executing:
-                    self._best_effort(trail, None, run_status="cancelled")
-                self._best_effort(trail, trail.cancelled())
+                self._best_effort(trail, trail.cancelled(), run_status="cancelled" if trail.executing else None)
             raise
 
     def _log(self, trail: _Trail, *events: EventDraft) -> None:
@@ -154,6 +152,11 @@ class Pipeline:
         try:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
+            if trail.executing and trail.charge_id is not None:
+                # A run stopped from outside still spent its time: charge it, so cancelling
+                # is no way around the elapsed-time budget.
+                elapsed_ms = int((self.s.clock.now() - trail.started_at) * 1000)
+                self.s.budget.charge(trail.charge_id, elapsed_ms)
             self._log(trail, *(() if event is None else (event,)))
         except (GatewayError, SQLAlchemyError):
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
@@ -191,9 +194,8 @@ class Pipeline:
         )
         await self.s.consent.require(request, asker)
 
-    async def _execute(
-        self, admitted: Admitted, run_id: str, hashed: str, arguments: Mapping[str, Any], charge_id: int
-    ) -> ToolOutcome:
+    async def _execute(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
+        run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
         principal, scope = admitted.principal, admitted.scope
         if scope.root is None or scope.workspace is None:
             raise InternalError("workspace_missing", "a write tool needs a workspace")
@@ -225,7 +227,9 @@ class Pipeline:
                 **common,
             )
         )
-        self.s.budget.charge(charge_id, result.duration_ms)
+        if trail.charge_id is not None:
+            self.s.budget.charge(trail.charge_id, result.duration_ms)
+            trail.charge_id = None  # charged once, whatever happens next
         usage = self.s.budget.usage(principal.name, self.s.policy.budget)
         governance = run_pytest.Governance(
             elapsed_ms_total=usage.elapsed_ms,
@@ -318,6 +322,8 @@ class _Trail:
     workspace: str | None = None
     executing: bool = False
     entry_logged: bool = False
+    charge_id: int | None = None
+    started_at: float = 0.0
 
     def entry_for_log(self) -> EventDraft:
         """MCP_TOOL_CALL with the caller, once authentication has named one."""

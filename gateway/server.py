@@ -106,7 +106,10 @@ class ElicitationAsker:
             },
             "required": ["decision"],
         }
-        result = await self._ctx.session.elicit_form(message, schema, related_request_id=self._ctx.request_id)
+        try:
+            result = await self._ctx.session.elicit_form(message, schema, related_request_id=self._ctx.request_id)
+        except MCPError:
+            return None  # the client could not show the form: as good as a cancel, so deny once
         if result.action != "accept" or not result.content:
             return None
         answer = str(result.content.get("decision", "")).upper()
@@ -168,6 +171,9 @@ def build_server(services: Services) -> Server[Any]:
             _call_id, outcome = await pipeline.call(request)
         except GatewayError as exc:
             raise to_mcp_error(exc) from None
+        except Exception:
+            log.exception("resources/read failed unexpectedly")
+            raise to_mcp_error(InternalError("internal_error", "the gateway failed"), services.new_run_id()) from None
         mime = ARTIFACT_MIME_TYPES.get(name, "text/plain")
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=params.uri, mime_type=mime, text=outcome.text)]
@@ -183,8 +189,8 @@ def build_server(services: Services) -> Server[Any]:
         "mcp-write-gateway",
         version=__version__,
         instructions=(
-            "Write tools (run_pytest) need a per-call JWT in params.auth.token, pass RBAC, the policy "
-            "allowlist, a budget and a person's consent, and run in a sandbox."
+            "Every tools/call needs a per-call JWT in params.auth.token. Write tools (run_pytest) also pass "
+            "RBAC, the policy allowlist, a budget and a person's consent, and run as a supervised subprocess."
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,

@@ -47,8 +47,8 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
                 name="run_pytest",
                 title="Run pytest",
                 description=(
-                    "Run the workspace's pytest suite (or part of it) in the sandbox and return the "
-                    "summary, the counts and a link to the run's artifacts."
+                    "Run the workspace's pytest suite (or part of it) as a supervised subprocess and return "
+                    "the summary, the counts and links to the run's artifacts."
                 ),
                 permission=Permission.ORCHESTRATION_RUN,
                 input_schema=_schema(

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gateway.budget import BudgetLedger
+from gateway.clock import SystemClock
+from gateway.policy import BudgetPolicy
 from tests.harness import SAMPLE_PROJECT, GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
@@ -117,6 +120,24 @@ def test_deny_and_decline_refuse_with_32008_and_nothing_runs(
         events = gateway.events_of(run_id)
         assert [e["event_type"] for e in events] == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
         assert events[1]["detail"]["decision"] == expected
+    assert not any((gateway.home / "artifacts").iterdir())
+
+
+def test_a_client_that_fails_to_show_the_prompt_is_denied(gateway: GatewayHome, open_session: SessionFactory) -> None:
+    session = open_session(gateway, capabilities=ELICITATION)
+    token = gateway.token("alice")
+    session.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 600,
+            "method": "tools/call",
+            "params": {"name": "run_pytest", "arguments": {"test_path": "tests"}, "auth": {"token": token}},
+        }
+    )
+    prompt = session.read_message()
+    session.send({"jsonrpc": "2.0", "id": prompt["id"], "error": {"code": -32603, "message": "no UI"}})
+    response = session.wait_response(600)
+    assert response["error"]["code"] == -32008
     assert not any((gateway.home / "artifacts").iterdir())
 
 
@@ -256,11 +277,15 @@ def _start_slow_call(gateway: GatewayHome, open_session: SessionFactory) -> tupl
 
 def test_client_going_away_kills_the_run(gateway: GatewayHome, open_session: SessionFactory) -> None:
     session, pid = _start_slow_call(gateway, open_session)
+    time.sleep(0.5)
     assert session.close() == 0
     assert _gone(pid), "the test process outlived its client"
     events = gateway.audit_events()
     assert events[-1]["event_type"] == "TOOL_FINISHED"
     assert events[-1]["detail"] == {"status": "cancelled"}
+    usage = BudgetLedger(gateway.engine, SystemClock()).usage("alice", BudgetPolicy())
+    assert usage.attempts == 1
+    assert usage.elapsed_ms >= 500, "a cancelled run is still charged the time it took"
 
 
 def test_cancellation_kills_the_run(gateway: GatewayHome, open_session: SessionFactory) -> None:
