@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.budget import BudgetLedger
 from gateway.clock import SystemClock
 from gateway.policy import BudgetPolicy
@@ -158,15 +160,20 @@ def test_timeout_kills_the_run_and_answers_32007(gateway: GatewayHome, open_sess
     assert 2000 <= events[3]["detail"]["duration_ms"] < 10000
 
 
-def test_another_tenants_run_is_not_found(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, tmp_path: Any
-) -> None:
+@pytest.fixture
+def two_tenants(make_gateway: Callable[..., GatewayHome], tmp_path: Path) -> GatewayHome:
+    """alice works in `default`, bob in `other`; root is an ADMIN."""
     other_root = tmp_path / "other-ws"
     other_root.mkdir()
     gateway = make_gateway({"workspaces": {"other": str(other_root)}})
     gateway.add_user("alice", "USER", ("default",))
     gateway.add_user("bob", "USER", ("other",))
     gateway.add_user("root", "ADMIN", ("other",))
+    return gateway
+
+
+def test_another_tenants_run_is_not_found(two_tenants: GatewayHome, open_session: SessionFactory) -> None:
+    gateway = two_tenants
     session = open_session(gateway, capabilities=ELICITATION)
     session.responder = answer("allow_once")
     run_id = session.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))["result"][
@@ -298,13 +305,9 @@ def test_cancellation_kills_the_run(gateway: GatewayHome, open_session: SessionF
 
 
 def test_resource_links_read_back_through_the_same_checks(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, tmp_path: Any
+    two_tenants: GatewayHome, open_session: SessionFactory
 ) -> None:
-    other_root = tmp_path / "other-ws"
-    other_root.mkdir()
-    gateway = make_gateway({"workspaces": {"other": str(other_root)}})
-    gateway.add_user("alice", "USER", ("default",))
-    gateway.add_user("bob", "USER", ("other",))
+    gateway = two_tenants
     session = open_session(gateway, capabilities=ELICITATION)
     session.responder = answer("allow_once")
     result = session.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))["result"]
