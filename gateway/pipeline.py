@@ -5,9 +5,9 @@
 
 The first stage that fails ends the call with its GatewayError, after the terminal audit
 event (POLICY_BLOCKED before execution, TOOL_FINISHED after it) is committed. The entry
-event (1) is committed with that terminal event when nothing happened in between (a
-refusal, a read), and on its own before the first side effect of a write tool; no answer
-leaves before its events are committed. If an audit event cannot be committed the call
+event (1) is committed with that terminal event when the call is refused before any tool
+runs, and on its own before a tool (read or write) does anything; no answer leaves before
+its events are committed. If an audit event cannot be committed the call
 fails closed with -32603 and nothing (more) runs.
 `explain` walks the same stages as a dry run for `policy explain`.
 """
@@ -138,9 +138,9 @@ class Pipeline:
     def _log(self, trail: _Trail, *events: EventDraft) -> None:
         """Commit the entry event (once, naming the caller when known) with `events`, in one transaction.
 
-        Until something happens that the log must precede (a reservation, a prompt, a run),
-        the entry waits, so a refused or read-only call costs one commit; the answer still
-        leaves only after both events are committed.
+        Until something happens that the log must precede (a read, a reservation, a run), the
+        entry waits, so a call refused at stages 2-5 costs one commit; the answer still leaves
+        only after both events are committed.
         """
         pending = () if trail.entry_logged else (trail.entry_for_log(),)
         if pending or events:

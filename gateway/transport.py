@@ -50,6 +50,12 @@ class LineReader:
         return None
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def error_line(request_id: Any, code: int, message: str) -> bytes:
     usable = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
     body = {"jsonrpc": "2.0", "id": usable, "error": {"code": code, "message": message}}
@@ -89,13 +95,15 @@ async def stdio_transport(
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
+    # Left open on exit: a reader thread may still be blocked on wire_in as the process ends.
     wire_in = os.fdopen(wire_in_fd, "rb", buffering=_CHUNK)
-    wire_out = os.fdopen(wire_out_fd, "wb", buffering=0)
     write_lock = anyio.Lock()
 
     async def write(data: bytes) -> None:
+        # In a worker thread: a client that stops reading must not stall the event loop,
+        # which is what enforces time limits and kills runs.
         async with write_lock:
-            await anyio.to_thread.run_sync(wire_out.write, data)
+            await anyio.to_thread.run_sync(_write_all, wire_out_fd, data)
 
     inbound_send, inbound_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     outbound_send, outbound_receive = anyio.create_memory_object_stream[SessionMessage](0)
