@@ -1,0 +1,1 @@
+"""Isolation layers, one module each; the runner composes them."""

@@ -1,0 +1,134 @@
+"""Unprivileged identity: one pool uid per run and the preexec step that drops to it (issue 3; research L0, L3).
+
+Running as root breaks RLIMIT_NPROC, lets the child raise its own rlimits, and lets it read
+`/proc/<gateway>/environ` and every root-only file. Each run therefore gets a uid (and a gid of
+the same number) of its own, taken from a pool no account uses, so that DAC, NPROC and the
+containment sweep (`containment.sweep`) all have one owner to work with.
+
+Order inside the child (`preexec_fn`) is fixed:
+
+1. steps that need root: `netns.unshare_network()`, mounts, joining a cgroup;
+2. `rlimits.apply()` (lowering works as anyone; doing it first keeps NPROC in force from the
+   first instruction the uid runs);
+3. `drop_privileges()`: after it the child holds no capability, so nothing above can follow;
+4. Landlock and seccomp: both need `no_new_privs` (set here), and a seccomp filter that denies
+   `setuid`/`setgroups` would otherwise block this very step.
+
+Do not use `Popen(user=..., group=..., extra_groups=...)`: CPython applies those before
+`preexec_fn`, so step 1 would then run without the capability it needs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import grp
+import os
+import pwd
+import threading
+from collections.abc import Callable, Set
+from dataclasses import dataclass
+
+import psutil
+
+from sandbox.errors import SandboxStartError
+
+DEFAULT_POOL = range(61000, 62000)
+MIN_RUN_UID = 1000  # below this live system accounts; never run as, never sweep
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_GET_NO_NEW_PRIVS = 39
+
+# Resolved in the parent at import so the child only makes the call (preexec_fn must not load libraries).
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+_prctl.restype = ctypes.c_int
+
+
+@dataclass(frozen=True, slots=True)
+class RunIdentity:
+    uid: int
+    gid: int
+
+    def __post_init__(self) -> None:
+        if self.uid < MIN_RUN_UID or self.gid < MIN_RUN_UID:
+            raise ValueError("run identity must be an unprivileged uid/gid (>= 1000)")
+
+
+def pick_uid(pool: range, busy: Set[int], start: int = 0, *, has_account: Callable[[int], bool]) -> int:
+    """The first uid of `pool` from offset `start` (wrapping) that is neither busy nor an account's."""
+    for step in range(len(pool)):
+        uid = pool[(start + step) % len(pool)]
+        if uid >= MIN_RUN_UID and uid not in busy and not has_account(uid):
+            return uid
+    raise SandboxStartError("uid_pool_exhausted")
+
+
+def has_account(uid: int) -> bool:
+    """Whether `uid` (as a user or as a group) names something in passwd/group: its files would be the run's."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+        except KeyError:
+            continue
+        return True
+    return False
+
+
+def live_uids() -> set[int]:
+    """Every real, effective or saved uid of a live process."""
+    owners: set[int] = set()
+    for proc in psutil.process_iter(["uids"]):
+        uids = proc.info["uids"]
+        if uids is not None:
+            owners.update(uids)
+    return owners
+
+
+class UidPool:
+    """Hands out run identities; a uid returns to the pool only once no process of it is left.
+
+    Reservations are per gateway process: two gateways on one host need disjoint pools.
+    """
+
+    def __init__(self, pool: range = DEFAULT_POOL) -> None:
+        self._pool = pool
+        self._reserved: set[int] = set()
+        self._cursor = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> RunIdentity:
+        with self._lock:
+            uid = pick_uid(self._pool, self._reserved | live_uids(), self._cursor, has_account=has_account)
+            self._reserved.add(uid)
+            # Rotate so a just-released uid is reused last: a missed survivor has time to show up.
+            self._cursor = (self._pool.index(uid) + 1) % len(self._pool)
+            return RunIdentity(uid=uid, gid=uid)
+
+    def release(self, identity: RunIdentity) -> None:
+        """Call after `containment.sweep`; a uid with a surviving process stays out via `live_uids`."""
+        with self._lock:
+            self._reserved.discard(identity.uid)
+
+
+def drop_privileges(uid: int, gid: int) -> None:
+    """Become `uid`/`gid` for good, with no groups and no_new_privs; raise unless that verifiably holds.
+
+    Safe in `preexec_fn`: only system calls, no imports, no locks. Must run as root.
+    """
+    if uid < MIN_RUN_UID or gid < MIN_RUN_UID:
+        raise SandboxStartError("run_uid_privileged")
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)  # group first: after setresuid there is no right left to change it
+    os.setresuid(uid, uid, uid)
+    if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise SandboxStartError("no_new_privs_failed")
+    if (
+        os.getresuid() != (uid, uid, uid)
+        or os.getresgid() != (gid, gid, gid)
+        or os.getgroups() != []
+        or _prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1
+    ):
+        raise SandboxStartError("privilege_drop_unverified")
+    try:
+        os.setresuid(0, 0, 0)
+    except PermissionError:
+        return
+    raise SandboxStartError("privilege_drop_reversible")
