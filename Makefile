@@ -1,5 +1,7 @@
 # The two quick-start commands: `make demo` and `make test` (spec section 1).
-PYTHON ?= python3
+# The sandboxed test runs exec this venv's interpreter as an unprivileged uid, so the venv
+# is built from an interpreter every user can reach (Debian's, not one under /root).
+PYTHON ?= $(firstword $(wildcard /usr/bin/python3) python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test

@@ -13,6 +13,7 @@ import queue
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,20 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY: dict[str, Any] = yaml.safe_load((REPO / "policy.yaml").read_text())
 SAMPLE_PROJECT = REPO / "examples" / "sample_project"
 LEGACY = "2025-11-25"
+
+
+def reachable_by_everyone(folder: Path) -> None:
+    """Let the sandbox's unprivileged run uid read a workspace the (root) test created.
+
+    pytest's tmp_path folders are 0700; only folders this test session created are opened up.
+    """
+    base = Path(tempfile.gettempdir()).resolve()
+    for parent in (folder, *folder.parents):
+        if parent == base or base not in parent.parents:
+            break
+        parent.chmod(parent.stat().st_mode | 0o055)
+    for path in folder.rglob("*"):
+        path.chmod(path.stat().st_mode | (0o055 if path.is_dir() else 0o044))
 
 
 def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,6 +69,7 @@ class GatewayHome:
         self.home = self.root / "state"
         self.workspace = self.root / "workspace"
         shutil.copytree(SAMPLE_PROJECT, self.workspace, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        reachable_by_everyone(self.workspace)
         self.policy_path = self.root / "policy.yaml"
         self.write_policy(self.policy_overrides)
         self.home.mkdir(mode=0o700)

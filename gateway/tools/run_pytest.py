@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -24,7 +25,8 @@ from typing import Any
 from gateway.errors import GatewayError, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.tools.outcome import ResourceLink, ToolOutcome
-from sandbox import Limits, RunResult, run_unsafe_unconfined
+from sandbox import Limits, RunResult, layers, run_sandboxed
+from sandbox.confine import LAYERS
 from sandbox.runner import KilledBy
 
 CONFIG_FILES = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
@@ -112,6 +114,27 @@ def sandbox_environment(policy: SandboxPolicy, scratch: Path, environ: Mapping[s
     return env
 
 
+def copy_untrusted_file(source: Path, target: Path, max_bytes: int) -> bool:
+    """Copy a file the sandboxed run wrote, if it is a regular file of at most `max_bytes`.
+
+    The run owns its scratch folder: `source` may be a symlink to a secret, a FIFO or huge.
+    It is opened without following links and checked on the open descriptor.
+    """
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            return False
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        return False
+    target.write_bytes(data)
+    return True
+
+
 def parse_junit(path: Path) -> Counts | None:
     """Counts from pytest's junit XML; None when the file is missing, too large or unreadable."""
     try:
@@ -182,15 +205,15 @@ async def run(
             env=sandbox_environment(policy, scratch, environ),
         )
         junit_scratch = scratch / "junit.xml"
-        result = await run_unsafe_unconfined(
+        result = await run_sandboxed(
             pytest_argv(root, arguments, junit_scratch),
             root,
             limits,
             run_dir / "stdout.txt",
             run_dir / "stderr.txt",
+            scratch=scratch,
         )
-        if junit_scratch.is_file() and junit_scratch.stat().st_size <= MAX_JUNIT_BYTES:
-            shutil.copyfile(junit_scratch, run_dir / "junit.xml")
+        copy_untrusted_file(junit_scratch, run_dir / "junit.xml", MAX_JUNIT_BYTES)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     counts = parse_junit(run_dir / "junit.xml") or Counts(0, 0, 0, 0)
@@ -223,7 +246,10 @@ def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result
                 "network": limits.network,
                 "env": sorted(limits.env),
             },
-            "confinement": "none (unconfined placeholder; see docs/security-model.md)",
+            "confinement": {
+                "layers": [name for name in LAYERS if getattr(layers(), name)],
+                "landlock_abi": layers().landlock,
+            },
             **sandbox_summary(result),
         },
     }

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gateway.budget import BudgetLedger
@@ -232,18 +233,21 @@ def test_listing_spans_the_callers_workspaces(
 
 
 def _slow_suite(gateway: GatewayHome) -> str:
-    marker = gateway.root / "slow-started"
-    (gateway.workspace / "tests" / "test_slow.py").write_text(
-        f"import os, time\n\ndef test_sleeps():\n    open({str(marker)!r}, 'w').write(str(os.getpid()))\n    time.sleep(60)\n"
-    )
-    return str(marker)
+    """A suite that sleeps; the sandbox lets it write nowhere we can see, so it is found by its argv."""
+    (gateway.workspace / "tests" / "test_slow.py").write_text("import time\n\ndef test_sleeps():\n    time.sleep(60)\n")
+    (gateway.workspace / "tests" / "test_slow.py").chmod(0o644)
+    return str(gateway.workspace)
 
 
-def _wait_for(path: str, timeout: float = 20) -> int:
+def _wait_for(workspace: str, timeout: float = 20) -> int:
+    """The pid of the pytest this test's gateway started in `workspace` (matched by its argv)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if Path(path).exists() and Path(path).read_text():
-            return int(Path(path).read_text())
+        for process in psutil.process_iter(["cmdline"]):
+            cmdline = process.info["cmdline"] or []
+            if f"--rootdir={workspace}" in cmdline and "tests/test_slow.py" in cmdline:
+                time.sleep(0.3)  # let the session reach the sleeping test
+                return int(process.pid)
         time.sleep(0.05)
     raise AssertionError("the suite never started")
 
