@@ -25,6 +25,8 @@ from gateway.services import Services, open_services
 from gateway.settings import Settings, resolve_settings
 from gateway.tools.registry import TOOL_NAMES
 from gateway.users import UserError
+from sandbox import layers
+from sandbox.confine import LAYERS, LayerReport
 
 log = logging.getLogger("gateway")
 
@@ -233,6 +235,7 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
         log.warning("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
     for warning in risky_settings(s.policy, settings.home):
         log.warning("%s", warning)
+    log.info("%s", describe_layers(layers()))
     log.info("serving on stdio (policy %s)", settings.policy_path)
     run_stdio(s)
     return 0
@@ -245,11 +248,22 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    warnings = risky_settings(policy, settings.home)
+    warnings = [str(w) for w in risky_settings(policy, settings.home)]
+    report = layers()
+    if policy.sandbox.enabled and report.missing():
+        warnings.append(f"{path}: warning: this host lacks sandbox layers; write tools will be refused (-32006)")
     for warning in warnings:
-        print(str(warning), file=sys.stderr)
+        print(warning, file=sys.stderr)
+    print(describe_layers(report), file=sys.stderr)
     print(f"{path}: valid ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
     return 0
+
+
+def describe_layers(report: LayerReport) -> str:
+    active = [name for name in LAYERS if getattr(report, name)]
+    missing = report.missing()
+    text = f"sandbox layers on this host: {', '.join(active) or 'none'} (Landlock ABI {report.landlock})"
+    return text + (f"; MISSING: {', '.join(missing)}" if missing else "")
 
 
 def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from gateway.services import Services
 from gateway.tools import artifacts, run_pytest
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS, ToolSpec
+from sandbox import layers
 from sandbox.errors import SandboxStartError
 
 log = logging.getLogger("gateway.pipeline")
@@ -61,6 +62,14 @@ class Admitted:
     principal: Principal
     spec: ToolSpec
     scope: CallScope
+
+
+def check_sandbox_ready(enabled: bool, missing_layers: list[str]) -> None:
+    """Stage 7: a write tool runs only in a sandbox that is on and has every layer (fail closed)."""
+    if not enabled:
+        raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
+    if missing_layers:
+        raise SandboxViolationError("sandbox_layer_missing", f"this host cannot enforce: {', '.join(missing_layers)}")
 
 
 def caller_of(principal: Principal) -> Caller:
@@ -112,8 +121,7 @@ class Pipeline:
                 self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
                 return outcome
             trail.charge_id = self.s.budget.reserve(trail.principal.name, run_id, self.s.policy.budget)
-            if not self.s.policy.sandbox.enabled:
-                raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
+            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing())
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
             trail.executing, trail.started_at = True, self.s.clock.now()
             return await self._execute(admitted, trail, request.arguments)
@@ -217,7 +225,7 @@ class Pipeline:
             )
         except SandboxStartError as exc:
             self.s.runs.finish(run_id, "failed_to_start", None)
-            raise InternalError("sandbox_start_failed", "the sandbox could not start the tool") from exc
+            raise SandboxViolationError("sandbox_start_failed", "the sandbox could not apply its layers") from exc
         result, outcome = run.result, run.outcome
         self.s.audit.append(
             EventDraft(
@@ -299,8 +307,10 @@ class Pipeline:
             reports.append(StageReport("budget", exc.code, exc.reason, exc.public_message()))
             return reports
         passed("budget")
-        if not self.s.policy.sandbox.enabled:
-            reports.append(StageReport("sandbox", SandboxViolationError.code, "sandbox_disabled", ""))
+        try:
+            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing())
+        except SandboxViolationError as exc:
+            reports.append(StageReport("sandbox", exc.code, exc.reason, exc.public_message()))
             return reports
         passed("sandbox")
         mode = self.s.policy.consent.mode
