@@ -393,6 +393,8 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
         warn("sandbox.network is true: sandboxed test suites can reach the network")
     home = state_home.resolve() if state_home else None
     for path in sandbox.allowed_paths:
+        if not path.exists():
+            warn(f"sandbox.allowed_paths contains {path}, which does not exist: every run would fail to start")
         if path == Path("/"):
             warn("sandbox.allowed_paths contains '/': the whole filesystem becomes readable inside the sandbox")
         elif home is not None and (_is_within(home, path) or _is_within(path, home)):

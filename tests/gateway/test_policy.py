@@ -689,6 +689,7 @@ def test_risky_sandbox_settings_warn(shipped: Policy, changes: dict[str, Any], f
 )
 def test_allowed_path_overlapping_the_state_folder_warns(shipped: Policy, relative: str, tmp_path: Path) -> None:
     home = tmp_path / "state"
+    (home / "artifacts").mkdir(parents=True)
     policy = with_sandbox(shipped, allowed_paths=((home / relative).resolve(),))
 
     warnings = risky_settings(policy, home)
@@ -700,6 +701,7 @@ def test_allowed_path_overlapping_the_state_folder_warns(shipped: Policy, relati
 
 def test_allowed_path_beside_the_state_folder_does_not_warn(shipped: Policy, tmp_path: Path) -> None:
     # "state-other" shares a string prefix with "state" but is not inside it.
+    (tmp_path / "state-other").mkdir()
     policy = with_sandbox(shipped, allowed_paths=(tmp_path / "state-other",))
 
     assert risky_settings(policy, tmp_path / "state") == []
@@ -838,3 +840,11 @@ def test_check_relative_path_follows_a_symlinked_root(workspace: Path, tmp_path:
     assert check_relative_path(linked_root, "tests", "test_path") == (workspace / "tests").resolve()
     with pytest.raises(PolicyBlockedError):
         check_relative_path(linked_root, "escape", "test_path")
+
+
+def test_allowed_path_that_does_not_exist_warns(shipped: Policy, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder"
+    warnings = risky_settings(with_sandbox(shipped, allowed_paths=(missing,)), tmp_path / "state")
+    assert [w.message for w in warnings] == [
+        f"sandbox.allowed_paths contains {missing}, which does not exist: every run would fail to start"
+    ]
