@@ -21,12 +21,15 @@ Do not use `Popen(user=..., group=..., extra_groups=...)`: CPython applies those
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import grp
 import os
 import pwd
+import tempfile
 import threading
 from collections.abc import Callable, Set
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -82,30 +85,53 @@ def live_uids() -> set[int]:
     return owners
 
 
+def default_lock_dir() -> Path:
+    """Where every gateway on this host records the uids it holds (root-only)."""
+    run = Path("/run")
+    base = run if os.access(run, os.W_OK) else Path(tempfile.gettempdir())
+    return base / "mcp-write-gateway-uids"
+
+
 class UidPool:
     """Hands out run identities; a uid returns to the pool only once no process of it is left.
 
-    Reservations are per gateway process: two gateways on one host need disjoint pools.
+    A uid is held with an exclusive `flock` on its own file in a host-wide folder, so two
+    gateways on one host never hand out the same uid (the sweep of one would kill the run
+    of the other); the lock dies with the process that held it.
     """
 
-    def __init__(self, pool: range = DEFAULT_POOL) -> None:
+    def __init__(self, pool: range = DEFAULT_POOL, lock_dir: Path | None = None) -> None:
         self._pool = pool
-        self._reserved: set[int] = set()
+        self._lock_dir = lock_dir or default_lock_dir()
+        self._held: dict[int, int] = {}  # uid -> fd of its lock file
         self._cursor = 0
         self._lock = threading.Lock()
 
     def acquire(self) -> RunIdentity:
         with self._lock:
-            uid = pick_uid(self._pool, self._reserved | live_uids(), self._cursor, has_account=has_account)
-            self._reserved.add(uid)
-            # Rotate so a just-released uid is reused last: a missed survivor has time to show up.
-            self._cursor = (self._pool.index(uid) + 1) % len(self._pool)
-            return RunIdentity(uid=uid, gid=uid)
+            self._lock_dir.mkdir(mode=0o700, exist_ok=True)
+            refused: set[int] = set()
+            while True:
+                busy = set(self._held) | refused | live_uids()
+                uid = pick_uid(self._pool, busy, self._cursor, has_account=has_account)
+                fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    refused.add(uid)  # another gateway holds it
+                    continue
+                self._held[uid] = fd
+                # Rotate so a just-released uid is reused last: a missed survivor has time to show up.
+                self._cursor = (self._pool.index(uid) + 1) % len(self._pool)
+                return RunIdentity(uid=uid, gid=uid)
 
     def release(self, identity: RunIdentity) -> None:
         """Call after `containment.sweep`; a uid with a surviving process stays out via `live_uids`."""
         with self._lock:
-            self._reserved.discard(identity.uid)
+            fd = self._held.pop(identity.uid, None)
+            if fd is not None:
+                os.close(fd)  # closing drops the flock
 
 
 def drop_privileges(uid: int, gid: int) -> None:

@@ -57,8 +57,21 @@ def test_pick_uid_skips_account_uids_and_fails_closed_when_exhausted() -> None:
         pick_uid(range(61000, 61002), {61000, 61001}, has_account=no_account)
 
 
-def test_pool_never_hands_out_a_reserved_uid_twice() -> None:
-    pool = UidPool(range(62900, 62903))
+def test_two_gateways_on_one_host_never_share_a_uid(tmp_path: Path) -> None:
+    # Two pools over one lock folder stand for two gateway processes: flock is per open file.
+    first_gateway = UidPool(range(62950, 62952), lock_dir=tmp_path)
+    second_gateway = UidPool(range(62950, 62952), lock_dir=tmp_path)
+    held = first_gateway.acquire()
+    other = second_gateway.acquire()
+    assert held.uid != other.uid
+    with pytest.raises(SandboxStartError, match="uid_pool_exhausted"):
+        second_gateway.acquire()
+    first_gateway.release(held)
+    assert second_gateway.acquire().uid == held.uid
+
+
+def test_pool_never_hands_out_a_reserved_uid_twice(tmp_path: Path) -> None:
+    pool = UidPool(range(62900, 62903), lock_dir=tmp_path)
     first, second = pool.acquire(), pool.acquire()
     assert first.uid != second.uid
     assert first.gid == first.uid
