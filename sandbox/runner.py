@@ -120,6 +120,9 @@ async def _supervise(
 ) -> RunResult:
     killed_by: KilledBy | None = None
     status, peak_kb = 0, 0
+    # A pidfd turns readable the moment the child exits, so the run's end is seen at once;
+    # the timer only paces the time-limit and output-cap checks.
+    exited = os.pidfd_open(process.pid)
     try:
         delay = _POLL_FIRST_S
         while True:
@@ -134,7 +137,8 @@ async def _supervise(
                     killed_by = KilledBy.OUTPUT
                 if killed_by is not None:
                     kill()
-            await anyio.sleep(delay)
+            with anyio.move_on_after(delay):
+                await anyio.wait_readable(exited)
             delay = min(delay * 2, _POLL_MAX_S)
     except BaseException:
         # Cancelled (notifications/cancelled, client gone) or failing: nothing outlives the call.
@@ -143,6 +147,7 @@ async def _supervise(
             _reap(process.pid)
         raise
     finally:
+        os.close(exited)
         process.returncode = os.waitstatus_to_exitcode(status) if status else 0
     duration_ms = int((time.monotonic() - started) * 1000)
     stdout_bytes, stderr_bytes = _truncate(stdout_path, limits), _truncate(stderr_path, limits)
