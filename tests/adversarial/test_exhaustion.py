@@ -145,17 +145,7 @@ def test_a_gigabyte_of_output_is_cut_at_the_cap(arena: Arena) -> None:
 
 DAEMON = """
 import os, stat, time
-from _kit import report
-
-def capture_fd():
-    # pytest keeps the gateway's stdout.txt open under a dup while it captures; find it.
-    for fd in range(3, 128):
-        try:
-            if os.readlink("/proc/self/fd/%d" % fd).endswith("stdout.txt"):
-                return fd
-        except OSError:
-            continue
-    return None
+from _kit import capture_fd, report
 
 def daemon(fd, marker):
     os.write(fd, ("\\nDAEMON_PID %d\\n" % os.getpid()).encode())
@@ -283,16 +273,7 @@ def test_inode_fill_is_bounded(arena: Arena) -> None:
 
 HOPPING_DAEMON = """
 import os, time
-from _kit import report
-
-def capture_fd():
-    for fd in range(3, 128):
-        try:
-            if os.readlink("/proc/self/fd/%d" % fd).endswith("stdout.txt"):
-                return fd
-        except OSError:
-            continue
-    return None
+from _kit import capture_fd, report
 
 def hop(fd):
     # A process that is never the same pid for long: it forks and its parent exits, again and again.
