@@ -62,11 +62,14 @@ if str(REPO) not in sys.path:
 from gateway.policy import SandboxPolicy  # noqa: E402
 from gateway.tools import run_pytest  # noqa: E402
 from sandbox import Limits, layers, run_sandboxed, run_unsafe_unconfined  # noqa: E402
+from sandbox.backends.cgroup import CgroupRoots, RunCgroup, discover  # noqa: E402
 from sandbox.backends.containment import sweep  # noqa: E402
-from sandbox.backends.identity import UidPool  # noqa: E402
+from sandbox.backends.identity import RunIdentity, UidPool  # noqa: E402
 from sandbox.backends.landlock import runtime_read_only_paths  # noqa: E402
-from sandbox.confine import LAYERS, ChildPlan  # noqa: E402
+from sandbox.backends.scratch import ScratchSpace, files_for  # noqa: E402
+from sandbox.confine import ChildPlan  # noqa: E402
 from sandbox.errors import SandboxStartError  # noqa: E402
+from sandbox.limits import LAYERS  # noqa: E402
 from sandbox.runner import _POLL_FIRST_S, _POLL_MAX_S  # noqa: E402
 from tests.harness import GatewayHome, StdioSession, reachable_by_everyone  # noqa: E402
 
@@ -157,6 +160,49 @@ def generous_limits(env: dict[str, str]) -> Limits:
     return Limits(timeout_s=CALL_TIMEOUT_S, memory_limit_mb=1024, max_processes=64, max_output_bytes=1 << 22, env=env)
 
 
+@dataclass(frozen=True)
+class LayersAlone:
+    """What one run of the layers-alone diagnostic needs: one uid for the whole bench, run_sandboxed's grants."""
+
+    identity: RunIdentity
+    scratch: Path
+    read_only: tuple[Path, ...]
+    limits: Limits
+    cwd: Path
+    env: dict[str, str]
+
+
+def layers_alone(alone: LayersAlone, group_roots: CgroupRoots | None) -> Callable[[], Awaitable[None]]:
+    """Every layer as run_sandboxed applies it (the cgroup only with `group_roots`), with a blocking wait."""
+    limits, identity = alone.limits, alone.identity
+    quiet: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+
+    async def once() -> None:
+        group = RunCgroup(group_roots, f"run-{identity.uid}", 1 << 30, 64) if group_roots else None
+        space = ScratchSpace(
+            alone.scratch, limits.scratch_bytes, files_for(limits.scratch_bytes), identity.uid, identity.gid
+        )
+        read_write = (alone.scratch, Path(os.devnull))
+        try:
+            with space, ChildPlan(limits, identity, alone.read_only, read_write, group=group, scratch=space) as preexec:
+                process = subprocess.Popen(
+                    TRIVIAL,
+                    cwd=alone.cwd,
+                    env=alone.env,
+                    start_new_session=True,
+                    preexec_fn=preexec,  # noqa: PLW1509  (the bench spawns from one thread)
+                    **quiet,
+                )
+                if process.wait() != 0:
+                    raise BenchError(f"layers alone: exit code {process.returncode}")
+        finally:
+            if group is not None:
+                group.kill_all()
+                group.close()
+
+    return once
+
+
 def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], None]]:
     """The sides of (a), and what to call afterwards to give back the diagnostic's uid."""
     cwd = root / "cwd"
@@ -192,13 +238,11 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
     # The layers alone: one uid for the whole run, the Landlock grants run_sandboxed gives.
     identity = pool.acquire()
     scratch = Path(tempfile.mkdtemp(prefix="scratch-layers-", dir=root))
-    os.chown(scratch, identity.uid, identity.gid)
     read_only = tuple(dict.fromkeys((*runtime_read_only_paths(), cwd)))
-
-    async def layers_only() -> None:
-        with ChildPlan(limits, identity, read_only, (scratch, Path(os.devnull))) as preexec:
-            process = subprocess.Popen(TRIVIAL, cwd=cwd, env=env, start_new_session=True, preexec_fn=preexec, **quiet)  # noqa: PLW1509
-        check("layers alone", process.wait())
+    roots = discover()
+    if roots is None:
+        raise BenchError("no cgroup v1 memory, pids and freezer hierarchies: the cgroup layer is missing")
+    alone = LayersAlone(identity, scratch, read_only, limits, cwd, env)
 
     async def fork_only() -> None:
         process = subprocess.Popen(TRIVIAL, cwd=cwd, env=env, start_new_session=True, preexec_fn=int, **quiet)  # noqa: PLW1509
@@ -221,7 +265,8 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
         Side("sandbox.run_unsafe_unconfined (supervision, no layers)", unconfined),
         Side(f"diagnostic: subprocess.run(timeout={CALL_TIMEOUT_S})", bare_timeout),
         Side("diagnostic: preexec_fn=int (fork, not vfork), blocking", fork_only),
-        Side("diagnostic: the layers alone, blocking wait", layers_only),
+        Side("diagnostic: the layers alone, blocking wait", layers_alone(alone, group_roots=roots)),
+        Side("diagnostic: the layers but the cgroup, blocking wait", layers_alone(alone, group_roots=None)),
         Side("diagnostic: UidPool acquire + release", uid_pool),
         Side("diagnostic: sweep of a uid with no process", empty_sweep),
     ]
@@ -234,7 +279,7 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
         await measure(sides, rounds, warmup, deadline)
     finally:
         give_back()
-    bare, sandboxed, unconfined, bare_timeout, forked, layers_alone, pool, swept = sides
+    bare, sandboxed, unconfined, bare_timeout, forked, layers_alone, no_cgroup, pool, swept = sides
     print(f"(a) a trivial command, `{' '.join(TRIVIAL)}`: {rounds} rounds interleaved, {warmup} warm-up not measured")
     print_rows(sides, bare, "bare")
     ratio = sandboxed.p50_ms() / bare.p50_ms()
@@ -245,21 +290,22 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
         " which add up where medians need not):"
     )
     note(
-        f"- the runner's polling (unconfined - bare): {unconfined.mean_ms() - bare.mean_ms():+.1f} ms. Its"
-        f" wait4(WNOHANG) looks at {looks(poll_schedule_ms(60))} ms after the spawn and sees an exit at the next"
-        " look, not when it happens (CPython's own wait(timeout) looks at 0, 1, 3, 7, 15, 31, 63 ms)",
+        f"- the runner's supervision (unconfined - bare): {unconfined.mean_ms() - bare.mean_ms():+.1f} ms. It"
+        " waits on a pidfd, so it sees the exit at once; the timer only paces the time-limit and output checks",
         indent=4,
     )
     note(
         f"- the layers (layers alone - bare): {layers_alone.mean_ms() - bare.mean_ms():+.1f} ms, of which"
-        f" {forked.mean_ms() - bare.mean_ms():+.1f} ms is fork instead of vfork (any preexec_fn) and"
-        f" {layers_alone.mean_ms() - forked.mean_ms():+.1f} ms the network namespace, rlimits, uid drop, Landlock"
-        " and seccomp",
+        f" {forked.mean_ms() - bare.mean_ms():+.1f} ms is fork instead of vfork (any preexec_fn),"
+        f" {layers_alone.mean_ms() - no_cgroup.mean_ms():+.1f} ms the cgroup (made, joined, emptied, removed:"
+        " a cgroup v1 attach waits for an RCU grace period) and"
+        f" {no_cgroup.mean_ms() - forked.mean_ms():+.1f} ms the network and mount namespaces, the scratch tmpfs,"
+        " rlimits, uid drop, Landlock and seccomp",
         indent=4,
     )
     note(
-        f"- the uid pool and the sweep: {pool.mean_ms() + swept.mean_ms():+.1f} ms, a scan of the process table"
-        " each (psutil)",
+        f"- the uid pool: {pool.mean_ms():+.1f} ms, a scan of the process table (psutil); a run with a cgroup"
+        f" skips the uid sweep ({swept.mean_ms():.1f} ms, another scan)",
         indent=4,
     )
     print()

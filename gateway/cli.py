@@ -26,7 +26,8 @@ from gateway.settings import Settings, resolve_settings
 from gateway.tools.registry import TOOL_NAMES
 from gateway.users import UserError
 from sandbox import layers
-from sandbox.confine import LAYERS, LayerReport
+from sandbox.confine import LayerReport
+from sandbox.limits import LAYERS
 
 log = logging.getLogger("gateway")
 
@@ -235,7 +236,7 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
         log.warning("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
     for warning in risky_settings(s.policy, settings.home):
         log.warning("%s", warning)
-    log.info("%s", describe_layers(layers()))
+    log.info("%s", describe_layers(layers(), s.policy.sandbox.required_layers))
     log.info("serving on stdio (policy %s)", settings.policy_path)
     run_stdio(s)
     return 0
@@ -250,20 +251,30 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
         return 1
     warnings = [str(w) for w in risky_settings(policy, settings.home)]
     report = layers()
-    if policy.sandbox.enabled and report.missing():
-        warnings.append(f"{path}: warning: this host lacks sandbox layers; write tools will be refused (-32006)")
+    missing = report.missing(frozenset(policy.sandbox.required_layers))
+    if policy.sandbox.enabled and missing:
+        warnings.append(
+            f"{path}: warning: this host lacks required sandbox layers ({', '.join(missing)});"
+            " write tools will be refused (-32006)"
+        )
     for warning in warnings:
         print(warning, file=sys.stderr)
-    print(describe_layers(report), file=sys.stderr)
+    print(describe_layers(report, policy.sandbox.required_layers), file=sys.stderr)
     print(f"{path}: valid ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
     return 0
 
 
-def describe_layers(report: LayerReport) -> str:
+def describe_layers(report: LayerReport, required: tuple[str, ...]) -> str:
+    """One line: the layers this host has, those it lacks that the policy requires, and the rest it lacks."""
     active = [name for name in LAYERS if getattr(report, name)]
-    missing = report.missing()
     text = f"sandbox layers on this host: {', '.join(active) or 'none'} (Landlock ABI {report.landlock})"
-    return text + (f"; MISSING: {', '.join(missing)}" if missing else "")
+    missing = report.missing(frozenset(required))
+    skipped = [name for name in report.missing() if name not in missing]
+    if missing:
+        text += f"; MISSING (required): {', '.join(missing)}"
+    if skipped:
+        text += f"; missing, not required (runs go without): {', '.join(skipped)}"
+    return text
 
 
 def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:

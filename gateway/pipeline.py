@@ -65,7 +65,7 @@ class Admitted:
 
 
 def check_sandbox_ready(enabled: bool, missing_layers: list[str]) -> None:
-    """Stage 7: a write tool runs only in a sandbox that is on and has every layer (fail closed)."""
+    """Stage 7: a write tool runs only in a sandbox that is on and has every layer the policy requires (fail closed)."""
     if not enabled:
         raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
     if missing_layers:
@@ -121,7 +121,9 @@ class Pipeline:
                 self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
                 return outcome
             trail.charge_id = self.s.budget.reserve(trail.principal.name, run_id, self.s.policy.budget)
-            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing())
+            check_sandbox_ready(
+                self.s.policy.sandbox.enabled, layers().missing(frozenset(self.s.policy.sandbox.required_layers))
+            )
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
             trail.executing, trail.started_at = True, self.s.clock.now()
             return await self._execute(admitted, trail, request.arguments)
@@ -308,7 +310,9 @@ class Pipeline:
             return reports
         passed("budget")
         try:
-            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing())
+            check_sandbox_ready(
+                self.s.policy.sandbox.enabled, layers().missing(frozenset(self.s.policy.sandbox.required_layers))
+            )
         except SandboxViolationError as exc:
             reports.append(StageReport("sandbox", exc.code, exc.reason, exc.public_message()))
             return reports

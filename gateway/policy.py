@@ -18,6 +18,7 @@ import yaml
 
 from gateway.errors import ConfigError, PolicyBlockedError
 from gateway.rbac import Permission
+from sandbox.limits import LAYERS
 
 SUPPORTED_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "EdDSA")
 LOCALES = ("en-US", "pt-BR")
@@ -26,6 +27,7 @@ RISK_TIERS = ("low", "medium", "high")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _SECRET_LIKE = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|CERT", re.IGNORECASE)
 _NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_", "MCP_GATEWAY")
+_PLUGIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")  # a module or a pytest11 entry point name
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,9 @@ class SandboxPolicy:
     network: bool = False
     allowed_paths: tuple[Path, ...] = ()
     env_whitelist: tuple[str, ...] = ("PATH", "LANG", "LC_ALL")
+    scratch_limit_mb: int = 256
+    required_layers: tuple[str, ...] = LAYERS
+    pytest_plugins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +318,7 @@ def _budget(r: _Reader, node: yaml.Node | None) -> BudgetPolicy:
 
 _SANDBOX_KEYS = (
     "enabled", "timeout_s", "memory_limit_mb", "max_processes", "max_output_bytes", "network",
-    "allowed_paths", "env_whitelist",
+    "allowed_paths", "env_whitelist", "scratch_limit_mb", "required_layers", "pytest_plugins",
 )  # fmt: skip
 
 
@@ -334,6 +339,22 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise r.fail(item, f"{name!r} in sandbox.env_whitelist is not an environment variable name")
         env_whitelist = tuple(name for name, _ in items)
+    required_layers = default.required_layers
+    if "required_layers" in d:
+        items = r.strings(d["required_layers"], "sandbox.required_layers")
+        for name, item in items:
+            if name not in LAYERS:
+                raise r.fail(item, f"{name!r} in sandbox.required_layers is not a sandbox layer ({', '.join(LAYERS)})")
+        required_layers = tuple(name for name in LAYERS if name in {name for name, _ in items})
+        if "uid_drop" not in required_layers:
+            raise r.fail(d["required_layers"], "sandbox.required_layers must list uid_drop: without it a run is root")
+    plugins = default.pytest_plugins
+    if "pytest_plugins" in d:
+        items = r.strings(d["pytest_plugins"], "sandbox.pytest_plugins")
+        for name, item in items:
+            if not _PLUGIN_NAME.fullmatch(name):
+                raise r.fail(item, f"{name!r} in sandbox.pytest_plugins is not a plugin (module or entry point) name")
+        plugins = tuple(name for name, _ in items)
     return SandboxPolicy(
         enabled=r.boolean(d["enabled"], "sandbox.enabled") if "enabled" in d else default.enabled,
         timeout_s=integer("timeout_s", default.timeout_s),
@@ -343,6 +364,9 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
         network=r.boolean(d["network"], "sandbox.network") if "network" in d else default.network,
         allowed_paths=allowed_paths,
         env_whitelist=env_whitelist,
+        scratch_limit_mb=integer("scratch_limit_mb", default.scratch_limit_mb),
+        required_layers=required_layers,
+        pytest_plugins=plugins,
     )
 
 
@@ -399,6 +423,11 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
             warn("sandbox.allowed_paths contains '/': the whole filesystem becomes readable inside the sandbox")
         elif home is not None and (_is_within(home, path) or _is_within(path, home)):
             warn(f"sandbox.allowed_paths contains {path}, which overlaps the gateway's state folder {home}")
+    optional = [name for name in LAYERS if name not in sandbox.required_layers]
+    if optional:
+        warn(f"sandbox.required_layers leaves out {', '.join(optional)}: on a host without it, runs go on without it")
+    if sandbox.scratch_limit_mb > sandbox.memory_limit_mb:
+        warn("sandbox.scratch_limit_mb is above memory_limit_mb: the scratch's pages count as the run's memory")
     for name in sandbox.env_whitelist:
         prefix = next((p for p in _NEVER_PASSED if name.startswith(p)), None)
         if prefix is not None:

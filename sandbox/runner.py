@@ -1,9 +1,10 @@
 """Spawning a command and watching it to the end: time limit, output cap, kill on cancellation.
 
-`run_sandboxed` confines the command with every layer (sandbox/confine.py) and kills what
-it leaves behind by uid. `run_unsafe_unconfined` keeps only the supervision (time limit,
-output cap, group kill) and does NOT confine: it is the baseline for benchmarks and tests,
-and its name says so.
+`run_sandboxed` confines the command with every layer the host has and the policy requires
+(sandbox/confine.py) and, when it ends, kills whatever it left behind: the whole cgroup when
+that layer is on, every process of the run's uid otherwise. `run_unsafe_unconfined` keeps
+only the supervision (time limit, output cap, group kill) and does NOT confine: it is the
+baseline for benchmarks and tests, and its name says so.
 """
 
 from __future__ import annotations
@@ -12,28 +13,36 @@ import contextlib
 import dataclasses
 import os
 import signal
+import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 from pathlib import Path
+from types import MappingProxyType
 from typing import IO
 
 import anyio
 
+from sandbox.backends.cgroup import RunCgroup, discover
 from sandbox.backends.containment import sweep
-from sandbox.backends.identity import UidPool
+from sandbox.backends.identity import RunIdentity, UidPool
 from sandbox.backends.landlock import runtime_read_only_paths
-from sandbox.confine import ChildPlan, LayerReport, probe_layers, require_layers
+from sandbox.backends.scratch import ScratchSpace, files_for
+from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers
 from sandbox.errors import SandboxStartError
 from sandbox.limits import Limits
+
+MAX_COLLECTED_BYTES = 16 * 1024 * 1024
 
 
 class KilledBy(StrEnum):
     TIMEOUT = "timeout"
     OUTPUT = "output"
+    MEMORY = "memory"
+    """The kernel's OOM killer killed a process of the run: the run as a whole hit its memory limit."""
     CANCELLED = "cancelled"
 
 
@@ -48,7 +57,14 @@ class RunResult:
     stderr_bytes: int
     truncated: bool
     survivors_killed: int = 0
-    """Processes of the run's uid still alive after it ended (daemonized), killed by the sweep."""
+    """Processes of the run still alive after its first process ended (daemonized), killed at the end."""
+    oom_kills: int = 0
+    forks_refused: int = 0
+    """fork/clone calls the run's process limit refused (cgroup layer only)."""
+    layers: tuple[str, ...] = ()
+    """The isolation layers this run got, in the order they were applied."""
+    collected: Mapping[str, Path] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    """Scratch files copied out (name -> where), those that were regular files under the size cap."""
 
 
 _POLL_FIRST_S = 0.002
@@ -56,36 +72,75 @@ _POLL_MAX_S = 0.05
 
 
 async def run_sandboxed(
-    argv: list[str], cwd: Path, limits: Limits, stdout_path: Path, stderr_path: Path, *, scratch: Path
+    argv: list[str],
+    cwd: Path,
+    limits: Limits,
+    stdout_path: Path,
+    stderr_path: Path,
+    *,
+    scratch: Path,
+    collect: Mapping[str, Path] = MappingProxyType({}),
+    host: LayerReport | None = None,
 ) -> RunResult:
-    """Run `argv` confined: its own uid, session, rlimits, network namespace, Landlock, seccomp.
+    """Run `argv` confined: its own uid, cgroup, session, rlimits, network and mount namespaces, Landlock, seccomp.
 
-    `cwd` (and `limits.allowed_paths`) are readable, `scratch` (its HOME and TMPDIR) is the only
-    writable place; output goes to files the gateway opened. Whatever the run leaves behind,
-    daemonized grandchildren included, is killed by uid before this returns.
-    Raises SandboxStartError when a layer is missing or cannot be applied: nothing ran.
+    `cwd` (and `limits.allowed_paths`) are readable; `scratch` (its HOME and TMPDIR, a tmpfs of
+    `limits.scratch_bytes`) is the only writable place; output goes to files the gateway
+    opened. When the run ends, each `collect` name found in the scratch as a regular file of
+    at most MAX_COLLECTED_BYTES is copied to its path, never through a link; then whatever the
+    run left behind, daemonized grandchildren included, is killed before this returns.
+    `host` is what this host can enforce (default: probed once); a layer it lacks is left out
+    unless `limits.required_layers` names it. Raises SandboxStartError when a required layer is
+    missing or cannot be applied: nothing ran.
     """
-    require_layers(layers())
+    active = plan_layers(host or layers(), limits.required_layers)
     identity = _POOL.acquire()
+    group: RunCgroup | None = None
     try:
-        os.chown(scratch, identity.uid, identity.gid)
-        os.chmod(scratch, 0o700)
-        read_only = tuple(dict.fromkeys((*runtime_read_only_paths(), cwd, *limits.allowed_paths)))
-        read_write = (scratch, Path(os.devnull))
-        with ChildPlan(limits, identity, read_only, read_write) as preexec:
+        with contextlib.ExitStack() as stack:
+            if "cgroup" in active:
+                group = stack.enter_context(_run_cgroup(identity, limits))
+            space = None
+            if "scratch_tmpfs" in active:
+                space = stack.enter_context(
+                    ScratchSpace(
+                        scratch, limits.scratch_bytes, files_for(limits.scratch_bytes), identity.uid, identity.gid
+                    )
+                )
+            else:
+                os.chown(scratch, identity.uid, identity.gid)
+            os.chmod(scratch, 0o700)
+            read_only = tuple(dict.fromkeys((*runtime_read_only_paths(), cwd, *limits.allowed_paths)))
+            read_write = (scratch, Path(os.devnull))
 
             def kill() -> None:
                 _kill_group(process.pid)
-                sweep(identity.uid)
+                _kill_leftovers(group, identity)
 
-            started = time.monotonic()
-            with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
-                process = _spawn(argv, cwd, limits, out, err, preexec=preexec)
-        result = await _supervise(process, limits, stdout_path, stderr_path, started=started, kill=kill)
+            with ChildPlan(
+                limits, identity, read_only, read_write, active=active, group=group, scratch=space
+            ) as preexec:
+                started = time.monotonic()
+                with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+                    process = _spawn(argv, cwd, limits, out, err, preexec=preexec)
+            result = await _supervise(process, limits, stdout_path, stderr_path, started=started, kill=kill)
+            survivors = _kill_leftovers(group, identity)
+            collected = _collect(space, scratch, collect)
+            if group is not None:
+                usage = group.usage()
+                result = dataclasses.replace(
+                    result,
+                    peak_memory_kb=usage.peak_memory_bytes // 1024,
+                    oom_kills=usage.oom_kills,
+                    forks_refused=usage.forks_refused,
+                    killed_by=result.killed_by or (KilledBy.MEMORY if usage.oom_kills else None),
+                )
     finally:
-        survivors = sweep(identity.uid)
+        if group is None:
+            sweep(identity.uid)  # without a cgroup, the uid is the run: nothing of it outlives the call
         _POOL.release(identity)
-    return dataclasses.replace(result, survivors_killed=len(survivors))
+    applied = tuple(name for name in _APPLY_ORDER if name in active)
+    return dataclasses.replace(result, survivors_killed=len(survivors), layers=applied, collected=collected)
 
 
 async def run_unsafe_unconfined(
@@ -107,6 +162,52 @@ def layers() -> LayerReport:
 
 
 _POOL = UidPool()
+_APPLY_ORDER = ("cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "seccomp")
+
+
+@contextlib.contextmanager
+def _run_cgroup(identity: RunIdentity, limits: Limits) -> Iterator[RunCgroup]:
+    roots = discover()
+    if roots is None:
+        raise SandboxStartError("cgroup_unavailable")
+    try:
+        group = RunCgroup(roots, f"run-{identity.uid}", limits.memory_limit_mb * 1024 * 1024, limits.max_processes)
+    except OSError as exc:
+        raise SandboxStartError("cgroup_failed") from exc
+    try:
+        yield group
+    finally:
+        group.kill_all()  # every exit path, an exception before or during the run included
+        group.close()
+
+
+def _kill_leftovers(group: RunCgroup | None, identity: RunIdentity) -> list[int]:
+    """Kill every process the run left: its whole cgroup when it has one, every process of its uid otherwise."""
+    if group is not None:
+        return group.kill_all()
+    return sweep(identity.uid)
+
+
+def _collect(space: ScratchSpace | None, scratch: Path, wanted: Mapping[str, Path]) -> Mapping[str, Path]:
+    """Copy the wanted files out of the run's scratch; the run owned it, so each may be a link, a FIFO or huge."""
+    copied: dict[str, Path] = {}
+    for name, target in wanted.items():
+        try:
+            if space is not None:
+                fd = space.open_file(name)
+            else:
+                fd = os.open(scratch / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_COLLECTED_BYTES:
+                continue
+            data = handle.read(MAX_COLLECTED_BYTES + 1)
+        if len(data) <= MAX_COLLECTED_BYTES:
+            target.write_bytes(data)
+            copied[name] = target
+    return MappingProxyType(copied)
 
 
 async def _supervise(

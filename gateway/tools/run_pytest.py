@@ -5,7 +5,8 @@ workspace could steer pytest from outside its own config: `python -I -B` (no PYT
 variables, no user site, no workspace module shadowing pytest, no bytecode written into
 the workspace), `--rootdir` and `--confcutdir` at the workspace, `-c` the workspace's own
 config file (or /dev/null, so no parent-directory config is read), the cache plugin off
-and plugin autoloading disabled.
+and plugin autoloading disabled; the plugins the policy lists (`sandbox.pytest_plugins`)
+are loaded by name with `-p`, and no other.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -26,8 +26,7 @@ from gateway.errors import GatewayError, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from sandbox import Limits, RunResult, layers, run_sandboxed
-from sandbox.confine import LAYERS
-from sandbox.runner import KilledBy
+from sandbox.runner import MAX_COLLECTED_BYTES, KilledBy
 
 CONFIG_FILES = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 ARTIFACT_MIME_TYPES = {
@@ -52,7 +51,8 @@ def parse_artifact_uri(uri: str) -> tuple[str, str] | None:
 
 
 _NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_")
-MAX_JUNIT_BYTES = 16 * 1024 * 1024
+MAX_JUNIT_BYTES = MAX_COLLECTED_BYTES
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +80,15 @@ class Governance:
     policy_timeout_s: int
 
 
-def pytest_argv(root: Path, arguments: Mapping[str, Any], junit_path: Path) -> list[str]:
+def pytest_argv(root: Path, arguments: Mapping[str, Any], junit_path: Path, plugins: tuple[str, ...] = ()) -> list[str]:
     config = next((root / name for name in CONFIG_FILES if (root / name).is_file()), Path(os.devnull))
     argv = [
         sys.executable, "-I", "-B", "-m", "pytest",
         f"--rootdir={root}", f"--confcutdir={root}", "-c", str(config),
         "-p", "no:cacheprovider", f"--junitxml={junit_path}", "-q", "-rfE",
     ]  # fmt: skip
+    for plugin in plugins:
+        argv += ["-p", plugin]
     if "keyword" in arguments:
         argv += ["-k", str(arguments["keyword"])]
     if "markers" in arguments:
@@ -112,27 +114,6 @@ def sandbox_environment(policy: SandboxPolicy, scratch: Path, environ: Mapping[s
     )
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     return env
-
-
-def copy_untrusted_file(source: Path, target: Path, max_bytes: int) -> bool:
-    """Copy a file the sandboxed run wrote, if it is a regular file of at most `max_bytes`.
-
-    The run owns its scratch folder: `source` may be a symlink to a secret, a FIFO or huge.
-    It is opened without following links and checked on the open descriptor.
-    """
-    try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-            return False
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        return False
-    target.write_bytes(data)
-    return True
 
 
 def parse_junit(path: Path) -> Counts | None:
@@ -164,6 +145,8 @@ def refusal(result: RunResult, timeout_s: float, policy: SandboxPolicy) -> Gatew
         return ToolTimeoutError("timeout", f"killed after {timeout_s:g} s")
     if result.killed_by is KilledBy.OUTPUT:
         return SandboxViolationError("output_limit", f"output over {policy.max_output_bytes} bytes")
+    if result.killed_by is KilledBy.MEMORY:
+        return SandboxViolationError("memory_limit", f"the run went over {policy.memory_limit_mb} MiB and was stopped")
     return None
 
 
@@ -178,6 +161,10 @@ def sandbox_summary(result: RunResult) -> dict[str, Any]:
         "stdout_bytes": result.stdout_bytes,
         "stderr_bytes": result.stderr_bytes,
         "truncated": result.truncated,
+        "oom_kills": result.oom_kills,
+        "forks_refused": result.forks_refused,
+        "survivors_killed": result.survivors_killed,
+        "layers": list(result.layers),
     }
 
 
@@ -203,17 +190,18 @@ async def run(
             network=policy.network,
             allowed_paths=policy.allowed_paths,
             env=sandbox_environment(policy, scratch, environ),
+            scratch_bytes=policy.scratch_limit_mb * MIB,
+            required_layers=frozenset(policy.required_layers),
         )
-        junit_scratch = scratch / "junit.xml"
         result = await run_sandboxed(
-            pytest_argv(root, arguments, junit_scratch),
+            pytest_argv(root, arguments, scratch / "junit.xml", policy.pytest_plugins),
             root,
             limits,
             run_dir / "stdout.txt",
             run_dir / "stderr.txt",
             scratch=scratch,
+            collect={"junit.xml": run_dir / "junit.xml"},
         )
-        copy_untrusted_file(junit_scratch, run_dir / "junit.xml", MAX_JUNIT_BYTES)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     counts = parse_junit(run_dir / "junit.xml") or Counts(0, 0, 0, 0)
@@ -245,10 +233,11 @@ def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result
                 "max_output_bytes": limits.max_output_bytes,
                 "network": limits.network,
                 "env": sorted(limits.env),
+                "scratch_bytes": limits.scratch_bytes,
             },
             "confinement": {
-                "layers": [name for name in LAYERS if getattr(layers(), name)],
                 "landlock_abi": layers().landlock,
+                "required_layers": sorted(limits.required_layers),
             },
             **sandbox_summary(result),
         },

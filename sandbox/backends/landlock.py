@@ -28,6 +28,7 @@ unix sockets, and `/proc/<pid>/environ` for a root child (the uid drop closes th
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import stat
 import sys
@@ -85,6 +86,10 @@ class LandlockRules:
     read_only: tuple[Path, ...]
     read_write: tuple[Path, ...]
     allow_tcp: bool = False
+    read_write_fds: tuple[int, ...] = ()
+    """Granted by an open fd rather than a path: a mount the child will attach (scratch.ScratchSpace).
+    A rule on a mount point does not reach the mount on top of it: Landlock skips mount points
+    when it walks up, so the mount's own root must carry the rule."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,12 +201,18 @@ def prepare_landlock(rules: LandlockRules, abi: int | None = None) -> PreparedLa
     try:
         for paths, access in ((rules.read_only, _FS_READ_ONLY), (rules.read_write, handled.fs)):
             for path in paths:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                grants.append((fd, access & handled.fs))
-                if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                    grants[-1] = (fd, access & handled.fs & _FS_FILE_RIGHTS)  # dir-only rights: EINVAL
+                grants.append(_grant(os.open(path, os.O_PATH | os.O_CLOEXEC), access & handled.fs))
+        for given in rules.read_write_fds:
+            grants.append(_grant(fcntl.fcntl(given, fcntl.F_DUPFD_CLOEXEC, 0), handled.fs))
     except OSError as exc:
         for fd, _ in grants:
             os.close(fd)
         raise SandboxStartError("landlock_path_unopenable") from exc
     return PreparedLandlock(handled, grants)
+
+
+def _grant(fd: int, access: int) -> tuple[int, int]:
+    """(fd, rights) for one rule; a non-directory takes only file rights (a directory-only right is EINVAL)."""
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        access &= _FS_FILE_RIGHTS
+    return fd, access

@@ -13,8 +13,12 @@ Verdicts, x86_64 only:
 - clone3: ENOSYS, so libc falls back to clone, whose flags a classic filter can read;
 - clone with any CLONE_NEW* flag: EPERM;
 - ioctl TIOCSTI/TIOCLINUX (typing into the controlling terminal): EPERM;
-- without network: socket and socketpair outside AF_UNIX: EPERM (AF_UNIX stays for
-  multiprocessing and asyncio's self-pipe);
+- without network: socket() for every family, AF_UNIX included: EPERM. A pathname unix
+  socket is a file Landlock ABI 7 cannot guard (its RESOLVE_UNIX right arrives with ABI 9), and
+  a network namespace does not hide it: a world-writable host socket (a system bus, a dev
+  server) would otherwise be reachable. socketpair() stays for AF_UNIX stream and seqpacket
+  pairs (asyncio's self-pipe, multiprocessing.Pipe): such a socket is born connected and
+  cannot be pointed anywhere else, unlike a datagram pair, whose sendto() takes any address;
 - everything else: allowed.
 """
 
@@ -41,6 +45,9 @@ SECCOMP_RET_ALLOW = 0x7FFF0000
 CLONE_NEW_FLAGS = 0x7E020000 | 0x00000080  # NS, CGROUP, UTS, IPC, USER, PID, NET | TIME
 PERSONALITY_QUERY = 0xFFFFFFFF
 AF_UNIX = 1
+SOCK_STREAM = 1
+SOCK_SEQPACKET = 5
+SOCK_TYPE_MASK = 0xF  # the type argument also carries SOCK_NONBLOCK and SOCK_CLOEXEC
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 
@@ -148,6 +155,7 @@ BPF_LD_W_ABS = 0x20
 BPF_JEQ_K = 0x15
 BPF_JGE_K = 0x35
 BPF_JSET_K = 0x45
+BPF_ALU_AND_K = 0x54
 BPF_RET_K = 0x06
 _INSN = struct.Struct("=HBBI")  # struct sock_filter { __u16 code; __u8 jt; __u8 jf; __u32 k; }
 
@@ -169,7 +177,7 @@ def build_filter(allow_network: bool) -> bytes:
         (BPF_JEQ_K, "ioctl", 0, SYSCALLS["ioctl"]),
     ]
     if not allow_network:
-        lines += [(BPF_JEQ_K, "socket", 0, SYSCALLS["socket"]), (BPF_JEQ_K, "socket", 0, SYSCALLS["socketpair"])]
+        lines += [(BPF_JEQ_K, "eperm", 0, SYSCALLS["socket"]), (BPF_JEQ_K, "socketpair", 0, SYSCALLS["socketpair"])]
     lines += [
         (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
         "clone",
@@ -182,9 +190,13 @@ def build_filter(allow_network: bool) -> bytes:
         (BPF_LD_W_ABS, 0, 0, _arg_low(1)),
         (BPF_JEQ_K, "eperm", 0, TIOCSTI),
         (BPF_JEQ_K, "eperm", "allow", TIOCLINUX),
-        "socket",
+        "socketpair",
         (BPF_LD_W_ABS, 0, 0, _arg_low(0)),
-        (BPF_JEQ_K, "allow", "eperm", AF_UNIX),
+        (BPF_JEQ_K, 0, "eperm", AF_UNIX),
+        (BPF_LD_W_ABS, 0, 0, _arg_low(1)),
+        (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+        (BPF_JEQ_K, "allow", 0, SOCK_STREAM),
+        (BPF_JEQ_K, "allow", "eperm", SOCK_SEQPACKET),
         "allow",
         (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
         "eperm",

@@ -331,3 +331,42 @@ def test_resource_links_read_back_through_the_same_checks(
     )
     assert escape["error"]["code"] == -32602
     assert session.request("resources/read", {"uri": "file:///etc/passwd"})["error"]["code"] == -32602
+
+
+PLUGIN_PROBE = """
+def test_the_timeout_plugin_is_loaded(request):
+    assert request.config.pluginmanager.has_plugin("timeout")
+"""
+
+
+@pytest.mark.parametrize(("plugins", "passed"), [([], 0), (["timeout"], 1)], ids=["none-listed", "timeout-listed"])
+def test_only_the_plugins_the_policy_lists_are_loaded(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, plugins: list[str], passed: int
+) -> None:
+    # pytest-timeout is installed in the gateway's venv (a test extra): autoloading would load it.
+    gateway = make_gateway({"sandbox": {"pytest_plugins": plugins}})
+    gateway.add_user("alice", "USER")
+    (gateway.workspace / "tests" / "test_plugin_probe.py").write_text(PLUGIN_PROBE)
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answer("allow_once")
+    response = session.call_tool("run_pytest", {"test_path": "tests/test_plugin_probe.py"}, gateway.token("alice"))
+    structured = response["result"]["structuredContent"]
+    assert (structured["passed"], structured["failed"]) == (passed, 1 - passed), response
+
+
+def test_evidence_names_the_layers_the_run_got(gateway: GatewayHome, open_session: SessionFactory) -> None:
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answer("allow_once")
+    response = session.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))
+    run_id = response["result"]["structuredContent"]["run_id"]
+    evidence = json.loads((gateway.home / "artifacts" / run_id / "evidence.json").read_text())
+    sandbox = evidence["sandbox"]
+    assert sandbox["layers"] == [
+        "cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "seccomp"
+    ]  # fmt: skip
+    assert sandbox["confinement"]["required_layers"] == sorted(sandbox["layers"])
+    assert sandbox["limits"]["scratch_bytes"] == 256 * 1024 * 1024
+    assert 0 < sandbox["peak_memory_kb"] <= 1024 * 1024
+    assert sandbox["oom_kills"] == 0 and sandbox["survivors_killed"] == 0
+    exec_event = next(e for e in gateway.events_of(run_id) if e["event_type"] == "SANDBOX_EXEC")
+    assert exec_event["detail"]["layers"] == sandbox["layers"]

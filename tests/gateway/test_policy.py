@@ -24,6 +24,7 @@ from gateway.policy import (
 )
 from gateway.rbac import Permission
 from gateway.tools.registry import TOOL_NAMES
+from sandbox.limits import LAYERS
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "policy.yaml"
@@ -58,7 +59,9 @@ def test_shipped_policy_loads_with_the_documented_values() -> None:
     assert dict(policy.workspaces) == {"default": (REPO / "examples" / "sample_project").resolve()}
     assert policy.allowlist == ("run_pytest", "list_artifacts", "get_evidence", "get_artifact_content")
     assert policy.budget == BudgetPolicy(3600, 30, 900000)
-    assert policy.sandbox == SandboxPolicy(True, 300, 1024, 64, 4194304, False, (), ("PATH", "LANG", "LC_ALL"))
+    assert policy.sandbox == SandboxPolicy(
+        True, 300, 1024, 64, 4194304, False, (), ("PATH", "LANG", "LC_ALL"), 256, LAYERS, ()
+    )
     assert policy.consent.mode == "prompt"
     assert policy.consent.timeout_s == 300
     assert dict(policy.consent.expiry_days) == {"low": 90, "medium": 30, "high": 7}
@@ -536,6 +539,62 @@ REJECTED = [
         "not valid YAML",
         id="two-documents",
     ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          required_layers: [uid_drop, landlock, bubblewrap]  # <-
+        """,
+        "'bubblewrap' in sandbox.required_layers is not a sandbox layer",
+        id="required-layer-unknown",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          required_layers: [landlock, seccomp]  # <-
+        """,
+        "sandbox.required_layers must list uid_drop",
+        id="required-layers-without-uid-drop",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          required_layers: all  # <-
+        """,
+        "sandbox.required_layers must be a list",
+        id="required-layers-not-a-list",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          pytest_plugins:
+            - xdist
+            - "--basetemp=/tmp/x"  # <-
+        """,
+        "'--basetemp=/tmp/x' in sandbox.pytest_plugins is not a plugin",
+        id="plugin-option",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          pytest_plugins: ["no:cacheprovider"]  # <-
+        """,
+        "'no:cacheprovider' in sandbox.pytest_plugins is not a plugin",
+        id="plugin-disabling",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          scratch_limit_mb: 0  # <-
+        """,
+        "sandbox.scratch_limit_mb must be at least 1",
+        id="scratch-0",
+    ),
 ]
 
 
@@ -630,6 +689,22 @@ def test_paths_are_relative_to_the_policy_file(tmp_path: Path) -> None:
     assert policy.sandbox.allowed_paths == ((tmp_path / "shared" / "data").resolve(),)
 
 
+def test_sandbox_layers_plugins_and_scratch_are_read(tmp_path: Path) -> None:
+    policy = parse(
+        """\
+        version: 1
+        sandbox:
+          scratch_limit_mb: 64
+          required_layers: [seccomp, uid_drop, landlock]
+          pytest_plugins: [timeout, pytest_asyncio.plugin, xdist.looponfail]
+        """,
+        tmp_path,
+    )
+    assert policy.sandbox.scratch_limit_mb == 64
+    assert policy.sandbox.required_layers == ("uid_drop", "landlock", "seccomp")  # in the order they apply
+    assert policy.sandbox.pytest_plugins == ("timeout", "pytest_asyncio.plugin", "xdist.looponfail")
+
+
 def test_custom_roles_replace_the_default_roles(tmp_path: Path) -> None:
     policy = parse("version: 1\nroles:\n  AUDITOR: [ARTIFACT_READ]\n  NOBODY: []\n", tmp_path)
 
@@ -668,6 +743,14 @@ def with_sandbox(policy: Policy, **changes: Any) -> Policy:
         pytest.param({"env_whitelist": ("PYTEST_ADDOPTS",)}, "starting with PYTEST_ are never passed", id="pytest"),
         pytest.param(
             {"env_whitelist": ("MCP_GATEWAY_TOKEN",)}, "starting with MCP_GATEWAY are never passed", id="gateway-token"
+        ),
+        pytest.param(
+            {"required_layers": ("uid_drop", "network_namespace", "rlimits", "landlock", "seccomp")},
+            "leaves out cgroup, scratch_tmpfs: on a host without it, runs go on without it",
+            id="optional-layers",
+        ),
+        pytest.param(
+            {"scratch_limit_mb": 2048}, "scratch_limit_mb is above memory_limit_mb", id="scratch-above-memory"
         ),
     ],
 )

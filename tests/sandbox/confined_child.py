@@ -23,6 +23,21 @@ PYTHON = "/usr/bin/python3"
 TEST_POOL = range(62000, 62200)  # apart from the default pool, so a live gateway's runs are never swept
 CHILD_TIMEOUT_S = 30
 
+# A double fork + setsid: the grandchild leaves the session and the process tree, and prints its pid.
+DAEMONIZE = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.closerange(0, 3)
+        os.write(w, str(os.getpid()).encode())
+        time.sleep(60)
+    os._exit(0)
+os.close(w)
+print(int(os.read(r, 16)))
+"""
+
 requires_root = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(PYTHON), reason="needs root and /usr/bin/python3"
 )

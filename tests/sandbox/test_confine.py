@@ -1,0 +1,104 @@
+"""Which layers a run gets: the host's, unless the policy requires one it lacks; and the runner without a cgroup."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sandbox import Limits, RunResult, layers, run_sandboxed
+from sandbox.confine import LayerReport, plan_layers
+from sandbox.errors import SandboxStartError
+from sandbox.limits import LAYERS
+from tests.sandbox.confined_child import DAEMONIZE, PYTHON, requires_root, shared_dir
+
+EVERYTHING = LayerReport(
+    uid_drop=True, cgroup=True, network_namespace=True, scratch_tmpfs=True, rlimits=True, landlock=7, seccomp=True
+)
+
+
+@pytest.mark.parametrize(
+    ("lacking", "required", "expected"),
+    [
+        ((), LAYERS, set(LAYERS)),
+        (("cgroup",), ("uid_drop", "landlock"), set(LAYERS) - {"cgroup"}),
+        (("cgroup", "scratch_tmpfs"), ("uid_drop",), set(LAYERS) - {"cgroup", "scratch_tmpfs"}),
+        (("cgroup",), LAYERS, "layer_unavailable:cgroup"),
+        (("landlock", "seccomp"), ("uid_drop", "seccomp", "landlock"), "layer_unavailable:landlock,seccomp"),
+        (("uid_drop",), ("landlock",), "layer_unavailable:uid_drop"),  # never optional, listed or not
+    ],
+    ids=["all", "cgroup-optional", "two-optional", "cgroup-required", "two-required", "uid-drop-always"],
+)
+def test_plan_layers(lacking: tuple[str, ...], required: tuple[str, ...], expected: set[str] | str) -> None:
+    host = dataclasses.replace(EVERYTHING, **{name: 0 if name == "landlock" else False for name in lacking})
+    if isinstance(expected, str):
+        with pytest.raises(SandboxStartError) as caught:
+            plan_layers(host, frozenset(required))
+        assert caught.value.reason == expected
+    else:
+        assert plan_layers(host, frozenset(required)) == expected
+
+
+def test_the_missing_layers_follow_the_required_set() -> None:
+    host = dataclasses.replace(EVERYTHING, cgroup=False, landlock=0)
+    assert host.missing() == ["cgroup", "landlock"]
+    assert host.missing(frozenset({"uid_drop", "landlock"})) == ["landlock"]
+    assert host.missing(frozenset({"uid_drop"})) == []
+
+
+@requires_root
+def test_this_host_has_every_layer() -> None:
+    # CI runs as root on the same kind of machine: a layer lost there must fail loudly, not silently go missing.
+    assert layers().missing() == [], layers()
+
+
+def run(folder: Path, code: str, limits: Limits, host: LayerReport) -> tuple[RunResult, int | None]:
+    scratch = folder / "scratch"
+    scratch.mkdir()
+    result = anyio.run(
+        lambda: run_sandboxed(
+            [PYTHON, "-I", "-c", code], folder, limits, folder / "out", folder / "err", scratch=scratch, host=host
+        )
+    )
+    out = (folder / "out").read_text().strip()
+    return result, int(out) if out else None
+
+
+def limits(required: tuple[str, ...] = LAYERS) -> Limits:
+    return Limits(
+        timeout_s=20,
+        memory_limit_mb=256,
+        max_processes=16,
+        max_output_bytes=100_000,
+        env={"PATH": "/usr/bin:/bin"},
+        scratch_bytes=8 << 20,
+        required_layers=frozenset(required),
+    )
+
+
+@requires_root
+def test_without_the_cgroup_layer_the_uid_sweep_still_kills_a_daemon() -> None:
+    host = dataclasses.replace(layers(), cgroup=False)
+    with shared_dir() as folder:
+        result, daemon_pid = run(folder, DAEMONIZE, limits(("uid_drop", "landlock", "seccomp")), host)
+    assert "cgroup" not in result.layers and "landlock" in result.layers
+    assert result.survivors_killed >= 1
+    daemon = Path(f"/proc/{daemon_pid}/stat")
+    deadline = time.monotonic() + 5
+    while daemon.exists() and daemon.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not daemon.exists() or daemon.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the daemon outlived the run"
+
+
+@requires_root
+def test_a_required_layer_the_host_lacks_stops_the_run_before_it_starts() -> None:
+    host = dataclasses.replace(layers(), scratch_tmpfs=False)
+    marker = Path(f"/tmp/mcp-confine-ran-{os.getpid()}")
+    with shared_dir() as folder, pytest.raises(SandboxStartError) as caught:
+        run(folder, f"open({str(marker)!r}, 'w')", limits(), host)
+    assert caught.value.reason == "layer_unavailable:scratch_tmpfs"
+    assert not marker.exists()
