@@ -2,14 +2,16 @@
 
 (a) `<venv python> -I -c pass`, started in interleaved rounds by
     - bare `subprocess.run`, no timeout (CPython then blocks in waitpid);
-    - `sandbox.run_sandboxed`: a uid from the pool, its own session, rlimits, a network
-      namespace, Landlock, seccomp, watched by polling wait4, then the sweep of the uid;
-    - `sandbox.run_unsafe_unconfined`: the same supervision (session, polling, output cap)
-      with no confinement;
+    - `sandbox.run_sandboxed`: a uid from the pool, its own session and cgroup, rlimits,
+      network and mount namespaces with the scratch tmpfs, Landlock, seccomp, watched on a
+      pidfd, then the cgroup emptied;
+    - `sandbox.run_unsafe_unconfined`: the same supervision (session, pidfd wait, output
+      cap) with no confinement;
     - diagnostics, to see where the difference goes: `subprocess.run(timeout=...)` (CPython
-      polls too), an empty `preexec_fn` (fork instead of vfork), the layers alone (`ChildPlan`
-      as `preexec_fn`, blocking wait, one uid held for the whole run), the uid pool's acquire
-      + release, and the sweep of a uid with no process.
+      polls), an empty `preexec_fn` (fork instead of vfork), the layers alone (cgroup and
+      tmpfs made, `ChildPlan` as `preexec_fn`, blocking wait, one uid held for the whole
+      run), the same without the cgroup, the uid pool's acquire + release, and the sweep of
+      a uid with no process.
     Target (issue 3, acceptance 3): run_sandboxed p50 at most 1.35x bare.
 (b) the sample project's suite (`examples/sample_project`, `tests`), in the workspace that
     tests.harness.GatewayHome copies it to, in interleaved rounds, all in that one folder:
@@ -70,7 +72,6 @@ from sandbox.backends.scratch import ScratchSpace, files_for  # noqa: E402
 from sandbox.confine import ChildPlan  # noqa: E402
 from sandbox.errors import SandboxStartError  # noqa: E402
 from sandbox.limits import LAYERS  # noqa: E402
-from sandbox.runner import _POLL_FIRST_S, _POLL_MAX_S  # noqa: E402
 from tests.harness import GatewayHome, StdioSession, reachable_by_everyone  # noqa: E402
 
 TARGET_TRIVIAL_RATIO = 1.35
@@ -136,20 +137,6 @@ def note(text: str, indent: int = 2) -> None:
 
 def verdict(ratio: float, target: float) -> str:
     return f"{ratio:.2f}x: {'met' if ratio <= target else 'NOT met'}"
-
-
-def poll_schedule_ms(until_ms: float) -> list[float]:
-    """When the runner's wait4(WNOHANG) loop looks, in ms after the spawn, up to the first look past `until_ms`."""
-    times, at, delay = [0.0], 0.0, _POLL_FIRST_S * 1000
-    while at <= until_ms:
-        at += delay
-        times.append(at)
-        delay = min(delay * 2, _POLL_MAX_S * 1000)
-    return times
-
-
-def looks(times: Sequence[float]) -> str:
-    return ", ".join(f"{t:g}" for t in times)
 
 
 # --- (a) a trivial command ----------------------------------------------------------------------
@@ -426,14 +413,11 @@ async def suite(root: Path, rounds: int, warmup: int, deadline: float) -> None:
         f" ({gateway.p50_ms() - hygiene.p50_ms():+.1f} ms), the tool in process"
         f" {tool.p50_ms() / hygiene.p50_ms():.2f}x ({tool.p50_ms() - hygiene.p50_ms():+.1f} ms)"
     )
-    schedule = poll_schedule_ms(hygiene.mean_ms())
     note(
         f"differences of the means: the hygiene flags take {plain.mean_ms() - hygiene.mean_ms():.1f} ms off plain"
-        f" pytest; the runner's polling adds {unconfined.mean_ms() - hygiene.mean_ms():+.1f} ms to them (it looks at"
-        f" {looks(schedule[-4:])} ms, so an exit is seen up to 50 ms late, and a bare hygiene run takes"
-        f" {hygiene.mean_ms():.0f} ms); the layers, uid pool, sweep and junit copy"
-        f" {tool.mean_ms() - unconfined.mean_ms():+.1f} ms; the gateway {gateway.mean_ms() - tool.mean_ms():+.1f} ms"
-        " more"
+        f" pytest; the runner's supervision (a pidfd wait) adds {unconfined.mean_ms() - hygiene.mean_ms():+.1f} ms"
+        f" to them; the layers, uid pool, cgroup and junit copy {tool.mean_ms() - unconfined.mean_ms():+.1f} ms;"
+        f" the gateway {gateway.mean_ms() - tool.mean_ms():+.1f} ms more"
     )
     note(
         "the gateway side is a whole real call: stdio, authentication, the consent prompt answered allow_once"
