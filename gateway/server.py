@@ -8,6 +8,8 @@ answered as -32603.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -199,11 +201,40 @@ def build_server(services: Services) -> Server[Any]:
     )
 
 
-async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> bool:
+    """Serve until stdin closes or a stop signal comes; either way every call in flight is cancelled first.
+
+    A call cancelled here ends as any cancelled call does: its run killed whole and a terminal
+    audit event written. Without the handler, SIGTERM would end the process at once and leave
+    the runs it started running. Returns whether a signal stopped it.
+    """
     server = build_server(services)
-    async with stdio_transport(max_message_bytes) as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    signalled = anyio.Event()
+    async with anyio.create_task_group() as group:
+        group.start_soon(_stop_on_signal, group.cancel_scope, signalled)
+        async with stdio_transport(max_message_bytes) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+        group.cancel_scope.cancel()  # stdin closed: the signal watcher has nothing left to guard
+    return signalled.is_set()
+
+
+async def _stop_on_signal(scope: anyio.CancelScope, signalled: anyio.Event) -> None:
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
+        async for signum in received:
+            name = signal.Signals(signum).name
+            log.warning("%s received: stopping; calls in flight are cancelled and their runs killed", name)
+            signalled.set()
+            scope.cancel()
+            return
 
 
 def run_stdio(services: Services) -> None:
-    anyio.run(serve, services)
+    if anyio.run(serve, services):
+        # Everything is done (calls cancelled, runs killed, events committed), but the stdin
+        # reader thread is still blocked in read(2), and the interpreter would wait for it at
+        # exit for as long as the client keeps stdin open: leave without joining it.
+        logging.shutdown()
+        os._exit(0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -370,3 +371,18 @@ def test_evidence_names_the_layers_the_run_got(gateway: GatewayHome, open_sessio
     assert sandbox["oom_kills"] == 0 and sandbox["survivors_killed"] == 0
     exec_event = next(e for e in gateway.events_of(run_id) if e["event_type"] == "SANDBOX_EXEC")
     assert exec_event["detail"]["layers"] == sandbox["layers"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=["TERM", "HUP", "INT"])
+def test_a_signalled_gateway_kills_its_runs_before_it_exits(
+    gateway: GatewayHome, open_session: SessionFactory, signum: int
+) -> None:
+    # MCP clients often stop their servers with a signal, not by closing stdin: the run must not outlive it.
+    session, pid = _start_slow_call(gateway, open_session)
+    session.process.send_signal(signum)
+    assert session.process.wait(timeout=20) == 0
+    assert _gone(pid), "the test process outlived its gateway"
+    events = gateway.audit_events()
+    assert events[-1]["event_type"] == "TOOL_FINISHED"
+    assert events[-1]["detail"] == {"status": "cancelled"}
+    assert "stopping" in session.stderr_text()
