@@ -19,7 +19,7 @@ from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
 from gateway.errors import ConfigError
 from gateway.pipeline import Pipeline
-from gateway.policy import load_policy, risky_settings
+from gateway.policy import SandboxPolicy, load_policy, risky_settings
 from gateway.rbac import ADMIN_ROLE
 from gateway.services import Services, open_services
 from gateway.settings import Settings, resolve_settings
@@ -27,7 +27,7 @@ from gateway.tools.registry import TOOL_NAMES
 from gateway.users import UserError
 from sandbox import layers
 from sandbox.confine import LayerReport
-from sandbox.limits import LAYERS
+from sandbox.limits import BACKEND_LAYERS, LAYERS
 
 log = logging.getLogger("gateway")
 
@@ -236,7 +236,7 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
         log.warning("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
     for warning in risky_settings(s.policy, settings.home):
         log.warning("%s", warning)
-    log.info("%s", describe_layers(layers(), s.policy.sandbox.required_layers))
+    log.info("%s", describe_layers(layers(), s.policy.sandbox))
     log.info("serving on stdio (policy %s)", settings.policy_path)
     run_stdio(s)
     return 0
@@ -251,7 +251,7 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
         return 1
     warnings = [str(w) for w in risky_settings(policy, settings.home)]
     report = layers()
-    missing = report.missing(frozenset(policy.sandbox.required_layers))
+    missing = report.missing(policy.sandbox.required)
     if policy.sandbox.enabled and missing:
         warnings.append(
             f"{path}: warning: this host lacks required sandbox layers ({', '.join(missing)});"
@@ -259,17 +259,18 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
         )
     for warning in warnings:
         print(warning, file=sys.stderr)
-    print(describe_layers(report, policy.sandbox.required_layers), file=sys.stderr)
+    print(describe_layers(report, policy.sandbox), file=sys.stderr)
     print(f"{path}: valid ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
     return 0
 
 
-def describe_layers(report: LayerReport, required: tuple[str, ...]) -> str:
-    """One line: the layers this host has, those it lacks that the policy requires, and the rest it lacks."""
+def describe_layers(report: LayerReport, sandbox: SandboxPolicy) -> str:
+    """One line: the layers this host has, and of the policy's backend those it lacks, required or not."""
     active = [name for name in LAYERS if getattr(report, name)]
     text = f"sandbox layers on this host: {', '.join(active) or 'none'} (Landlock ABI {report.landlock})"
-    missing = report.missing(frozenset(required))
-    skipped = [name for name in report.missing() if name not in missing]
+    text += f"; backend {sandbox.backend}"
+    missing = report.missing(sandbox.required)
+    skipped = [name for name in report.missing(frozenset(BACKEND_LAYERS[sandbox.backend])) if name not in missing]
     if missing:
         text += f"; MISSING (required): {', '.join(missing)}"
     if skipped:

@@ -121,9 +121,7 @@ class Pipeline:
                 self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
                 return outcome
             trail.charge_id = self.s.budget.reserve(trail.principal.name, run_id, self.s.policy.budget)
-            check_sandbox_ready(
-                self.s.policy.sandbox.enabled, layers().missing(frozenset(self.s.policy.sandbox.required_layers))
-            )
+            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
             trail.executing, trail.started_at = True, self.s.clock.now()
             return await self._execute(admitted, trail, request.arguments)
@@ -310,9 +308,7 @@ class Pipeline:
             return reports
         passed("budget")
         try:
-            check_sandbox_ready(
-                self.s.policy.sandbox.enabled, layers().missing(frozenset(self.s.policy.sandbox.required_layers))
-            )
+            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
         except SandboxViolationError as exc:
             reports.append(StageReport("sandbox", exc.code, exc.reason, exc.public_message()))
             return reports

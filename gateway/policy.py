@@ -18,7 +18,7 @@ import yaml
 
 from gateway.errors import ConfigError, PolicyBlockedError
 from gateway.rbac import Permission
-from sandbox.limits import LAYERS
+from sandbox.limits import ALWAYS_REQUIRED, BACKEND_LAYERS, BACKENDS, Backend, required_layers
 
 SUPPORTED_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "EdDSA")
 LOCALES = ("en-US", "pt-BR")
@@ -57,8 +57,15 @@ class SandboxPolicy:
     allowed_paths: tuple[Path, ...] = ()
     env_whitelist: tuple[str, ...] = ("PATH", "LANG", "LC_ALL")
     scratch_limit_mb: int = 256
-    required_layers: tuple[str, ...] = LAYERS
+    backend: Backend = "native"
+    required_layers: tuple[str, ...] | None = None
+    """As listed in the policy; None: every layer of the backend (see `required`)."""
     pytest_plugins: tuple[str, ...] = ()
+
+    @property
+    def required(self) -> frozenset[str]:
+        """The layers without which no write tool runs (the backend's unwaivable ones included)."""
+        return required_layers(self.backend, self.required_layers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +325,7 @@ def _budget(r: _Reader, node: yaml.Node | None) -> BudgetPolicy:
 
 _SANDBOX_KEYS = (
     "enabled", "timeout_s", "memory_limit_mb", "max_processes", "max_output_bytes", "network",
-    "allowed_paths", "env_whitelist", "scratch_limit_mb", "required_layers", "pytest_plugins",
+    "allowed_paths", "env_whitelist", "scratch_limit_mb", "backend", "required_layers", "pytest_plugins",
 )  # fmt: skip
 
 
@@ -339,15 +346,20 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise r.fail(item, f"{name!r} in sandbox.env_whitelist is not an environment variable name")
         env_whitelist = tuple(name for name, _ in items)
-    required_layers = default.required_layers
+    backend: Backend = default.backend
+    if "backend" in d:
+        backend = "bubblewrap" if r.choice(d["backend"], "sandbox.backend", BACKENDS) == "bubblewrap" else "native"
+    layers = BACKEND_LAYERS[backend]
+    required = default.required_layers
     if "required_layers" in d:
         items = r.strings(d["required_layers"], "sandbox.required_layers")
         for name, item in items:
-            if name not in LAYERS:
-                raise r.fail(item, f"{name!r} in sandbox.required_layers is not a sandbox layer ({', '.join(LAYERS)})")
-        required_layers = tuple(name for name in LAYERS if name in {name for name, _ in items})
-        if "uid_drop" not in required_layers:
-            raise r.fail(d["required_layers"], "sandbox.required_layers must list uid_drop: without it a run is root")
+            if name not in layers:
+                raise r.fail(item, f"{name!r} is not a layer of the {backend} backend ({', '.join(layers)})")
+        listed = {name for name, _ in items}
+        for name in sorted(ALWAYS_REQUIRED[backend] - listed):
+            raise r.fail(d["required_layers"], f"sandbox.required_layers must list {name} with the {backend} backend")
+        required = tuple(name for name in layers if name in listed)
     plugins = default.pytest_plugins
     if "pytest_plugins" in d:
         items = r.strings(d["pytest_plugins"], "sandbox.pytest_plugins")
@@ -365,7 +377,8 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
         allowed_paths=allowed_paths,
         env_whitelist=env_whitelist,
         scratch_limit_mb=integer("scratch_limit_mb", default.scratch_limit_mb),
-        required_layers=required_layers,
+        backend=backend,
+        required_layers=required,
         pytest_plugins=plugins,
     )
 
@@ -423,7 +436,7 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
             warn("sandbox.allowed_paths contains '/': the whole filesystem becomes readable inside the sandbox")
         elif home is not None and (_is_within(home, path) or _is_within(path, home)):
             warn(f"sandbox.allowed_paths contains {path}, which overlaps the gateway's state folder {home}")
-    optional = [name for name in LAYERS if name not in sandbox.required_layers]
+    optional = [name for name in BACKEND_LAYERS[sandbox.backend] if name not in sandbox.required]
     if optional:
         warn(f"sandbox.required_layers leaves out {', '.join(optional)}: on a host without it, runs go on without it")
     if sandbox.scratch_limit_mb > sandbox.memory_limit_mb:

@@ -7,9 +7,14 @@ is counted) -> network namespace -> mount namespace with the scratch tmpfs (both
 -> rlimits -> drop to the run's uid -> Landlock -> seccomp (last: it denies unshare/mount,
 and Landlock's calls must still pass).
 
+With the bubblewrap backend the child stops after the uid drop and execs bubblewrap
+(sandbox/backends/bubblewrap.py), which adds a PID namespace and a minimal mount tree in
+place of Landlock, and installs the same seccomp program just before the command.
+
 A layer the host lacks is left out of a run only when the policy does not require it
-(`sandbox.required_layers`, every layer by default); `plan_layers` decides, and the runner
-refuses to start otherwise. `uid_drop` can never be left out: without it a run would be root.
+(`sandbox.required_layers`, every layer of the backend by default); `plan_layers` decides,
+and the runner refuses to start otherwise. `uid_drop` can never be left out (without it a
+run would be root), nor, with bubblewrap, `mount_tree`.
 
 `preexec_fn` is a deliberate choice (docs/decisions.md): it is the cheapest way to apply the
 layers (+1-2 ms a spawn against +15-30 ms for a second Python interpreter), and the steps it
@@ -26,13 +31,12 @@ from pathlib import Path
 from types import TracebackType
 
 from sandbox.backends import cgroup, landlock, netns, rlimits, seccomp
+from sandbox.backends.bubblewrap import bubblewrap_available
 from sandbox.backends.cgroup import RunCgroup
 from sandbox.backends.identity import RunIdentity, drop_privileges
 from sandbox.backends.scratch import ScratchSpace, scratch_available
 from sandbox.errors import SandboxStartError
-from sandbox.limits import LAYERS, Limits
-
-ALWAYS_REQUIRED = frozenset({"uid_drop"})
+from sandbox.limits import BACKEND_LAYERS, LAYERS, Limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,10 @@ class LayerReport:
     landlock: int
     """The Landlock ABI version, 0 when unavailable."""
     seccomp: bool
+    mount_tree: bool = False
+    """bubblewrap runs here as an unprivileged uid: its minimal mount tree (bubblewrap backend)."""
+    pid_namespace: bool = False
+    """The same probe: bubblewrap's PID namespace (bubblewrap backend)."""
 
     def available(self) -> frozenset[str]:
         return frozenset(name for name in LAYERS if getattr(self, name))
@@ -60,6 +68,7 @@ class LayerReport:
 
 def probe_layers() -> LayerReport:
     root = os.geteuid() == 0
+    bubblewrap = root and bubblewrap_available()
     return LayerReport(
         uid_drop=root,
         cgroup=root and cgroup.discover() is not None,
@@ -68,15 +77,17 @@ def probe_layers() -> LayerReport:
         rlimits=True,
         landlock=landlock.abi_version(),
         seccomp=platform.system() == "Linux" and platform.machine() == "x86_64",
+        mount_tree=bubblewrap,
+        pid_namespace=bubblewrap,
     )
 
 
-def plan_layers(report: LayerReport, required: Set[str]) -> frozenset[str]:
-    """The layers a run gets: every one the host has; raises if a required one (or uid_drop) is missing."""
-    missing = report.missing(frozenset(required) | ALWAYS_REQUIRED)
+def plan_layers(report: LayerReport, limits: Limits) -> frozenset[str]:
+    """The layers a run gets: every layer of its backend the host has; raises if a required one is missing."""
+    missing = report.missing(limits.required)
     if missing:
         raise SandboxStartError(f"layer_unavailable:{','.join(missing)}")
-    return report.available()
+    return report.available() & frozenset(BACKEND_LAYERS[limits.backend])
 
 
 class ChildPlan:
@@ -98,6 +109,9 @@ class ChildPlan:
     ) -> None:
         if "uid_drop" not in active:
             raise SandboxStartError("layer_unavailable:uid_drop")
+        # With bubblewrap, Landlock and seccomp are not applied here: Landlock would forbid
+        # bubblewrap's mounts, and the filter its namespaces; bubblewrap installs the filter.
+        native = limits.backend == "native"
         self._identity = identity
         self._group = group
         self._unshare_network = "network_namespace" in active and not limits.network
@@ -105,7 +119,7 @@ class ChildPlan:
         self._rlimits = rlimits.ResourceLimits.from_limits(limits) if "rlimits" in active else None
         self._landlock: landlock.PreparedLandlock | None = None
         self._seccomp: seccomp.SeccompProgram | None = None
-        if "landlock" in active:
+        if native and "landlock" in active:
             rules = landlock.LandlockRules(
                 read_only=read_only,
                 read_write=read_write,
@@ -113,7 +127,7 @@ class ChildPlan:
                 read_write_fds=() if scratch is None else (scratch.mount_fd,),
             )
             self._landlock = landlock.prepare_landlock(rules)
-        if "seccomp" in active:
+        if native and "seccomp" in active:
             try:
                 self._seccomp = seccomp.prepare(allow_network=limits.network)
             except BaseException:

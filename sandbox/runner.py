@@ -26,6 +26,8 @@ from typing import IO
 
 import anyio
 
+from sandbox.backends import seccomp
+from sandbox.backends.bubblewrap import bubblewrap_argv
 from sandbox.backends.cgroup import RunCgroup, discover
 from sandbox.backends.containment import sweep
 from sandbox.backends.identity import RunIdentity, UidPool
@@ -82,7 +84,8 @@ async def run_sandboxed(
     collect: Mapping[str, Path] = MappingProxyType({}),
     host: LayerReport | None = None,
 ) -> RunResult:
-    """Run `argv` confined: its own uid, cgroup, session, rlimits, network and mount namespaces, Landlock, seccomp.
+    """Run `argv` confined: its own uid, cgroup, session, rlimits, network and mount namespaces, Landlock, seccomp
+    (with `limits.backend == "bubblewrap"`: bubblewrap's PID namespace and mount tree in place of Landlock).
 
     `cwd` (and `limits.allowed_paths`) are readable; `scratch` (its HOME and TMPDIR, a tmpfs of
     `limits.scratch_bytes`) is the only writable place; output goes to files the gateway
@@ -93,9 +96,10 @@ async def run_sandboxed(
     unless `limits.required_layers` names it. Raises SandboxStartError when a required layer is
     missing or cannot be applied: nothing ran.
     """
-    active = plan_layers(host or layers(), limits.required_layers)
+    active = plan_layers(host or layers(), limits)
     identity = _POOL.acquire()
     group: RunCgroup | None = None
+    pass_fds: tuple[int, ...]
     try:
         with contextlib.ExitStack() as stack:
             if "cgroup" in active:
@@ -117,12 +121,18 @@ async def run_sandboxed(
                 _kill_group(process.pid)
                 _kill_leftovers(group, identity)
 
+            command, pass_fds = argv, ()
+            if limits.backend == "bubblewrap":
+                program = stack.enter_context(_seccomp_memfd(limits)) if "seccomp" in active else None
+                pass_fds = () if program is None else (program,)
+                prefix = bubblewrap_argv(read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program)
+                command = [*prefix, *argv]
             with ChildPlan(
                 limits, identity, read_only, read_write, active=active, group=group, scratch=space
             ) as preexec:
                 started = time.monotonic()
                 with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
-                    process = _spawn(argv, cwd, limits, out, err, preexec=preexec)
+                    process = _spawn(command, cwd, limits, out, err, preexec=preexec, pass_fds=pass_fds)
             result = await _supervise(process, limits, stdout_path, stderr_path, started=started, kill=kill)
             survivors = _kill_leftovers(group, identity)
             collected = _collect(space, scratch, collect)
@@ -162,7 +172,22 @@ def layers() -> LayerReport:
 
 
 _POOL = UidPool()
-_APPLY_ORDER = ("cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "seccomp")
+_APPLY_ORDER = (
+    "cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "mount_tree", "pid_namespace",
+    "seccomp",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _seccomp_memfd(limits: Limits) -> Iterator[int]:
+    """The seccomp program on a sealed-off memfd, for bubblewrap's `--seccomp FD` (it reads it, then installs it)."""
+    fd = os.memfd_create("mcp-seccomp", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, seccomp.build_filter(allow_network=limits.network))
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -272,6 +297,7 @@ def _spawn(
     err: IO[bytes],
     *,
     preexec: Callable[[], None] | None,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen[bytes]:
     try:
         return subprocess.Popen(
@@ -282,6 +308,7 @@ def _spawn(
             stdout=out,
             stderr=err,
             close_fds=True,
+            pass_fds=pass_fds,
             start_new_session=True,
             preexec_fn=preexec,  # noqa: PLW1509  (deliberate: sandbox/confine.py says why)
         )

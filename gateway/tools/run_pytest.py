@@ -191,7 +191,8 @@ async def run(
             allowed_paths=policy.allowed_paths,
             env=sandbox_environment(policy, scratch, environ),
             scratch_bytes=policy.scratch_limit_mb * MIB,
-            required_layers=frozenset(policy.required_layers),
+            backend=policy.backend,
+            required_layers=None if policy.required_layers is None else frozenset(policy.required_layers),
         )
         result = await run_sandboxed(
             pytest_argv(root, arguments, scratch / "junit.xml", policy.pytest_plugins),
@@ -236,8 +237,9 @@ def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result
                 "scratch_bytes": limits.scratch_bytes,
             },
             "confinement": {
+                "backend": limits.backend,
                 "landlock_abi": layers().landlock,
-                "required_layers": sorted(limits.required_layers),
+                "required_layers": sorted(limits.required),
             },
             **sandbox_summary(result),
         },

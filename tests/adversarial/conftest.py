@@ -29,7 +29,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.harness import GatewayHome, StdioSession, reachable_by_everyone
+from sandbox import layers
+from sandbox.limits import BACKEND_LAYERS, BACKENDS
+from tests.harness import GatewayHome, StdioSession, deep_merge, reachable_by_everyone
 
 ELICITATION = {"elicitation": {"form": {}}}
 RUN_UIDS = range(61000, 62000)
@@ -203,6 +205,9 @@ class Arena:
     outside: Path
     """A 0777 folder outside the workspace and the scratch: DAC lets the run uid write here, Landlock must not."""
     secrets: dict[str, bytes] = field(default_factory=dict)
+    backend: str = "native"
+    """The sandbox backend. Under bubblewrap the run has a PID namespace of its own: pid 1 is
+    bubblewrap's reaper, part of the run, and a death by signal N comes back as exit code 128+N."""
 
     @property
     def workspace(self) -> Path:
@@ -258,7 +263,7 @@ def open_arena(
     keep_sample_config: bool = True,
 ) -> Iterator[Arena]:
     root.mkdir(parents=True, exist_ok=True)
-    gateway = GatewayHome(root, {**POLICY, **(policy or {})})
+    gateway = GatewayHome(root, deep_merge(dict(POLICY), policy or {}))
     gateway.add_user("alice", "USER")
     if not keep_sample_config:
         (gateway.workspace / "pyproject.toml").unlink()
@@ -270,7 +275,8 @@ def open_arena(
             raise AssertionError(session.stderr_text())
         session.responder = answer_allow_once
         outside = open_to_everyone(Path(tempfile.mkdtemp(prefix="mcp-adv-outside-")))
-        arena = Arena(gateway, session, gateway.token("alice", ttl_s=3600), outside)
+        backend = str((policy or {}).get("sandbox", {}).get("backend", "native"))
+        arena = Arena(gateway, session, gateway.token("alice", ttl_s=3600), outside, backend=backend)
         arena.secrets = {
             "signing.key": (gateway.home / "signing.key").read_bytes().strip(),
             "gateway.db": b"SQLite format 3\x00",
@@ -285,12 +291,16 @@ def open_arena(
         session.close()
 
 
-@pytest.fixture(scope="session")
-def arena(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Arena]:
-    """One gateway and one session for every hostile suite that does not need a special start-up."""
+@pytest.fixture(scope="session", params=BACKENDS)
+def arena(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Arena]:
+    """One gateway and one session per sandbox backend, for every hostile suite that needs no special start-up."""
     if os.geteuid() != 0:
         pytest.skip("the sandbox confines only when the gateway runs as root (as CI runs it)")
-    with open_arena(tmp_path_factory.mktemp("arena")) as shared:
+    backend = request.param
+    if backend == "bubblewrap" and not layers().mount_tree:
+        pytest.fail("bubblewrap does not run here: `make test` installs Debian's bubblewrap")
+    policy = {"sandbox": {"backend": backend, "required_layers": list(BACKEND_LAYERS[backend])}}
+    with open_arena(tmp_path_factory.mktemp(f"arena-{backend}"), policy) as shared:
         yield shared
 
 

@@ -355,16 +355,31 @@ def test_only_the_plugins_the_policy_lists_are_loaded(
     assert (structured["passed"], structured["failed"]) == (passed, 1 - passed), response
 
 
-def test_evidence_names_the_layers_the_run_got(gateway: GatewayHome, open_session: SessionFactory) -> None:
+APPLIED = {
+    "native": ["cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "seccomp"],
+    "bubblewrap": [
+        "cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "mount_tree", "pid_namespace", "seccomp"
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["native", "bubblewrap"])
+def test_each_backend_gives_bare_pytests_counts_and_names_its_layers(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, backend: str
+) -> None:
+    gateway = make_gateway({"sandbox": {"backend": backend, "required_layers": APPLIED[backend]}})
+    gateway.add_user("alice", "USER")
     session = open_session(gateway, capabilities=ELICITATION)
     session.responder = answer("allow_once")
     response = session.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))
-    run_id = response["result"]["structuredContent"]["run_id"]
+    structured = response["result"]["structuredContent"]
+    expected = bare_pytest_counts()
+    assert {k: structured[k] for k in expected} == expected
+    run_id = structured["run_id"]
     evidence = json.loads((gateway.home / "artifacts" / run_id / "evidence.json").read_text())
     sandbox = evidence["sandbox"]
-    assert sandbox["layers"] == [
-        "cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "seccomp"
-    ]  # fmt: skip
+    assert sandbox["layers"] == APPLIED[backend]
+    assert sandbox["confinement"]["backend"] == backend
     assert sandbox["confinement"]["required_layers"] == sorted(sandbox["layers"])
     assert sandbox["limits"]["scratch_bytes"] == 256 * 1024 * 1024
     assert 0 < sandbox["peak_memory_kb"] <= 1024 * 1024

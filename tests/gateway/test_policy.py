@@ -24,7 +24,9 @@ from gateway.policy import (
 )
 from gateway.rbac import Permission
 from gateway.tools.registry import TOOL_NAMES
-from sandbox.limits import LAYERS
+from sandbox.limits import BACKEND_LAYERS
+
+NATIVE = BACKEND_LAYERS["native"]
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "policy.yaml"
@@ -60,8 +62,9 @@ def test_shipped_policy_loads_with_the_documented_values() -> None:
     assert policy.allowlist == ("run_pytest", "list_artifacts", "get_evidence", "get_artifact_content")
     assert policy.budget == BudgetPolicy(3600, 30, 900000)
     assert policy.sandbox == SandboxPolicy(
-        True, 300, 1024, 64, 4194304, False, (), ("PATH", "LANG", "LC_ALL"), 256, LAYERS, ()
+        True, 300, 1024, 64, 4194304, False, (), ("PATH", "LANG", "LC_ALL"), 256, "native", NATIVE, ()
     )
+    assert policy.sandbox.required == frozenset(NATIVE)
     assert policy.consent.mode == "prompt"
     assert policy.consent.timeout_s == 300
     assert dict(policy.consent.expiry_days) == {"low": 90, "medium": 30, "high": 7}
@@ -545,7 +548,7 @@ REJECTED = [
         sandbox:
           required_layers: [uid_drop, landlock, bubblewrap]  # <-
         """,
-        "'bubblewrap' in sandbox.required_layers is not a sandbox layer",
+        "'bubblewrap' is not a layer of the native backend",
         id="required-layer-unknown",
     ),
     pytest.param(
@@ -554,8 +557,37 @@ REJECTED = [
         sandbox:
           required_layers: [landlock, seccomp]  # <-
         """,
-        "sandbox.required_layers must list uid_drop",
+        "sandbox.required_layers must list uid_drop with the native backend",
         id="required-layers-without-uid-drop",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          backend: bubblewrap
+          required_layers: [uid_drop, landlock]  # <-
+        """,
+        "'landlock' is not a layer of the bubblewrap backend",
+        id="bubblewrap-has-no-landlock",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          backend: bubblewrap
+          required_layers: [uid_drop, seccomp, pid_namespace]  # <-
+        """,
+        "sandbox.required_layers must list mount_tree with the bubblewrap backend",
+        id="bubblewrap-without-mount-tree",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          backend: firejail  # <-
+        """,
+        "sandbox.backend must be one of native, bubblewrap",
+        id="backend-unknown",
     ),
     pytest.param(
         """\
@@ -701,8 +733,24 @@ def test_sandbox_layers_plugins_and_scratch_are_read(tmp_path: Path) -> None:
         tmp_path,
     )
     assert policy.sandbox.scratch_limit_mb == 64
+    assert policy.sandbox.backend == "native"
     assert policy.sandbox.required_layers == ("uid_drop", "landlock", "seccomp")  # in the order they apply
+    assert policy.sandbox.required == {"uid_drop", "landlock", "seccomp"}
     assert policy.sandbox.pytest_plugins == ("timeout", "pytest_asyncio.plugin", "xdist.looponfail")
+
+
+def test_the_bubblewrap_backend_requires_its_own_layers_by_default(tmp_path: Path) -> None:
+    policy = parse(
+        """\
+        version: 1
+        sandbox:
+          backend: bubblewrap
+        """,
+        tmp_path,
+    )
+    assert policy.sandbox.required_layers is None
+    assert policy.sandbox.required == frozenset(BACKEND_LAYERS["bubblewrap"])
+    assert "mount_tree" in policy.sandbox.required and "landlock" not in policy.sandbox.required
 
 
 def test_custom_roles_replace_the_default_roles(tmp_path: Path) -> None:

@@ -13,34 +13,66 @@ import pytest
 from sandbox import Limits, RunResult, layers, run_sandboxed
 from sandbox.confine import LayerReport, plan_layers
 from sandbox.errors import SandboxStartError
-from sandbox.limits import LAYERS
+from sandbox.limits import BACKEND_LAYERS, Backend
 from tests.sandbox.confined_child import DAEMONIZE, PYTHON, requires_root, shared_dir
 
 EVERYTHING = LayerReport(
-    uid_drop=True, cgroup=True, network_namespace=True, scratch_tmpfs=True, rlimits=True, landlock=7, seccomp=True
+    uid_drop=True,
+    cgroup=True,
+    network_namespace=True,
+    scratch_tmpfs=True,
+    rlimits=True,
+    landlock=7,
+    seccomp=True,
+    mount_tree=True,
+    pid_namespace=True,
 )
+NATIVE, BUBBLEWRAP = set(BACKEND_LAYERS["native"]), set(BACKEND_LAYERS["bubblewrap"])
 
 
 @pytest.mark.parametrize(
-    ("lacking", "required", "expected"),
+    ("backend", "lacking", "required", "expected"),
     [
-        ((), LAYERS, set(LAYERS)),
-        (("cgroup",), ("uid_drop", "landlock"), set(LAYERS) - {"cgroup"}),
-        (("cgroup", "scratch_tmpfs"), ("uid_drop",), set(LAYERS) - {"cgroup", "scratch_tmpfs"}),
-        (("cgroup",), LAYERS, "layer_unavailable:cgroup"),
-        (("landlock", "seccomp"), ("uid_drop", "seccomp", "landlock"), "layer_unavailable:landlock,seccomp"),
-        (("uid_drop",), ("landlock",), "layer_unavailable:uid_drop"),  # never optional, listed or not
+        ("native", (), None, NATIVE),
+        ("native", ("cgroup",), ("uid_drop", "landlock"), NATIVE - {"cgroup"}),
+        ("native", ("cgroup", "scratch_tmpfs"), ("uid_drop",), NATIVE - {"cgroup", "scratch_tmpfs"}),
+        ("native", ("mount_tree", "pid_namespace"), None, NATIVE),  # not the native backend's layers
+        ("native", ("cgroup",), None, "layer_unavailable:cgroup"),
+        ("native", ("landlock", "seccomp"), ("uid_drop", "seccomp", "landlock"), "layer_unavailable:landlock,seccomp"),
+        ("native", ("uid_drop",), ("landlock",), "layer_unavailable:uid_drop"),  # never optional, listed or not
+        ("bubblewrap", (), None, BUBBLEWRAP),
+        ("bubblewrap", ("landlock",), None, BUBBLEWRAP),  # bubblewrap has no Landlock to miss
+        ("bubblewrap", ("pid_namespace",), ("uid_drop", "mount_tree"), BUBBLEWRAP - {"pid_namespace"}),
+        ("bubblewrap", ("mount_tree",), ("uid_drop",), "layer_unavailable:mount_tree"),  # never optional either
     ],
-    ids=["all", "cgroup-optional", "two-optional", "cgroup-required", "two-required", "uid-drop-always"],
-)
-def test_plan_layers(lacking: tuple[str, ...], required: tuple[str, ...], expected: set[str] | str) -> None:
+    ids=[
+        "all", "cgroup-optional", "two-optional", "bwrap-layers-irrelevant", "cgroup-required", "two-required",
+        "uid-drop-always", "bwrap-all", "bwrap-no-landlock", "bwrap-pidns-optional", "bwrap-mount-tree-always",
+    ],
+)  # fmt: skip
+def test_plan_layers(
+    backend: Backend, lacking: tuple[str, ...], required: tuple[str, ...] | None, expected: set[str] | str
+) -> None:
     host = dataclasses.replace(EVERYTHING, **{name: 0 if name == "landlock" else False for name in lacking})
+    limits = Limits(
+        timeout_s=1,
+        memory_limit_mb=64,
+        max_processes=8,
+        max_output_bytes=1024,
+        backend=backend,
+        required_layers=None if required is None else frozenset(required),
+    )
     if isinstance(expected, str):
         with pytest.raises(SandboxStartError) as caught:
-            plan_layers(host, frozenset(required))
+            plan_layers(host, limits)
         assert caught.value.reason == expected
     else:
-        assert plan_layers(host, frozenset(required)) == expected
+        assert plan_layers(host, limits) == expected
+
+
+def test_limits_refuse_a_layer_the_backend_does_not_have() -> None:
+    with pytest.raises(ValueError, match="landlock"):
+        Limits(1, 64, 8, 1024, backend="bubblewrap", required_layers=frozenset({"uid_drop", "landlock"}))
 
 
 def test_the_missing_layers_follow_the_required_set() -> None:
@@ -68,7 +100,7 @@ def run(folder: Path, code: str, limits: Limits, host: LayerReport) -> tuple[Run
     return result, int(out) if out else None
 
 
-def limits(required: tuple[str, ...] = LAYERS) -> Limits:
+def limits(required: tuple[str, ...] | None = None) -> Limits:
     return Limits(
         timeout_s=20,
         memory_limit_mb=256,
@@ -76,7 +108,7 @@ def limits(required: tuple[str, ...] = LAYERS) -> Limits:
         max_output_bytes=100_000,
         env={"PATH": "/usr/bin:/bin"},
         scratch_bytes=8 << 20,
-        required_layers=frozenset(required),
+        required_layers=None if required is None else frozenset(required),
     )
 
 

@@ -1,0 +1,88 @@
+"""The bubblewrap backend: a PID namespace and a minimal mount tree around the command (issue 3; research L9).
+
+bubblewrap (Debian's `bubblewrap`, not setuid) is started by the child after the steps that
+need root and after the uid drop (sandbox/confine.py): run by root it would keep
+CAP_SYS_ADMIN and a `remount,rw /` escape would work; run by the pool uid it can only
+create a user namespace of its own. In it, it builds a new root holding nothing but:
+
+- read-only binds of the grants (the interpreter's prefixes, `/usr`, the workspace,
+  `allowed_paths`; a top-level symlink such as `/lib -> usr/lib` as the same symlink);
+- the scratch folder, bound read-write: the size-limited tmpfs the child already moved
+  there (scratch.ScratchSpace), so the gateway still reads the run's files through its fd;
+- a private `/dev` (null, zero, random, urandom, tty...) and a `/proc` of the new PID
+  namespace, which shows the run's own processes and nothing else;
+
+then remounts `/` and `/dev` read-only and installs the gateway's seccomp program
+(`--seccomp`) just before the command: the filter denies the very namespace and mount
+calls bubblewrap makes, so it cannot be installed earlier.
+
+What it adds over the native backend: the host's files, sockets and processes are not there
+at all (not merely refused), so `/proc` and unix sockets need no other rule; and the PID
+namespace's pid 1 takes every process down with it. What it gives up: Landlock, which
+would forbid bubblewrap's own mounts; the mount tree stands in for it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+BWRAP = Path("/usr/bin/bwrap")
+_PROBE_TIMEOUT_S = 10
+_PROBE_UID = 65534  # nobody: the probe runs /usr/bin/true and exits, it needs no pool uid
+
+_NAMESPACES = ("--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try")
+_HARDENING = ("--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
+
+
+def bubblewrap_argv(
+    *, read_only: Sequence[Path], scratch: Path, cwd: Path, seccomp_fd: int | None, bwrap: Path = BWRAP
+) -> list[str]:
+    """The bwrap command line that runs a command (appended after it) in the minimal tree. Pure."""
+    argv = [str(bwrap), *_NAMESPACES, *_HARDENING]
+    # Parents before children: a bind is hidden by a later bind of one of its parents.
+    for path in sorted(dict.fromkeys(read_only), key=lambda p: (len(p.parts), str(p))):
+        if path.is_symlink() and path.parent == Path("/"):
+            argv += ["--symlink", os.readlink(path), str(path)]
+        else:
+            argv += ["--ro-bind", str(path), str(path)]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--bind", str(scratch), str(scratch)]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(cwd)]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv.append("--")
+    return argv
+
+
+def bubblewrap_available(bwrap: Path = BWRAP) -> bool:
+    """Whether bwrap runs here as an unprivileged uid (it needs unprivileged user namespaces)."""
+    if os.geteuid() != 0 or not bwrap.is_file():
+        return False
+
+    def unprivileged() -> None:
+        os.setgroups([])
+        os.setresgid(_PROBE_UID, _PROBE_UID, _PROBE_UID)
+        os.setresuid(_PROBE_UID, _PROBE_UID, _PROBE_UID)
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="mcp-bwrap-probe-") as folder:
+            os.chmod(folder, 0o711)  # noqa: S103  (empty; bwrap, run as nobody, must reach it to bind it)
+            runtime = tuple(p for p in (Path("/usr"), Path("/lib"), Path("/lib64")) if p.exists())
+            argv = bubblewrap_argv(read_only=runtime, scratch=Path(folder), cwd=Path("/"), seccomp_fd=None)
+            completed = subprocess.run(
+                [*argv, "/usr/bin/true"],
+                preexec_fn=unprivileged,  # the backend's own condition: bwrap after the uid drop
+                env={"PATH": "/usr/bin:/bin"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                timeout=_PROBE_TIMEOUT_S,
+                check=False,
+            )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return completed.returncode == 0
