@@ -38,6 +38,7 @@ start past `--deadline`, or (a hard stop, for a wait with no timeout) `--deadlin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import math
 import os
@@ -218,6 +219,13 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
         result = await run_sandboxed(TRIVIAL, cwd, limits, out / "stdout", out / "stderr", scratch=scratch)
         check("run_sandboxed", result.exit_code, result.killed_by)
 
+    bubblewrap_limits = dataclasses.replace(limits, backend="bubblewrap")
+
+    async def sandboxed_bubblewrap() -> None:
+        scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=root))
+        result = await run_sandboxed(TRIVIAL, cwd, bubblewrap_limits, out / "stdout", out / "stderr", scratch=scratch)
+        check("run_sandboxed, bubblewrap backend", result.exit_code, result.killed_by)
+
     async def unconfined() -> None:
         result = await run_unsafe_unconfined(TRIVIAL, cwd, limits, out / "stdout", out / "stderr")
         check("run_unsafe_unconfined", result.exit_code, result.killed_by)
@@ -249,6 +257,7 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
     sides = [
         Side("subprocess.run (bare; blocking wait)", bare),
         Side("sandbox.run_sandboxed", sandboxed),
+        Side("sandbox.run_sandboxed, bubblewrap backend", sandboxed_bubblewrap),
         Side("sandbox.run_unsafe_unconfined (supervision, no layers)", unconfined),
         Side(f"diagnostic: subprocess.run(timeout={CALL_TIMEOUT_S})", bare_timeout),
         Side("diagnostic: preexec_fn=int (fork, not vfork), blocking", fork_only),
@@ -266,11 +275,15 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
         await measure(sides, rounds, warmup, deadline)
     finally:
         give_back()
-    bare, sandboxed, unconfined, bare_timeout, forked, layers_alone, no_cgroup, pool, swept = sides
+    bare, sandboxed, bubblewrap, unconfined, bare_timeout, forked, layers_alone, no_cgroup, pool, swept = sides
     print(f"(a) a trivial command, `{' '.join(TRIVIAL)}`: {rounds} rounds interleaved, {warmup} warm-up not measured")
     print_rows(sides, bare, "bare")
     ratio = sandboxed.p50_ms() / bare.p50_ms()
     note(f"target: run_sandboxed p50 <= {TARGET_TRIVIAL_RATIO}x bare: {verdict(ratio, TARGET_TRIVIAL_RATIO)}")
+    note(
+        f"the bubblewrap backend: {bubblewrap.p50_ms() / bare.p50_ms():.2f}x bare,"
+        f" {bubblewrap.p50_ms() - sandboxed.p50_ms():+.1f} ms over the native backend at p50"
+    )
     note(f"against subprocess.run with a timeout, which polls too: {sandboxed.p50_ms() / bare_timeout.p50_ms():.2f}x")
     note(
         f"where run_sandboxed's {sandboxed.mean_ms() - bare.mean_ms():.1f} ms over bare go (differences of the means,"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import signal
 import stat
@@ -99,7 +100,6 @@ async def run_sandboxed(
     active = plan_layers(host or layers(), limits)
     identity = _POOL.acquire()
     group: RunCgroup | None = None
-    pass_fds: tuple[int, ...]
     try:
         with contextlib.ExitStack() as stack:
             if "cgroup" in active:
@@ -121,12 +121,9 @@ async def run_sandboxed(
                 _kill_group(process.pid)
                 _kill_leftovers(group, identity)
 
-            command, pass_fds = argv, ()
-            if limits.backend == "bubblewrap":
-                program = stack.enter_context(_seccomp_memfd(limits)) if "seccomp" in active else None
-                pass_fds = () if program is None else (program,)
-                prefix = bubblewrap_argv(read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program)
-                command = [*prefix, *argv]
+            command, pass_fds = _command(
+                argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=cwd, stack=stack
+            )
             with ChildPlan(
                 limits, identity, read_only, read_write, active=active, group=group, scratch=space
             ) as preexec:
@@ -178,12 +175,36 @@ _APPLY_ORDER = (
 )  # fmt: skip
 
 
+def _command(
+    argv: list[str],
+    limits: Limits,
+    *,
+    active: frozenset[str],
+    read_only: tuple[Path, ...],
+    scratch: Path,
+    cwd: Path,
+    stack: contextlib.ExitStack,
+) -> tuple[list[str], tuple[int, ...]]:
+    """What to spawn, and the fds it must inherit: `argv` itself, or, with bubblewrap, `argv` behind bwrap."""
+    if limits.backend != "bubblewrap":
+        return argv, ()
+    program = stack.enter_context(_seccomp_memfd(limits)) if "seccomp" in active else None
+    prefix = bubblewrap_argv(read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program)
+    return [*prefix, *argv], (() if program is None else (program,))
+
+
 @contextlib.contextmanager
 def _seccomp_memfd(limits: Limits) -> Iterator[int]:
-    """The seccomp program on a sealed-off memfd, for bubblewrap's `--seccomp FD` (it reads it, then installs it)."""
-    fd = os.memfd_create("mcp-seccomp", os.MFD_CLOEXEC)
+    """The seccomp program on a sealed memfd, for bubblewrap's `--seccomp FD`.
+
+    The child holds the fd between fork and bubblewrap's read: sealed, nothing can change the
+    program in that window.
+    """
+    fd = os.memfd_create("mcp-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.write(fd, seccomp.build_filter(allow_network=limits.network))
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
         os.lseek(fd, 0, os.SEEK_SET)
         yield fd
     finally:
