@@ -28,7 +28,7 @@ from typing import IO
 import anyio
 
 from sandbox.backends import seccomp
-from sandbox.backends.bubblewrap import bubblewrap_argv
+from sandbox.backends.bubblewrap import bubblewrap_argv, command_ran
 from sandbox.backends.cgroup import RunCgroup, discover
 from sandbox.backends.containment import sweep
 from sandbox.backends.identity import RunIdentity, UidPool
@@ -121,7 +121,7 @@ async def run_sandboxed(
                 _kill_group(process.pid)
                 _kill_leftovers(group, identity)
 
-            command, pass_fds = _command(
+            command, pass_fds, status_fd = _command(
                 argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=cwd, stack=stack
             )
             with ChildPlan(
@@ -132,6 +132,9 @@ async def run_sandboxed(
                     process = _spawn(command, cwd, limits, out, err, preexec=preexec, pass_fds=pass_fds)
             result = await _supervise(process, limits, stdout_path, stderr_path, started=started, kill=kill)
             survivors = _kill_leftovers(group, identity)
+            ended_on_its_own = result.killed_by is None
+            if status_fd is not None and ended_on_its_own and not command_ran(os.pread(status_fd, 4096, 0)):
+                raise SandboxStartError("bubblewrap_failed")  # bwrap could not build the tree (stderr.txt says why)
             collected = _collect(space, scratch, collect)
             if group is not None:
                 usage = group.usage()
@@ -184,13 +187,19 @@ def _command(
     scratch: Path,
     cwd: Path,
     stack: contextlib.ExitStack,
-) -> tuple[list[str], tuple[int, ...]]:
-    """What to spawn, and the fds it must inherit: `argv` itself, or, with bubblewrap, `argv` behind bwrap."""
+) -> tuple[list[str], tuple[int, ...], int | None]:
+    """What to spawn, the fds it must inherit, and where bwrap reports whether it started the command.
+
+    Without bubblewrap: `argv` itself. With it: `argv` behind bwrap, which inherits the seccomp
+    program's fd and a status fd.
+    """
     if limits.backend != "bubblewrap":
-        return argv, ()
+        return argv, (), None
     program = stack.enter_context(_seccomp_memfd(limits)) if "seccomp" in active else None
-    prefix = bubblewrap_argv(read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program)
-    return [*prefix, *argv], (() if program is None else (program,))
+    status = os.memfd_create("mcp-bwrap-status", os.MFD_CLOEXEC)
+    stack.callback(os.close, status)
+    prefix = bubblewrap_argv(read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program, status_fd=status)
+    return [*prefix, *argv], (status,) if program is None else (program, status), status
 
 
 @contextlib.contextmanager

@@ -25,13 +25,13 @@ would forbid bubblewrap's own mounts; the mount tree stands in for it.
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from sandbox.backends.probe import child_succeeds
+
 BWRAP = Path("/usr/bin/bwrap")
-_PROBE_TIMEOUT_S = 10
 _PROBE_UID = 65534  # nobody: the probe runs /usr/bin/true and exits, it needs no pool uid
 
 _NAMESPACES = ("--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try")
@@ -39,9 +39,18 @@ _HARDENING = ("--disable-userns", "--die-with-parent", "--new-session", "--cap-d
 
 
 def bubblewrap_argv(
-    *, read_only: Sequence[Path], scratch: Path, cwd: Path, seccomp_fd: int | None, bwrap: Path = BWRAP
+    *,
+    read_only: Sequence[Path],
+    scratch: Path,
+    cwd: Path,
+    seccomp_fd: int | None,
+    status_fd: int | None = None,
+    bwrap: Path = BWRAP,
 ) -> list[str]:
-    """The bwrap command line that runs a command (appended after it) in the minimal tree. Pure."""
+    """The bwrap command line that runs a command (appended after it) in the minimal tree. Pure.
+
+    With `status_fd`, bwrap writes JSON status lines there (`command_ran` reads them).
+    """
     argv = [str(bwrap), *_NAMESPACES, *_HARDENING]
     # Parents before children: a bind is hidden by a later bind of one of its parents.
     for path in sorted(dict.fromkeys(read_only), key=lambda p: (len(p.parts), str(p))):
@@ -53,8 +62,20 @@ def bubblewrap_argv(
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(cwd)]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
+    if status_fd is not None:
+        argv += ["--json-status-fd", str(status_fd)]
     argv.append("--")
     return argv
+
+
+def command_ran(status: bytes) -> bool:
+    """Whether bwrap's `--json-status-fd` output shows the command ran and ended.
+
+    bwrap writes `child-pid` before it builds the tree (measured: also when a bind source is
+    missing), and `exit-code` only once the command itself ended, by exit or signal. A run
+    that ended on its own without `exit-code` never started.
+    """
+    return b'"exit-code"' in status
 
 
 def bubblewrap_available(bwrap: Path = BWRAP) -> bool:
@@ -72,17 +93,7 @@ def bubblewrap_available(bwrap: Path = BWRAP) -> bool:
             os.chmod(folder, 0o711)  # noqa: S103  (empty; bwrap, run as nobody, must reach it to bind it)
             runtime = tuple(p for p in (Path("/usr"), Path("/lib"), Path("/lib64")) if p.exists())
             argv = bubblewrap_argv(read_only=runtime, scratch=Path(folder), cwd=Path("/"), seccomp_fd=None)
-            completed = subprocess.run(
-                [*argv, "/usr/bin/true"],
-                preexec_fn=unprivileged,  # the backend's own condition: bwrap after the uid drop
-                env={"PATH": "/usr/bin:/bin"},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                close_fds=True,
-                timeout=_PROBE_TIMEOUT_S,
-                check=False,
-            )
-    except (OSError, subprocess.SubprocessError):
+            # The backend's own condition: bwrap started after the uid drop.
+            return child_succeeds([*argv, "/usr/bin/true"], unprivileged, env={"PATH": "/usr/bin:/bin"})
+    except OSError:
         return False
-    return completed.returncode == 0

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
+
+from sandbox.backends.probe import child_succeeds
 
 CLONE_NEWNET = 0x40000000
 _PROBE_ARGV = ("/bin/true",)
-_PROBE_TIMEOUT_S = 10
 
 # Resolved in the parent at import so the child only makes the call (preexec_fn must not load libraries).
 _unshare = ctypes.CDLL(None, use_errno=True).unshare
@@ -32,18 +32,5 @@ def unshare_network() -> None:
 
 
 def network_namespace_available() -> bool:
-    """Whether a child can be started in a new network namespace here (probed in a throwaway child)."""
-    try:
-        completed = subprocess.run(
-            _PROBE_ARGV,
-            preexec_fn=unshare_network,  # the same call the runner makes, so the probe tests the real step
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-            timeout=_PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return completed.returncode == 0
+    """Whether a child can be started in a new network namespace here (the runner's own step, in a throwaway child)."""
+    return child_succeeds(_PROBE_ARGV, unshare_network)

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 
+from sandbox.backends.probe import child_succeeds
 from sandbox.errors import SandboxStartError
 
 MIB = 1024 * 1024
@@ -153,22 +153,12 @@ def files_for(size_bytes: int) -> int:
 
 
 def scratch_available() -> bool:
-    """Whether a child can get a scratch space here (probed with the runner's own steps in a throwaway child)."""
+    """Whether a child can get a scratch space here (the runner's own step, in a throwaway child)."""
     try:
         with (
             tempfile.TemporaryDirectory(prefix="mcp-scratch-probe-") as folder,
             ScratchSpace(Path(folder), MIB, 16, os.getuid(), os.getgid()) as space,
         ):
-            completed = subprocess.run(
-                ("/bin/true",),
-                preexec_fn=space.apply,  # the probe runs the real step
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                close_fds=True,
-                timeout=10,
-                check=False,
-            )
-    except (OSError, subprocess.SubprocessError, SandboxStartError):
+            return child_succeeds(("/bin/true",), space.apply)
+    except (OSError, SandboxStartError):
         return False
-    return completed.returncode == 0

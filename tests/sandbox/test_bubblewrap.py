@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from sandbox import Limits, RunResult, layers, run_sandboxed
-from sandbox.backends.bubblewrap import BWRAP, bubblewrap_argv
+from sandbox.backends.bubblewrap import BWRAP, bubblewrap_argv, command_ran
+from sandbox.errors import SandboxStartError
 from sandbox.limits import BACKEND_LAYERS
 from tests.sandbox.confined_child import DAEMONIZE, PYTHON, requires_root, shared_dir
 
@@ -154,3 +155,29 @@ def _with_marker(marker: str) -> list[int]:
         ):
             found.append(process.pid)
     return found
+
+
+@requires_root
+@needs_bubblewrap
+def test_a_tree_bubblewrap_cannot_build_means_nothing_ran_not_a_failed_suite() -> None:
+    # Native Landlock refuses a missing grant before the spawn; bubblewrap finds out itself and
+    # exits 1, like a failing suite would. The runner must tell the two apart.
+    marker = Path(f"/tmp/mcp-bwrap-ran-{secrets.token_hex(8)}")
+    with shared_dir() as folder, pytest.raises(SandboxStartError) as caught:
+        run(folder, f"open({str(marker)!r}, 'w')", allowed_paths=(folder / "gone",))
+    assert caught.value.reason == "bubblewrap_failed"
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("status", "ran"),
+    [
+        (b'{ "child-pid": 7, "mnt-namespace": 1, "pid-namespace": 2 }\n{ "exit-code": 0 }\n', True),
+        (b'{ "child-pid": 7, "mnt-namespace": 1, "pid-namespace": 2 }\n{ "exit-code": 137 }\n', True),
+        (b'{ "child-pid": 7, "mnt-namespace": 1, "pid-namespace": 2 }\n', False),  # a bind that failed (measured)
+        (b"", False),
+    ],
+    ids=["exit-0", "killed", "setup-failed", "nothing"],
+)
+def test_the_status_tells_a_run_from_a_tree_that_was_never_built(status: bytes, ran: bool) -> None:
+    assert command_ran(status) is ran
