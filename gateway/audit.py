@@ -35,6 +35,7 @@ class EventType(StrEnum):
     USER_ROLE_CHANGED = "USER_ROLE_CHANGED"
     TOKEN_ISSUED = "TOKEN_ISSUED"  # noqa: S105  (an event name, not a secret)
     TOKEN_REVOKED = "TOKEN_REVOKED"  # noqa: S105
+    CONSENT_REVOKED = "CONSENT_REVOKED"
 
 
 @dataclass(frozen=True, slots=True)

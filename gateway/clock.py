@@ -28,7 +28,8 @@ def new_run_id() -> RunId:
 
 
 def new_token_id() -> str:
-    return secrets.token_urlsafe(16)
+    """128 random bits as hex: never starts with `-`, so `token revoke JTI` never reads it as an option."""
+    return secrets.token_hex(16)
 
 
 IdFactory = Callable[[], RunId]

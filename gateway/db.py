@@ -118,6 +118,52 @@ class Run(Base):
     __table_args__ = (Index("ix_runs_workspace", "workspace", "created_at"),)
 
 
+class ConsentGrant(Base):
+    """A stored decision (spec section 7): ALLOW or DENY for (user, workspace, server, tool[, args_hash]).
+
+    `args_hash` NULL covers any arguments. A grant applies only to the tool `fingerprint` it was
+    made for, until `expires_at` (NULL: no expiry) and unless `revoked_at`.
+    """
+
+    __tablename__ = "consent_grants"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user_name: Mapped[str] = mapped_column(String(64))
+    workspace: Mapped[str] = mapped_column(String(64))
+    server_id: Mapped[str] = mapped_column(String(128))
+    tool_name: Mapped[str] = mapped_column(String(128))
+    args_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    decision: Mapped[str] = mapped_column(String(8))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    granted_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    granted_by: Mapped[str] = mapped_column(String(128))
+    revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    __table_args__ = (Index("ix_consent_grants_key", "user_name", "workspace", "server_id", "tool_name"),)
+
+
+class ConsentRequestRow(Base):
+    """A question waiting for `mcp-gateway approvals`; decided at most once (a conditional UPDATE)."""
+
+    __tablename__ = "consent_requests"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+    session_id: Mapped[str] = mapped_column(String(64))
+    user_name: Mapped[str] = mapped_column(String(64))
+    workspace: Mapped[str] = mapped_column(String(64))
+    server_id: Mapped[str] = mapped_column(String(128))
+    tool_name: Mapped[str] = mapped_column(String(128))
+    args_hash: Mapped[str] = mapped_column(String(64))
+    args_preview: Mapped[str] = mapped_column(Text)
+    risk_tier: Mapped[str] = mapped_column(String(8))
+    destructive: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(16))
+    decision: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    decided_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    decided_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    __table_args__ = (Index("ix_consent_requests_status", "status", "created_at"),)
+
+
 # The Core tables behind the models: the hot paths use Core statements, not the ORM.
 users = cast(Table, User.__table__)
 user_workspaces = cast(Table, UserWorkspace.__table__)
@@ -126,6 +172,8 @@ audit_events = cast(Table, AuditEventRow.__table__)
 audit_head = cast(Table, AuditHead.__table__)
 budget_charges = cast(Table, BudgetCharge.__table__)
 runs = cast(Table, Run.__table__)
+consent_grants = cast(Table, ConsentGrant.__table__)
+consent_requests = cast(Table, ConsentRequestRow.__table__)
 
 
 SQLITE_SYNC_MODES = ("normal", "full")

@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
 from gateway.canonical import args_hash
-from gateway.consent import ConsentAsker, ConsentRequest, risk_tier
+from gateway.consent import RISK_META_KEY, ConsentAsker, ConsentRequest, is_destructive, risk_tier, tool_fingerprint
 from gateway.errors import (
     AuthRequiredError,
     GatewayError,
@@ -190,15 +190,18 @@ class Pipeline:
         arguments: Mapping[str, Any],
         asker: ConsentAsker | None,
     ) -> None:
+        spec = admitted.spec
         request = ConsentRequest(
             run_id=run_id,
             user=admitted.principal.name,
             workspace=admitted.scope.workspace or "",
             server_id=self.s.server_id,
-            tool_name=admitted.spec.name,
+            tool_name=spec.name,
             args_hash=hashed,
             arguments=arguments,
-            risk=risk_tier(admitted.spec.annotations, trusted=True),
+            risk=risk_tier(spec.annotations, trusted=True, declared=spec.meta.get(RISK_META_KEY)),
+            fingerprint=tool_fingerprint(spec.name, spec.input_schema, spec.annotations),
+            destructive=is_destructive(spec.annotations),
         )
         await self.s.consent.require(request, asker)
 
@@ -315,9 +318,9 @@ class Pipeline:
         passed("sandbox")
         mode = self.s.policy.consent.mode
         note = (
-            "would ask a person (denied if the client cannot ask one)"
+            "would use a stored decision, else ask a person (elicitation or `mcp-gateway approvals`)"
             if mode == "prompt"
-            else "would deny (consent.mode: deny)"
+            else "would deny unless a stored decision allows (consent.mode: deny)"
         )
         reports.append(StageReport("consent", None if mode == "prompt" else -32008, None, note))
         return reports

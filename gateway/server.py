@@ -50,6 +50,7 @@ def tool_definition(spec: ToolSpec) -> types.Tool:
         description=spec.description,
         input_schema=dict(spec.input_schema),
         annotations=types.ToolAnnotations(title=spec.annotations.get("title"), **_snake(annotations)),
+        _meta=dict(spec.meta) or None,
     )
 
 
@@ -121,7 +122,7 @@ class ElicitationAsker:
 def asker_for(ctx: ServerRequestContext[Any, Any]) -> ElicitationAsker | None:
     """Ask in-band only where the client declared elicitation on a session that can send requests."""
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return None  # 2026-07-28 input_required round trips: not yet (see docs/consent.md)
+        return None  # 2026-07-28 input_required round trips: not yet; the question goes out of band
     if not ctx.session.check_client_capability(_ELICITATION):
         return None
     return ElicitationAsker(ctx)

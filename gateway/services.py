@@ -13,6 +13,7 @@ from gateway.auth import Authenticator, KeyRing, TokenStore, load_keyring
 from gateway.budget import BudgetLedger
 from gateway.clock import Clock, IdFactory, SystemClock, new_run_id
 from gateway.consent import ConsentStage
+from gateway.consent_store import ConsentStore
 from gateway.db import make_engine
 from gateway.policy import Policy, load_policy
 from gateway.runs import RunStore
@@ -69,5 +70,5 @@ def open_services(
         budget=BudgetLedger(engine, clock),
         runs=RunStore(engine, settings.artifacts_dir),
         authenticator=Authenticator(engine, keys, policy.auth, tokens=tokens, users=users, clock=clock),
-        consent=ConsentStage(policy.consent, audit),
+        consent=ConsentStage(policy.consent, audit, ConsentStore(engine), clock, new_id),
     )

@@ -109,20 +109,17 @@ class GatewayHome:
             load_keyring(self.home), auth, user, now=issued_at, ttl_s=ttl_s, jti=new_token_id(), workspace=workspace
         )
 
+    def cli_argv(self, *args: str) -> list[str]:
+        """`mcp-gateway` with this state folder, database and policy, then `args`."""
+        return [
+            sys.executable, "-m", "gateway",
+            "--home", str(self.home), "--db", self.url, "--policy", str(self.policy_path),
+            *args,
+        ]  # fmt: skip
+
     def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "--home",
-                str(self.home),
-                "--db",
-                self.url,
-                "--policy",
-                str(self.policy_path),
-                *args,
-            ],
+            self.cli_argv(*args),
             capture_output=True,
             text=True,
             input=stdin,

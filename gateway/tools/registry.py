@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -24,6 +24,8 @@ class ToolSpec:
     sandboxed: bool
     """A write tool: it runs in the sandbox, needs consent and is charged to the budget."""
     path_arguments: tuple[str, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """The tool's `_meta` in tools/list (a declared risk tier: consent.RISK_META_KEY)."""
 
 
 def _schema(properties: dict[str, Any], required: list[str]) -> Mapping[str, Any]:

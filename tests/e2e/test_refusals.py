@@ -239,12 +239,12 @@ def test_bad_arguments_and_unknown_tools_get_32602(
 def test_budget_spent_gives_32005_with_retry_after(
     make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
 ) -> None:
-    gateway = make_gateway({"budget": {"attempts_total": 2, "window_s": 600}})
+    gateway = make_gateway({"budget": {"attempts_total": 2, "window_s": 600}, "consent": {"mode": "deny"}})
     gateway.add_user("alice")
     session = open_session(gateway)
     token = gateway.token("alice")
-    for _ in range(2):  # this client cannot be asked for consent: each attempt is denied, and counted
-        refusal(session.call_tool(*RUN, token=token), -32008, "no_consent_channel")
+    for _ in range(2):  # the policy allows no prompt: each attempt is denied, and counted
+        refusal(session.call_tool(*RUN, token=token), -32008, "consent_mode_deny")
     response = session.call_tool(*RUN, token=token)
     run_id = refusal(response, -32005, "attempts_exhausted")
     assert 1 <= response["error"]["data"]["retry_after_s"] <= 600
@@ -260,16 +260,20 @@ def test_sandbox_disabled_gives_32006(make_gateway: Callable[..., GatewayHome], 
     assert not any((gateway.home / "artifacts").iterdir())
 
 
-def test_client_without_elicitation_is_denied_consent(gateway: GatewayHome, open_session: SessionFactory) -> None:
+def test_client_without_elicitation_waits_for_an_approver_and_is_denied_at_the_timeout(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    gateway = make_gateway({"consent": {"timeout_s": 1}})
+    gateway.add_user("alice")
     session = open_session(gateway)
+    started = time.monotonic()
     response = session.call_tool(*RUN, token=gateway.token("alice"))
-    run_id = refusal(response, -32008, "no_consent_channel")
-    kinds = [e["event_type"] for e in gateway.events_of(run_id)]
-    assert kinds == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
-    assert (
-        "retrying will not help" in response["error"]["message"]
-        or "cannot ask a person" in response["error"]["message"]
-    )
+    run_id = refusal(response, -32008, "consent_timeout")
+    assert 1 <= time.monotonic() - started < 10
+    events = gateway.events_of(run_id)
+    assert [e["event_type"] for e in events] == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
+    assert events[1]["detail"]["origin"] == "timeout" and events[1]["detail"]["channel"] == "approver"
+    assert "no person answered" in response["error"]["message"]
 
 
 def test_unreachable_database_gives_32603_and_nothing_runs(gateway: GatewayHome, open_session: SessionFactory) -> None:

@@ -82,7 +82,9 @@ def test_allowed_run_matches_bare_pytest_and_leaves_a_full_trail(
     assert any(c["type"] == "resource_link" and run_id in c["uri"] for c in result["content"])
     prompt = session.unsolicited[-1]["params"]
     assert "run_pytest" in prompt["message"] and "alice" in prompt["message"]
-    assert prompt["requestedSchema"]["properties"]["decision"]["enum"] == ["allow_once", "deny_once"]
+    assert prompt["requestedSchema"]["properties"]["decision"]["enum"] == [
+        "allow_once", "allow_session", "allow_always", "deny_once", "deny_always"
+    ]  # fmt: skip
 
     folder = gateway.home / "artifacts" / run_id
     assert sorted(p.name for p in folder.iterdir()) == ["evidence.json", "junit.xml", "stderr.txt", "stdout.txt"]
@@ -99,6 +101,7 @@ def test_allowed_run_matches_bare_pytest_and_leaves_a_full_trail(
         "origin": "user_prompt",
         "risk_tier": "medium",
         "server_id": "mcp-write-gateway",
+        "channel": "elicitation",
     }
 
     # The read tools see the run; a viewer of the same workspace too.

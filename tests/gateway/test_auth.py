@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from gateway.auth import (
     issue_token,
     load_keyring,
 )
+from gateway.clock import new_token_id
 from gateway.errors import AuthRequiredError, ConfigError
 from gateway.policy import AuthPolicy
 from gateway.users import UserStore
@@ -507,3 +509,10 @@ def test_load_keyring_refuses_a_bad_signing_key(tmp_path: Path, content: bytes |
 
     with pytest.raises(ConfigError, match=message):
         load_keyring(tmp_path)
+
+
+def test_token_ids_never_look_like_options() -> None:
+    # `mcp-gateway token revoke JTI`: a jti starting with "-" would be read as a flag (it was, 1 in 32).
+    ids = {new_token_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    assert all(re.fullmatch(r"[0-9a-f]{32}", jti) for jti in ids)

@@ -1,0 +1,194 @@
+"""The out-of-band path (issue 4, acceptance 2 and 3): a client that cannot elicit, and a person at
+`mcp-gateway approvals`, driven through its real terminal (a pty, by pexpect)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pexpect
+import pytest
+from sqlalchemy import select
+
+from gateway import db
+from tests.harness import GatewayHome, StdioSession
+
+SessionFactory = Callable[..., StdioSession]
+RUN = ("run_pytest", {"test_path": "tests"})
+ESC = "\x1b"
+_ids = itertools.count(1000)
+
+
+@pytest.fixture
+def gateway(make_gateway: Callable[..., GatewayHome]) -> GatewayHome:
+    # A prompt nobody answers would hold a failing test for the default 300 s.
+    gw = make_gateway({"consent": {"timeout_s": 60}})
+    gw.add_user("alice", "USER")
+    return gw
+
+
+@pytest.fixture
+def approvals(gateway: GatewayHome) -> Iterator[Callable[[], pexpect.spawn]]:
+    started: list[pexpect.spawn] = []
+
+    def start() -> pexpect.spawn:
+        argv = gateway.cli_argv("approvals")
+        child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200))
+        child.expect("waiting for consent requests")
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        child.terminate(force=True)
+
+
+def send_call(session: StdioSession, gateway: GatewayHome) -> int:
+    """Start a run_pytest call without waiting for its answer; returns its JSON-RPC id."""
+    request_id = next(_ids)
+    name, arguments = RUN
+    session.send(
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": arguments, "auth": {"token": gateway.token("alice")}},
+        }
+    )
+    return request_id
+
+
+def shows_request(approver: pexpect.spawn) -> str:
+    """Wait for the next question on the approver's screen; returns its id."""
+    approver.expect(r"consent request (\w+) ---")
+    request_id = str(approver.match.group(1))
+    approver.expect(r"\[q\] quit")
+    return request_id
+
+
+def decision_of(gateway: GatewayHome, run_id: str) -> dict[str, Any]:
+    (event,) = [e for e in gateway.events_of(run_id) if e["event_type"] == "mcp.permission.decision"]
+    return dict(event["detail"])
+
+
+def request_rows(gateway: GatewayHome) -> list[dict[str, Any]]:
+    with gateway.engine.connect() as connection:
+        return [dict(row._mapping) for row in connection.execute(select(db.consent_requests))]
+
+
+def test_the_approver_shows_the_request_and_allow_once_runs_the_call(
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+) -> None:
+    approver = approvals()
+    session = open_session(gateway)  # declares no elicitation: the question goes out of band
+    call_id = send_call(session, gateway)
+    approver.expect(r"consent request (\w+) ---")
+    run_id = approver.match.group(1)
+    approver.expect(r"\[q\] quit")
+    screen = approver.before
+    for shown in ("run_pytest", "mcp-write-gateway", "Medium risk", "alice", "default", '{"test_path":"tests"}'):
+        assert shown in screen, (shown, screen)
+    assert "[2] Allow always" in screen and "[Enter] Allow once" in screen and "[Esc] Deny once" in screen
+    approver.send("1")
+    approver.expect("ALLOW_ONCE")
+    response = session.wait_response(call_id)
+    assert response["result"]["structuredContent"]["passed"] > 0
+    assert response["result"]["structuredContent"]["run_id"] == run_id
+    detail = decision_of(gateway, run_id)
+    assert detail["decision"] == "ALLOW_ONCE" and detail["origin"] == "user_prompt"
+    assert detail["channel"] == "approver" and detail["decided_by"].startswith("approvals:")
+
+
+@pytest.mark.parametrize(("key", "reason"), [("3", "consent_denied"), (ESC, "consent_denied")], ids=["3", "Esc"])
+def test_deny_once_and_esc_refuse_the_call(
+    gateway: GatewayHome,
+    open_session: SessionFactory,
+    approvals: Callable[[], pexpect.spawn],
+    key: str,
+    reason: str,
+) -> None:
+    approver = approvals()
+    session = open_session(gateway)
+    call_id = send_call(session, gateway)
+    run_id = shows_request(approver)
+    approver.send(key)
+    approver.expect("DENY_ONCE")
+    response = session.wait_response(call_id)
+    assert response["error"]["code"] == -32008 and response["error"]["data"]["reason"] == reason
+    kinds = [e["event_type"] for e in gateway.events_of(run_id)]
+    assert kinds == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"], "nothing ran"
+
+
+def test_enter_takes_the_default_and_deny_always_is_remembered(
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+) -> None:
+    approver = approvals()
+    session = open_session(gateway)
+    first = send_call(session, gateway)
+    shows_request(approver)
+    approver.send("\r")
+    approver.expect("ALLOW_ONCE")
+    assert "result" in session.wait_response(first)
+    second = send_call(session, gateway)
+    shows_request(approver)
+    approver.send("4")
+    approver.expect("DENY_ALWAYS")
+    assert session.wait_response(second)["error"]["data"]["reason"] == "consent_denied_always"
+    third = session.wait_response(send_call(session, gateway))
+    assert third["error"]["data"]["reason"] == "consent_denied_always", "refused at once"
+    assert len(request_rows(gateway)) == 2, "no question was asked for the third call"
+
+
+def test_allow_for_the_session_from_the_approver_covers_that_gateway_session_only(
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+) -> None:
+    approver = approvals()
+    session = open_session(gateway)
+    first = send_call(session, gateway)
+    shows_request(approver)
+    approver.send("5")
+    approver.expect("ALLOW_SESSION")
+    assert "result" in session.wait_response(first)
+    assert "result" in session.wait_response(send_call(session, gateway))
+    assert len(request_rows(gateway)) == 1, "the session's allow answered the second call"
+
+
+def test_two_gateways_one_approver_each_request_decided_exactly_once(
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+) -> None:
+    approver = approvals()
+    one, two = open_session(gateway), open_session(gateway)  # two serve processes, one database
+    calls = {send_call(one, gateway): one, send_call(two, gateway): two}
+    seen = []
+    for _ in calls:
+        seen.append(shows_request(approver))
+        approver.send("1")
+        approver.expect("ALLOW_ONCE")
+    responses = [session.wait_response(call_id) for call_id, session in calls.items()]
+    assert all("result" in r for r in responses)
+    assert sorted(seen) == sorted(r["result"]["structuredContent"]["run_id"] for r in responses)
+    rows = request_rows(gateway)
+    assert len(rows) == 2 and all(r["status"] == "decided" and r["decision"] == "ALLOW_ONCE" for r in rows)
+    assert len({r["session_id"] for r in rows}) == 2, "one question from each gateway"
+    for run_id in seen:
+        assert decision_of(gateway, run_id)["decision"] == "ALLOW_ONCE"  # exactly one decision event each
+
+
+def test_two_approvers_racing_for_one_request_decide_it_once(
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+) -> None:
+    first, second = approvals(), approvals()
+    session = open_session(gateway)
+    call_id = send_call(session, gateway)
+    run_id = shows_request(first)
+    assert shows_request(second) == run_id, "both see the same question"
+    first.send("1")
+    first.expect("ALLOW_ONCE")
+    second.send("4")
+    second.expect(["not recorded: another approver decided first", "no longer waiting"])
+    assert "result" in session.wait_response(call_id)
+    (row,) = request_rows(gateway)
+    assert row["decision"] == "ALLOW_ONCE"
+    assert decision_of(gateway, run_id)["decision"] == "ALLOW_ONCE"
+    assert gateway.cli("consent", "list").stdout == "", "the loser's Deny always was never stored"

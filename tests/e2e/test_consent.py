@@ -1,0 +1,225 @@
+"""Consent over real stdio (issue 4): the seed's T-suite with a client that answers `elicitation/create`.
+
+Every test runs a real `mcp-gateway serve` and a real sandboxed pytest run of the sample
+suite when consent allows it; what is asserted is the prompt the client saw (or did not
+see), the answer on the wire and the `mcp.permission.decision` events in the audit log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import GatewayHome, StdioSession
+
+SessionFactory = Callable[..., StdioSession]
+ELICITATION = {"elicitation": {"form": {}}}
+RUN = ("run_pytest", {"test_path": "tests"})
+ALL_CHOICES = ["allow_once", "allow_session", "allow_always", "deny_once", "deny_always"]
+DAY_S = 86400
+
+
+def answering(*decisions: str | None, action: str = "accept") -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A client that answers each prompt with the next decision (None: the given non-accept action)."""
+    queue = list(decisions)
+
+    def respond(message: dict[str, Any]) -> dict[str, Any]:
+        assert message["method"] == "elicitation/create", message
+        decision = queue.pop(0)
+        if decision is None:
+            return {"action": action}
+        return {"action": "accept", "content": {"decision": decision}}
+
+    return respond
+
+
+def prompts(session: StdioSession) -> list[dict[str, Any]]:
+    return [m for m in session.unsolicited if m.get("method") == "elicitation/create"]
+
+
+def decision_events(gateway: GatewayHome, run_id: str) -> list[dict[str, Any]]:
+    return [e for e in gateway.events_of(run_id) if e["event_type"] == "mcp.permission.decision"]
+
+
+def call(session: StdioSession, gateway: GatewayHome, user: str = "alice", **token: Any) -> dict[str, Any]:
+    return session.call_tool(*RUN, gateway.token(user, **token))
+
+
+def run_id_of(response: dict[str, Any]) -> str:
+    if "result" in response:
+        return str(response["result"]["structuredContent"]["run_id"])
+    return str(response["error"]["data"]["run_id"])
+
+
+@pytest.fixture
+def elicit(gateway: GatewayHome, open_session: SessionFactory) -> StdioSession:
+    return open_session(gateway, capabilities=ELICITATION)
+
+
+def test_t1_a_new_call_prompts_with_tool_server_risk_and_arguments(gateway: GatewayHome, elicit: StdioSession) -> None:
+    elicit.responder = answering("allow_once")
+    response = call(elicit, gateway)
+    assert response["result"]["structuredContent"]["passed"] > 0
+    (prompt,) = prompts(elicit)
+    message = prompt["params"]["message"]
+    for shown in ("run_pytest", "mcp-write-gateway", "Medium risk", "alice", "default", '{"test_path":"tests"}'):
+        assert shown in message, (shown, message)
+    schema = prompt["params"]["requestedSchema"]
+    assert schema["required"] == ["decision"]
+    assert schema["properties"]["decision"]["enum"] == ALL_CHOICES
+    (event,) = decision_events(gateway, run_id_of(response))
+    assert event["detail"]["decision"] == "ALLOW_ONCE" and event["detail"]["origin"] == "user_prompt"
+
+
+def test_t2_allow_once_then_the_next_call_prompts_again(gateway: GatewayHome, elicit: StdioSession) -> None:
+    elicit.responder = answering("allow_once", "allow_once")
+    first, second = call(elicit, gateway), call(elicit, gateway)
+    assert "result" in first and "result" in second
+    assert len(prompts(elicit)) == 2
+
+
+def test_t3_allow_always_then_no_prompt_and_a_cache_hit_in_the_audit(
+    gateway: GatewayHome, elicit: StdioSession
+) -> None:
+    elicit.responder = answering("allow_always")
+    started = time.time()
+    first = call(elicit, gateway)
+    second = call(elicit, gateway)
+    assert "result" in first and "result" in second
+    assert len(prompts(elicit)) == 1, "the stored decision answered the second call"
+    (made,) = decision_events(gateway, run_id_of(first))
+    (hit,) = decision_events(gateway, run_id_of(second))
+    assert made["detail"]["decision"] == "ALLOW_ALWAYS" and made["detail"]["origin"] == "user_prompt"
+    assert started + 30 * DAY_S - 60 <= made["detail"]["expires_at"] <= time.time() + 30 * DAY_S, "medium: 30 days"
+    assert hit["detail"] == {**hit["detail"], "decision": "ALLOW_ALWAYS", "origin": "cache_hit"}
+    assert hit["detail"]["grant_id"] == made["detail"]["grant_id"]
+    listed = gateway.cli("consent", "list").stdout.split("\n")[0].split("\t")
+    assert listed[1:5] == ["alice", "default", "run_pytest", "ALLOW"] and listed[7] == "active"
+
+
+def test_t4_deny_once_refuses_with_32008_and_nothing_runs(gateway: GatewayHome, elicit: StdioSession) -> None:
+    elicit.responder = answering("deny_once", "allow_once")
+    response = call(elicit, gateway)
+    assert response["error"]["code"] == -32008
+    assert response["error"]["data"]["reason"] == "consent_denied"
+    assert (
+        "a person denied" in response["error"]["message"] and "retrying will not help" in response["error"]["message"]
+    )
+    run_id = run_id_of(response)
+    kinds = [e["event_type"] for e in gateway.events_of(run_id)]
+    assert kinds == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
+    assert not (gateway.home / "artifacts" / run_id).exists()
+    assert "result" in call(elicit, gateway), "deny once is for this call only: the next one is asked"
+    assert len(prompts(elicit)) == 2
+
+
+def test_t5_deny_always_persists_across_sessions_until_revoked(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    first = open_session(gateway, capabilities=ELICITATION)
+    first.responder = answering("deny_always")
+    denied = call(first, gateway)
+    assert denied["error"]["data"]["reason"] == "consent_denied_always"
+    assert "deny always" in denied["error"]["message"]
+    first.close()
+
+    later = open_session(gateway, capabilities=ELICITATION)
+    later.responder = answering("allow_once")
+    again = call(later, gateway)
+    assert again["error"]["code"] == -32008 and again["error"]["data"]["reason"] == "consent_denied_always"
+    assert prompts(later) == [], "refused at once, without asking"
+    (hit,) = decision_events(gateway, run_id_of(again))
+    assert hit["detail"]["decision"] == "DENY_ALWAYS" and hit["detail"]["origin"] == "cache_hit"
+
+    grant_id = hit["detail"]["grant_id"]
+    assert gateway.cli("consent", "revoke", str(grant_id)).returncode == 0
+    assert "result" in call(later, gateway), "revoked: the person is asked again"
+    assert len(prompts(later)) == 1
+    assert any(e["event_type"] == "CONSENT_REVOKED" for e in gateway.audit_events())
+
+
+def test_t6_a_stored_decision_answers_without_the_tool_catalogue(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    assert gateway.cli("consent", "grant", "alice", "run_pytest", "--always").returncode == 0
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answering()  # no prompt may come
+    started = time.monotonic()
+    response = call(session, gateway)  # straight after initialize: no tools/list was ever sent
+    assert "result" in response and prompts(session) == []
+    assert time.monotonic() - started < 30
+    (hit,) = decision_events(gateway, run_id_of(response))
+    assert hit["detail"]["origin"] == "cache_hit" and hit["detail"]["channel"] == "stored"
+
+
+def test_t7_an_expired_allow_always_prompts_again(gateway: GatewayHome, elicit: StdioSession) -> None:
+    granted = gateway.cli("consent", "grant", "alice", "run_pytest", "--always", "--expires-in", "3s")
+    assert granted.returncode == 0, granted.stderr
+    elicit.responder = answering("allow_once")
+    granted_at = time.monotonic()
+    assert "result" in call(elicit, gateway) and prompts(elicit) == []
+    time.sleep(max(0.0, 3.2 - (time.monotonic() - granted_at)))
+    assert "result" in call(elicit, gateway)
+    assert len(prompts(elicit)) == 1, "expired: asked again"
+    assert gateway.cli("consent", "list").stdout.split("\t")[7] == "expired"
+
+
+def test_t8_another_user_or_workspace_is_asked_again(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, tmp_path: Path
+) -> None:
+    second = tmp_path / "second-ws"
+    second.mkdir()
+    gateway = make_gateway({"workspaces": {"second": str(second)}})
+    gateway.add_user("alice", "USER", ("default", "second"))
+    gateway.add_user("bob", "USER", ("default",))
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answering("allow_always", "allow_once", "deny_once")
+    assert "result" in call(session, gateway, "alice")
+    assert "result" in call(session, gateway, "bob"), "bob is asked: alice's decision is hers"
+    in_second = call(session, gateway, "alice", workspace="second")
+    assert in_second["error"]["data"]["reason"] == "consent_denied", "another workspace is asked again"
+    assert len(prompts(session)) == 3
+
+
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+def test_decline_and_cancel_count_as_deny_once(gateway: GatewayHome, elicit: StdioSession, action: str) -> None:
+    elicit.responder = answering(None, action=action)
+    response = call(elicit, gateway)
+    assert response["error"]["code"] == -32008 and response["error"]["data"]["reason"] == "consent_denied"
+    (event,) = decision_events(gateway, run_id_of(response))
+    assert event["detail"]["decision"] == "DENY_ONCE" and event["detail"]["origin"] == "user_prompt"
+
+
+def test_no_answer_before_the_timeout_denies(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    gateway = make_gateway({"consent": {"timeout_s": 1}})
+    gateway.add_user("alice")
+    session = open_session(gateway, capabilities=ELICITATION)  # no responder: the prompt is never answered
+    started = time.monotonic()
+    response = call(session, gateway)
+    assert response["error"]["code"] == -32008 and response["error"]["data"]["reason"] == "consent_timeout"
+    assert 1 <= time.monotonic() - started < 10
+    (event,) = decision_events(gateway, run_id_of(response))
+    assert event["detail"]["origin"] == "timeout" and event["detail"]["channel"] == "elicitation"
+
+
+def test_allow_for_the_session_lasts_as_long_as_the_session(gateway: GatewayHome, open_session: SessionFactory) -> None:
+    session = open_session(gateway, capabilities=ELICITATION)
+    session.responder = answering("allow_session")
+    assert "result" in call(session, gateway) and "result" in call(session, gateway)
+    assert len(prompts(session)) == 1
+    session.close()
+    fresh = open_session(gateway, capabilities=ELICITATION)
+    fresh.responder = answering("deny_once")
+    assert call(fresh, gateway)["error"]["data"]["reason"] == "consent_denied", "a new session is asked again"
+
+
+def test_an_answer_that_was_not_offered_is_a_deny(gateway: GatewayHome, elicit: StdioSession) -> None:
+    elicit.responder = answering("allow_forever")
+    response = call(elicit, gateway)
+    assert response["error"]["data"]["reason"] == "consent_denied"
