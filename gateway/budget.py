@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, delete, func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
@@ -111,6 +111,11 @@ class BudgetLedger:
                 )
             ).all()
         evaluate([Charge(float(r.ts), int(r.elapsed_ms)) for r in rows], limits, now)
+
+    def release(self, charge_id: int) -> None:
+        """Give back a reserved attempt that ran nothing and is to be retried (an `input_required` round)."""
+        with self._engine.begin() as connection:
+            connection.execute(delete(db.budget_charges).where(db.budget_charges.c.id == charge_id))
 
     def charge(self, charge_id: int, elapsed_ms: int) -> None:
         with self._engine.begin() as connection:

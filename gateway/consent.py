@@ -213,10 +213,47 @@ def prompt_text(request: ConsentRequest, locale: str) -> str:
     )
 
 
+def decision_schema(choices: tuple[Decision, ...]) -> dict[str, Any]:
+    """The form (spec section 7): one required string field `decision`, the choices as its enum."""
+    return {
+        "type": "object",
+        "properties": {"decision": {"type": "string", "title": "Decision", "enum": [c.value.lower() for c in choices]}},
+        "required": ["decision"],
+    }
+
+
+def decision_from_form(action: str, content: Mapping[str, Any] | None, choices: tuple[Decision, ...]) -> Decision:
+    """The client's form answer: accept with an offered decision, or else (decline, cancel, anything) Deny once."""
+    answer = str((content or {}).get("decision", "")).upper() if action == "accept" else ""
+    return Decision(answer) if answer in {c.value for c in choices} else Decision.DENY_ONCE
+
+
 class ConsentAsker(Protocol):
     """A channel to the person behind the client. Returns their decision, or None for decline/cancel."""
 
     async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RoundTrip:
+    """A 2026-07-28 client that declared elicitation: no server-to-client requests exist, so the
+    question goes back as an `input_required` result and the answer comes with the client's retry
+    of the same call (`input_responses["consent"]`, the echoed `request_state`)."""
+
+    action: str | None = None
+    """The retry's answer: accept, decline or cancel; None on the first round."""
+    content: Mapping[str, Any] | None = None
+    state: str | None = None
+
+
+class InputRequired(Exception):
+    """Consent needs the client's answer: the call ends with `input_required`, to be retried."""
+
+    def __init__(self, message: str, schema: Mapping[str, Any], state: str) -> None:
+        super().__init__("input required")
+        self.message = message
+        self.schema = schema
+        self.state = state
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +285,7 @@ class ConsentStage:
         """This process's stdio session: "allow for the session" lasts as long as it."""
         self._session_allows: set[tuple[str, str, str, str, str]] = set()
 
-    async def require(self, request: ConsentRequest, asker: ConsentAsker | None) -> Decision:
+    async def require(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Decision:
         """Return the allowing decision, or record the denial and raise ConsentDeniedError."""
         now = self._clock.now()
         grants = self._store.fetch_grants(request.user, request.workspace, request.server_id, request.tool_name)
@@ -268,9 +305,11 @@ class ConsentStage:
             raise ConsentDeniedError("consent_timeout", _TIMED_OUT)
         return self._conclude(request, answer, None)
 
-    async def _ask(self, request: ConsentRequest, asker: ConsentAsker | None) -> Answer | None:
+    async def _ask(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Answer | None:
         """The person's answer; decline and cancel are Deny once; None when nobody answered in time."""
         choices = choices_for(request.destructive)
+        if isinstance(asker, RoundTrip):
+            return self._round_trip(request, asker, choices)
         if asker is not None:
             with anyio.move_on_after(self._policy.timeout_s):
                 decision = await asker.ask(prompt_text(request, self._policy.locale), choices)
@@ -278,10 +317,44 @@ class ConsentStage:
             return None
         return await self._ask_out_of_band(request, choices)
 
-    async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+    def _round_trip(self, request: ConsentRequest, trip: RoundTrip, choices: tuple[Decision, ...]) -> Answer | None:
+        """First round: store the question and ask for a retry. Retry: the question it answers must be
+        this very call's (user, workspace, tool, arguments), still open, and is closed by this answer.
+
+        `request_state` is only the question's id, 128 random bits: what it stands for is in the
+        database, so a forged, replayed, stale or transplanted state finds nothing to answer.
+        """
         now = self._clock.now()
-        pending = PendingRequest(
-            id=request.run_id,
+        message = prompt_text(request, self._policy.locale)
+        if trip.state is None or trip.action is None:
+            state = self._new_id()
+            self._store.insert_request(self._question(request, state, now), status="awaiting_client")
+            raise InputRequired(message, decision_schema(choices), state)
+        row = self._store.fetch_request(trip.state)
+        same_call = row is not None and (row.user, row.workspace, row.tool_name, row.args_hash) == (
+            request.user,
+            request.workspace,
+            request.tool_name,
+            request.args_hash,
+        )
+        if row is None or not same_call:
+            self._record(
+                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason="consent_state_invalid"
+            )
+            raise ConsentDeniedError("consent_state_invalid", _STATE_INVALID)
+        decision = decision_from_form(trip.action, trip.content, choices)
+        if not self._store.decide(trip.state, decision.value, f"client:{request.user}", now, waiting="awaiting_client"):
+            if row.expires_at <= now:
+                return None  # answered after consent.timeout_s: a timeout
+            self._record(
+                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason="consent_state_invalid"
+            )
+            raise ConsentDeniedError("consent_state_invalid", _STATE_INVALID)  # answered already: a replay
+        return Answer(decision, Origin.USER_PROMPT, "elicitation")
+
+    def _question(self, request: ConsentRequest, question_id: str, now: float) -> PendingRequest:
+        return PendingRequest(
+            id=question_id,
             created_at=now,
             expires_at=now + self._policy.timeout_s,
             session_id=self.session_id,
@@ -294,7 +367,9 @@ class ConsentStage:
             risk_tier=request.risk,
             destructive=request.destructive,
         )
-        self._store.insert_request(pending)
+
+    async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        self._store.insert_request(self._question(request, request.run_id, self._clock.now()))
         pause = _POLL_FIRST_S
         try:
             with anyio.move_on_after(self._policy.timeout_s):
@@ -391,3 +466,4 @@ _DENIED_ALWAYS = (
 )
 _TIMED_OUT = "no person answered before the consent timeout; the call was denied"
 _REFUSED_BY_POLICY = "the policy allows no consent prompts (consent.mode: deny)"
+_STATE_INVALID = "the consent answer does not belong to an open question about this call; call again without it"

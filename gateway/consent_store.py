@@ -118,7 +118,8 @@ class ConsentStore:
 
     # --- pending requests -----------------------------------------------------------------------
 
-    def insert_request(self, request: PendingRequest) -> None:
+    def insert_request(self, request: PendingRequest, status: str = "pending") -> None:
+        """A question: `pending` waits for the approver; `awaiting_client` for a 2026-07-28 client's retry."""
         with self._engine.begin() as connection:
             connection.execute(
                 db.consent_requests.insert().values(
@@ -134,7 +135,7 @@ class ConsentStore:
                     args_preview=request.args_preview,
                     risk_tier=request.risk_tier,
                     destructive=request.destructive,
-                    status="pending",
+                    status=status,
                 )
             )
 
@@ -151,13 +152,13 @@ class ConsentStore:
         with self._read.connect() as connection:
             return [_request(row) for row in connection.execute(query)]
 
-    def decide(self, request_id: str, decision: str, decided_by: str, now: float) -> bool:
+    def decide(self, request_id: str, decision: str, decided_by: str, now: float, waiting: str = "pending") -> bool:
         """Record a person's decision; False when someone else decided first or the question expired."""
         r = db.consent_requests
         with self._engine.begin() as connection:
             result = connection.execute(
                 update(r)
-                .where(r.c.id == request_id, r.c.status == "pending", r.c.expires_at > now)
+                .where(r.c.id == request_id, r.c.status == waiting, r.c.expires_at > now)
                 .values(status="decided", decision=decision, decided_by=decided_by, decided_at=now)
             )
         return result.rowcount == 1

@@ -26,7 +26,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
 from gateway.canonical import args_hash
-from gateway.consent import RISK_META_KEY, ConsentAsker, ConsentRequest, is_destructive, risk_tier, tool_fingerprint
+from gateway.consent import (
+    RISK_META_KEY,
+    ConsentAsker,
+    ConsentRequest,
+    InputRequired,
+    RoundTrip,
+    is_destructive,
+    risk_tier,
+    tool_fingerprint,
+)
 from gateway.errors import (
     AuthRequiredError,
     GatewayError,
@@ -95,7 +104,9 @@ class Pipeline:
         check_arguments(spec, arguments)
         return Admitted(principal, spec, scope)
 
-    async def call(self, request: CallRequest, asker: ConsentAsker | None = None) -> tuple[str, ToolOutcome]:
+    async def call(
+        self, request: CallRequest, asker: ConsentAsker | RoundTrip | None = None
+    ) -> tuple[str, ToolOutcome]:
         """Run a call through every stage; return (run_id, outcome) or raise GatewayError with data.run_id."""
         run_id = self.s.new_run_id()
         hashed = args_hash(dict(request.arguments))
@@ -108,7 +119,7 @@ class Pipeline:
             exc.data.setdefault("run_id", run_id)
             raise
 
-    async def _stages(self, trail: _Trail, request: CallRequest, asker: ConsentAsker | None) -> ToolOutcome:
+    async def _stages(self, trail: _Trail, request: CallRequest, asker: ConsentAsker | RoundTrip | None) -> ToolOutcome:
         """Stages 2-10; every way out leaves its terminal event (or fails closed with -32603)."""
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
         try:
@@ -125,6 +136,13 @@ class Pipeline:
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
             trail.executing, trail.started_at = True, self.s.clock.now()
             return await self._execute(admitted, trail, request.arguments)
+        except InputRequired:
+            # Nothing ran and the client will retry the call with its answer: that retry is the
+            # attempt. This round gives its reservation back and ends without a code.
+            if trail.charge_id is not None:
+                self.s.budget.release(trail.charge_id)
+            self._log(trail, trail.terminal(EventType.POLICY_BLOCKED, None, {"status": "input_required"}))
+            raise
         except GatewayError as exc:
             if not _is_audit_failure(exc):
                 self._log(trail, trail.refusal(exc))
@@ -188,7 +206,7 @@ class Pipeline:
         run_id: str,
         hashed: str,
         arguments: Mapping[str, Any],
-        asker: ConsentAsker | None,
+        asker: ConsentAsker | RoundTrip | None,
     ) -> None:
         spec = admitted.spec
         request = ConsentRequest(

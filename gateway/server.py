@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
-from gateway.consent import Decision
+from gateway.consent import Decision, InputRequired, RoundTrip, decision_from_form, decision_schema
 from gateway.errors import GatewayError, InternalError, InvalidParamsError
 from gateway.pipeline import CallRequest, Pipeline
 from gateway.rbac import has_permission
@@ -32,8 +32,6 @@ from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
 from gateway.transport import DEFAULT_MAX_MESSAGE_BYTES, stdio_transport
 
 log = logging.getLogger("gateway.server")
-
-_ELICITATION = types.ClientCapabilities(elicitation=types.ElicitationCapability())
 
 
 def to_mcp_error(exc: GatewayError, run_id: str | None = None) -> MCPError:
@@ -98,34 +96,36 @@ class ElicitationAsker:
         self._ctx = ctx
 
     async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | None:
-        schema = {
-            "type": "object",
-            "properties": {
-                "decision": {
-                    "type": "string",
-                    "title": "Decision",
-                    "enum": [c.value.lower() for c in choices],
-                }
-            },
-            "required": ["decision"],
-        }
         try:
-            result = await self._ctx.session.elicit_form(message, schema, related_request_id=self._ctx.request_id)
+            result = await self._ctx.session.elicit_form(
+                message, decision_schema(choices), related_request_id=self._ctx.request_id
+            )
         except MCPError:
             return None  # the client could not show the form: as good as a cancel, so deny once
-        if result.action != "accept" or not result.content:
-            return None
-        answer = str(result.content.get("decision", "")).upper()
-        return Decision(answer) if answer in {c.value for c in choices} else None
+        return decision_from_form(result.action, result.content, choices)
 
 
-def asker_for(ctx: ServerRequestContext[Any, Any]) -> ElicitationAsker | None:
-    """Ask in-band only where the client declared elicitation on a session that can send requests."""
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return None  # 2026-07-28 input_required round trips: not yet; the question goes out of band
-    if not ctx.session.check_client_capability(_ELICITATION):
+def asker_for(
+    ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams | None = None
+) -> ElicitationAsker | RoundTrip | None:
+    """How to ask the person behind this client: in-band where it declared form elicitation, else None
+    (the question then waits for `mcp-gateway approvals`). 2025-era sessions get `elicitation/create`;
+    2026-07-28 sessions, which have no server-to-client requests, an `input_required` round trip."""
+    if not _can_elicit_form(ctx):
         return None
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        answer = (params.input_responses or {}).get("consent") if params is not None else None
+        if isinstance(answer, types.ElicitResult):
+            return RoundTrip(answer.action, answer.content, params.request_state if params else None)
+        return RoundTrip(state=params.request_state if params else None)
     return ElicitationAsker(ctx)
+
+
+def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Form mode declared: a bare `elicitation: {}` counts as form, url-only does not (spec 2025-11-25)."""
+    capabilities = ctx.session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
 
 
 def build_server(services: Services) -> Server[Any]:
@@ -148,10 +148,15 @@ def build_server(services: Services) -> Server[Any]:
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params))
         try:
-            run_id, outcome = await pipeline.call(request, asker_for(ctx))
+            run_id, outcome = await pipeline.call(request, asker_for(ctx, params))
+        except InputRequired as needed:
+            question = types.ElicitRequestFormParams(message=needed.message, requested_schema=dict(needed.schema))
+            return types.InputRequiredResult(
+                input_requests={"consent": types.ElicitRequest(params=question)}, request_state=needed.state
+            )
         except GatewayError as exc:
             raise to_mcp_error(exc) from None
         except Exception:

@@ -223,3 +223,111 @@ def test_an_answer_that_was_not_offered_is_a_deny(gateway: GatewayHome, elicit: 
     elicit.responder = answering("allow_forever")
     response = call(elicit, gateway)
     assert response["error"]["data"]["reason"] == "consent_denied"
+
+
+# --- the 2026-07-28 era: no server-to-client requests, an input_required round trip ---------------
+
+FORM = {"elicitation": {"form": {}}}
+
+
+def modern(
+    session: StdioSession,
+    gateway: GatewayHome,
+    *,
+    capabilities: dict[str, Any] | None = None,
+    answer: dict[str, Any] | None = None,
+    state: str | None = None,
+    arguments: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One tools/call as a 2026-07-28 client sends it: the envelope in `_meta`, no `initialize`."""
+    params: dict[str, Any] = {
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": FORM if capabilities is None else capabilities,
+        },
+        "name": RUN[0],
+        "arguments": arguments or RUN[1],
+        "auth": {"token": gateway.token("alice")},
+    }
+    if answer is not None:
+        params["inputResponses"] = {"consent": answer}
+        params["requestState"] = state
+    return session.request("tools/call", params, timeout=120)
+
+
+@pytest.fixture
+def stateless(gateway: GatewayHome, open_session: SessionFactory) -> StdioSession:
+    return open_session(gateway, initialize=False)
+
+
+def accept(decision: str) -> dict[str, Any]:
+    return {"action": "accept", "content": {"decision": decision}}
+
+
+def test_2026_the_question_comes_back_as_input_required_and_the_retry_runs(
+    gateway: GatewayHome, stateless: StdioSession
+) -> None:
+    first = modern(stateless, gateway)["result"]
+    assert first["resultType"] == "input_required"
+    question = first["inputRequests"]["consent"]
+    assert question["method"] == "elicitation/create" and question["params"]["mode"] == "form"
+    assert "run_pytest" in question["params"]["message"] and "Medium risk" in question["params"]["message"]
+    assert question["params"]["requestedSchema"]["properties"]["decision"]["enum"] == ALL_CHOICES
+    retry = modern(stateless, gateway, answer=accept("allow_once"), state=first["requestState"])
+    structured = retry["result"]["structuredContent"]
+    assert structured["passed"] > 0
+    rounds = [e for e in gateway.audit_events() if e["event_type"] == "POLICY_BLOCKED"]
+    assert [e["detail"] for e in rounds] == [{"status": "input_required"}] and rounds[0]["code"] is None
+    (decision,) = decision_events(gateway, structured["run_id"])
+    assert decision["detail"]["decision"] == "ALLOW_ONCE" and decision["detail"]["channel"] == "elicitation"
+    with gateway.engine.connect() as connection:
+        attempts = connection.exec_driver_sql("SELECT count(*) FROM budget_charges").scalar()
+    assert attempts == 1, "the input_required round gave its attempt back: one call, one attempt"
+
+
+def test_2026_allow_always_then_no_round_trip(gateway: GatewayHome, stateless: StdioSession) -> None:
+    first = modern(stateless, gateway)["result"]
+    assert "result" in modern(stateless, gateway, answer=accept("allow_always"), state=first["requestState"])
+    again = modern(stateless, gateway)["result"]
+    assert again.get("resultType") != "input_required" and again["structuredContent"]["passed"] > 0
+
+
+@pytest.mark.parametrize("answer", [{"action": "decline"}, {"action": "cancel"}, accept("deny_once")])
+def test_2026_decline_cancel_and_deny_once_refuse(
+    gateway: GatewayHome, stateless: StdioSession, answer: dict[str, Any]
+) -> None:
+    first = modern(stateless, gateway)["result"]
+    refused = modern(stateless, gateway, answer=answer, state=first["requestState"])
+    assert refused["error"]["code"] == -32008 and refused["error"]["data"]["reason"] == "consent_denied"
+
+
+def test_2026_a_state_answers_one_question_of_one_call_only(gateway: GatewayHome, stateless: StdioSession) -> None:
+    state = modern(stateless, gateway)["result"]["requestState"]
+    other = modern(stateless, gateway, answer=accept("allow_once"), state=state, arguments={"test_path": "tests/"})
+    assert other["error"]["data"]["reason"] == "consent_state_invalid", "transplanted onto other arguments"
+    forged = modern(stateless, gateway, answer=accept("allow_once"), state="0" * 32)
+    assert forged["error"]["data"]["reason"] == "consent_state_invalid"
+    assert "result" in modern(stateless, gateway, answer=accept("allow_once"), state=state)
+    replay = modern(stateless, gateway, answer=accept("allow_once"), state=state)
+    assert replay["error"]["data"]["reason"] == "consent_state_invalid", "a state is used once"
+
+
+def test_2026_deny_always_persists(gateway: GatewayHome, stateless: StdioSession) -> None:
+    first = modern(stateless, gateway)["result"]
+    denied = modern(stateless, gateway, answer=accept("deny_always"), state=first["requestState"])
+    assert denied["error"]["data"]["reason"] == "consent_denied_always"
+    again = modern(stateless, gateway)
+    assert again["error"]["data"]["reason"] == "consent_denied_always", "refused at once, no round trip"
+
+
+def test_2026_a_client_without_elicitation_waits_for_the_approver(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    gateway = make_gateway({"consent": {"timeout_s": 1}})
+    gateway.add_user("alice")
+    session = open_session(gateway, initialize=False)
+    refused = modern(session, gateway, capabilities={})
+    assert refused["error"]["data"]["reason"] == "consent_timeout"
+    (event,) = decision_events(gateway, refused["error"]["data"]["run_id"])
+    assert event["detail"]["channel"] == "approver"
