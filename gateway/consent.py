@@ -370,20 +370,20 @@ class ConsentStage:
 
     async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
         self._store.insert_request(self._question(request, request.run_id, self._clock.now()))
-        pause = _POLL_FIRST_S
+        pause, answer = _POLL_FIRST_S, None
         try:
             with anyio.move_on_after(self._policy.timeout_s):
-                while True:
+                while answer is None:
                     answer = self._answer_of(request.run_id, choices)
-                    if answer is not None:
-                        return answer
-                    await anyio.sleep(pause)
-                    pause = min(pause * 2, _POLL_MAX_S)
+                    if answer is None:
+                        await anyio.sleep(pause)
+                        pause = min(pause * 2, _POLL_MAX_S)
         finally:
-            with anyio.CancelScope(shield=True):
-                closed = self._store.expire(request.run_id, self._clock.now())
-        # Past the timeout, or cancelled: a decision that got in before the question closed still counts.
-        return None if closed else self._answer_of(request.run_id, choices)
+            if answer is None:  # past the timeout, or cancelled: close the question
+                with anyio.CancelScope(shield=True):
+                    closed = self._store.expire(request.run_id, self._clock.now())
+        # A decision that got in before the question closed still counts.
+        return answer if answer is not None or closed else self._answer_of(request.run_id, choices)
 
     def _answer_of(self, request_id: str, choices: tuple[Decision, ...]) -> Answer | None:
         row = self._store.fetch_request(request_id)
