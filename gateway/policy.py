@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from gateway.errors import ConfigError, PolicyBlockedError
+from gateway.permission_rules import parse_rule
 from gateway.rbac import Permission
 from sandbox.limits import ALWAYS_REQUIRED, BACKEND_LAYERS, BACKENDS, Backend, required_layers
 
@@ -404,7 +405,15 @@ def _permission_prompt(r: _Reader, node: yaml.Node | None) -> PermissionPromptPo
     d = _section(r, node, "permission_prompt", ("enabled", "deny", "ask", "allow"))
 
     def rules(key: str) -> tuple[str, ...]:
-        return tuple(v for v, _ in r.strings(d[key], f"permission_prompt.{key}")) if key in d else ()
+        if key not in d:
+            return ()
+        items = r.strings(d[key], f"permission_prompt.{key}")
+        for text, item in items:
+            try:
+                parse_rule(text)
+            except ValueError as exc:
+                raise r.fail(item, f"permission_prompt.{key}: {exc}") from None
+        return tuple(text for text, _ in items)
 
     enabled = r.boolean(d["enabled"], "permission_prompt.enabled") if "enabled" in d else False
     return PermissionPromptPolicy(enabled=enabled, deny=rules("deny"), ask=rules("ask"), allow=rules("allow"))

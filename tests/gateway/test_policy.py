@@ -583,6 +583,17 @@ REJECTED = [
     pytest.param(
         """\
         version: 1
+        permission_prompt:
+          allow: ["Bash(pytest:*)", "Read"]
+          deny:
+            - "WebFetch(example.com)"  # <-
+        """,
+        "permission_prompt.deny: 'WebFetch(example.com)': WebFetch takes domain:HOST",
+        id="permission-rule-bad",
+    ),
+    pytest.param(
+        """\
+        version: 1
         sandbox:
           backend: firejail  # <-
         """,
