@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,16 +36,21 @@ SAMPLE_PROJECT = REPO / "examples" / "sample_project"
 LEGACY = "2025-11-25"
 
 
-def reachable_by_everyone(folder: Path) -> None:
-    """Let the sandbox's unprivileged run uid read a workspace the (root) test created.
-
-    pytest's tmp_path folders are 0700; only folders this test session created are opened up.
-    """
+def enterable_by_everyone(folder: Path) -> None:
+    """o+rx on `folder` and its parents up to the temp dir, not on anything inside it."""
     base = Path(tempfile.gettempdir()).resolve()
     for parent in (folder, *folder.parents):
         if parent == base or base not in parent.parents:
             break
         parent.chmod(parent.stat().st_mode | 0o055)
+
+
+def reachable_by_everyone(folder: Path) -> None:
+    """Let the sandbox's unprivileged run uid read a workspace the (root) test created.
+
+    pytest's tmp_path folders are 0700; only folders this test session created are opened up.
+    """
+    enterable_by_everyone(folder)
     for path in folder.rglob("*"):
         path.chmod(path.stat().st_mode | (0o055 if path.is_dir() else 0o044))
 
@@ -67,10 +73,14 @@ class GatewayHome:
 
     def __post_init__(self) -> None:
         self.home = self.root / "state"
-        self.workspace = self.root / "workspace"
+        # Outside pytest's own temp folder: pytest resets /tmp/pytest-of-<user> to 0700 whenever a
+        # session starts, and a concurrent session would then lock the run uid out of this workspace.
+        outside = Path(tempfile.mkdtemp(prefix="mcp-gw-test-"))
+        weakref.finalize(self, shutil.rmtree, outside, True)
+        self.workspace = outside / "workspace"
         shutil.copytree(SAMPLE_PROJECT, self.workspace, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
         reachable_by_everyone(self.workspace)
-        self.policy_path = self.root / "policy.yaml"
+        self.policy_path = outside / "policy.yaml"  # world-readable beside the workspace: Landlock alone stops it
         self.write_policy(self.policy_overrides)
         self.home.mkdir(mode=0o700)
         (self.home / "artifacts").mkdir(mode=0o700)

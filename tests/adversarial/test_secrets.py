@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from tests.adversarial.conftest import CANARY_VAR, Arena, Listener
+from tests.harness import enterable_by_everyone
 
 READER = """
 import os
@@ -132,13 +133,20 @@ def test_workspace_symlinks_to_secrets_do_not_read_them(arena: Arena) -> None:
         "adv/link_to_policy": arena.gateway.policy_path,
         "adv/link_to_state": arena.gateway.home,
     }
+    (arena.workspace / "adv").mkdir(exist_ok=True)
+    # Up to the state folder's door (itself still 0700): only the run uid and Landlock stand in the way.
+    enterable_by_everyone(arena.gateway.root)
     for name, target in links.items():
         (arena.workspace / name).unlink(missing_ok=True)
         (arena.workspace / name).symlink_to(target)
     paths = [str(arena.workspace / "adv/link_to_key"), str(arena.workspace / "adv/link_to_policy")]
     paths.append(str(arena.workspace / "adv/link_to_state/gateway.db"))
     arena.write("adv/test_symlink.py", SYMLINK, links=paths)
-    run = arena.run("adv/test_symlink.py")
+    try:
+        run = arena.run("adv/test_symlink.py")
+    finally:
+        for name in links:  # a link into the state folder would break later runs' collection of adv/
+            (arena.workspace / name).unlink(missing_ok=True)
     found = run.report()
     for secret in arena.secrets.values():
         run.assert_no_secret(secret)

@@ -60,9 +60,10 @@ def steering(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Arena]:
     # Whitelisting names that must never pass shows the gateway filters them, not just the policy.
     policy: dict[str, Any] = {"sandbox": {"env_whitelist": ["PATH", "LANG", "LC_ALL", *HOSTILE_ENV]}}
     with open_arena(root, policy=policy, serve_env=HOSTILE_ENV, keep_sample_config=False) as arena:
-        (root / "pytest.ini").write_text(PARENT_INI)
-        (root / "conftest.py").write_text(PARENT_CONFTEST)
-        (root / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-k parent_toml_honoured"\n')
+        parent = arena.workspace.parent  # hostile config just above the workspace
+        (parent / "pytest.ini").write_text(PARENT_INI)
+        (parent / "conftest.py").write_text(PARENT_CONFTEST)
+        (parent / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-k parent_toml_honoured"\n')
         arena.write("pytest.py", SHADOW_PYTEST)
         arena.write("probe/test_probe.py", PROBE)
         arena.write("probe/test_passing.py", PASSING)
