@@ -19,6 +19,7 @@ import socket
 import sys
 import termios
 import tty
+import unicodedata
 from collections.abc import Iterator
 from typing import TextIO
 
@@ -57,18 +58,29 @@ def decision_for_key(key: str, destructive: bool) -> Decision | None:
     return dict(actions_for(destructive)).get(key)
 
 
+def shown(text: str) -> str:
+    """`text` as it may reach a terminal: every control and format character (escape sequences, a
+    carriage return that would overwrite the line, bidi overrides that reorder it) written out as
+    an escape, so what the person reads is what the tool would get."""
+    return "".join(f"\\u{ord(ch):04x}" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch for ch in text)
+
+
 def render(request: PendingRequest, now: float, locale: str) -> str:
     copy = copy_for(locale)
     left = max(0, int(request.expires_at - now))
     default = default_for(request.destructive)
     actions = "  ".join(f"[{key}] {copy[d.value]}" for key, d in actions_for(request.destructive))
+    if request.preview is None:
+        what = [f"  {copy['args']}: {shown(request.args_preview)}"]
+    else:
+        what = [f"    {shown(line)}" for line in request.preview.split("\n")]
     lines = [
-        f"--- consent request {request.id} ---",
-        f"{copy['title']} {request.tool_name}",
-        f"  {copy['from'].format(server=request.server_id)}",
+        f"--- consent request {shown(request.id)} ---",
+        f"{copy['title']} {shown(request.tool_name)}",
+        f"  {copy['from'].format(server=shown(request.server_id))}",
         f"  risk:      {copy[request.risk_tier]}" + ("  (destructive)" if request.destructive else ""),
-        f"  user:      {request.user}    workspace: {request.workspace}",
-        f"  {copy['args']}: {request.args_preview}",
+        f"  user:      {shown(request.user)}    workspace: {shown(request.workspace)}",
+        *what,
         f"  answer within {left} s",
         f"  {actions}",
         f"  [Enter] {copy[default.value]}   [Esc] {copy[Decision.DENY_ONCE.value]}   [q] quit",

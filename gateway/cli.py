@@ -9,44 +9,34 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import jwt
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.approvals import approver_name, run_approvals
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.auth import ensure_keys, issue_token
-from gateway.canonical import args_hash
-from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
-from gateway.consent import (
-    RISK_META_KEY,
-    Decision,
-    grant_expiry,
-    is_destructive,
-    parse_duration,
-    risk_tier,
-    tool_fingerprint,
+from gateway.cli_consent import (
+    add_consent_commands,
+    cmd_approvals,
+    cmd_consent_grant,
+    cmd_consent_list,
+    cmd_consent_revoke,
 )
-from gateway.consent_store import ConsentStore, Grant
+from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
-from gateway.errors import ConfigError
+from gateway.errors import CommandError, ConfigError
 from gateway.pipeline import Pipeline
 from gateway.policy import SandboxPolicy, load_policy, risky_settings
 from gateway.rbac import ADMIN_ROLE
 from gateway.services import Services, open_services
 from gateway.settings import Settings, resolve_settings
-from gateway.tools.registry import TOOL_NAMES, TOOLS
+from gateway.tools.registry import TOOL_NAMES
 from gateway.users import UserError
 from sandbox import layers
 from sandbox.confine import LayerReport
 from sandbox.limits import BACKEND_LAYERS, LAYERS
 
 log = logging.getLogger("gateway")
-
-
-class CommandError(Exception):
-    """An expected failure: one line on stderr, exit 1."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,30 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--since", help="only events at or after this ISO 8601 time")
     audit.add_parser("verify", help="check the hash chain")
 
-    _add_consent_commands(sub)
+    add_consent_commands(sub)
     sub.add_parser("demo", help="what `make demo` runs: a real MCP client session against the gateway")
     return parser
-
-
-def _add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    consent = sub.add_parser("consent", help="stored consent decisions").add_subparsers(dest="action", required=True)
-    listing = consent.add_parser("list", help="list stored decisions")
-    listing.add_argument("--user", help="only this user's")
-    listing.add_argument("--all", action="store_true", help="revoked ones too")
-    grant = consent.add_parser("grant", help="store a decision ahead of the call (allow always or deny always)")
-    grant.add_argument("user")
-    grant.add_argument("tool")
-    kind = grant.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--always", action="store_true", help="allow always (not for a destructive tool)")
-    kind.add_argument("--deny", action="store_true", help="deny always")
-    grant.add_argument("--workspace", help="the workspace (default: the user's first)")
-    grant.add_argument(
-        "--expires-in", help="lifetime, e.g. 90s, 15m, 8h, 7d (default: consent.expiry_days of the tier)"
-    )
-    grant.add_argument("--args", help="only for these arguments (a JSON object); default: any arguments")
-    withdraw = consent.add_parser("revoke", help="revoke a stored decision by its id (see consent list)")
-    withdraw.add_argument("grant_id", type=int)
-    sub.add_parser("approvals", help="terminal approver for pending consent requests")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -347,106 +316,6 @@ def cmd_audit_verify(settings: Settings, _args: argparse.Namespace) -> int:
         return 0
     print(f"broken: first bad event id {report.first_bad_id} ({report.problem})")
     return 1
-
-
-def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
-    now = SystemClock().now()
-    for g in ConsentStore(make_engine(settings.db_url)).list_grants(args.user, include_revoked=args.all):
-        state = (
-            "revoked" if g.revoked_at else "expired" if g.expires_at is not None and g.expires_at <= now else "active"
-        )
-        expires = iso_utc(g.expires_at) if g.expires_at is not None else "never"
-        scope = f"args:{g.args_hash[:12]}" if g.args_hash else "any-args"
-        print(
-            f"{g.id}\t{g.user}\t{g.workspace}\t{g.tool_name}\t{g.decision}\t{scope}\t{expires}\t{state}\t{g.granted_by}"
-        )
-    return 0
-
-
-def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
-    s = _services(settings)
-    spec = TOOLS.get(args.tool)
-    if spec is None:
-        raise CommandError(f"unknown tool {args.tool!r} (known: {', '.join(sorted(TOOLS))})")
-    record = s.users.fetch(args.user)
-    if record is None:
-        raise CommandError(f"unknown user {args.user!r}")
-    workspace = args.workspace or (record.workspaces[0] if record.workspaces else None)
-    if workspace is None or workspace not in record.workspaces:
-        raise CommandError(f"{args.user} has no workspace {workspace!r} (theirs: {', '.join(record.workspaces)})")
-    if args.always and is_destructive(spec.annotations):
-        raise CommandError(f"{spec.name} is destructive: Allow always is refused for it (allow once at the prompt)")
-    tier = risk_tier(spec.annotations, trusted=True, declared=spec.meta.get(RISK_META_KEY))
-    now = s.clock.now()
-    try:
-        lifetime = parse_duration(args.expires_in) if args.expires_in else None
-        arguments = json.loads(args.args) if args.args else None
-    except ValueError as exc:
-        raise CommandError(str(exc) if args.expires_in else "--args is not valid JSON") from exc
-    if arguments is not None and not isinstance(arguments, dict):
-        raise CommandError("--args must be a JSON object")
-    expires_at = now + lifetime if lifetime else grant_expiry(tier, s.policy.consent, now) if args.always else None
-    hashed = args_hash(arguments) if arguments is not None else None
-    grant = Grant(
-        id=0,
-        user=record.name,
-        workspace=workspace,
-        server_id=s.server_id,
-        tool_name=spec.name,
-        args_hash=hashed,
-        decision="ALLOW" if args.always else "DENY",
-        fingerprint=tool_fingerprint(spec.name, spec.input_schema, spec.annotations),
-        granted_at=now,
-        expires_at=expires_at,
-        granted_by=f"cli:{approver_name().removeprefix('approvals:')}",
-    )
-    grant_id = ConsentStore(s.engine).insert_grant(grant)
-    decision = Decision.ALLOW_ALWAYS if args.always else Decision.DENY_ALWAYS
-    detail: dict[str, Any] = {
-        "decision": str(decision),
-        "risk_tier": tier,
-        "origin": "policy",
-        "server_id": s.server_id,
-    }
-    detail |= {"channel": "cli", "grant_id": grant_id, "expires_at": expires_at, "decided_by": grant.granted_by}
-    s.audit.append(
-        EventDraft(
-            EventType.PERMISSION_DECISION,
-            user=record.name,
-            workspace=workspace,
-            tool_name=spec.name,
-            args_hash=hashed,
-            detail=detail,
-        )
-    )
-    until = iso_utc(expires_at) if expires_at is not None else "revoked"
-    print(f"stored {decision} for {record.name} / {workspace} / {spec.name} until {until}", file=sys.stderr)
-    print(grant_id)
-    return 0
-
-
-def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
-    s = _services(settings)
-    revoked = ConsentStore(s.engine).revoke_grant(args.grant_id, s.clock.now())
-    if revoked is None:
-        raise CommandError(f"no stored decision {args.grant_id} (or it is revoked already)")
-    s.audit.append(
-        EventDraft(
-            EventType.CONSENT_REVOKED,
-            user=revoked.user,
-            workspace=revoked.workspace,
-            tool_name=revoked.tool_name,
-            args_hash=revoked.args_hash,
-            detail={"grant_id": revoked.id, "decision": revoked.decision, "revoked_by": approver_name()},
-        )
-    )
-    print(f"revoked {revoked.id} ({revoked.decision} for {revoked.user} / {revoked.tool_name})", file=sys.stderr)
-    return 0
-
-
-def cmd_approvals(settings: Settings, _args: argparse.Namespace) -> int:
-    locale = load_policy(settings.policy_path, TOOL_NAMES).consent.locale
-    return run_approvals(ConsentStore(make_engine(settings.db_url)), SystemClock(), locale)
 
 
 def cmd_demo(settings: Settings, _args: argparse.Namespace) -> int:

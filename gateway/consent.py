@@ -198,6 +198,8 @@ class ConsentRequest:
     risk: RiskTier
     fingerprint: str = ""
     destructive: bool = False
+    preview: str | None = None
+    """What the call would do, in words a person reads (a command, a diff, a URL); None: the arguments say it."""
 
 
 def prompt_text(request: ConsentRequest, locale: str) -> str:
@@ -366,6 +368,7 @@ class ConsentStage:
             args_preview=redacted_preview(request.arguments),
             risk_tier=request.risk,
             destructive=request.destructive,
+            preview=request.preview,
         )
 
     async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:

@@ -51,6 +51,8 @@ class PendingRequest:
     risk_tier: str
     destructive: bool
     status: str = "pending"
+    preview: str | None = None
+    """What the tool use would do, for the approver (a command, a diff, a URL); None: the arguments say it."""
     decision: str | None = None
     decided_by: str | None = None
 
@@ -133,6 +135,7 @@ class ConsentStore:
                     tool_name=request.tool_name,
                     args_hash=request.args_hash,
                     args_preview=request.args_preview,
+                    preview=request.preview,
                     risk_tier=request.risk_tier,
                     destructive=request.destructive,
                     status=status,
@@ -210,6 +213,7 @@ def _request(row: object) -> PendingRequest:
         status=m["status"],
         decision=m["decision"],
         decided_by=m["decided_by"],
+        preview=m["preview"],
     )
 
 

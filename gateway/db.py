@@ -155,6 +155,7 @@ class ConsentRequestRow(Base):
     tool_name: Mapped[str] = mapped_column(String(128))
     args_hash: Mapped[str] = mapped_column(String(64))
     args_preview: Mapped[str] = mapped_column(Text)
+    preview: Mapped[str | None] = mapped_column(Text, nullable=True)
     risk_tier: Mapped[str] = mapped_column(String(8))
     destructive: Mapped[bool] = mapped_column(Boolean)
     status: Mapped[str] = mapped_column(String(16))

@@ -87,6 +87,10 @@ class InternalError(GatewayError):
     message = "Internal error"
 
 
+class CommandError(Exception):
+    """A command's expected failure: one line on stderr, exit 1 (spec section 3)."""
+
+
 class ConfigError(Exception):
     """A configuration file or value is invalid; `where` is `file:line` when known."""
 

@@ -11,13 +11,17 @@ A deny or ask rule that matches any part applies; an allow rule applies only if 
 matches an allow rule. A command holding `$(`, backticks, `<(`, `>(` or an unbalanced quote
 cannot be cut reliably, so no allow rule matches it (it is asked about, or denied by a rule
 matching one of its visible parts).
+
+A file path is judged as written and, when `judge` is given `realpath`, as the file it really
+is (symlinks followed): a deny or ask rule applies if it matches either, and allow rules must
+cover both. So `Edit(src/**)` never covers `src/link` pointing out of `src/`.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -81,18 +85,32 @@ def _bash_part_matches(spec: str | None, part: str) -> bool:
     return part == spec
 
 
-def _path_matches(spec: str, value: object, root: str | None) -> bool:
+def path_forms(value: object, root: str | None, realpath: Callable[[str], str] | None) -> list[str | None]:
+    """The path relative to the workspace as written and (with `realpath`) as resolved; None for a
+    form outside the workspace or holding `..`, which no relative rule covers."""
     if not isinstance(value, str) or not value:
-        return False
-    path = PurePosixPath(value)
+        return [None]
+    forms = [_relative(PurePosixPath(value), root)]
+    if realpath is not None and root:
+        absolute = value if value.startswith("/") else f"{root.rstrip('/')}/{value}"
+        forms.append(_relative(PurePosixPath(realpath(absolute)), realpath(root)))
+    return forms
+
+
+def _relative(path: PurePosixPath, root: str | None) -> str | None:
     if path.is_absolute() and root:
         try:
             path = path.relative_to(root)
         except ValueError:
-            return False  # outside the workspace: a relative rule never covers it
-    if ".." in path.parts:
+            return None
+    return None if ".." in path.parts else str(path)
+
+
+def _path_matches(spec: str, form: str | None) -> bool:
+    if form is None:
         return False
-    return path.full_match(spec) if hasattr(path, "full_match") else _glob(spec, str(path))
+    path = PurePosixPath(form)
+    return path.full_match(spec) if hasattr(path, "full_match") else _glob(spec, form)
 
 
 def _glob(pattern: str, path: str) -> bool:
@@ -120,8 +138,8 @@ def _host_matches(spec: str, url: object) -> bool:
     return host == spec.removeprefix("domain:").lower()
 
 
-def _matches(rule: Rule, tool: str, tool_input: Mapping[str, Any], root: str | None) -> bool:
-    """Whether `rule` covers this use (for Bash: some part of the command)."""
+def _matches(rule: Rule, tool: str, tool_input: Mapping[str, Any], forms: Sequence[str | None]) -> bool:
+    """Whether `rule` touches this use: for Bash some part of the command, for a file any form of its path."""
     if rule.tool != tool:
         return False
     if rule.spec is None:
@@ -131,14 +149,20 @@ def _matches(rule: Rule, tool: str, tool_input: Mapping[str, Any], root: str | N
         return any(_bash_part_matches(rule.spec, p) for p in parts)
     if tool == "WebFetch":
         return _host_matches(rule.spec, tool_input.get("url"))
-    return _path_matches(rule.spec, tool_input.get(FILE_TOOLS[tool]), root)
+    return any(_path_matches(rule.spec, form) for form in forms)
 
 
-def _allowed(rules: Sequence[Rule], tool: str, tool_input: Mapping[str, Any], root: str | None) -> Rule | None:
-    """The allow rule covering the whole use; for Bash every part must be covered."""
+def _allowed(
+    rules: Sequence[Rule], tool: str, tool_input: Mapping[str, Any], forms: Sequence[str | None]
+) -> Rule | None:
+    """The allow rule covering the whole use: for Bash every part, for a file every form of its path
+    must be covered (each by some rule); the rule covering the first part or form is named."""
     mine = [r for r in rules if r.tool == tool]
+    if tool in FILE_TOOLS:
+        by_form = [next((r for r in mine if r.spec is None or _path_matches(r.spec, f)), None) for f in forms]
+        return by_form[0] if all(by_form) else None
     if tool != "Bash":
-        return next((r for r in mine if _matches(r, tool, tool_input, root)), None)
+        return next((r for r in mine if _matches(r, tool, tool_input, forms)), None)
     parts, reliable = bash_parts(str(tool_input.get("command", "")))
     if not reliable or not parts:
         return None
@@ -162,13 +186,20 @@ class RuleSet:
         return cls(*(tuple(parse_rule(t) for t in texts) for texts in (deny, ask, allow)))
 
 
-def judge(rules: RuleSet, tool: str, tool_input: Mapping[str, Any], root: str | None = None) -> Judgement:
-    """deny > ask > allow; no match: ask."""
+def judge(
+    rules: RuleSet,
+    tool: str,
+    tool_input: Mapping[str, Any],
+    root: str | None = None,
+    realpath: Callable[[str], str] | None = None,
+) -> Judgement:
+    """deny > ask > allow; no match: ask. `realpath` (e.g. os.path.realpath) adds the resolved path."""
+    forms = path_forms(tool_input.get(FILE_TOOLS[tool]), root, realpath) if tool in FILE_TOOLS else []
     for verdict, listed in (("deny", rules.deny), ("ask", rules.ask)):
-        hit = next((r for r in listed if _matches(r, tool, tool_input, root)), None)
+        hit = next((r for r in listed if _matches(r, tool, tool_input, forms)), None)
         if hit is not None:
             return Judgement(verdict, hit.text)  # type: ignore[arg-type]
-    allowed = _allowed(rules.allow, tool, tool_input, root)
+    allowed = _allowed(rules.allow, tool, tool_input, forms)
     if allowed is not None:
         return Judgement("allow", allowed.text)
     return Judgement("ask", None)

@@ -469,7 +469,15 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
         warn("auth.algorithms mixes HMAC and public-key algorithms; each verifies only with its own key")
     if policy.budget.attempts_total == 0 or policy.budget.elapsed_ms_total == 0:
         warn("a budget total is 0: every write call will be refused with -32005")
+    for rule in policy.permission_prompt.allow:
+        tool, _, spec = rule.partition("(")
+        if tool in _AGENT_WRITERS and (not spec or spec.rstrip(")").strip() in ("*", "**", ":*")):
+            warn(f"permission_prompt.allow has {rule!r}: every use of {tool} is allowed without a person")
     return out
+
+
+_AGENT_WRITERS = ("Bash", "Edit", "MultiEdit", "Write", "NotebookEdit")
+"""Claude Code's tools that change things: a bare allow rule for one of them allows everything."""
 
 
 def _is_within(child: Path, parent: Path) -> bool:

@@ -70,7 +70,7 @@ def check_call(
     if requested is None and not spec.sandboxed:
         # A read across workspaces (list_artifacts): everything the caller may see, ADMIN all.
         return CallScope(None, None, visible_workspaces(caller), timeout_s)
-    workspace = _choose_workspace(policy, requested, caller)
+    workspace = choose_workspace(policy, requested, caller)
     root = policy.workspaces[workspace]
     for name in spec.path_arguments:
         value = arguments.get(name)
@@ -79,7 +79,7 @@ def check_call(
     return CallScope(workspace, root, (workspace,), timeout_s)
 
 
-def _choose_workspace(policy: Policy, requested: str | None, caller: Caller) -> str:
+def choose_workspace(policy: Policy, requested: str | None, caller: Caller) -> str:
     if caller.token_workspace is not None and requested not in (None, caller.token_workspace):
         raise PolicyBlockedError("workspace_not_allowed", "the token is limited to another workspace")
     name = requested or caller.token_workspace or (caller.workspaces[0] if caller.workspaces else None)

@@ -23,6 +23,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from gateway import __version__
 from gateway.consent import Decision, InputRequired, RoundTrip, decision_from_form, decision_schema
 from gateway.errors import GatewayError, InternalError, InvalidParamsError
+from gateway.permission_prompt import SPEC as CHECK_PERMISSION
+from gateway.permission_prompt import TOKEN_ENV, PermissionPrompt
 from gateway.pipeline import CallRequest, Pipeline
 from gateway.rbac import has_permission
 from gateway.services import Services
@@ -130,6 +132,10 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
 
 def build_server(services: Services) -> Server[Any]:
     pipeline = Pipeline(services)
+    # Claude Code's permission prompt tool (spec section 9): offered only when the policy enables it,
+    # whatever params.auth says (it authenticates with the server's MCP_GATEWAY_TOKEN).
+    prompt = PermissionPrompt(services) if services.policy.permission_prompt.enabled else None
+    extra = [tool_definition(CHECK_PERMISSION)] if prompt is not None else []
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -137,18 +143,23 @@ def build_server(services: Services) -> Server[Any]:
         allowlisted = [TOOLS[name] for name in services.policy.allowlist if name in TOOLS]
         token = _token_of(ctx.params)
         if token is None:
-            return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted])
+            return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted] + extra)
         try:
             principal = services.authenticator.authenticate(token)
         except GatewayError as exc:
             raise to_mcp_error(exc, services.new_run_id()) from None
         roles = services.policy.roles
         mine = [s for s in allowlisted if has_permission(roles, principal.role, s.permission)]
-        return types.ListToolsResult(tools=[tool_definition(s) for s in mine])
+        return types.ListToolsResult(tools=[tool_definition(s) for s in mine] + extra)
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
+        if prompt is not None and params.name == CHECK_PERMISSION.name:
+            run_id, answer = await prompt.check(params.arguments or {})
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=answer)], _meta={RUN_ID_META: run_id}
+            )
         request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params))
         try:
             run_id, outcome = await pipeline.call(request, asker_for(ctx, params))
@@ -218,6 +229,9 @@ async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE
     the runs it started running. Returns whether a signal stopped it.
     """
     server = build_server(services)
+    if services.policy.permission_prompt.enabled:
+        found = "set" if services.environ.get(TOKEN_ENV, "").strip() else "NOT set: every answer will be deny"
+        log.warning("check_permission is offered (permission_prompt.enabled); %s is %s", TOKEN_ENV, found)
     signalled = anyio.Event()
     async with anyio.create_task_group() as group:
         group.start_soon(_stop_on_signal, group.cancel_scope, signalled)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import queue
 import shutil
 import subprocess
@@ -155,7 +156,15 @@ class GatewayHome:
 class StdioSession:
     """`mcp-gateway serve` in a subprocess, driven line by line."""
 
-    def __init__(self, gateway: GatewayHome, extra_args: tuple[str, ...] = (), db_url: str | None = None) -> None:
+    def __init__(
+        self,
+        gateway: GatewayHome,
+        extra_args: tuple[str, ...] = (),
+        db_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`env` adds to the environment `serve` inherits, which never carries the tests' MCP_GATEWAY_TOKEN."""
+        environment = {k: v for k, v in os.environ.items() if k != "MCP_GATEWAY_TOKEN"} | dict(env or {})
         self.stderr_path = gateway.root / f"serve-stderr-{id(self)}.log"
         self._stderr = self.stderr_path.open("wb")
         url = db_url or gateway.url
@@ -176,6 +185,7 @@ class StdioSession:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
+            env=environment,
         )
         self._lines: queue.Queue[bytes] = queue.Queue()
         self._pending: dict[Any, dict[str, Any]] = {}
@@ -265,3 +275,11 @@ class StdioSession:
             self.process.stdout.close()
         self._stderr.close()
         return code
+
+
+def shows_request(approver: Any) -> str:
+    """Wait for the next question on an approver's screen (a pexpect child); returns its id."""
+    approver.expect(r"consent request (\w+) ---")
+    request_id = str(approver.match.group(1))
+    approver.expect(r"\[q\] quit")
+    return request_id

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pexpect
@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from gateway import db
-from tests.harness import GatewayHome, StdioSession
+from tests.harness import GatewayHome, StdioSession, shows_request
 
 SessionFactory = Callable[..., StdioSession]
 RUN = ("run_pytest", {"test_path": "tests"})
@@ -28,22 +28,6 @@ def gateway(make_gateway: Callable[..., GatewayHome]) -> GatewayHome:
     return gw
 
 
-@pytest.fixture
-def approvals(gateway: GatewayHome) -> Iterator[Callable[[], pexpect.spawn]]:
-    started: list[pexpect.spawn] = []
-
-    def start() -> pexpect.spawn:
-        argv = gateway.cli_argv("approvals")
-        child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200))
-        child.expect("waiting for consent requests")
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        child.terminate(force=True)
-
-
 def send_call(session: StdioSession, gateway: GatewayHome) -> int:
     """Start a run_pytest call without waiting for its answer; returns its JSON-RPC id."""
     request_id = next(_ids)
@@ -56,14 +40,6 @@ def send_call(session: StdioSession, gateway: GatewayHome) -> int:
             "params": {"name": name, "arguments": arguments, "auth": {"token": gateway.token("alice")}},
         }
     )
-    return request_id
-
-
-def shows_request(approver: pexpect.spawn) -> str:
-    """Wait for the next question on the approver's screen; returns its id."""
-    approver.expect(r"consent request (\w+) ---")
-    request_id = str(approver.match.group(1))
-    approver.expect(r"\[q\] quit")
     return request_id
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gateway.approvals import ESC, actions_for, decision_for_key, default_for, render
@@ -72,3 +74,11 @@ def test_portuguese_copy_in_the_panel_and_the_prompt() -> None:
     assert "[4] Negar sempre" in panel and "Risco alto · pode modificar dados" in panel
     request = ConsentRequest("r", "alice", "default", "mcp-write-gateway", "run_pytest", "a" * 64, {}, "medium")
     assert prompt_text(request, "pt-BR").startswith("Permitir execução desta ferramenta? run_pytest\nDo servidor")
+
+
+def test_a_preview_replaces_the_arguments_line_and_is_escaped_line_by_line() -> None:
+    request = dataclasses.replace(pending(destructive=True), tool_name="Bash", preview="$ pytest\r\x1b[2Kls\n  && true")
+    panel = render(request, T0, "en-US")
+    assert "    $ pytest\\u000d\\u001b[2Kls\n      && true\n" in panel
+    assert "Arguments:" not in panel
+    assert "\x1b" not in panel and "\r" not in panel

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.permission_rules import RuleSet, bash_parts, judge, parse_rule
+from gateway.permission_rules import Judgement, RuleSet, bash_parts, judge, parse_rule
 
 ROOT = "/srv/ws"
 
@@ -115,3 +117,21 @@ def test_paths_and_domains(tool: str, tool_input: dict[str, Any], verdict: str) 
 
 def test_no_rule_means_ask() -> None:
     assert judge(RuleSet(), "Bash", {"command": "ls"}).verdict == "ask"
+
+
+def test_a_file_rule_judges_the_path_as_written_and_as_resolved(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    (root / "src").mkdir(parents=True)
+    (root / "secrets").mkdir()
+    (root / "src" / "to_secrets").symlink_to(root / "secrets")
+    (root / "docs").symlink_to(root / "src")
+    rules = RuleSet.parse(["Edit(secrets/**)"], [], ["Edit(src/**)", "Edit(docs/**)"])
+    through_link = {"file_path": f"{root}/src/to_secrets/key.pem"}
+    # As written it is src/...: allowed by a lexical judge, denied once the link is followed.
+    assert judge(rules, "Edit", through_link, str(root)).verdict == "allow"
+    assert judge(rules, "Edit", through_link, str(root), os.path.realpath) == Judgement("deny", "Edit(secrets/**)")
+    # A link within the allowed folders stays allowed: both forms are covered.
+    assert judge(rules, "Edit", {"file_path": f"{root}/docs/a.md"}, str(root), os.path.realpath).verdict == "allow"
+    # Out of the workspace through a link: no relative rule covers it.
+    (root / "src" / "out").symlink_to(tmp_path)
+    assert judge(rules, "Edit", {"file_path": f"{root}/src/out/x"}, str(root), os.path.realpath).verdict == "ask"

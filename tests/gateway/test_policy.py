@@ -69,7 +69,11 @@ def test_shipped_policy_loads_with_the_documented_values() -> None:
     assert policy.consent.timeout_s == 300
     assert dict(policy.consent.expiry_days) == {"low": 90, "medium": 30, "high": 7}
     assert policy.consent.locale == "en-US"
-    assert policy.permission_prompt == PermissionPromptPolicy()
+    assert policy.permission_prompt == PermissionPromptPolicy(
+        enabled=False,
+        deny=("Bash(rm:*)", "Bash(curl:*)", "Bash(wget:*)"),
+        allow=("Bash(pytest:*)", "Read", "Grep", "Glob"),
+    )
 
 
 def test_shipped_policy_has_no_risky_settings(tmp_path: Path) -> None:
@@ -853,6 +857,17 @@ def test_empty_allowlist_warns(shipped: Policy, tmp_path: Path) -> None:
     warnings = risky_settings(dataclasses.replace(shipped, allowlist=()), tmp_path / "state")
 
     assert [w.message for w in warnings] == ["tools.allowlist is empty: every tool call will be refused with -32004"]
+
+
+def test_an_allow_rule_covering_every_use_of_a_writing_agent_tool_warns(shipped: Policy, tmp_path: Path) -> None:
+    rules = ("Bash", "Edit(**)", "Bash(*)", "Bash(pytest:*)", "Read", "Write(src/**)")
+    prompt = PermissionPromptPolicy(enabled=True, allow=rules)
+    warnings = risky_settings(dataclasses.replace(shipped, permission_prompt=prompt), tmp_path / "state")
+
+    assert [w.message for w in warnings] == [
+        f"permission_prompt.allow has {rule!r}: every use of {rule[:4]} is allowed without a person"
+        for rule in ("Bash", "Edit(**)", "Bash(*)")
+    ]
 
 
 def test_workspace_that_is_not_a_directory_warns(shipped: Policy, tmp_path: Path) -> None:

@@ -1,0 +1,169 @@
+"""The consent commands (spec sections 3 and 7): `consent list|grant|revoke` and `approvals`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from gateway.approvals import approver_name, run_approvals
+from gateway.audit import EventDraft, EventType
+from gateway.canonical import args_hash
+from gateway.clock import SystemClock, iso_utc
+from gateway.consent import (
+    RISK_META_KEY,
+    Decision,
+    RiskTier,
+    grant_expiry,
+    is_destructive,
+    parse_duration,
+    risk_tier,
+    tool_fingerprint,
+)
+from gateway.consent_store import ConsentStore, Grant
+from gateway.db import make_engine
+from gateway.errors import CommandError
+from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_tool_consent
+from gateway.policy import load_policy
+from gateway.services import Services, open_services
+from gateway.settings import Settings
+from gateway.tools.registry import TOOL_NAMES, TOOLS
+
+
+def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    consent = sub.add_parser("consent", help="stored consent decisions").add_subparsers(dest="action", required=True)
+    listing = consent.add_parser("list", help="list stored decisions")
+    listing.add_argument("--user", help="only this user's")
+    listing.add_argument("--all", action="store_true", help="revoked ones too")
+    grant = consent.add_parser("grant", help="store a decision ahead of the call (allow always or deny always)")
+    grant.add_argument("user")
+    grant.add_argument("tool")
+    kind = grant.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--always", action="store_true", help="allow always (not for a destructive tool)")
+    kind.add_argument("--deny", action="store_true", help="deny always")
+    grant.add_argument("--workspace", help="the workspace (default: the user's first)")
+    grant.add_argument(
+        "--expires-in", help="lifetime, e.g. 90s, 15m, 8h, 7d (default: consent.expiry_days of the tier)"
+    )
+    grant.add_argument("--args", help="only for these arguments (a JSON object); default: any arguments")
+    grant.add_argument(
+        "--agent",
+        action="store_true",
+        help="TOOL is one of Claude Code's own tools (Bash, Edit, ...: check_permission)",
+    )
+    withdraw = consent.add_parser("revoke", help="revoke a stored decision by its id (see consent list)")
+    withdraw.add_argument("grant_id", type=int)
+    sub.add_parser("approvals", help="terminal approver for pending consent requests")
+
+
+def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
+    now = SystemClock().now()
+    for g in ConsentStore(make_engine(settings.db_url)).list_grants(args.user, include_revoked=args.all):
+        state = (
+            "revoked" if g.revoked_at else "expired" if g.expires_at is not None and g.expires_at <= now else "active"
+        )
+        expires = iso_utc(g.expires_at) if g.expires_at is not None else "never"
+        scope = f"args:{g.args_hash[:12]}" if g.args_hash else "any-args"
+        print(
+            f"{g.id}\t{g.user}\t{g.workspace}\t{g.tool_name}\t{g.decision}\t{scope}\t{expires}\t{state}\t{g.granted_by}"
+        )
+    return 0
+
+
+def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
+    s = open_services(settings)
+    server_id, tier, destructive, fingerprint = _grant_target(s, args.tool, args.agent)
+    record = s.users.fetch(args.user)
+    if record is None:
+        raise CommandError(f"unknown user {args.user!r}")
+    workspace = args.workspace or (record.workspaces[0] if record.workspaces else None)
+    if workspace is None or workspace not in record.workspaces:
+        raise CommandError(f"{args.user} has no workspace {workspace!r} (theirs: {', '.join(record.workspaces)})")
+    if args.always and destructive:
+        raise CommandError(f"{args.tool} is destructive: Allow always is refused for it (allow once at the prompt)")
+    now = s.clock.now()
+    try:
+        lifetime = parse_duration(args.expires_in) if args.expires_in else None
+        arguments = json.loads(args.args) if args.args else None
+    except ValueError as exc:
+        raise CommandError(str(exc) if args.expires_in else "--args is not valid JSON") from exc
+    if arguments is not None and not isinstance(arguments, dict):
+        raise CommandError("--args must be a JSON object")
+    expires_at = now + lifetime if lifetime else grant_expiry(tier, s.policy.consent, now) if args.always else None
+    hashed = args_hash(arguments) if arguments is not None else None
+    grant = Grant(
+        id=0,
+        user=record.name,
+        workspace=workspace,
+        server_id=server_id,
+        tool_name=args.tool,
+        args_hash=hashed,
+        decision="ALLOW" if args.always else "DENY",
+        fingerprint=fingerprint,
+        granted_at=now,
+        expires_at=expires_at,
+        granted_by=f"cli:{approver_name().removeprefix('approvals:')}",
+    )
+    grant_id = ConsentStore(s.engine).insert_grant(grant)
+    decision = Decision.ALLOW_ALWAYS if args.always else Decision.DENY_ALWAYS
+    detail: dict[str, Any] = {
+        "decision": str(decision),
+        "risk_tier": tier,
+        "origin": "policy",
+        "server_id": server_id,
+    }
+    detail |= {"channel": "cli", "grant_id": grant_id, "expires_at": expires_at, "decided_by": grant.granted_by}
+    s.audit.append(
+        EventDraft(
+            EventType.PERMISSION_DECISION,
+            user=record.name,
+            workspace=workspace,
+            tool_name=args.tool,
+            args_hash=hashed,
+            detail=detail,
+        )
+    )
+    until = iso_utc(expires_at) if expires_at is not None else "revoked"
+    print(f"stored {decision} for {record.name} / {workspace} / {args.tool} until {until}", file=sys.stderr)
+    print(grant_id)
+    return 0
+
+
+def _grant_target(s: Services, tool: str, agent: bool) -> tuple[str, RiskTier, bool, str]:
+    """(server_id, risk tier, destructive, fingerprint) of the tool a grant is for."""
+    if agent:
+        if not AGENT_TOOL_NAME.fullmatch(tool):
+            raise CommandError(f"{tool!r} is not a tool name")
+        tier, destructive, fingerprint = agent_tool_consent(tool)
+        return AGENT_SERVER_ID, tier, destructive, fingerprint
+    spec = TOOLS.get(tool)
+    if spec is None:
+        raise CommandError(f"unknown tool {tool!r} (known: {', '.join(sorted(TOOLS))}; Claude Code's: --agent)")
+    tier = risk_tier(spec.annotations, trusted=True, declared=spec.meta.get(RISK_META_KEY))
+    fingerprint = tool_fingerprint(spec.name, spec.input_schema, spec.annotations)
+    return s.server_id, tier, is_destructive(spec.annotations), fingerprint
+
+
+def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    s = open_services(settings)
+    revoked = ConsentStore(s.engine).revoke_grant(args.grant_id, s.clock.now())
+    if revoked is None:
+        raise CommandError(f"no stored decision {args.grant_id} (or it is revoked already)")
+    s.audit.append(
+        EventDraft(
+            EventType.CONSENT_REVOKED,
+            user=revoked.user,
+            workspace=revoked.workspace,
+            tool_name=revoked.tool_name,
+            args_hash=revoked.args_hash,
+            detail={"grant_id": revoked.id, "decision": revoked.decision, "revoked_by": approver_name()},
+        )
+    )
+    print(f"revoked {revoked.id} ({revoked.decision} for {revoked.user} / {revoked.tool_name})", file=sys.stderr)
+    return 0
+
+
+def cmd_approvals(settings: Settings, _args: argparse.Namespace) -> int:
+    locale = load_policy(settings.policy_path, TOOL_NAMES).consent.locale
+    return run_approvals(ConsentStore(make_engine(settings.db_url)), SystemClock(), locale)

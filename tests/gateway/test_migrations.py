@@ -1,0 +1,42 @@
+"""The Alembic migrations build exactly the tables the code uses, and an upgrade keeps what is stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import insert, inspect, select
+
+from gateway import db
+
+
+def test_the_migrations_build_the_models_tables(tmp_path: Path) -> None:
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    db.migrate(engine)
+    with engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), db.Base.metadata)
+    assert differences == []
+    assert db.schema_is_current(engine)
+
+
+def test_upgrading_from_0002_keeps_open_questions(tmp_path: Path) -> None:
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    command.upgrade(db._alembic_config(engine), "0002")
+    assert "preview" not in {c["name"] for c in inspect(engine).get_columns("consent_requests")}
+    row = {
+        "id": "q1", "created_at": 1.0, "expires_at": 2.0, "session_id": "s", "user_name": "alice",
+        "workspace": "default", "server_id": "mcp-write-gateway", "tool_name": "run_pytest", "args_hash": "a" * 64,
+        "args_preview": "{}", "risk_tier": "medium", "destructive": False, "status": "pending",
+    }  # fmt: skip
+    with engine.begin() as connection:
+        connection.execute(insert(db.consent_requests).values(**row))
+    assert not db.schema_is_current(engine)
+
+    db.migrate(engine)
+
+    with engine.connect() as connection:
+        kept = connection.execute(select(db.consent_requests)).one()._mapping
+    assert {k: kept[k] for k in row} == row
+    assert kept["preview"] is None
