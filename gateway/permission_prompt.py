@@ -29,6 +29,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -174,7 +175,7 @@ class _Asker:
     """Whose agent asks (the session token's user), and in which workspace its paths are judged."""
 
     user: str
-    workspace: str | None
+    workspace: str
 
 
 class PermissionPrompt:
@@ -185,10 +186,6 @@ class PermissionPrompt:
             services.policy.permission_prompt.ask,
             services.policy.permission_prompt.allow,
         )
-
-    @property
-    def token_present(self) -> bool:
-        return bool(self.s.environ.get(TOKEN_ENV, "").strip())
 
     async def check(self, arguments: Mapping[str, Any]) -> tuple[str, str]:
         """Answer one question: (run_id, the answer's JSON text). Never raises a GatewayError."""
@@ -216,15 +213,15 @@ class PermissionPrompt:
             asker = _Asker(principal.name, choose_workspace(self.s.policy, None, caller_of(principal)))
             use = parse_use(arguments)
         except GatewayError as exc:
-            caller = _Asker(principal.name, None) if principal else None
+            named = entry if principal is None else dataclasses.replace(entry, user=principal.name)
             blocked = dataclasses.replace(
-                _named(entry, caller), event_type=EventType.POLICY_BLOCKED, code=exc.code,
+                named, event_type=EventType.POLICY_BLOCKED, code=exc.code,
                 detail={"blocked_reason": exc.reason, "behavior": "deny"},
             )  # fmt: skip
-            self.s.audit.append(_named(entry, caller), blocked)
+            self.s.audit.append(named, blocked)
             why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == "token_missing" else exc.public_message()
             return deny_answer(f"mcp-write-gateway denied this tool use: {why}")
-        root = self.s.policy.workspaces[str(asker.workspace)]
+        root = self.s.policy.workspaces[asker.workspace]
         judged = judge(self._rules, use.tool, use.tool_input, str(root), os.path.realpath)
         if judged.verdict != "ask":
             return self._by_rule(entry, asker, use, judged)
@@ -250,12 +247,12 @@ class PermissionPrompt:
             return allow_answer(use.tool_input)
         return deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
 
-    async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Any) -> str:
+    async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Path) -> str:
         tier, destructive, fingerprint = agent_tool_consent(use.tool)
         request = ConsentRequest(
             run_id=str(entry.run_id),
             user=asker.user,
-            workspace=str(asker.workspace),
+            workspace=asker.workspace,
             server_id=AGENT_SERVER_ID,
             tool_name=use.tool,
             args_hash=use.input_hash,
@@ -308,6 +305,6 @@ class PermissionPrompt:
         return self._event(EventType.TOOL_FINISHED, entry, asker, tool=TOOL_NAME, hashed=entry.args_hash, detail=detail)
 
 
-def _named(entry: EventDraft, asker: _Asker | None) -> EventDraft:
-    """The entry event, naming the caller once the token did."""
-    return entry if asker is None else dataclasses.replace(entry, user=asker.user, workspace=asker.workspace)
+def _named(entry: EventDraft, asker: _Asker) -> EventDraft:
+    """The entry event, naming the caller and the workspace."""
+    return dataclasses.replace(entry, user=asker.user, workspace=asker.workspace)

@@ -262,6 +262,20 @@ def test_a_revoked_token_or_disabled_user_denies_from_the_next_question(
     assert events(gateway, run_id)["POLICY_BLOCKED"]["detail"]["blocked_reason"] == "token_revoked"
 
 
+def test_an_unreachable_database_denies_even_what_a_rule_allows(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    missing = gateway.root / "no-such-dir" / "gateway.db"
+    session = open_session(gateway, db_url=f"sqlite:///{missing}", env={"MCP_GATEWAY_TOKEN": gateway.token("alice")})
+    decided, _ = check(session, "Bash", {"command": "pytest -q"})
+    assert decided == {
+        "behavior": "deny",
+        "message": "mcp-write-gateway failed to decide; denied (see the gateway's log)",
+    }
+    assert "check_permission failed" in session.stderr_text()
+    assert "result" in session.request("ping"), "the server keeps answering"
+
+
 def test_a_malformed_question_is_denied(gateway: GatewayHome, claude: Callable[..., StdioSession]) -> None:
     session = claude()
     for arguments in ({"tool_name": "Bash"}, {"tool_name": "Bash", "input": "pytest"}, {"tool_name": "", "input": {}},
