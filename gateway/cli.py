@@ -25,6 +25,7 @@ from gateway.cli_consent import (
 from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
 from gateway.errors import CommandError, ConfigError
+from gateway.permission_prompt import explain as explain_agent_tool
 from gateway.pipeline import Pipeline
 from gateway.policy import SandboxPolicy, load_policy, risky_settings
 from gateway.rbac import ADMIN_ROLE
@@ -79,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--user", required=True)
     explain.add_argument("--tool", required=True)
     explain.add_argument("--args", default="{}", help="the tool's arguments as JSON")
+    explain.add_argument(
+        "--agent", action="store_true", help="TOOL is one of Claude Code's tools: how check_permission would answer"
+    )
 
     audit = sub.add_parser("audit", help="read the audit log").add_subparsers(dest="action", required=True)
     export = audit.add_parser("export", help="print the audit log as JSON Lines")
@@ -285,6 +289,10 @@ def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
         raise CommandError("--args is not valid JSON") from exc
     if not isinstance(arguments, dict):
         raise CommandError("--args must be a JSON object")
+    if args.agent:
+        for step, verdict in explain_agent_tool(_services(settings), args.user, args.tool, arguments):
+            print(f"{step:<13}{verdict}")
+        return 0
     reports = Pipeline(_services(settings)).explain(args.user, args.tool, arguments)
     for report in reports:
         verdict = "pass" if report.code is None else f"{report.code} {report.reason or ''}".strip()

@@ -49,7 +49,7 @@ from gateway.consent import (
     tool_fingerprint,
 )
 from gateway.errors import ConsentDeniedError, GatewayError, InvalidParamsError
-from gateway.permission_rules import Judgement, RuleSet, judge
+from gateway.permission_rules import Judgement, RuleSet, bash_parts, judge
 from gateway.pipeline import caller_of
 from gateway.previews import preview
 from gateway.rbac import Permission, require_permission
@@ -303,6 +303,40 @@ class PermissionPrompt:
             detail["tool_use_id"] = use.tool_use_id
         detail |= {k: v for k, v in why.items() if v is not None}
         return self._event(EventType.TOOL_FINISHED, entry, asker, tool=TOOL_NAME, hashed=entry.args_hash, detail=detail)
+
+
+def explain(services: Services, user: str, tool: str, tool_input: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """`policy explain --agent`: how a question about this tool use would be answered, step by step,
+    for a user (no token is involved); writes nothing. Each line: (step, verdict and why)."""
+    lines: list[tuple[str, str]] = []
+    record = services.users.fetch(user)
+    if record is None or record.disabled:
+        return [("authenticate", "deny  (user unknown or disabled)"), ("result", "deny")]
+    lines.append(("authenticate", f"pass  (user {record.name}, role {record.role})"))
+    principal = Principal(record.name, record.role, record.workspaces, None, "explain")
+    try:
+        require_permission(services.policy.roles, record.role, Permission.ORCHESTRATION_RUN)
+        workspace = choose_workspace(services.policy, None, caller_of(principal))
+        use = parse_use({"tool_name": tool, "input": tool_input})
+    except GatewayError as exc:
+        return [*lines, ("check", f"deny  ({exc.code} {exc.reason}: {exc.public_message()})"), ("result", "deny")]
+    root = services.policy.workspaces[workspace]
+    lines.append(("workspace", f"pass  ({workspace}: {root})"))
+    if use.tool == "Bash":
+        parts, reliable = bash_parts(str(use.tool_input.get("command", "")))
+        note = "" if reliable else "; cannot be cut reliably: no allow rule applies"
+        lines.append(("parts", " | ".join(parts) + note))
+    p = services.policy.permission_prompt
+    judged = judge(RuleSet.parse(p.deny, p.ask, p.allow), use.tool, use.tool_input, str(root), os.path.realpath)
+    lines.append(("rules", f"{judged.verdict}  ({judged.rule or 'no rule matches'})"))
+    if judged.verdict != "ask":
+        return [*lines, ("result", judged.verdict)]
+    tier, destructive, _ = agent_tool_consent(use.tool)
+    how = "a stored decision, else a person at `mcp-gateway approvals`"
+    if services.policy.consent.mode == "deny":
+        how = "a stored decision, else deny (consent.mode: deny)"
+    kind = f"risk {tier}" + (", destructive: no Allow always" if destructive else "")
+    return [*lines, ("consent", f"ask  ({kind}; would use {how})"), ("result", "ask")]
 
 
 def _named(entry: EventDraft, asker: _Asker) -> EventDraft:

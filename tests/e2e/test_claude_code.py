@@ -421,3 +421,34 @@ def test_no_token_or_input_reaches_the_audit_log(gateway: GatewayHome, claude: C
     assert token not in exported and "hunter2" not in exported
     assert token not in session.stderr_text()
     assert os.environ.get("MCP_GATEWAY_TOKEN") is None or os.environ["MCP_GATEWAY_TOKEN"] not in exported
+
+
+@pytest.mark.parametrize(
+    ("who", "tool", "tool_input", "expected"),
+    [
+        ("alice", "Bash", {"command": "pytest -q; rm -rf ~"},
+         ["parts        pytest -q | rm -rf ~", "rules        deny  (Bash(rm:*))", "result       deny"]),
+        ("alice", "Bash", {"command": "pytest $(whoami)"},
+         ["parts        pytest $(whoami); cannot be cut reliably: no allow rule applies",
+          "rules        ask  (no rule matches)", "result       ask"]),
+        ("alice", "Bash", {"command": "git push"},
+         ["rules        ask  (Bash(git push:*))",
+          "consent      ask  (risk high, destructive: no Allow always; would use a stored decision, else a person "
+          "at `mcp-gateway approvals`)"]),
+        ("alice", "Read", {"file_path": "/etc/hostname"}, ["rules        allow  (Read)", "result       allow"]),
+        ("vic", "Read", {"file_path": "/etc/hostname"},
+         ["check        deny  (-32003 missing_permission: Permission denied: role VIEWER lacks ORCHESTRATION_RUN)"]),
+        ("nobody", "Read", {}, ["authenticate deny  (user unknown or disabled)", "result       deny"]),
+    ],
+)  # fmt: skip
+def test_policy_explain_shows_how_a_question_would_be_answered(
+    gateway: GatewayHome, who: str, tool: str, tool_input: dict[str, Any], expected: list[str]
+) -> None:
+    explained = gateway.cli(
+        "policy", "explain", "--agent", "--user", who, "--tool", tool, "--args", json.dumps(tool_input)
+    )
+    assert explained.returncode == 0, explained.stderr
+    lines = explained.stdout.splitlines()
+    for line in expected:
+        assert line in lines, explained.stdout
+    assert gateway.audit_events() == [], "a dry run writes nothing"
