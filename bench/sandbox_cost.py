@@ -73,6 +73,7 @@ from sandbox.backends.scratch import ScratchSpace, files_for  # noqa: E402
 from sandbox.confine import ChildPlan  # noqa: E402
 from sandbox.errors import SandboxStartError  # noqa: E402
 from sandbox.limits import LAYERS  # noqa: E402
+from sandbox.pinned import pin  # noqa: E402
 from tests.harness import GatewayHome, StdioSession, reachable_by_everyone  # noqa: E402
 
 TARGET_TRIVIAL_RATIO = 1.35
@@ -352,7 +353,7 @@ def suite_sides(root: Path, workspace: Path) -> tuple[list[Side], list[dict[str,
     async def tool() -> None:
         run_id = uuid.uuid4().hex
         done = await run_pytest.run(
-            run_id=run_id, root=workspace, arguments=SUITE_ARGUMENTS, policy=policy,
+            run_id=run_id, root=pin(workspace), arguments=SUITE_ARGUMENTS, policy=policy,
             timeout_s=CALL_TIMEOUT_S, run_dir=root / "runs" / run_id, environ=os.environ,
         )  # fmt: skip
         if done.result.exit_code != 0:

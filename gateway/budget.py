@@ -1,10 +1,13 @@
 """Stage 6 of the pipeline (spec section 4): a per-user budget over a sliding window.
 
-A write call reserves one attempt before it runs (so concurrent calls cannot both take
-the last attempt) and is charged its elapsed time after it. The reservation is one
-transaction that first locks the user's row, then reads the window, decides with the pure
-`evaluate`, and inserts the charge; the charge after the run is a single UPDATE adding to
-the row, never a read-modify-write in Python.
+A write call reserves, before it runs, one attempt and its worst case: its whole time
+limit (so concurrent calls cannot both take the last attempt, nor together start more run
+time than the window has). The reservation is one transaction that first locks the user's
+row, then reads the window, decides with the pure `evaluate`, and inserts the charge at
+the worst case. Every way out of the call then settles that row with a single UPDATE that
+sets it to the time actually spent (`spent_ms`: the run's duration, the time until it was
+stopped, 0 when nothing ran); an `input_required` round deletes it. A settlement the
+database refuses leaves the worst case charged: over-charging is the safe side.
 """
 
 from __future__ import annotations
@@ -38,6 +41,24 @@ def usage_of(charges: Sequence[Charge]) -> Usage:
     return Usage(len(charges), sum(c.elapsed_ms for c in charges))
 
 
+def reservation_ms(timeout_s: int) -> int:
+    """The worst case a call reserves: its whole time limit (the run is killed there)."""
+    return max(0, timeout_s) * 1000
+
+
+def spent_ms(run_ms: int | None, started_at: float | None, now: float) -> int:
+    """What a reservation settles at when the call ends.
+
+    `run_ms`: the finished run's own duration; `started_at`: when a run that was stopped from
+    outside (cancelled, the gateway failed) started; neither: nothing ran, nothing is spent.
+    """
+    if run_ms is not None:
+        return max(0, run_ms)
+    if started_at is not None:
+        return max(0, int((now - started_at) * 1000))
+    return 0
+
+
 def evaluate(charges: Sequence[Charge], limits: BudgetPolicy, now: float) -> None:
     """Raise BudgetExceededError if one more attempt would not fit. `charges` are in the window."""
     ordered = sorted(charges, key=lambda c: c.ts)
@@ -49,7 +70,9 @@ def evaluate(charges: Sequence[Charge], limits: BudgetPolicy, now: float) -> Non
             if limits.attempts_total
             else limits.window_s
         )
-        raise BudgetExceededError("attempts_exhausted", retry, "attempts over the window's budget")
+        raise BudgetExceededError(
+            "attempts_exhausted", retry, f"attempts over the window's budget; retry after {retry} s"
+        )
     total = sum(c.elapsed_ms for c in ordered)
     if total >= limits.elapsed_ms_total:
         remaining = total
@@ -59,10 +82,12 @@ def evaluate(charges: Sequence[Charge], limits: BudgetPolicy, now: float) -> Non
             if remaining < limits.elapsed_ms_total:
                 leaving_ts = charge.ts
                 break
+        retry = _retry_after(leaving_ts, limits, now)
         raise BudgetExceededError(
             "elapsed_exhausted",
-            _retry_after(leaving_ts, limits, now),
-            "elapsed time over the window's budget",
+            retry,
+            f"run time over the window's budget; retry after {retry} s (sooner if a run in progress ends early: "
+            "until it ends it holds its whole timeout_s), or ask for a shorter timeout_s",
         )
 
 
@@ -76,8 +101,11 @@ class BudgetLedger:
         self._read = db.reader(engine)
         self._clock = clock
 
-    def reserve(self, user: str, run_id: str, limits: BudgetPolicy) -> int:
-        """Take one attempt for `run_id` or raise BudgetExceededError. Returns the charge's id."""
+    def reserve(self, user: str, run_id: str, limits: BudgetPolicy, worst_case_ms: int) -> int:
+        """Take one attempt and `worst_case_ms` for `run_id`, or raise BudgetExceededError. Returns the charge's id.
+
+        The caller must later `settle` (or `release`) the charge; until then it counts at the worst case.
+        """
         now = self._clock.now()
         try:
             with self._engine.begin() as connection:
@@ -94,7 +122,7 @@ class BudgetLedger:
                 return int(
                     connection.execute(
                         db.budget_charges.insert()
-                        .values(user_name=user, ts=now, elapsed_ms=0, run_id=run_id)
+                        .values(user_name=user, ts=now, elapsed_ms=max(0, worst_case_ms), run_id=run_id)
                         .returning(db.budget_charges.c.id)
                     ).scalar_one()
                 )
@@ -117,12 +145,13 @@ class BudgetLedger:
         with self._engine.begin() as connection:
             connection.execute(delete(db.budget_charges).where(db.budget_charges.c.id == charge_id))
 
-    def charge(self, charge_id: int, elapsed_ms: int) -> None:
+    def settle(self, charge_id: int, elapsed_ms: int) -> None:
+        """Set a reservation to the time actually spent (a refund down from the worst case, or more if it ran over)."""
         with self._engine.begin() as connection:
             connection.execute(
                 update(db.budget_charges)
                 .where(db.budget_charges.c.id == charge_id)
-                .values(elapsed_ms=db.budget_charges.c.elapsed_ms + max(0, elapsed_ms))
+                .values(elapsed_ms=max(0, elapsed_ms))
             )
 
     def usage(self, user: str, limits: BudgetPolicy) -> Usage:

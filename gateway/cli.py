@@ -24,11 +24,12 @@ from gateway.cli_consent import (
 )
 from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
-from gateway.errors import CommandError, ConfigError
+from gateway.errors import CommandError, ConfigError, InternalError
 from gateway.permission_prompt import explain as explain_agent_tool
 from gateway.pipeline import Pipeline
 from gateway.policy import SandboxPolicy, load_policy, risky_settings
 from gateway.rbac import ADMIN_ROLE
+from gateway.recovery import close_abandoned_runs
 from gateway.services import Services, open_services
 from gateway.settings import Settings, resolve_settings
 from gateway.tools.registry import TOOL_NAMES
@@ -235,9 +236,12 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
     try:
         if not schema_is_current(s.engine):
             raise CommandError("the database schema is not current; run `mcp-gateway init`")
+        close_abandoned_runs(s)
     except SQLAlchemyError as exc:
         # Serve anyway: every call will fail closed with -32603 until the database is back.
         log.warning("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
+    except InternalError:
+        log.warning("the audit log could not be written at start-up; calls will fail with -32603")
     for warning in risky_settings(s.policy, settings.home):
         log.warning("%s", warning)
     log.info("%s", describe_layers(layers(), s.policy.sandbox))

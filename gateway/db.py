@@ -115,7 +115,12 @@ class Run(Base):
     created_at: Mapped[float] = mapped_column(Double)
     status: Mapped[str] = mapped_column(String(32))
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    __table_args__ = (Index("ix_runs_workspace", "workspace", "created_at"),)
+    deadline: Mapped[float | None] = mapped_column(Double, nullable=True)
+    """When every process of the run is dead for sure (its time limit plus the watchdog's grace)."""
+    __table_args__ = (
+        Index("ix_runs_workspace", "workspace", "created_at"),
+        Index("ix_runs_status_deadline", "status", "deadline"),
+    )
 
 
 class ConsentGrant(Base):

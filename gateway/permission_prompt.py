@@ -51,6 +51,7 @@ from gateway.consent import (
 from gateway.errors import ConsentDeniedError, GatewayError, InvalidParamsError
 from gateway.permission_rules import Judgement, RuleSet, bash_parts, judge
 from gateway.pipeline import caller_of
+from gateway.policy import check_workspace_pinned
 from gateway.previews import preview
 from gateway.rbac import Permission, require_permission
 from gateway.scope import choose_workspace
@@ -211,6 +212,9 @@ class PermissionPrompt:
             principal = self.s.authenticator.authenticate(self.s.environ.get(TOKEN_ENV, "").strip() or None)
             require_permission(self.s.policy.roles, principal.role, Permission.ORCHESTRATION_RUN)
             asker = _Asker(principal.name, choose_workspace(self.s.policy, None, caller_of(principal)))
+            # Rules and previews are judged against the workspace root: it must be the folder pinned at load.
+            root = self.s.policy.workspaces[asker.workspace]
+            check_workspace_pinned(asker.workspace, root, self.s.policy.pins.get(root))
             use = parse_use(arguments)
         except GatewayError as exc:
             named = entry if principal is None else dataclasses.replace(entry, user=principal.name)
@@ -221,7 +225,6 @@ class PermissionPrompt:
             self.s.audit.append(named, blocked)
             why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == "token_missing" else exc.public_message()
             return deny_answer(f"mcp-write-gateway denied this tool use: {why}")
-        root = self.s.policy.workspaces[asker.workspace]
         judged = judge(self._rules, use.tool, use.tool_input, str(root), os.path.realpath)
         if judged.verdict != "ask":
             return self._by_rule(entry, asker, use, judged)
@@ -317,10 +320,11 @@ def explain(services: Services, user: str, tool: str, tool_input: Mapping[str, A
     try:
         require_permission(services.policy.roles, record.role, Permission.ORCHESTRATION_RUN)
         workspace = choose_workspace(services.policy, None, caller_of(principal))
+        root = services.policy.workspaces[workspace]
+        check_workspace_pinned(workspace, root, services.policy.pins.get(root))
         use = parse_use({"tool_name": tool, "input": tool_input})
     except GatewayError as exc:
         return [*lines, ("check", f"deny  ({exc.code} {exc.reason}: {exc.public_message()})"), ("result", "deny")]
-    root = services.policy.workspaces[workspace]
     lines.append(("workspace", f"pass  ({workspace}: {root})"))
     if use.tool == "Bash":
         parts, reliable = bash_parts(str(use.tool_input.get("command", "")))

@@ -128,7 +128,7 @@ def _glob(pattern: str, path: str) -> bool:
             regex, i = regex + "[^/]", i + 1
         else:
             regex, i = regex + re.escape(pattern[i]), i + 1
-    return re.fullmatch(regex, path) is not None
+    return re.fullmatch(regex, path, re.DOTALL) is not None  # a newline in a path is one more character
 
 
 def _host_matches(spec: str, url: object) -> bool:

@@ -4,7 +4,8 @@
     6 budget   7 sandbox precondition   8 consent   9 execute   10 audit + charge
 
 The first stage that fails ends the call with its GatewayError, after the terminal audit
-event (POLICY_BLOCKED before execution, TOOL_FINISHED after it) is committed. The entry
+event (POLICY_BLOCKED before execution, TOOL_FINISHED after it) is committed, and after the
+budget reservation taken at stage 6 is settled to what the call spent (`_settle`). The entry
 event (1) is committed with that terminal event when the call is refused before any tool
 runs, and on its own before a tool (read or write) does anything; no answer leaves before
 its events are committed. If an audit event cannot be committed the call
@@ -25,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
+from gateway.budget import reservation_ms, spent_ms
 from gateway.canonical import args_hash
 from gateway.consent import (
     RISK_META_KEY,
@@ -45,12 +47,12 @@ from gateway.errors import (
 )
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord
-from gateway.scope import Caller, CallScope, check_arguments, check_call
+from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
 from gateway.services import Services
 from gateway.tools import artifacts, run_pytest
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS, ToolSpec
-from sandbox import layers
+from sandbox import RUN_GRACE_S, layers
 from sandbox.errors import SandboxStartError
 
 log = logging.getLogger("gateway.pipeline")
@@ -131,9 +133,12 @@ class Pipeline:
                 outcome = self._read(admitted, request.arguments)
                 self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
                 return outcome
-            trail.charge_id = self.s.budget.reserve(trail.principal.name, run_id, self.s.policy.budget)
+            trail.charge_id = self.s.budget.reserve(
+                trail.principal.name, run_id, self.s.policy.budget, reservation_ms(admitted.scope.timeout_s)
+            )
             check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
+            check_pins_intact(admitted.scope)  # a folder swapped while consent waited: stage 4's refusal
             trail.executing, trail.started_at = True, self.s.clock.now()
             return await self._execute(admitted, trail, request.arguments)
         except InputRequired:
@@ -141,13 +146,16 @@ class Pipeline:
             # attempt. This round gives its reservation back and ends without a code.
             if trail.charge_id is not None:
                 self.s.budget.release(trail.charge_id)
+                trail.charge_id = None
             self._log(trail, trail.terminal(EventType.POLICY_BLOCKED, None, {"status": "input_required"}))
             raise
         except GatewayError as exc:
+            self._settle_best_effort(trail)
             if not _is_audit_failure(exc):
                 self._log(trail, trail.refusal(exc))
             raise
         except SQLAlchemyError as exc:
+            self._settle_best_effort(trail)
             log.error("run %s: database error (%s)", run_id, type(exc).__name__)  # noqa: TRY400  (no traceback: the URL may hold a password)
             raise InternalError("database_unavailable", "the gateway's database failed; nothing more ran") from exc
         except Exception as exc:
@@ -173,16 +181,31 @@ class Pipeline:
             self.s.audit.append(*pending, *events)
         trail.entry_logged = True
 
+    def _settle(self, trail: _Trail) -> None:
+        """Set the call's budget reservation (its whole time limit) to what it spent, once.
+
+        A finished run: its duration. A run stopped from outside (cancelled, the gateway failed):
+        the time since it started, so cancelling is no way around the budget. Nothing ran: 0.
+        """
+        if trail.charge_id is None:
+            return
+        started_at = trail.started_at if trail.executing else None
+        self.s.budget.settle(trail.charge_id, spent_ms(trail.run_ms, started_at, self.s.clock.now()))
+        trail.charge_id = None
+
+    def _settle_best_effort(self, trail: _Trail) -> None:
+        """`_settle` while failing: if the database refuses, the reservation stays at the worst case (the safe side)."""
+        try:
+            self._settle(trail)
+        except SQLAlchemyError:
+            log.error("run %s: the budget reservation stays at the time limit (database error)", trail.entry.run_id)  # noqa: TRY400
+
     def _best_effort(self, trail: _Trail, event: EventDraft | None, run_status: str | None = None) -> None:
         """Leave what trail can still be left while failing; the caller's error is already decided."""
+        self._settle_best_effort(trail)
         try:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
-            if trail.executing and trail.charge_id is not None:
-                # A run stopped from outside still spent its time: charge it, so cancelling
-                # is no way around the elapsed-time budget.
-                elapsed_ms = int((self.s.clock.now() - trail.started_at) * 1000)
-                self.s.budget.charge(trail.charge_id, elapsed_ms)
             self._log(trail, *(() if event is None else (event,)))
         except (GatewayError, SQLAlchemyError):
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
@@ -226,10 +249,13 @@ class Pipeline:
     async def _execute(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
         principal, scope = admitted.principal, admitted.scope
-        if scope.root is None or scope.workspace is None:
+        if scope.pinned_root is None or scope.workspace is None:
             raise InternalError("workspace_missing", "a write tool needs a workspace")
         now = self.s.clock.now()
-        self.s.runs.insert(RunRecord(run_id, principal.name, scope.workspace, admitted.spec.name, now, "running", None))
+        deadline = now + scope.timeout_s + RUN_GRACE_S  # past it the sandbox's watchdog has ended the run
+        self.s.runs.insert(
+            RunRecord(run_id, principal.name, scope.workspace, admitted.spec.name, now, "running", None, deadline)
+        )
         common: dict[str, Any] = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
         self.s.audit.append(
             EventDraft(EventType.TOOL_STARTED, tool_name=admitted.spec.name, args_hash=hashed, **common)
@@ -237,7 +263,8 @@ class Pipeline:
         try:
             run = await run_pytest.run(
                 run_id=run_id,
-                root=scope.root,
+                root=scope.pinned_root,
+                allowed_paths=scope.pinned_paths,
                 arguments=arguments,
                 policy=self.s.policy.sandbox,
                 timeout_s=scope.timeout_s,
@@ -245,9 +272,13 @@ class Pipeline:
                 environ=self.s.environ,
             )
         except SandboxStartError as exc:
+            trail.run_ms = 0  # nothing ran
             self.s.runs.finish(run_id, "failed_to_start", None)
             raise SandboxViolationError("sandbox_start_failed", "the sandbox could not apply its layers") from exc
-        result, outcome = run.result, run.outcome
+        result = run.result
+        trail.run_ms = result.duration_ms
+        # How the run ended is recorded from the RunResult alone, before anything reads a file the
+        # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
         self.s.audit.append(
             EventDraft(
                 EventType.SANDBOX_EXEC,
@@ -256,9 +287,7 @@ class Pipeline:
                 **common,
             )
         )
-        if trail.charge_id is not None:
-            self.s.budget.charge(trail.charge_id, result.duration_ms)
-            trail.charge_id = None  # charged once, whatever happens next
+        self._settle(trail)
         usage = self.s.budget.usage(principal.name, self.s.policy.budget)
         governance = run_pytest.Governance(
             elapsed_ms_total=usage.elapsed_ms,
@@ -268,10 +297,13 @@ class Pipeline:
         )
         run_pytest.write_evidence(self.s.runs.folder(run_id), governance, run.limits, result)
         refusal = run_pytest.refusal(result, scope.timeout_s, self.s.policy.sandbox)
-        status = refusal.reason if refusal else ("error" if outcome.is_error else "ok")
+        status = refusal.reason if refusal else ("error" if run_pytest.is_tool_error(result) else "ok")
         self.s.runs.finish(run_id, status, result.exit_code)
         if refusal is not None:
             raise refusal
+        # Reads the run's files (never raises on their content), off the event loop: a hostile 16 MiB
+        # junit.xml costs seconds of parsing, which other calls of this session need not wait for.
+        outcome = await anyio.to_thread.run_sync(lambda: run.outcome)
         structured = dict(outcome.structured or {})
         self.s.audit.append(
             EventDraft(
@@ -354,7 +386,10 @@ class _Trail:
     executing: bool = False
     entry_logged: bool = False
     charge_id: int | None = None
+    """The budget reservation still to settle (None: none taken, or settled)."""
     started_at: float = 0.0
+    run_ms: int | None = None
+    """The run's own duration once it ended (0 when the sandbox could not start it)."""
 
     def entry_for_log(self) -> EventDraft:
         """MCP_TOOL_CALL with the caller, once authentication has named one."""

@@ -7,8 +7,9 @@ silently resolves to the last value) is an error a reviewer cannot be fooled by.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -20,6 +21,7 @@ from gateway.errors import ConfigError, PolicyBlockedError
 from gateway.permission_rules import parse_rule
 from gateway.rbac import Permission
 from sandbox.limits import ALWAYS_REQUIRED, BACKEND_LAYERS, BACKENDS, Backend, required_layers
+from sandbox.pinned import Pinned, is_intact, pin
 
 SUPPORTED_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "EdDSA")
 LOCALES = ("en-US", "pt-BR")
@@ -29,6 +31,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _SECRET_LIKE = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|CERT", re.IGNORECASE)
 _NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_", "MCP_GATEWAY")
 _PLUGIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")  # a module or a pytest11 entry point name
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,10 @@ class Policy:
     sandbox: SandboxPolicy
     consent: ConsentPolicy
     permission_prompt: PermissionPromptPolicy
+    pins: Mapping[Path, Pinned] = field(default_factory=lambda: MappingProxyType({}))
+    """Each workspace root and `sandbox.allowed_paths` entry that existed at load, opened then without
+    following links and held open for the policy's life (sandbox/pinned.py): stage 4 checks that
+    its path still leads to the same inode, and the sandbox uses the fd, never the path again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,18 +227,34 @@ def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy
     if version != 1:
         raise r.fail(top["version"], f"unsupported policy version {version} (this gateway reads version 1)")
     base = source.parent.resolve()
+    workspaces = _workspaces(r, top.get("workspaces"), base)
+    sandbox = _sandbox(r, top.get("sandbox"), base)
     return Policy(
         source=source,
         version=version,
         auth=_auth(r, top.get("auth")),
         roles=_roles(r, top.get("roles")),
-        workspaces=_workspaces(r, top.get("workspaces"), base),
+        workspaces=workspaces,
         allowlist=_allowlist(r, top.get("tools"), known_tools),
         budget=_budget(r, top.get("budget")),
-        sandbox=_sandbox(r, top.get("sandbox"), base),
+        sandbox=sandbox,
         consent=_consent(r, top.get("consent")),
         permission_prompt=_permission_prompt(r, top.get("permission_prompt")),
+        pins=pin_existing((*workspaces.values(), *sandbox.allowed_paths)),
     )
+
+
+def pin_existing(paths: Iterable[Path]) -> Mapping[Path, Pinned]:
+    """Pin each path (already resolved, links followed once) that can be reached now without a link.
+
+    One that cannot (missing, unreachable, swapped for a link since it was resolved) is left
+    out: `policy check` and the CLI still work, and stage 4 refuses calls that need it.
+    """
+    pins: dict[Path, Pinned] = {}
+    for path in dict.fromkeys(paths):
+        with contextlib.suppress(OSError):
+            pins[path] = pin(path)
+    return MappingProxyType(pins)
 
 
 def _section(r: _Reader, node: yaml.Node | None, name: str, keys: tuple[str, ...]) -> dict[str, yaml.Node]:
@@ -272,7 +295,7 @@ def _roles(r: _Reader, node: yaml.Node | None) -> Mapping[str, frozenset[Permiss
         )
     roles: dict[str, frozenset[Permission]] = {}
     for name, value in r.mapping(node, "roles", None).items():
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise r.fail(value, f"role name {name!r} must be letters, digits, '_', '.' or '-'")
         perms: set[Permission] = set()
         for perm, item in r.strings(value, f"roles.{name}"):
@@ -289,7 +312,7 @@ def _workspaces(r: _Reader, node: yaml.Node | None, base: Path) -> Mapping[str, 
         return MappingProxyType({})
     out: dict[str, Path] = {}
     for name, value in r.mapping(node, "workspaces", None).items():
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise r.fail(value, f"workspace name {name!r} must be letters, digits, '_', '.' or '-'")
         out[name] = (base / r.string(value, f"workspaces.{name}")).resolve()
     return MappingProxyType(out)
@@ -487,16 +510,61 @@ def _is_within(child: Path, parent: Path) -> bool:
 # --- stage 4: arguments that must stay inside the policy --------------------------------
 
 
+def check_workspace_pinned(name: str, root: Path, pinned: Pinned | None) -> Pinned:
+    """The workspace's pin, when its root still leads (no link in any component) to the folder pinned at load.
+
+    Raises PolicyBlockedError: `workspace_not_found` when it was not a folder at load,
+    `workspace_changed` when the path now leads elsewhere or nowhere (renamed, replaced, a link).
+    """
+    if pinned is None or not pinned.is_dir or pinned.path != root:
+        raise PolicyBlockedError(
+            "workspace_not_found",
+            f"workspace {name!r} was not a folder when the gateway loaded its policy;"
+            " create it, then restart the gateway",
+        )
+    if not is_intact(pinned):
+        raise PolicyBlockedError(
+            "workspace_changed",
+            f"workspace {name!r} is no longer the folder the policy named when the gateway loaded it"
+            " (moved, replaced or reached through a symlink); restore that folder at its path,"
+            " or restart the gateway to load the policy again",
+        )
+    return pinned
+
+
+def check_allowed_path_pinned(path: Path, pinned: Pinned | None) -> Pinned:
+    """The pin of a `sandbox.allowed_paths` entry, checked like a workspace's (`allowed_path_not_found`, `_changed`)."""
+    if pinned is None or pinned.path != path:
+        raise PolicyBlockedError(
+            "allowed_path_not_found",
+            f"sandbox.allowed_paths entry {str(path)!r} did not exist when the gateway loaded its policy;"
+            " create it, then restart the gateway",
+        )
+    if not is_intact(pinned):
+        raise PolicyBlockedError(
+            "allowed_path_changed",
+            f"sandbox.allowed_paths entry {str(path)!r} is no longer what the policy named when the gateway"
+            " loaded it (moved, replaced or reached through a symlink); restore it, or restart the gateway",
+        )
+    return pinned
+
+
 def check_relative_path(root: Path, value: str, argument: str, resolve: Callable[[Path], Path] = Path.resolve) -> Path:
     """Return the resolved path of `value` under `root`, or raise PolicyBlockedError.
 
-    Rejects absolute paths, option-looking values, NUL bytes, and anything whose resolved
+    Rejects absolute paths, option-looking values ('-', and '@', which pytest's argparse reads
+    as a file of options), control characters (NUL, newline, ...), and anything whose resolved
     location (after `..` and symlinks) is outside the workspace root.
     """
     if "\x00" in value:
         raise PolicyBlockedError("path_invalid", f"{argument} contains a NUL byte")
-    if value.startswith("-"):
-        raise PolicyBlockedError("path_looks_like_option", f"{argument} must not start with '-'")
+    if _CONTROL.search(value):
+        raise PolicyBlockedError("path_invalid", f"{argument} contains a control character (newline, CR, ...)")
+    if value.startswith(("-", "@")):
+        raise PolicyBlockedError(
+            "path_looks_like_option",
+            f"{argument} must not start with '-' or '@' (pytest would read it as an option or a file of options)",
+        )
     if Path(value).is_absolute():
         raise PolicyBlockedError("path_outside_workspace", f"{argument} must be relative to the workspace")
     real_root = resolve(root)

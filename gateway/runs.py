@@ -21,6 +21,12 @@ class RunRecord:
     created_at: float
     status: str
     exit_code: int | None
+    deadline: float | None = None
+    """When no process of the run can be alive any more (sandbox watchdog); None for older records."""
+
+
+ABANDONED = "abandoned"
+"""The status of a run whose gateway died before it could record the end (closed by the next one to start)."""
 
 
 class RunStore:
@@ -43,8 +49,31 @@ class RunStore:
                     created_at=record.created_at,
                     status=record.status,
                     exit_code=record.exit_code,
+                    deadline=record.deadline,
                 )
             )
+
+    def close_abandoned(self, now: float) -> list[RunRecord]:
+        """Mark `abandoned` every run still `running` past its deadline; return those this call closed.
+
+        Past the deadline the sandbox's watchdog has ended the run whatever happened to its
+        gateway, so the record can only be stale. The update is conditional on the status, so two
+        gateways starting at once close each record once.
+        """
+        closed = []
+        with self._engine.begin() as connection:
+            stale = connection.execute(
+                select(db.runs).where(db.runs.c.status == "running", db.runs.c.deadline < now)
+            ).all()
+            for row in stale:
+                changed = connection.execute(
+                    update(db.runs)
+                    .where(db.runs.c.run_id == row.run_id, db.runs.c.status == "running")
+                    .values(status=ABANDONED)
+                ).rowcount
+                if changed:
+                    closed.append(_record(row))
+        return closed
 
     def finish(self, run_id: str, status: str, exit_code: int | None) -> None:
         with self._engine.begin() as connection:
@@ -76,4 +105,5 @@ def _record(row: object) -> RunRecord:
         float(r["created_at"]),
         r["status"],
         r["exit_code"],
+        None if r["deadline"] is None else float(r["deadline"]),
     )

@@ -2,22 +2,26 @@
 
 `check_call` decides which workspace a call acts in and whether its arguments stay inside
 the policy (allowlist, workspace, paths, timeout); `check_arguments` validates them
-against the tool's inputSchema. Both are pure but for the path resolution handed in.
+against the tool's inputSchema. Both are pure but for the path resolution handed in, and
+for checking that the folders a sandboxed tool would read are still those pinned at policy
+load (`check_pins_intact` checks it again right before the run).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, ValidationError, validators
 
 from gateway.errors import InvalidParamsError, PolicyBlockedError
-from gateway.policy import Policy, check_relative_path
-from gateway.tools.registry import TOOLS, ToolSpec
+from gateway.policy import Policy, check_allowed_path_pinned, check_relative_path, check_workspace_pinned
+from gateway.tools.registry import PATTERN_HINTS, TOOLS, ToolSpec
+from sandbox.pinned import Pinned
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +41,23 @@ class CallScope:
     visible_workspaces: tuple[str, ...] | None
     """Whose runs this caller may read; None means every workspace (ADMIN)."""
     timeout_s: int
+    # Handles (compared by identity, so left out of equality): what the sandbox uses, not the paths.
+    pinned_root: Pinned | None = field(default=None, compare=False)
+    """The workspace root as pinned at policy load and found intact (tools that read the workspace)."""
+    pinned_paths: tuple[Pinned, ...] = field(default=(), compare=False)
+    """`sandbox.allowed_paths`, pinned and found intact likewise (sandboxed tools)."""
 
 
 def visible_workspaces(caller: Caller) -> tuple[str, ...] | None:
+    """Whose runs the caller may read today; None means every workspace (ADMIN).
+
+    A token's `ws` claim only narrows: it names the one workspace the token may read, and only
+    while the user may still read it (role and workspaces are read from the database at each
+    call); a user demoted, or who lost that workspace, sees nothing through that token.
+    """
     if caller.token_workspace is not None:
-        return (caller.token_workspace,)
+        may_see = caller.is_admin or caller.token_workspace in caller.workspaces
+        return (caller.token_workspace,) if may_see else ()
     return None if caller.is_admin else caller.workspaces
 
 
@@ -72,11 +88,26 @@ def check_call(
         return CallScope(None, None, visible_workspaces(caller), timeout_s)
     workspace = choose_workspace(policy, requested, caller)
     root = policy.workspaces[workspace]
+    if not (spec.sandboxed or spec.path_arguments):
+        return CallScope(workspace, root, (workspace,), timeout_s)
+    pinned_root = check_workspace_pinned(workspace, root, policy.pins.get(root))
+    pinned_paths: tuple[Pinned, ...] = ()
+    if spec.sandboxed:
+        pinned_paths = tuple(check_allowed_path_pinned(p, policy.pins.get(p)) for p in policy.sandbox.allowed_paths)
     for name in spec.path_arguments:
         value = arguments.get(name)
         if isinstance(value, str):
             check_relative_path(root, value, name, resolve)
-    return CallScope(workspace, root, (workspace,), timeout_s)
+    return CallScope(workspace, root, (workspace,), timeout_s, pinned_root, pinned_paths)
+
+
+def check_pins_intact(scope: CallScope) -> None:
+    """Stage 4's pin checks again, just before the run: consent may have waited minutes, and a
+    folder swapped meanwhile is refused with the same -32004 (the run would use the pinned fd anyway)."""
+    if scope.pinned_root is not None and scope.workspace is not None:
+        check_workspace_pinned(scope.workspace, scope.pinned_root.path, scope.pinned_root)
+    for pinned in scope.pinned_paths:
+        check_allowed_path_pinned(pinned.path, pinned)
 
 
 def choose_workspace(policy: Policy, requested: str | None, caller: Caller) -> str:
@@ -89,9 +120,29 @@ def choose_workspace(policy: Policy, requested: str | None, caller: Caller) -> s
     return name
 
 
+def matches_pattern(pattern: str, value: str) -> bool:
+    """JSON Schema `pattern` as ECMA-262 reads it: an anchored `^...$` must match the WHOLE value.
+
+    Python's `re.search` lets `$` match before a final newline, so `^[0-9a-f]{32}$` would accept
+    a run id followed by `\\n`; `re.fullmatch` does not. An unanchored pattern keeps search semantics.
+    """
+    if pattern.startswith("^") and pattern.endswith("$") and not pattern.endswith("\\$"):
+        return re.fullmatch(pattern, value) is not None
+    return re.search(pattern, value) is not None
+
+
+def _pattern(validator: Any, pattern: str, instance: object, schema: Mapping[str, Any]) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not matches_pattern(pattern, str(instance)):
+        yield ValidationError(PATTERN_HINTS.get(pattern, f"{instance!r} does not match {pattern!r}"))
+
+
+# jsonschema's `extend` has no annotations; the class it returns validates like Draft 2020-12 but for `pattern`.
+_FullMatchValidator = validators.extend(Draft202012Validator, {"pattern": _pattern})  # type: ignore[no-untyped-call]
+
+
 @cache
-def _validator(tool_name: str) -> Draft202012Validator:
-    return Draft202012Validator(dict(TOOLS[tool_name].input_schema))
+def _validator(tool_name: str) -> Any:
+    return _FullMatchValidator(dict(TOOLS[tool_name].input_schema))
 
 
 def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:

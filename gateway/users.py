@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 from passlib.context import CryptContext
@@ -28,6 +29,12 @@ class UserError(Exception):
     """An expected failure of a user operation (exists, unknown...), with a one-line message."""
 
 
+def check_user_name(name: str) -> None:
+    """A user name is a token's `sub` and shows in the log and in `user list`: no control or format characters."""
+    if not name or name != name.strip() or any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in name):
+        raise UserError(f"user name {name!r} must be non-empty, without surrounding spaces or control characters")
+
+
 def hash_password(password: str) -> str:
     return str(_passwords.hash(password))
 
@@ -51,6 +58,7 @@ class UserStore:
         self._clock = clock
 
     def add(self, name: str, role: str, workspaces: tuple[str, ...], password: str | None = None) -> UserRecord:
+        check_user_name(name)
         now = self._clock.now()
         try:
             with self._engine.begin() as connection:

@@ -3,13 +3,16 @@
 Everything that allocates (Landlock rule fds, the seccomp program, the tmpfs, the cgroup
 files, ctypes pointers) is prepared in the parent; the child's `preexec_fn` only makes system
 calls, in the one order that works as root: join the cgroup (first, so that everything after
-is counted) -> network namespace -> mount namespace with the scratch tmpfs (both need root)
--> rlimits -> drop to the run's uid -> Landlock -> seccomp (last: it denies unshare/mount,
-and Landlock's calls must still pass).
+is counted) -> `fchdir` to the workspace's pinned fd (sandbox/pinned.py; before the mount
+namespace, which takes the cwd along) -> network and IPC namespaces -> mount namespace with
+the scratch tmpfs -> PID namespace (all four need root) -> rlimits -> drop to the run's uid ->
+Landlock -> seccomp (it denies unshare/mount, and Landlock's calls must still pass) -> the
+fork into the supervisors (sandbox/backends/pidns.py), last, so that they are as confined as
+the command.
 
-With the bubblewrap backend the child stops after the uid drop and execs bubblewrap
-(sandbox/backends/bubblewrap.py), which adds a PID namespace and a minimal mount tree in
-place of Landlock, and installs the same seccomp program just before the command.
+With the bubblewrap backend the child skips Landlock and seccomp, and its supervisor's child
+execs bubblewrap (sandbox/backends/bubblewrap.py), which adds a PID namespace and a minimal
+mount tree in place of Landlock, and installs the same seccomp program just before the command.
 
 A layer the host lacks is left out of a run only when the policy does not require it
 (`sandbox.required_layers`, every layer of the backend by default); `plan_layers` decides,
@@ -30,13 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from sandbox.backends import cgroup, landlock, netns, rlimits, seccomp
+from sandbox.backends import cgroup, landlock, namespaces, netns, pidns, rlimits, seccomp
 from sandbox.backends.bubblewrap import bubblewrap_available
 from sandbox.backends.cgroup import RunCgroup
 from sandbox.backends.identity import RunIdentity, drop_privileges
 from sandbox.backends.scratch import ScratchSpace, scratch_available
 from sandbox.errors import SandboxStartError
 from sandbox.limits import BACKEND_LAYERS, LAYERS, Limits
+from sandbox.pinned import Pinned
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,9 @@ class LayerReport:
     mount_tree: bool = False
     """bubblewrap runs here as an unprivileged uid: its minimal mount tree (bubblewrap backend)."""
     pid_namespace: bool = False
-    """The same probe: bubblewrap's PID namespace (bubblewrap backend)."""
+    """A PID namespace whose pid 1 takes the run down with it (native: pidns.py; bubblewrap: its own)."""
+    ipc_namespace: bool = False
+    """A new IPC namespace: the run's SysV and POSIX IPC objects are its own and die with it."""
 
     def available(self) -> frozenset[str]:
         return frozenset(name for name in LAYERS if getattr(self, name))
@@ -78,7 +84,8 @@ def probe_layers() -> LayerReport:
         landlock=landlock.abi_version(),
         seccomp=platform.system() == "Linux" and platform.machine() == "x86_64",
         mount_tree=bubblewrap,
-        pid_namespace=bubblewrap,
+        pid_namespace=root and pidns.pid_namespace_available(),
+        ipc_namespace=root and namespaces.ipc_namespace_available(),
     )
 
 
@@ -100,12 +107,14 @@ class ChildPlan:
         self,
         limits: Limits,
         identity: RunIdentity,
-        read_only: tuple[Path, ...],
+        read_only: tuple[Path | Pinned, ...],
         read_write: tuple[Path, ...],
         *,
         active: Set[str] = frozenset(LAYERS),
         group: RunCgroup | None = None,
         scratch: ScratchSpace | None = None,
+        status_fd: int = -1,
+        cwd_fd: int | None = None,
     ) -> None:
         if "uid_drop" not in active:
             raise SandboxStartError("layer_unavailable:uid_drop")
@@ -114,7 +123,18 @@ class ChildPlan:
         native = limits.backend == "native"
         self._identity = identity
         self._group = group
+        # The run's cwd by fd (a pinned workspace), not by path: Popen(cwd=path) would resolve the
+        # path again, and before preexec_fn runs (sandbox/pinned.py).
+        self._cwd_fd = cwd_fd
         self._unshare_network = "network_namespace" in active and not limits.network
+        self._unshare_ipc = "ipc_namespace" in active
+        # Natively the supervisors make the PID namespace (`status_fd` gets the command's status);
+        # bubblewrap makes its own, and one supervisor outside it is the watchdog (pidns.py).
+        self._supervisor = (
+            pidns.RunSupervisor(timeout_s=limits.timeout_s, status_fd=status_fd if native else -1, namespace=native)
+            if not native or "pid_namespace" in active
+            else None
+        )
         self._scratch = scratch
         self._rlimits = rlimits.ResourceLimits.from_limits(limits) if "rlimits" in active else None
         self._landlock: landlock.PreparedLandlock | None = None
@@ -137,10 +157,16 @@ class ChildPlan:
     def preexec(self) -> None:
         if self._group is not None:
             self._group.join()
+        if self._cwd_fd is not None:
+            os.fchdir(self._cwd_fd)  # before the mount namespace: unshare moves the cwd into its copy
         if self._unshare_network:
             netns.unshare_network()
+        if self._unshare_ipc:
+            namespaces.unshare_ipc()
         if self._scratch is not None:
             self._scratch.apply()
+        if self._supervisor is not None:
+            self._supervisor.enter()
         if self._rlimits is not None:
             rlimits.apply(self._rlimits)
         drop_privileges(self._identity.uid, self._identity.gid)
@@ -148,6 +174,8 @@ class ChildPlan:
             self._landlock.apply()
         if self._seccomp is not None:
             self._seccomp.apply()
+        if self._supervisor is not None:
+            self._supervisor.fork()  # returns only in the command's process
 
     def close(self) -> None:
         if self._landlock is not None:

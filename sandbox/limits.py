@@ -8,7 +8,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from sandbox.pinned import Pinned
+
 MIB = 1024 * 1024
+SUPERVISOR_PROCESSES: Mapping[str, int] = MappingProxyType({"native": 2, "bubblewrap": 3})
+"""Processes a run holds besides the suite's own, added to its process limits: natively the PID
+namespace's two supervisors (backends/pidns.py); with bubblewrap the watchdog, bwrap and its pid 1."""
 
 Backend = Literal["native", "bubblewrap"]
 BACKENDS: tuple[Backend, ...] = ("native", "bubblewrap")
@@ -16,13 +21,16 @@ BACKENDS: tuple[Backend, ...] = ("native", "bubblewrap")
 BACKEND_LAYERS: Mapping[Backend, tuple[str, ...]] = MappingProxyType(
     {
         # Every layer applied by the gateway itself, in the child between fork and exec.
-        "native": ("uid_drop", "cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "landlock", "seccomp"),
+        "native": (
+            "uid_drop", "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "landlock",
+            "seccomp", "pid_namespace",
+        ),
         # The same root-only steps, then bubblewrap, started after the uid drop: its mount tree
         # stands in for Landlock (which would forbid bubblewrap's own mounts) and it installs
         # the seccomp program just before the command.
         "bubblewrap": (
-            "uid_drop", "cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "mount_tree", "pid_namespace",
-            "seccomp",
+            "uid_drop", "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "mount_tree",
+            "pid_namespace", "seccomp",
         ),
     }
 )  # fmt: skip
@@ -52,7 +60,8 @@ class Limits:
     max_processes: int
     max_output_bytes: int
     network: bool = False
-    allowed_paths: tuple[Path, ...] = ()
+    allowed_paths: tuple[Path | Pinned, ...] = ()
+    """Extra read-only grants; a Pinned one is reached through its fd only (sandbox/pinned.py)."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     scratch_bytes: int = 256 * MIB
     """Size of the scratch tmpfs, the run's only writable place (its inode count follows the size)."""
@@ -67,6 +76,11 @@ class Limits:
         unknown = self.required - set(BACKEND_LAYERS[self.backend])
         if unknown:
             raise ValueError(f"layers the {self.backend} backend does not have: {sorted(unknown)}")
+
+    @property
+    def process_limit(self) -> int:
+        """`max_processes` for the suite, plus the run's own supervisors."""
+        return self.max_processes + SUPERVISOR_PROCESSES[self.backend]
 
     @property
     def required(self) -> frozenset[str]:

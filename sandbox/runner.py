@@ -23,22 +23,26 @@ from enum import StrEnum
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO
 
 import anyio
 
-from sandbox.backends import seccomp
+from sandbox.backends import pidns, seccomp
 from sandbox.backends.bubblewrap import bubblewrap_argv, command_ran
 from sandbox.backends.cgroup import RunCgroup, discover
 from sandbox.backends.containment import sweep
 from sandbox.backends.identity import RunIdentity, UidPool
 from sandbox.backends.landlock import runtime_read_only_paths
 from sandbox.backends.scratch import ScratchSpace, files_for
+from sandbox.capture import OutputCapture
 from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers
 from sandbox.errors import SandboxStartError
 from sandbox.limits import Limits
+from sandbox.pinned import Pinned
 
 MAX_COLLECTED_BYTES = 16 * 1024 * 1024
+RUN_GRACE_S = pidns.WATCHDOG_GRACE_S + 3.0
+"""Past its time limit plus this, no process of a run is alive, whatever happened to the gateway:
+the watchdog's grace, and a margin for the kernel to tear the namespace down."""
 
 
 class KilledBy(StrEnum):
@@ -72,11 +76,12 @@ class RunResult:
 
 _POLL_FIRST_S = 0.002
 _POLL_MAX_S = 0.05
+_DRAIN_S = 2.0
 
 
 async def run_sandboxed(
     argv: list[str],
-    cwd: Path,
+    cwd: Path | Pinned,
     limits: Limits,
     stdout_path: Path,
     stderr_path: Path,
@@ -85,17 +90,20 @@ async def run_sandboxed(
     collect: Mapping[str, Path] = MappingProxyType({}),
     host: LayerReport | None = None,
 ) -> RunResult:
-    """Run `argv` confined: its own uid, cgroup, session, rlimits, network and mount namespaces, Landlock, seccomp
-    (with `limits.backend == "bubblewrap"`: bubblewrap's PID namespace and mount tree in place of Landlock).
+    """Run `argv` confined: its own uid, cgroup, session, rlimits, network, IPC, mount and PID namespaces,
+    Landlock, seccomp (with `limits.backend == "bubblewrap"`: bubblewrap's mount tree in place of Landlock).
 
-    `cwd` (and `limits.allowed_paths`) are readable; `scratch` (its HOME and TMPDIR, a tmpfs of
-    `limits.scratch_bytes`) is the only writable place; output goes to files the gateway
-    opened. When the run ends, each `collect` name found in the scratch as a regular file of
-    at most MAX_COLLECTED_BYTES is copied to its path, never through a link; then whatever the
-    run left behind, daemonized grandchildren included, is killed before this returns.
-    `host` is what this host can enforce (default: probed once); a layer it lacks is left out
-    unless `limits.required_layers` names it. Raises SandboxStartError when a required layer is
-    missing or cannot be applied: nothing ran.
+    `cwd` (and `limits.allowed_paths`) are readable. A Pinned one is reached only through its fd
+    (the Landlock rule, the cwd by `fchdir`, bubblewrap's bind), whatever its path leads to by now
+    (sandbox/pinned.py); a plain Path is opened by path when the run starts. `scratch` (its HOME
+    and TMPDIR, a tmpfs of `limits.scratch_bytes`) is the only writable place; stdout and stderr are pipes the gateway
+    copies into `stdout_path` and `stderr_path`, at most `limits.max_output_bytes` each
+    (sandbox/capture.py). When the run ends, each `collect` name found in the scratch as a
+    regular file of at most MAX_COLLECTED_BYTES is copied to its path, never through a link;
+    then whatever the run left behind, daemonized grandchildren included, is killed before this
+    returns. `host` is what this host can enforce (default: probed once); a layer it lacks is
+    left out unless `limits.required_layers` names it. Raises SandboxStartError when a required
+    layer is missing or cannot be applied: nothing ran.
     """
     active = plan_layers(host or layers(), limits)
     identity = _POOL.acquire()
@@ -116,25 +124,38 @@ async def run_sandboxed(
             os.chmod(scratch, 0o700)
             read_only = tuple(dict.fromkeys((*runtime_read_only_paths(), cwd, *limits.allowed_paths)))
             read_write = (scratch, Path(os.devnull))
-
-            def kill() -> None:
-                _kill_group(process.pid)
-                _kill_leftovers(group, identity)
-
+            cwd_fd = _cwd_fd(cwd, stack)
             command, pass_fds, status_fd = _command(
-                argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=cwd, stack=stack
+                argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=_path_of(cwd), stack=stack
             )
+            capture = stack.enter_context(OutputCapture(stdout_path, stderr_path, limits.max_output_bytes))
             with ChildPlan(
-                limits, identity, read_only, read_write, active=active, group=group, scratch=space
+                limits,
+                identity,
+                read_only,
+                read_write,
+                active=active,
+                group=group,
+                scratch=space,
+                status_fd=status_fd,
+                cwd_fd=cwd_fd,
             ) as preexec:
                 started = time.monotonic()
-                with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
-                    process = _spawn(command, cwd, limits, out, err, preexec=preexec, pass_fds=pass_fds)
-            result = await _supervise(process, limits, stdout_path, stderr_path, started=started, kill=kill)
-            survivors = _kill_leftovers(group, identity)
+                process = _spawn(command, None, limits, capture.child_fds, preexec=preexec, pass_fds=pass_fds)
+            result, survivors = await _supervise(
+                process,
+                limits,
+                capture,
+                started=started,
+                leftovers=lambda: _kill_leftovers(group, identity),
+            )
+            result = _with_watchdog_verdict(result, limits)
             ended_on_its_own = result.killed_by is None
-            if status_fd is not None and ended_on_its_own and not command_ran(os.pread(status_fd, 4096, 0)):
-                raise SandboxStartError("bubblewrap_failed")  # bwrap could not build the tree (stderr.txt says why)
+            if limits.backend == "bubblewrap":
+                if ended_on_its_own and not command_ran(os.pread(status_fd, 4096, 0)):
+                    raise SandboxStartError("bubblewrap_failed")  # bwrap could not build the tree (stderr.txt says why)
+            elif "pid_namespace" in active:
+                result = _with_command_status(result, os.pread(status_fd, 64, 0))
             collected = _collect(space, scratch, collect)
             if group is not None:
                 usage = group.usage()
@@ -157,12 +178,11 @@ async def run_unsafe_unconfined(
     argv: list[str], cwd: Path, limits: Limits, stdout_path: Path, stderr_path: Path
 ) -> RunResult:
     """Only the session, time limit, output cap and group kill: NO confinement (baselines, tests)."""
-    started = time.monotonic()
-    with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
-        process = _spawn(argv, cwd, limits, out, err, preexec=None)
-    return await _supervise(
-        process, limits, stdout_path, stderr_path, started=started, kill=lambda: _kill_group(process.pid)
-    )
+    with OutputCapture(stdout_path, stderr_path, limits.max_output_bytes) as capture:
+        started = time.monotonic()
+        process = _spawn(argv, cwd, limits, capture.child_fds, preexec=None)
+        result, _ = await _supervise(process, limits, capture, started=started, leftovers=list)
+    return result
 
 
 @cache
@@ -173,8 +193,8 @@ def layers() -> LayerReport:
 
 _POOL = UidPool()
 _APPLY_ORDER = (
-    "cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "mount_tree", "pid_namespace",
-    "seccomp",
+    "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "mount_tree",
+    "pid_namespace", "seccomp",
 )  # fmt: skip
 
 
@@ -183,23 +203,58 @@ def _command(
     limits: Limits,
     *,
     active: frozenset[str],
-    read_only: tuple[Path, ...],
+    read_only: tuple[Path | Pinned, ...],
     scratch: Path,
     cwd: Path,
     stack: contextlib.ExitStack,
-) -> tuple[list[str], tuple[int, ...], int | None]:
-    """What to spawn, the fds it must inherit, and where bwrap reports whether it started the command.
+) -> tuple[list[str], tuple[int, ...], int]:
+    """What to spawn, the fds it must inherit, and the status memfd where the run's end is reported.
 
-    Without bubblewrap: `argv` itself. With it: `argv` behind bwrap, which inherits the seccomp
-    program's fd and a status fd.
+    Without bubblewrap: `argv` itself; the PID namespace's pid 1 writes the command's wait status
+    to the memfd (sandbox/backends/pidns.py). With bubblewrap: `argv` behind bwrap, which
+    inherits the seccomp program's fd and writes its JSON status to the memfd.
     """
-    if limits.backend != "bubblewrap":
-        return argv, (), None
-    program = stack.enter_context(_seccomp_memfd(limits)) if "seccomp" in active else None
-    status = os.memfd_create("mcp-bwrap-status", os.MFD_CLOEXEC)
+    status = os.memfd_create("mcp-run-status", os.MFD_CLOEXEC)
     stack.callback(os.close, status)
+    if limits.backend != "bubblewrap":
+        return argv, (), status
+    program = stack.enter_context(_seccomp_memfd(limits)) if "seccomp" in active else None
     prefix = bubblewrap_argv(read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program, status_fd=status)
-    return [*prefix, *argv], (status,) if program is None else (program, status), status
+    pinned = tuple(grant.fd for grant in read_only if isinstance(grant, Pinned))  # for --ro-bind-fd
+    return [*prefix, *argv], (*pinned, status) if program is None else (*pinned, program, status), status
+
+
+def _path_of(cwd: Path | Pinned) -> Path:
+    return cwd.path if isinstance(cwd, Pinned) else cwd
+
+
+def _cwd_fd(cwd: Path | Pinned, stack: contextlib.ExitStack) -> int:
+    """The fd the child `fchdir`s to: a Pinned one's own, or a Path opened now (closed after the run)."""
+    if isinstance(cwd, Pinned):
+        return cwd.fd
+    try:
+        fd = os.open(cwd, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SandboxStartError("spawn_failed") from exc
+    stack.callback(os.close, fd)
+    return fd
+
+
+def _with_watchdog_verdict(result: RunResult, limits: Limits) -> RunResult:
+    """A SIGKILL at or past the time limit that the gateway did not send is the watchdog's: a timeout."""
+    if result.killed_by is None and result.signal == signal.SIGKILL and result.duration_ms >= limits.timeout_s * 1000:
+        return dataclasses.replace(result, killed_by=KilledBy.TIMEOUT)
+    return result
+
+
+def _with_command_status(result: RunResult, status: bytes) -> RunResult:
+    """The command's own end, as the PID namespace's pid 1 reported it (the spawned process is its supervisor)."""
+    reported = pidns.read_status(status)
+    if reported is None:
+        return result  # pid 1 was killed first (time limit, cancellation): the supervisor's status stands
+    exit_code, signal_number, watchdog = reported
+    killed_by = result.killed_by or (KilledBy.TIMEOUT if watchdog else None)
+    return dataclasses.replace(result, exit_code=exit_code, signal=signal_number, killed_by=killed_by)
 
 
 @contextlib.contextmanager
@@ -226,7 +281,8 @@ def _run_cgroup(identity: RunIdentity, limits: Limits) -> Iterator[RunCgroup]:
     if roots is None:
         raise SandboxStartError("cgroup_unavailable")
     try:
-        group = RunCgroup(roots, f"run-{identity.uid}", limits.memory_limit_mb * 1024 * 1024, limits.max_processes)
+        processes = limits.process_limit
+        group = RunCgroup(roots, f"run-{identity.uid}", limits.memory_limit_mb * 1024 * 1024, processes)
     except OSError as exc:
         raise SandboxStartError("cgroup_failed") from exc
     try:
@@ -268,34 +324,52 @@ def _collect(space: ScratchSpace | None, scratch: Path, wanted: Mapping[str, Pat
 async def _supervise(
     process: subprocess.Popen[bytes],
     limits: Limits,
-    stdout_path: Path,
-    stderr_path: Path,
+    capture: OutputCapture,
     *,
     started: float,
-    kill: Callable[[], None],
-) -> RunResult:
+    leftovers: Callable[[], list[int]],
+) -> tuple[RunResult, list[int]]:
+    """Copy the output while waiting for the end; kill at the time limit or the output cap.
+
+    Returns how the run ended and what `leftovers` killed after its first process ended.
+    """
+    capture.close_child_ends()
     killed_by: KilledBy | None = None
     status, peak_kb = 0, 0
+
+    def kill() -> None:
+        _kill_group(process.pid)
+        leftovers()
+
     # A pidfd turns readable the moment the child exits, so the run's end is seen at once;
     # the timer only paces the time-limit and output-cap checks.
     exited = os.pidfd_open(process.pid)
     try:
-        delay = _POLL_FIRST_S
-        while True:
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                peak_kb = usage.ru_maxrss
-                break
-            if killed_by is None:
-                if time.monotonic() - started > limits.timeout_s:
-                    killed_by = KilledBy.TIMEOUT
-                elif _output_size(stdout_path, stderr_path) > limits.max_output_bytes:
-                    killed_by = KilledBy.OUTPUT
-                if killed_by is not None:
-                    kill()
-            with anyio.move_on_after(delay):
-                await anyio.wait_readable(exited)
-            delay = min(delay * 2, _POLL_MAX_S)
+        async with anyio.create_task_group() as pumps:
+            pumps.start_soon(capture.pump_all)
+            delay = _POLL_FIRST_S
+            while True:
+                pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+                if pid:
+                    peak_kb = usage.ru_maxrss
+                    break
+                if killed_by is None:
+                    if time.monotonic() - started > limits.timeout_s:
+                        killed_by = KilledBy.TIMEOUT
+                    elif capture.received > limits.max_output_bytes:
+                        killed_by = KilledBy.OUTPUT
+                    if killed_by is not None:
+                        kill()
+                with anyio.move_on_after(delay):
+                    await anyio.wait_readable(exited)
+                delay = min(delay * 2, _POLL_MAX_S)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            survivors = leftovers()
+            # Every writer is gone now; what the pipes still hold is read, within a bound.
+            with anyio.move_on_after(_DRAIN_S):
+                while not capture.ended:
+                    await anyio.sleep(_POLL_FIRST_S)
+            pumps.cancel_scope.cancel()
     except BaseException:
         # Cancelled (notifications/cancelled, client gone) or failing: nothing outlives the call.
         kill()
@@ -305,38 +379,39 @@ async def _supervise(
     finally:
         os.close(exited)
         process.returncode = os.waitstatus_to_exitcode(status) if status else 0
-    duration_ms = int((time.monotonic() - started) * 1000)
-    stdout_bytes, stderr_bytes = _truncate(stdout_path, limits), _truncate(stderr_path, limits)
-    return RunResult(
+    stdout_bytes, stderr_bytes = capture.kept
+    result = RunResult(
         exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
         signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
         duration_ms=duration_ms,
         killed_by=killed_by,
         peak_memory_kb=peak_kb,
-        stdout_bytes=stdout_bytes[0],
-        stderr_bytes=stderr_bytes[0],
-        truncated=stdout_bytes[1] or stderr_bytes[1],
+        stdout_bytes=stdout_bytes,
+        stderr_bytes=stderr_bytes,
+        truncated=capture.truncated,
     )
+    return result, survivors
 
 
 def _spawn(
     argv: list[str],
-    cwd: Path,
+    cwd: Path | None,
     limits: Limits,
-    out: IO[bytes],
-    err: IO[bytes],
+    output: tuple[int, int],
     *,
     preexec: Callable[[], None] | None,
     pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen[bytes]:
+    # The child's parent-death signal (backends/pidns.py) fires when the *thread* that spawned
+    # it ends: spawn from the event loop's thread, never from a short-lived worker thread.
     try:
         return subprocess.Popen(
             argv,
             cwd=cwd,
             env=dict(limits.env),
             stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
+            stdout=output[0],
+            stderr=output[1],
             close_fds=True,
             pass_fds=pass_fds,
             start_new_session=True,
@@ -356,17 +431,3 @@ def _kill_group(pid: int) -> None:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-
-
-def _output_size(*paths: Path) -> int:
-    return sum(p.stat().st_size for p in paths)
-
-
-def _truncate(path: Path, limits: Limits) -> tuple[int, bool]:
-    """Cut a capture file to the cap; return (bytes kept, whether it was cut)."""
-    size = path.stat().st_size
-    if size <= limits.max_output_bytes:
-        return size, False
-    with path.open("r+b") as handle:
-        handle.truncate(limits.max_output_bytes)
-    return limits.max_output_bytes, True

@@ -258,6 +258,15 @@ class StdioSession:
             params["auth"] = {"token": token}
         return self.request("tools/call", params, timeout)
 
+    def send_call(self, name: str, arguments: Mapping[str, Any] | None = None, token: str | None = None) -> int:
+        """Send a tools/call without waiting, so that several are in flight; `wait_response(id)` collects each."""
+        self._next_id += 1
+        params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+        if token is not None:
+            params["auth"] = {"token": token}
+        self.send({"jsonrpc": "2.0", "id": self._next_id, "method": "tools/call", "params": params})
+        return self._next_id
+
     def stderr_text(self) -> str:
         if not self._stderr.closed:
             self._stderr.flush()

@@ -1,4 +1,8 @@
-"""The tool catalogue (spec section 5): names, permissions, schemas and annotations."""
+"""The tool catalogue (spec section 5): names, permissions, schemas and annotations.
+
+Every `pattern` is written `^...$` for the whole value: the gateway checks it with full-match
+semantics (`gateway.scope.matches_pattern`), as ECMA-262 clients read it.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,25 @@ from typing import Any
 
 from gateway.rbac import Permission
 
-_NOT_AN_OPTION = "^[^-]"  # pytest reads a leading '-' as an option, even after '--'
+_NO_CONTROL = r"\x00-\x1f\x7f-\x9f\u2028\u2029"
+_NOT_AN_OPTION = rf"^[^-@{_NO_CONTROL}][^{_NO_CONTROL}]*$"
+"""A value pytest could never read as an option ('-') or a file of options ('@'), without control characters."""
 _RUN_ID = "^[0-9a-f]{32}$"
+_ARTIFACT_NAME = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+_WORKSPACE_NAME = "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"  # as policy.yaml names them
+
+PATTERN_HINTS: Mapping[str, str] = MappingProxyType(
+    {
+        _NOT_AN_OPTION: (
+            "must not start with '-' or '@' (pytest would read it as an option or a file of options) "
+            "and must not hold control characters"
+        ),
+        _RUN_ID: "must be a run id: 32 lowercase hexadecimal digits",
+        _ARTIFACT_NAME: "must be a plain file name of the run (letters, digits, '_', '.', '-')",
+        _WORKSPACE_NAME: "must be a workspace name from the policy (letters, digits, '_', '.', '-')",
+    }
+)
+"""What a value that does not match a pattern must look like, said to the caller."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +59,7 @@ _WORKSPACE = {
     "type": "string",
     "minLength": 1,
     "maxLength": 64,
+    "pattern": _WORKSPACE_NAME,
     "description": "Workspace name from the policy",
 }
 
@@ -120,7 +142,7 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
                 input_schema=_schema(
                     {
                         "run_id": {"type": "string", "pattern": _RUN_ID},
-                        "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"},
+                        "name": {"type": "string", "pattern": _ARTIFACT_NAME},
                         "max_bytes": {"type": "integer", "minimum": 1, "maximum": 1048576},
                     },
                     ["run_id", "name"],

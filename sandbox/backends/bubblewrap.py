@@ -6,7 +6,10 @@ CAP_SYS_ADMIN and a `remount,rw /` escape would work; run by the pool uid it can
 create a user namespace of its own. In it, it builds a new root holding nothing but:
 
 - read-only binds of the grants (the interpreter's prefixes, `/usr`, the workspace,
-  `allowed_paths`; a top-level symlink such as `/lib -> usr/lib` as the same symlink);
+  `allowed_paths`; a top-level symlink such as `/lib -> usr/lib` as the same symlink); a
+  pinned grant (sandbox/pinned.py: the workspace and `allowed_paths` as the policy found them
+  at load) is bound from its fd (`--ro-bind-fd`) at its pinned path, whatever that path
+  leads to now; bubblewrap checks the mount is the fd's inode and closes the fd;
 - the scratch folder, bound read-write: the size-limited tmpfs the child already moved
   there (scratch.ScratchSpace), so the gateway still reads the run's files through its fd;
 - a private `/dev` (null, zero, random, urandom, tty...) and a `/proc` of the new PID
@@ -30,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sandbox.backends.probe import child_succeeds
+from sandbox.pinned import Pinned
 
 BWRAP = Path("/usr/bin/bwrap")
 _PROBE_UID = 65534  # nobody: the probe runs /usr/bin/true and exits, it needs no pool uid
@@ -40,7 +44,7 @@ _HARDENING = ("--disable-userns", "--die-with-parent", "--new-session", "--cap-d
 
 def bubblewrap_argv(
     *,
-    read_only: Sequence[Path],
+    read_only: Sequence[Path | Pinned],
     scratch: Path,
     cwd: Path,
     seccomp_fd: int | None,
@@ -49,11 +53,16 @@ def bubblewrap_argv(
 ) -> list[str]:
     """The bwrap command line that runs a command (appended after it) in the minimal tree. Pure.
 
-    With `status_fd`, bwrap writes JSON status lines there (`command_ran` reads them).
+    With `status_fd`, bwrap writes JSON status lines there (`command_ran` reads them). The fd of
+    each Pinned grant must be inherited by bwrap (`pass_fds`).
     """
     argv = [str(bwrap), *_NAMESPACES, *_HARDENING]
     # Parents before children: a bind is hidden by a later bind of one of its parents.
-    for path in sorted(dict.fromkeys(read_only), key=lambda p: (len(p.parts), str(p))):
+    for grant in sorted(dict.fromkeys(read_only), key=lambda g: (len(_path(g).parts), str(_path(g)))):
+        if isinstance(grant, Pinned):
+            argv += ["--ro-bind-fd", str(grant.fd), str(grant.path)]
+            continue
+        path = grant
         if path.is_symlink() and path.parent == Path("/"):
             argv += ["--symlink", os.readlink(path), str(path)]
         else:
@@ -66,6 +75,10 @@ def bubblewrap_argv(
         argv += ["--json-status-fd", str(status_fd)]
     argv.append("--")
     return argv
+
+
+def _path(grant: Path | Pinned) -> Path:
+    return grant.path if isinstance(grant, Pinned) else grant
 
 
 def command_ran(status: bytes) -> bool:

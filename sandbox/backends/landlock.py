@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.errors import SandboxStartError
+from sandbox.pinned import Pinned
 
 # x86_64 / generic syscall numbers and constants from include/uapi/linux/landlock.h.
 _SYS_LANDLOCK_CREATE_RULESET = 444
@@ -83,7 +84,8 @@ class _PathBeneathAttr(ctypes.Structure):
 
 @dataclass(frozen=True, slots=True)
 class LandlockRules:
-    read_only: tuple[Path, ...]
+    read_only: tuple[Path | Pinned, ...]
+    """A Pinned grant is made on its fd (the inode pinned at policy load), a Path is opened now."""
     read_write: tuple[Path, ...]
     allow_tcp: bool = False
     read_write_fds: tuple[int, ...] = ()
@@ -201,7 +203,7 @@ def prepare_landlock(rules: LandlockRules, abi: int | None = None) -> PreparedLa
     try:
         for paths, access in ((rules.read_only, _FS_READ_ONLY), (rules.read_write, handled.fs)):
             for path in paths:
-                grants.append(_grant(os.open(path, os.O_PATH | os.O_CLOEXEC), access & handled.fs))
+                grants.append(_grant(_open_grant(path), access & handled.fs))
         for given in rules.read_write_fds:
             grants.append(_grant(fcntl.fcntl(given, fcntl.F_DUPFD_CLOEXEC, 0), handled.fs))
     except OSError as exc:
@@ -209,6 +211,12 @@ def prepare_landlock(rules: LandlockRules, abi: int | None = None) -> PreparedLa
             os.close(fd)
         raise SandboxStartError("landlock_path_unopenable") from exc
     return PreparedLandlock(handled, grants)
+
+
+def _open_grant(path: Path | Pinned) -> int:
+    if isinstance(path, Pinned):
+        return fcntl.fcntl(path.fd, fcntl.F_DUPFD_CLOEXEC, 0)
+    return os.open(path, os.O_PATH | os.O_CLOEXEC)
 
 
 def _grant(fd: int, access: int) -> tuple[int, int]:

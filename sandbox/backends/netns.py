@@ -10,25 +10,15 @@ host are out of reach. Pathname unix sockets are files, not network: a netns doe
 
 from __future__ import annotations
 
-import ctypes
-import os
-
+from sandbox.backends.namespaces import CLONE_NEWNET, unshare
 from sandbox.backends.probe import child_succeeds
 
-CLONE_NEWNET = 0x40000000
 _PROBE_ARGV = ("/bin/true",)
-
-# Resolved in the parent at import so the child only makes the call (preexec_fn must not load libraries).
-_unshare = ctypes.CDLL(None, use_errno=True).unshare
-_unshare.argtypes = [ctypes.c_int]
-_unshare.restype = ctypes.c_int
 
 
 def unshare_network() -> None:
     """Move the calling process into a new, empty network namespace; raise OSError if the kernel refuses."""
-    if _unshare(CLONE_NEWNET) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+    unshare(CLONE_NEWNET)
 
 
 def network_namespace_available() -> bool:

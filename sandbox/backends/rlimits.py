@@ -51,7 +51,7 @@ class ResourceLimits:
             address_space_bytes=limits.memory_limit_mb * MIB,
             cpu_seconds=math.ceil(limits.timeout_s) + 1,
             open_files=open_files,
-            processes=limits.max_processes,
+            processes=limits.process_limit,
             file_size_bytes=file_size_bytes,
         )
 

@@ -21,7 +21,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,12 +61,16 @@ def report(**findings):
 
 
 def capture_fd():
-    """pytest keeps the gateway's stdout.txt open under a dup while it captures: find it."""
+    """pytest keeps the run's real stdout (a pipe the gateway reads) under a dup while it captures: find it.
+
+    /proc is not readable under Landlock, so look for the first pipe by its type instead.
+    """
     import os
+    import stat
 
     for fd in range(3, 128):
         try:
-            if os.readlink("/proc/self/fd/%d" % fd).endswith("stdout.txt"):
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
                 return fd
         except OSError:
             continue
@@ -261,12 +265,16 @@ def open_arena(
     policy: Mapping[str, Any] | None = None,
     serve_env: Mapping[str, str] | None = None,
     keep_sample_config: bool = True,
+    prepare: Callable[[GatewayHome], None] | None = None,
 ) -> Iterator[Arena]:
+    """`prepare` runs after the state folder, workspace and policy are made, before `serve` loads them."""
     root.mkdir(parents=True, exist_ok=True)
     gateway = GatewayHome(root, deep_merge(dict(POLICY), policy or {}))
     gateway.add_user("alice", "USER")
     if not keep_sample_config:
         (gateway.workspace / "pyproject.toml").unlink()
+    if prepare is not None:
+        prepare(gateway)
     canary = f"canary-{secrets.token_hex(16)}"
     with environment({CANARY_VAR: canary, **(serve_env or {})}):
         session = StdioSession(gateway)

@@ -214,6 +214,27 @@ def test_a_symlink_does_not_carry_an_allow_rule_out_of_its_folder(
     assert plain["behavior"] == "allow"
 
 
+def test_a_workspace_swapped_for_a_link_to_root_is_denied_not_judged(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    # Judged against a root that now leads to `/`, `Edit(src/**)` and the preview would reach any file.
+    gw = make_gateway({"permission_prompt": RULES, "consent": {"mode": "deny"}})
+    gw.add_user("alice", "USER")
+    session = open_session(gw, env={"MCP_GATEWAY_TOKEN": gw.token("alice")})
+    away = gw.workspace.with_name("workspace-away")
+    gw.workspace.rename(away)
+    gw.workspace.symlink_to("/", target_is_directory=True)
+    try:
+        decided, run_id = check(session, "Read", {"file_path": str(gw.workspace / "etc/shadow")})
+    finally:
+        gw.workspace.unlink()
+        away.rename(gw.workspace)
+    assert decided["behavior"] == "deny" and "restart the gateway" in decided["message"], decided
+    assert events(gw, run_id)["POLICY_BLOCKED"]["detail"]["blocked_reason"] == "workspace_changed"
+    restored, _ = check(session, "Read", {"file_path": str(gw.workspace / "tests")})
+    assert restored["behavior"] == "allow"
+
+
 # --- the session's token -----------------------------------------------------------------------------
 
 

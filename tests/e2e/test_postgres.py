@@ -71,7 +71,7 @@ def test_budget_reservations_are_atomic_on_postgres(pg_gateway: GatewayHome) -> 
     def reserve(i: int) -> None:
         barrier.wait()
         try:
-            granted.append(ledger.reserve("alice", f"run{i}", limits))
+            granted.append(ledger.reserve("alice", f"run{i}", limits, 0))
         except BudgetExceededError as exc:
             refused.append(exc)
 
@@ -82,3 +82,29 @@ def test_budget_reservations_are_atomic_on_postgres(pg_gateway: GatewayHome) -> 
         thread.join(timeout=60)
     assert len(granted) == 5
     assert len(refused) == 5
+
+
+def test_elapsed_reservations_are_atomic_on_postgres(pg_gateway: GatewayHome) -> None:
+    """Issue 10 item 5: 16 racing 3 s calls on a 2 s budget; one reservation, one run, whatever the race."""
+    limits = BudgetPolicy(window_s=600, attempts_total=1000, elapsed_ms_total=2000)
+    granted: list[int] = []
+    refused: list[str] = []
+    barrier = threading.Barrier(16)
+
+    def reserve(i: int) -> None:
+        engine = make_engine(pg_gateway.url)  # one engine per "gateway"
+        barrier.wait()
+        try:
+            granted.append(BudgetLedger(engine, SystemClock()).reserve("alice", f"run{i}", limits, 3000))
+        except BudgetExceededError as exc:
+            refused.append(exc.reason)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=reserve, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(granted) == 1
+    assert refused == ["elapsed_exhausted"] * 15

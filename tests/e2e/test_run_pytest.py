@@ -249,7 +249,7 @@ def _wait_for(workspace: str, timeout: float = 20) -> int:
     while time.monotonic() < deadline:
         for process in psutil.process_iter(["cmdline"]):
             cmdline = process.info["cmdline"] or []
-            if f"--rootdir={workspace}" in cmdline and "tests/test_slow.py" in cmdline:
+            if f"--rootdir={workspace}" in cmdline and "./tests/test_slow.py" in cmdline:  # the path follows ./
                 time.sleep(0.3)  # let the session reach the sleeping test
                 return int(process.pid)
         time.sleep(0.05)
@@ -359,9 +359,13 @@ def test_only_the_plugins_the_policy_lists_are_loaded(
 
 
 APPLIED = {
-    "native": ["cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "seccomp"],
+    "native": [
+        "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock",
+        "pid_namespace", "seccomp",
+    ],
     "bubblewrap": [
-        "cgroup", "network_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "mount_tree", "pid_namespace", "seccomp"
+        "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "mount_tree",
+        "pid_namespace", "seccomp",
     ],
 }  # fmt: skip
 

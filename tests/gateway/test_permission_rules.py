@@ -135,3 +135,15 @@ def test_a_file_rule_judges_the_path_as_written_and_as_resolved(tmp_path: Path) 
     # Out of the workspace through a link: no relative rule covers it.
     (root / "src" / "out").symlink_to(tmp_path)
     assert judge(rules, "Edit", {"file_path": f"{root}/src/out/x"}, str(root), os.path.realpath).verdict == "ask"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["secrets/a\nb", "secrets/\n", "secrets/a\r\nb", "secrets/x\x85y", "secrets/deep/\n/key"],
+    ids=["newline", "only-newline", "crlf", "nel", "newline-folder"],
+)
+def test_a_newline_in_a_path_does_not_slip_past_a_deny_glob(path: str) -> None:
+    """Issue 10 item 9: a regex `.` stops at a newline; a glob's `**` must not."""
+    rules = RuleSet.parse(["Edit(secrets/**)"], [], ["Edit(**)"])
+
+    assert judge(rules, "Edit", {"file_path": path}, ROOT) == Judgement("deny", "Edit(secrets/**)")

@@ -809,7 +809,7 @@ def with_sandbox(policy: Policy, **changes: Any) -> Policy:
         ),
         pytest.param(
             {"required_layers": ("uid_drop", "network_namespace", "rlimits", "landlock", "seccomp")},
-            "leaves out cgroup, scratch_tmpfs: on a host without it, runs go on without it",
+            "leaves out cgroup, ipc_namespace, scratch_tmpfs, pid_namespace: on a host without it, runs go on",
             id="optional-layers",
         ),
         pytest.param(
@@ -1005,3 +1005,37 @@ def test_allowed_path_that_does_not_exist_warns(shipped: Policy, tmp_path: Path)
     assert [w.message for w in warnings] == [
         f"sandbox.allowed_paths contains {missing}, which does not exist: every run would fail to start"
     ]
+
+
+# --- pins: each workspace and allowed path as the policy found it at load (issue 10, item 3) -----
+
+
+def test_existing_workspaces_and_allowed_paths_are_pinned_at_load_missing_ones_are_not(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "data.txt").write_text("data")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real", target_is_directory=True)
+    policy = parse(
+        """\
+        version: 1
+        workspaces: {here: ws, linked: linked, gone: nope}
+        sandbox:
+          allowed_paths: [data.txt, missing]
+        """,
+        tmp_path,
+    )
+
+    real = tmp_path.resolve()
+    assert set(policy.pins) == {real / "ws", real / "real", real / "data.txt"}
+    assert policy.workspaces["linked"] == real / "real", "a link in the configured path is resolved once, at load"
+    assert policy.pins[real / "ws"].ino == (tmp_path / "ws").stat().st_ino
+    assert not policy.pins[real / "data.txt"].is_dir
+
+
+def test_a_policy_whose_folders_are_missing_still_loads_and_warns(tmp_path: Path) -> None:
+    policy = parse("version: 1\nworkspaces: {w: nope}\nsandbox:\n  allowed_paths: [gone]\n", tmp_path)
+
+    assert dict(policy.pins) == {}
+    messages = [w.message for w in risky_settings(policy, None)]
+    assert any("which is not a directory" in m for m in messages)
+    assert any("which does not exist" in m for m in messages)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,16 @@ import pytest
 
 from gateway.errors import InvalidParamsError, PolicyBlockedError
 from gateway.policy import Policy, parse_policy
-from gateway.scope import Caller, CallScope, check_arguments, check_call, visible_workspaces
-from gateway.tools.registry import TOOL_NAMES, TOOLS
+from gateway.scope import (
+    Caller,
+    CallScope,
+    check_arguments,
+    check_call,
+    check_pins_intact,
+    matches_pattern,
+    visible_workspaces,
+)
+from gateway.tools.registry import PATTERN_HINTS, TOOL_NAMES, TOOLS
 
 RUN_PYTEST = TOOLS["run_pytest"]
 LIST_ARTIFACTS = TOOLS["list_artifacts"]
@@ -263,3 +272,221 @@ def test_long_schema_messages_are_cut(policy: Policy) -> None:
 
     assert caught.value.detail is not None
     assert len(caught.value.detail) <= len("test_path: ") + 201
+
+
+# --- issue 10 item 6: a token's `ws` never widens what the user may see today ------------------
+
+
+@pytest.mark.parametrize(
+    ("caller", "visible"),
+    [
+        pytest.param(Caller(("default",), "other", False), (), id="admin-token-after-demotion-to-user"),
+        pytest.param(Caller((), "other", False), (), id="user-without-workspaces"),
+        pytest.param(Caller(("a",), "b", False), (), id="workspace-taken-from-the-user"),
+        pytest.param(Caller(("a", "b"), "b", False), ("b",), id="user-still-has-it"),
+        pytest.param(Caller((), "other", True), ("other",), id="admin-any-workspace"),
+        pytest.param(Caller(("a",), None, False), ("a",), id="no-ws-claim-user"),
+        pytest.param(Caller(("a",), None, True), None, id="no-ws-claim-admin"),
+    ],
+)
+def test_a_token_workspace_only_narrows(caller: Caller, visible: tuple[str, ...] | None) -> None:
+    assert visible_workspaces(caller) == visible
+    without_token = visible_workspaces(Caller(caller.workspaces, None, caller.is_admin))
+    if without_token is not None and visible is not None:
+        assert set(visible) <= set(without_token), "the token shows nothing the user could not see without it"
+
+
+@pytest.mark.parametrize("spec", [LIST_ARTIFACTS, GET_EVIDENCE, GET_CONTENT], ids=lambda s: s.name)
+def test_read_tools_of_a_demoted_token_see_nothing(policy: Policy, spec: Any) -> None:
+    demoted = Caller(("a",), "c", False)  # the token was issued for c while the user was ADMIN
+    arguments = {"run_id": "0" * 32, "name": "stdout.txt"} if spec is not LIST_ARTIFACTS else {}
+
+    assert check_call(policy, spec, arguments, demoted).visible_workspaces == ()
+    assert blocked(policy, {"workspace": "c"}, demoted, LIST_ARTIFACTS) == "workspace_not_allowed"
+
+
+# --- issue 10 items 8 and 9: whole-value patterns, no option prefixes, no control characters ----
+
+CONTROL_VARIANTS = {
+    "trailing-newline": "{}\n",
+    "trailing-crlf": "{}\r\n",
+    "trailing-cr": "{}\r",
+    "embedded-newline": "{}\nx",
+    "leading-newline": "\n{}",
+    "nul": "{}\x00",
+    "tab": "{}\tx",
+    "escape": "{}\x1b[2J",
+    "del": "{}\x7f",
+    "nel": "{}\x85",
+    "line-separator": "{}\u2028",
+}
+GOOD_VALUES = [
+    (RUN_PYTEST, {"test_path": "tests"}, "test_path"),
+    (RUN_PYTEST, {"test_path": "tests", "keyword": "fast"}, "keyword"),
+    (RUN_PYTEST, {"test_path": "tests", "markers": "unit"}, "markers"),
+    (RUN_PYTEST, {"test_path": "tests", "workspace": "a"}, "workspace"),
+    (LIST_ARTIFACTS, {"workspace": "a"}, "workspace"),
+    (GET_EVIDENCE, {"run_id": "0" * 32}, "run_id"),
+    (GET_CONTENT, {"run_id": "0" * 32, "name": "junit.xml"}, "run_id"),
+    (GET_CONTENT, {"run_id": "0" * 32, "name": "junit.xml"}, "name"),
+]
+
+
+@pytest.mark.parametrize("variant", list(CONTROL_VARIANTS.values()), ids=list(CONTROL_VARIANTS))
+@pytest.mark.parametrize(("spec", "arguments", "field"), GOOD_VALUES, ids=[f"{s.name}-{f}" for s, _, f in GOOD_VALUES])
+def test_control_characters_fail_the_schema(spec: Any, arguments: dict[str, Any], field: str, variant: str) -> None:
+    check_arguments(spec, arguments)  # the value itself is fine
+    hostile = {**arguments, field: variant.format(arguments[field])}
+
+    with pytest.raises(InvalidParamsError) as caught:
+        check_arguments(spec, hostile)
+
+    assert caught.value.detail is not None and caught.value.detail.startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize("field", ["test_path", "keyword", "markers"])
+@pytest.mark.parametrize("value", ["@opts", "@", "@/usr/share/dict/words", "-x", "--co", "-"])
+def test_option_and_options_file_prefixes_fail_the_schema(field: str, value: str) -> None:
+    with pytest.raises(InvalidParamsError) as caught:
+        check_arguments(RUN_PYTEST, {"test_path": "tests", field: value})
+
+    assert caught.value.detail == (
+        f"{field}: must not start with '-' or '@' (pytest would read it as an option or a file of options) "
+        "and must not hold control characters"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("test_path", "tests/test_a.py::test_x[1-2]"),
+        ("test_path", "tests/tëst_ünïcode.py"),
+        ("test_path", "a@b/c-d"),
+        ("test_path", "x"),
+        ("keyword", "fast and not slow"),
+        ("keyword", "a-b or c@d"),
+        ("markers", "not slow"),
+        ("markers", "x"),
+    ],
+)
+def test_whole_values_still_pass(field: str, value: str) -> None:
+    check_arguments(RUN_PYTEST, {"test_path": "tests", field: value})
+
+
+def test_every_registry_pattern_is_a_whole_value_pattern_with_a_hint() -> None:
+    patterns = [
+        (tool, name, prop["pattern"])
+        for tool, spec in TOOLS.items()
+        for name, prop in spec.input_schema["properties"].items()
+        if "pattern" in prop
+    ]
+    assert len(patterns) >= 6
+    for tool, name, pattern in patterns:
+        assert pattern.startswith("^") and pattern.endswith("$"), (tool, name, pattern)
+        re.compile(pattern)
+        assert pattern in PATTERN_HINTS, (tool, name)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "value", "matches"),
+    [
+        ("^[0-9a-f]{32}$", "0" * 32, True),
+        ("^[0-9a-f]{32}$", "0" * 32 + "\n", False),  # re.search would say True
+        ("^[a-z]+$", "abc\n", False),
+        ("^[a-z]+$", "abc", True),
+        ("^[^-]", "x\n", True),  # unanchored at the end: search semantics, as ECMA-262 reads it
+        ("[0-9]", "a1", True),
+        ("^a\\$", "a$", True),  # an escaped dollar is no anchor
+    ],
+)
+def test_matches_pattern_reads_anchors_as_ecma_262_does(pattern: str, value: str, matches: bool) -> None:
+    assert matches_pattern(pattern, value) is matches
+
+
+@pytest.mark.parametrize(
+    ("test_path", "reason"),
+    [
+        ("@opts", "path_looks_like_option"),
+        ("@/usr/share/dict/words", "path_looks_like_option"),
+        ("tests\n", "path_invalid"),
+        ("tests\r\n", "path_invalid"),
+        ("tes\nts", "path_invalid"),
+        ("tests\x1b", "path_invalid"),
+    ],
+)
+def test_stage_4_refuses_option_files_and_control_characters(policy: Policy, test_path: str, reason: str) -> None:
+    assert blocked(policy, {"test_path": test_path}) == reason
+
+
+# --- the folders a run would read must still be those pinned at policy load (issue 10, item 3) ---
+
+
+def swap_for_link(path: Path, target: Path) -> None:
+    path.rename(path.with_name(path.name + "-away"))
+    path.symlink_to(target, target_is_directory=True)
+
+
+def test_a_workspace_swapped_for_a_link_after_load_is_refused(policy: Policy, tmp_path: Path) -> None:
+    scope = check_call(policy, RUN_PYTEST, {"test_path": "tests"}, ALICE)
+    assert scope.pinned_root is policy.pins[policy.workspaces["a"]]
+    swap_for_link(tmp_path / "a", tmp_path)
+
+    assert blocked(policy, {"test_path": "tests"}) == "workspace_changed"
+    with pytest.raises(PolicyBlockedError) as caught:
+        check_pins_intact(scope)
+    assert caught.value.reason == "workspace_changed"
+    assert "'a'" in caught.value.public_message() and "restart the gateway" in caught.value.public_message()
+
+
+def test_another_workspace_of_the_same_user_is_not_affected_by_a_swap(policy: Policy, tmp_path: Path) -> None:
+    swap_for_link(tmp_path / "a", tmp_path)
+    scope = check_call(policy, RUN_PYTEST, {"test_path": "tests", "workspace": "b"}, ALICE)
+    assert scope.pinned_root is not None and scope.pinned_root.path == policy.workspaces["b"]
+
+
+def test_a_workspace_replaced_by_a_new_folder_is_refused(policy: Policy, tmp_path: Path) -> None:
+    (tmp_path / "a").rename(tmp_path / "a-away")
+    (tmp_path / "a" / "tests").mkdir(parents=True)
+
+    assert blocked(policy, {"test_path": "tests"}) == "workspace_changed"
+
+
+def test_a_workspace_missing_at_load_is_refused_even_once_created(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text("version: 1\nworkspaces: {a: a}\ntools:\n  allowlist: [run_pytest]\n")
+    policy = parse_policy((tmp_path / "policy.yaml").read_text(), tmp_path / "policy.yaml", TOOL_NAMES)
+    assert blocked(policy, {"test_path": "tests"}) == "workspace_not_found"
+    (tmp_path / "a").mkdir()
+
+    assert blocked(policy, {"test_path": "tests"}) == "workspace_not_found", "never pinned: a restart pins it"
+
+
+def test_read_tools_need_no_folder(policy: Policy, tmp_path: Path) -> None:
+    swap_for_link(tmp_path / "a", tmp_path)
+    scope = check_call(policy, LIST_ARTIFACTS, {"workspace": "a"}, ALICE)
+
+    assert (scope.workspace, scope.pinned_root) == ("a", None)
+
+
+def test_allowed_paths_are_pinned_and_checked_for_sandboxed_tools(tmp_path: Path) -> None:
+    for name in ("a", "shared", "elsewhere"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "policy.yaml").write_text(
+        "version: 1\nworkspaces: {a: a}\ntools:\n  allowlist: [run_pytest, list_artifacts]\n"
+        "sandbox:\n  allowed_paths: [shared, missing]\n"
+    )
+    policy = parse_policy((tmp_path / "policy.yaml").read_text(), tmp_path / "policy.yaml", TOOL_NAMES)
+    assert blocked(policy, {"test_path": "tests"}) == "allowed_path_not_found"
+    (tmp_path / "missing").mkdir()
+    assert blocked(policy, {"test_path": "tests"}) == "allowed_path_not_found"
+    fixed = dataclasses.replace(
+        policy, sandbox=dataclasses.replace(policy.sandbox, allowed_paths=policy.sandbox.allowed_paths[:1])
+    )
+    scope = check_call(fixed, RUN_PYTEST, {"test_path": "tests"}, ALICE)
+    assert [p.path for p in scope.pinned_paths] == [(tmp_path / "shared").resolve()]
+    swap_for_link(tmp_path / "shared", tmp_path / "elsewhere")
+
+    assert blocked(fixed, {"test_path": "tests"}) == "allowed_path_changed"
+    with pytest.raises(PolicyBlockedError) as caught:
+        check_pins_intact(scope)
+    assert caught.value.reason == "allowed_path_changed"
+    check_call(fixed, LIST_ARTIFACTS, {"workspace": "a"}, ALICE)  # read tools are not affected

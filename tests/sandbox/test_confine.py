@@ -26,6 +26,7 @@ EVERYTHING = LayerReport(
     seccomp=True,
     mount_tree=True,
     pid_namespace=True,
+    ipc_namespace=True,
 )
 NATIVE, BUBBLEWRAP = set(BACKEND_LAYERS["native"]), set(BACKEND_LAYERS["bubblewrap"])
 
@@ -36,7 +37,9 @@ NATIVE, BUBBLEWRAP = set(BACKEND_LAYERS["native"]), set(BACKEND_LAYERS["bubblewr
         ("native", (), None, NATIVE),
         ("native", ("cgroup",), ("uid_drop", "landlock"), NATIVE - {"cgroup"}),
         ("native", ("cgroup", "scratch_tmpfs"), ("uid_drop",), NATIVE - {"cgroup", "scratch_tmpfs"}),
-        ("native", ("mount_tree", "pid_namespace"), None, NATIVE),  # not the native backend's layers
+        ("native", ("mount_tree",), None, NATIVE),  # not the native backend's layer
+        ("native", ("pid_namespace",), None, "layer_unavailable:pid_namespace"),
+        ("native", ("ipc_namespace",), ("uid_drop",), NATIVE - {"ipc_namespace"}),
         ("native", ("cgroup",), None, "layer_unavailable:cgroup"),
         ("native", ("landlock", "seccomp"), ("uid_drop", "seccomp", "landlock"), "layer_unavailable:landlock,seccomp"),
         ("native", ("uid_drop",), ("landlock",), "layer_unavailable:uid_drop"),  # never optional, listed or not
@@ -46,7 +49,8 @@ NATIVE, BUBBLEWRAP = set(BACKEND_LAYERS["native"]), set(BACKEND_LAYERS["bubblewr
         ("bubblewrap", ("mount_tree",), ("uid_drop",), "layer_unavailable:mount_tree"),  # never optional either
     ],
     ids=[
-        "all", "cgroup-optional", "two-optional", "bwrap-layers-irrelevant", "cgroup-required", "two-required",
+        "all", "cgroup-optional", "two-optional", "bwrap-layers-irrelevant", "pidns-required", "ipcns-optional",
+        "cgroup-required", "two-required",
         "uid-drop-always", "bwrap-all", "bwrap-no-landlock", "bwrap-pidns-optional", "bwrap-mount-tree-always",
     ],
 )  # fmt: skip
@@ -112,18 +116,34 @@ def limits(required: tuple[str, ...] | None = None) -> Limits:
     )
 
 
-@requires_root
-def test_without_the_cgroup_layer_the_uid_sweep_still_kills_a_daemon() -> None:
-    host = dataclasses.replace(layers(), cgroup=False)
-    with shared_dir() as folder:
-        result, daemon_pid = run(folder, DAEMONIZE, limits(("uid_drop", "landlock", "seccomp")), host)
-    assert "cgroup" not in result.layers and "landlock" in result.layers
-    assert result.survivors_killed >= 1
-    daemon = Path(f"/proc/{daemon_pid}/stat")
+def assert_gone(pid: int | None) -> None:
+    assert pid is not None
+    daemon = Path(f"/proc/{pid}/stat")
     deadline = time.monotonic() + 5
     while daemon.exists() and daemon.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not daemon.exists() or daemon.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the daemon outlived the run"
+
+
+@requires_root
+def test_without_the_cgroup_and_pid_namespace_layers_the_uid_sweep_still_kills_a_daemon() -> None:
+    host = dataclasses.replace(layers(), cgroup=False, pid_namespace=False)
+    with shared_dir() as folder:
+        result, daemon_pid = run(folder, DAEMONIZE, limits(("uid_drop", "landlock", "seccomp")), host)
+    assert "cgroup" not in result.layers and "pid_namespace" not in result.layers and "landlock" in result.layers
+    assert result.survivors_killed >= 1
+    assert_gone(daemon_pid)
+
+
+@requires_root
+def test_without_the_cgroup_layer_the_pid_namespace_takes_a_daemon_down_with_the_run() -> None:
+    host = dataclasses.replace(layers(), cgroup=False)
+    with shared_dir() as folder:
+        result, daemon_pid = run(folder, DAEMONIZE, limits(("uid_drop", "pid_namespace")), host)
+    assert "cgroup" not in result.layers and "pid_namespace" in result.layers
+    assert daemon_pid is not None and daemon_pid < 10, "the daemon saw its pid in the run's own namespace"
+    # The same uid sweep that finds the daemon without the namespace (above) found nothing left.
+    assert result.survivors_killed == 0, "pid 1's exit killed the daemon before any sweep looked"
 
 
 @requires_root

@@ -90,7 +90,8 @@ def test_privileged_identities_are_refused(uid: int, gid: int) -> None:
 def test_resource_limits_from_limits_and_validation() -> None:
     limits = Limits(timeout_s=2.5, memory_limit_mb=512, max_processes=32, max_output_bytes=1)
     built = ResourceLimits.from_limits(limits)
-    assert (built.address_space_bytes, built.cpu_seconds, built.processes, built.core_bytes) == (512 * MIB, 4, 32, 0)
+    # The process limit leaves room for the run's two supervisors (pidns.py; bubblewrap's own two).
+    assert (built.address_space_bytes, built.cpu_seconds, built.processes, built.core_bytes) == (512 * MIB, 4, 34, 0)
     with pytest.raises(ValueError, match="processes"):
         resource_limits(processes=0)
     with pytest.raises(ValueError, match="core"):
