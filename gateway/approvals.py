@@ -1,12 +1,16 @@
 """`mcp-gateway approvals` (spec sections 3 and 7): a terminal approver for questions waiting in the database.
 
 A gateway whose client cannot elicit leaves its question in `consent_requests`; this loop
-shows each one (tool, server, user, workspace, risk, the arguments' preview, time left) with
+shows each one (tool, server, user, workspace, risk, the arguments or preview, time left) with
 numbered actions: 1 allow once, 2 allow always (never for a destructive tool), 3 deny once,
 4 deny always, 5 allow for the session. Esc is deny once; Enter takes the default, Allow once,
-or Deny once for a destructive tool. The decision is a conditional UPDATE, so when several
-approvers (or gateways) share the database each question is decided exactly once; whoever
-comes second is told so.
+or Deny once for a destructive tool or a request not shown whole. The decision is a conditional
+UPDATE, so when several approvers (or gateways) share the database each question is decided
+exactly once; whoever comes second is told so.
+
+Everything shown is `visible` (escaped as on every channel). A preview too long for the screen
+is cut loudly (its length and sha256, `visible.excerpt`), and then an allowing key does nothing
+until `v` has shown the whole request.
 """
 
 from __future__ import annotations
@@ -19,16 +23,18 @@ import socket
 import sys
 import termios
 import tty
-import unicodedata
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from typing import TextIO
 
 from gateway.clock import Clock
-from gateway.consent import Decision, copy_for
+from gateway.consent import Decision
 from gateway.consent_store import ConsentStore, PendingRequest
+from gateway.consent_text import copy_for, cut_notice
+from gateway.visible import Excerpt, excerpt, visible
 
 ESC = "\x1b"
 ENTER = ("\r", "\n")
+SEE_ALL = "v"
 NUMBERED: tuple[tuple[str, Decision], ...] = (
     ("1", Decision.ALLOW_ONCE),
     ("2", Decision.ALLOW_ALWAYS),
@@ -39,51 +45,85 @@ NUMBERED: tuple[tuple[str, Decision], ...] = (
 IDLE_POLL_S = 0.25
 
 
-def actions_for(destructive: bool) -> tuple[tuple[str, Decision], ...]:
-    """The numbered actions offered; Allow always is left out for a destructive tool."""
-    return tuple((key, d) for key, d in NUMBERED if not (destructive and d is Decision.ALLOW_ALWAYS))
+def actions_for(destructive: bool, offered: Collection[str] | None = None) -> tuple[tuple[str, Decision], ...]:
+    """The numbered actions offered: those the gateway offers (the request's `choices`, from the policy's
+    consent.channels.approver; None: all), and Allow always never for a destructive tool."""
+    return tuple(
+        (key, d)
+        for key, d in NUMBERED
+        if not (destructive and d is Decision.ALLOW_ALWAYS) and (offered is None or d in offered)
+    )
 
 
-def default_for(destructive: bool) -> Decision:
-    """What Enter chooses: the least commitment (seed 000 R3), Deny once where the tool is destructive."""
-    return Decision.DENY_ONCE if destructive else Decision.ALLOW_ONCE
+def default_for(destructive: bool, cut: bool = False, offered: Collection[str] | None = None) -> Decision:
+    """What Enter chooses: the least commitment (seed 000 R3); Deny once where the tool is
+    destructive, the request was not shown whole, or Allow once is not offered."""
+    allow_once = offered is None or Decision.ALLOW_ONCE in offered
+    return Decision.DENY_ONCE if destructive or cut or not allow_once else Decision.ALLOW_ONCE
 
 
-def decision_for_key(key: str, destructive: bool) -> Decision | None:
+def decision_for_key(
+    key: str, destructive: bool, cut: bool = False, offered: Collection[str] | None = None
+) -> Decision | None:
     """The decision a key stands for; None for a key that means nothing here (it is ignored)."""
     if key == ESC:
         return Decision.DENY_ONCE
     if key in ENTER:
-        return default_for(destructive)
-    return dict(actions_for(destructive)).get(key)
+        return default_for(destructive, cut, offered)
+    return dict(actions_for(destructive, offered)).get(key)
 
 
-def shown(text: str) -> str:
-    """`text` as it may reach a terminal: every control and format character (escape sequences, a
-    carriage return that would overwrite the line, bidi overrides that reorder it) written out as
-    an escape, so what the person reads is what the tool would get."""
-    return "".join(f"\\u{ord(ch):04x}" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch for ch in text)
+def whole_of(request: PendingRequest) -> str:
+    """All the request shows about the call, `visible`: its preview, else its arguments (one per line)."""
+    return visible(request.preview if request.preview is not None else request.args_preview, lines=True)
+
+
+def shown_of(request: PendingRequest, copy: Mapping[str, str]) -> Excerpt:
+    """What fits the panel of the request's whole (`whole_of`), cut loudly."""
+    return excerpt(whole_of(request), copy)
 
 
 def render(request: PendingRequest, now: float, locale: str) -> str:
     copy = copy_for(locale)
+    part = shown_of(request, copy)
     left = max(0, int(request.expires_at - now))
-    default = default_for(request.destructive)
-    actions = "  ".join(f"[{key}] {copy[d.value]}" for key, d in actions_for(request.destructive))
-    if request.preview is None:
-        what = [f"  {copy['args']}: {shown(request.args_preview)}"]
-    else:
-        what = [f"    {shown(line)}" for line in request.preview.split("\n")]
+    notice = [f"  {cut_notice(part, copy)}", f"  {copy['cut_approver']}"] if part.cut else []
+    heading = [] if request.preview is not None else [f"  {copy['args']}:"]
     lines = [
-        f"--- consent request {shown(request.id)} ---",
-        f"{copy['title']} {shown(request.tool_name)}",
-        f"  {copy['from'].format(server=shown(request.server_id))}",
-        f"  risk:      {copy[request.risk_tier]}" + ("  (destructive)" if request.destructive else ""),
-        f"  user:      {shown(request.user)}    workspace: {shown(request.workspace)}",
-        *what,
+        f"--- consent request {visible(request.id)} ---",
+        f"{copy['title']} {visible(request.tool_name)}",
+        f"  {copy['from'].format(server=visible(request.server_id))}",
+        f"  risk:      {copy.get(request.risk_tier, visible(request.risk_tier))}"
+        + ("  (destructive)" if request.destructive else ""),
+        f"  user:      {visible(request.user)}    workspace: {visible(request.workspace)}",
+        *notice,
+        *heading,
+        *(f"    {line}" for line in part.text.split("\n")),
+        *notice,
         f"  answer within {left} s",
-        f"  {actions}",
-        f"  [Enter] {copy[default.value]}   [Esc] {copy[Decision.DENY_ONCE.value]}   [q] quit",
+        *keys_help(request, part.cut, copy),
+    ]
+    return "\n".join(lines)
+
+
+def keys_help(request: PendingRequest, cut: bool, copy: Mapping[str, str]) -> list[str]:
+    actions = "  ".join(f"[{key}] {copy[d.value]}" for key, d in actions_for(request.destructive, request.choices))
+    default = default_for(request.destructive, cut, request.choices)
+    see_all = f"   [{SEE_ALL}] {copy['see_all']}" if cut else ""
+    deny = copy[Decision.DENY_ONCE.value]
+    return [f"  {actions}", f"  [Enter] {copy[default.value]}   [Esc] {deny}{see_all}   [q] quit"]
+
+
+def render_whole(request: PendingRequest, locale: str) -> str:
+    """The whole request, for `v`: every line of it, between its length and sha256, then the keys again."""
+    copy = copy_for(locale)
+    whole = whole_of(request)
+    part = excerpt(whole, copy, max_lines=len(whole.split("\n")), max_line_chars=len(whole) + 1)
+    lines = [
+        f"  --- {copy['whole'].format(chars=part.chars, lines=part.lines, digest=part.digest)} ---",
+        *(f"    {line}" for line in whole.split("\n")),
+        f"  --- {copy['whole_end'].format(digest=part.digest)} ---",
+        *keys_help(request, True, copy),
     ]
     return "\n".join(lines)
 
@@ -161,6 +201,9 @@ class Approver:
     def _answer(self, request: PendingRequest) -> bool:
         """Ask about one request; False when the person quits."""
         self._say(render(request, self._clock.now(), self._locale))
+        copy = copy_for(self._locale)
+        cut = shown_of(request, copy).cut
+        seen_whole = not cut
         while True:
             left = request.expires_at - self._clock.now()
             if left <= 0:
@@ -175,11 +218,18 @@ class Approver:
                 continue
             if key in ("q", ""):
                 return False
-            decision = decision_for_key(key, request.destructive)
+            if key == SEE_ALL:
+                self._say(render_whole(request, self._locale))
+                seen_whole = True
+                continue
+            decision = decision_for_key(key, request.destructive, cut, request.choices)
             if decision is None:
                 continue
+            if decision.allows and not seen_whole:
+                self._say(f"  {copy['see_all_first']}")
+                continue
             if self._store.decide(request.id, decision.value, self._who, self._clock.now()):
-                self._say(f"  -> {decision.value} ({copy_for(self._locale)[decision.value]})")
+                self._say(f"  -> {decision.value} ({copy[decision.value]})")
             else:
                 self._say("  -> not recorded: another approver decided first, or it expired")
             return True

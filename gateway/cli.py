@@ -24,10 +24,12 @@ from gateway.cli_consent import (
 )
 from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
+from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
 from gateway.errors import CommandError, ConfigError, InternalError
 from gateway.permission_prompt import explain as explain_agent_tool
 from gateway.pipeline import Pipeline
 from gateway.policy import SandboxPolicy, load_policy, risky_settings
+from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
 from gateway.rbac import ADMIN_ROLE
 from gateway.recovery import close_abandoned_runs
 from gateway.services import Services, open_services
@@ -49,7 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("init", help="create the state folder, database schema and signing key")
+    init = sub.add_parser(
+        "init", help="create the state folder, database schema, signing key and <home>/policy.yaml (if absent)"
+    )
+    init.add_argument(
+        "--workspace", metavar="PATH", help="the folder the written policy's `default` workspace names (made absolute)"
+    )
 
     user = sub.add_parser("user", help="manage users").add_subparsers(dest="action", required=True)
     add = user.add_parser("add", help="add a user")
@@ -124,19 +131,65 @@ def main(argv: Sequence[str] | None = None) -> int:
 # --- commands ---------------------------------------------------------------------------------
 
 
-def cmd_init(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
+    workspace = _init_workspace(settings, args.workspace)
     settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings.home.chmod(0o700)
     (settings.artifacts_dir).mkdir(mode=0o700, exist_ok=True)
+    _write_home_policy(settings, workspace, asked=args.workspace is not None)
     algorithms: tuple[str, ...] = ("HS256",)
-    if settings.policy_path.is_file():
-        algorithms = load_policy(settings.policy_path, TOOL_NAMES).auth.algorithms
+    if os.path.lexists(settings.policy_path):
+        algorithms = policy_for(settings, TOOL_NAMES).auth.algorithms
     created = ensure_keys(settings.home, algorithms)
     migrate(make_engine(settings.db_url))
     for path in created:
         print(f"created {path}", file=sys.stderr)
     print(f"initialised {settings.home} (database schema current)", file=sys.stderr)
     return 0
+
+
+def _init_workspace(settings: Settings, given: str | None) -> Path | None:
+    """`init --workspace PATH`, absolute and real; refused unless it is a folder that holds no state folder."""
+    if given is None:
+        return None
+    if settings.policy_given is not None:
+        raise CommandError(
+            "--workspace sets the workspace of the policy init writes, <home>/policy.yaml, but --policy or"
+            " MCP_GATEWAY_POLICY names another policy: edit that one, or drop --policy"
+        )
+    folder = Path(os.path.realpath(Path(given).expanduser()))
+    if not folder.is_dir():
+        raise CommandError(f"--workspace {given}: not a folder")
+    home = Path(os.path.realpath(settings.home))
+    if home == folder or folder in home.parents:
+        raise CommandError(
+            f"--workspace {folder} holds the state folder {home}, where the agent's tools would reach the"
+            " keys, the database and the policy; choose another --home or workspace"
+        )
+    return folder
+
+
+def _write_home_policy(settings: Settings, workspace: Path | None, *, asked: bool) -> None:
+    """Write `<home>/policy.yaml` from the shipped default when no policy is named and none is there."""
+    target = settings.home_policy_path
+    if settings.policy_given is not None:
+        return
+    if os.path.lexists(target):
+        if asked:
+            print(f"kept {target}: it exists, and --workspace applies only to a policy init writes", file=sys.stderr)
+        return
+    if not SHIPPED_POLICY.is_file():
+        if asked:
+            raise CommandError(f"cannot write {target}: the shipped default {SHIPPED_POLICY} is not installed")
+        print(
+            f"wrote no policy: the shipped default {SHIPPED_POLICY} is not installed; write {target}", file=sys.stderr
+        )
+        return
+    write_new_policy(target, default_policy_text(SHIPPED_POLICY, workspace))
+    named = policy_for(settings, TOOL_NAMES).workspaces.get("default")
+    print(
+        f"wrote {target} (workspace 'default' = {named}); review it, then `mcp-gateway policy check`", file=sys.stderr
+    )
 
 
 def _services(settings: Settings) -> Services:
@@ -232,7 +285,13 @@ def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
     from gateway.server import run_stdio  # noqa: PLC0415  (the MCP SDK loads only for serve)
 
-    s = _services(settings)
+    given = settings.policy_given
+    if given is not None and not Path(given).expanduser().is_absolute():
+        raise CommandError(
+            f"serve takes an absolute policy path, not {given!r}: a relative one is read from the working folder"
+            f" ({Path.cwd()}), which an MCP client may set to the agent's project"
+        )
+    s = _services(settings)  # refuses a policy others could have written, or one inside a workspace
     try:
         if not schema_is_current(s.engine):
             raise CommandError("the database schema is not current; run `mcp-gateway init`")
@@ -251,13 +310,21 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
+    """FILE: that file, and where it lies is a warning (it may be a draft); no FILE: the policy every
+    command would act on, so a place that `serve` would refuse is an error, as it is for `serve`."""
     path = Path(args.file) if args.file else settings.policy_path
     try:
-        policy = load_policy(path, TOOL_NAMES)
+        policy = load_policy(path, TOOL_NAMES) if args.file else policy_for(settings, TOOL_NAMES)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 1
     warnings = [str(w) for w in risky_settings(policy, settings.home)]
+    if args.file:
+        try:
+            check_outside_workspaces(policy, check_policy_location(Path.cwd() / path))
+        except ConfigError as exc:
+            why = exc.bare_message.removeprefix("refusing this policy: ")
+            warnings.append(f"{path}: warning: serve would refuse this file: {why}")
     report = layers()
     missing = report.missing(policy.sandbox.required)
     if policy.sandbox.enabled and missing:

@@ -12,11 +12,14 @@ from gateway.audit import EventDraft, EventType
 from gateway.canonical import args_hash
 from gateway.clock import SystemClock, iso_utc
 from gateway.consent import (
+    CLI_CHANNEL,
     RISK_META_KEY,
+    UNKNOWN_CHANNEL,
     Decision,
     RiskTier,
     grant_expiry,
     is_destructive,
+    lasting_allow_channels,
     parse_duration,
     risk_tier,
     tool_fingerprint,
@@ -24,11 +27,13 @@ from gateway.consent import (
 from gateway.consent_store import ConsentStore, Grant
 from gateway.db import make_engine
 from gateway.errors import CommandError
-from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_tool_consent
-from gateway.policy import load_policy
+from gateway.grant_scope import normal_grant_arguments
+from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_path_arguments, agent_tool_consent
+from gateway.policy_trust import policy_for
 from gateway.services import Services, open_services
 from gateway.settings import Settings
 from gateway.tools.registry import TOOL_NAMES, TOOLS
+from gateway.visible import visible
 
 
 def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,17 +63,39 @@ def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
+    """One line per stored decision; an Allow whose channel may no longer make one is `ignored`."""
     now = SystemClock().now()
+    counted = lasting_allow_channels(policy_for(settings, TOOL_NAMES).consent.channels)
     for g in ConsentStore(make_engine(settings.db_url)).list_grants(args.user, include_revoked=args.all):
         state = (
-            "revoked" if g.revoked_at else "expired" if g.expires_at is not None and g.expires_at <= now else "active"
+            "revoked"
+            if g.revoked_at
+            else "expired"
+            if g.expires_at is not None and g.expires_at <= now
+            else "ignored"
+            if g.decision == "ALLOW" and (g.channel or UNKNOWN_CHANNEL) not in counted
+            else "active"
         )
         expires = iso_utc(g.expires_at) if g.expires_at is not None else "never"
-        scope = f"args:{g.args_hash[:12]}" if g.args_hash else "any-args"
-        print(
-            f"{g.id}\t{g.user}\t{g.workspace}\t{g.tool_name}\t{g.decision}\t{scope}\t{expires}\t{state}\t{g.granted_by}"
-        )
+        channel = g.channel or "unknown"
+        fields = (g.id, g.user, g.workspace, g.tool_name, g.decision, _scope(g), expires, state, g.granted_by, channel)
+        print("\t".join(visible(str(field)) for field in fields))  # escaped as on every channel: no fake column
     return 0
+
+
+def _scope(grant: Grant) -> str:
+    """`any-args`, `args:<hash>` (those very arguments), or for a Deny on paths `path:NAME=PATH,...` (and under)."""
+    if grant.args_hash is None:
+        return "any-args"
+    paths = [f"{k}={v}" for k, v in (grant.arguments or {}).items() if k in _path_names(grant)]
+    return "path:" + ",".join(paths) if paths else f"args:{grant.args_hash[:12]}"
+
+
+def _path_names(grant: Grant) -> tuple[str, ...]:
+    if grant.server_id == AGENT_SERVER_ID:
+        return agent_path_arguments(grant.tool_name)
+    spec = TOOLS.get(grant.tool_name)
+    return spec.path_arguments if spec is not None else ()
 
 
 def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
@@ -92,6 +119,15 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         raise CommandError("--args must be a JSON object")
     expires_at = now + lifetime if lifetime else grant_expiry(tier, s.policy.consent, now) if args.always else None
     hashed = args_hash(arguments) if arguments is not None else None
+    covered = None
+    if arguments is not None and args.deny:
+        # A Deny covers its arguments by meaning (every spelling of its paths, and under them): store them.
+        agent_root = str(s.policy.workspaces[workspace]) if args.agent else None
+        names = agent_path_arguments(args.tool) if args.agent else TOOLS[args.tool].path_arguments
+        try:
+            covered = normal_grant_arguments(arguments, names, agent_root)
+        except ValueError as exc:
+            raise CommandError(f"--args: {exc}") from exc
     grant = Grant(
         id=0,
         user=record.name,
@@ -104,6 +140,8 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         granted_at=now,
         expires_at=expires_at,
         granted_by=f"cli:{approver_name().removeprefix('approvals:')}",
+        channel=CLI_CHANNEL,
+        arguments=covered,
     )
     grant_id = ConsentStore(s.engine).insert_grant(grant)
     decision = Decision.ALLOW_ALWAYS if args.always else Decision.DENY_ALWAYS
@@ -165,5 +203,5 @@ def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_approvals(settings: Settings, _args: argparse.Namespace) -> int:
-    locale = load_policy(settings.policy_path, TOOL_NAMES).consent.locale
+    locale = policy_for(settings, TOOL_NAMES).consent.locale
     return run_approvals(ConsentStore(make_engine(settings.db_url)), SystemClock(), locale)

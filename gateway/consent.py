@@ -9,6 +9,13 @@ gateways and approvers may share it; each question is decided once). No answer b
 `consent.timeout_s` is a deny. Every decision, stored ones included, is audited as
 `mcp.permission.decision`. There is never a silent allow.
 
+`consent.channels` says which channel may answer and with what. By default the client's own
+elicitation may allow once or for the session and may deny, but only the approver's Allow always
+is stored: a client that answers its own form must not leave a lasting allow behind that other
+sessions use (docs/decisions.md). A stored Allow counts only when its channel may still make one;
+a stored Deny always counts. A Deny made for particular arguments covers them by meaning
+(gateway/grant_scope.py); an Allow, only those very arguments.
+
 The decisions themselves are pure functions of values and `now` (`risk_tier`, `choices_for`,
 `pick_grant`, `grant_for`); the stage only does the I/O around them.
 """
@@ -17,9 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 import anyio
@@ -28,17 +36,18 @@ from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
 from gateway.consent_store import ConsentStore, Grant, PendingRequest
+from gateway.consent_text import prompt_for, redacted_preview
 from gateway.errors import ConsentDeniedError
+from gateway.grant_scope import deny_covers
 from gateway.policy import ConsentPolicy
+from gateway.visible import visible
 
 RiskTier = Literal["low", "medium", "high"]
 RISK_META_KEY = "mcp-write-gateway/risk"
 """A tool's `_meta` key by which its server declares its risk tier, over the annotations."""
 DAY_S = 86400
-PREVIEW_CHARS = 400
 _POLL_FIRST_S = 0.05
 _POLL_MAX_S = 0.5
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|CERT", re.IGNORECASE)
 
 
 class Decision(StrEnum):
@@ -95,28 +104,58 @@ def tool_fingerprint(name: str, input_schema: Mapping[str, Any], annotations: Ma
     return hashlib.sha256(canonical_json(document).encode()).hexdigest()
 
 
-def choices_for(destructive: bool) -> tuple[Decision, ...]:
-    """What a person may answer; Allow always is never offered for a destructive tool."""
+def choices_for(destructive: bool, permitted: Collection[str] | None = None) -> tuple[Decision, ...]:
+    """What a person may answer on a channel: what the policy lets it answer (`consent.channels`; None:
+    everything), in the spec's order; Allow always is never offered for a destructive tool."""
     allow_always = () if destructive else (Decision.ALLOW_ALWAYS,)
-    return (Decision.ALLOW_ONCE, Decision.ALLOW_SESSION, *allow_always, Decision.DENY_ONCE, Decision.DENY_ALWAYS)
+    every = (Decision.ALLOW_ONCE, Decision.ALLOW_SESSION, *allow_always, Decision.DENY_ONCE, Decision.DENY_ALWAYS)
+    return every if permitted is None else tuple(d for d in every if d in permitted)
 
 
-def pick_grant(grants: Sequence[Grant], now: float, fingerprint: str, args_hash: str) -> Grant | None:
-    """The stored decision that answers this call: unexpired, for this tool definition and these
-    arguments (or any); a Deny beats an Allow, and the newest of a kind wins."""
+UNKNOWN_CHANNEL = "elicitation"
+"""How a grant whose channel was never recorded is read: as made in band, the least trusted channel."""
+CLI_CHANNEL = "cli"
+"""`mcp-gateway consent grant`: whoever runs it holds the state folder and the database already."""
+
+
+def lasting_allow_channels(channels: Mapping[str, Collection[str]]) -> frozenset[str]:
+    """The channels whose stored Allow always counts: those the policy lets answer Allow always, and the CLI."""
+    return frozenset({CLI_CHANNEL, *(name for name, answers in channels.items() if Decision.ALLOW_ALWAYS in answers)})
+
+
+def pick_grant(
+    grants: Sequence[Grant], now: float, request: ConsentRequest, allow_from: Collection[str] = (CLI_CHANNEL,)
+) -> Grant | None:
+    """The stored decision that answers this call: unrevoked, unexpired, made for this tool definition,
+    and covering the call. A Deny covers any arguments, or those it was made for by meaning (every
+    spelling of its paths, what is under them, whatever else comes along: `grant_scope.deny_covers`);
+    an Allow covers any arguments or these very ones (their hash), and counts only when made through a
+    channel in `allow_from`. A Deny beats an Allow; the newest of a kind wins."""
     live = [
         g
         for g in grants
         if g.revoked_at is None
         and (g.expires_at is None or g.expires_at > now)
-        and g.fingerprint == fingerprint
-        and g.args_hash in (None, args_hash)
+        and g.fingerprint == request.fingerprint
     ]
-    for kind in ("DENY", "ALLOW"):
-        matching = sorted((g for g in live if g.decision == kind), key=lambda g: (g.granted_at, g.id), reverse=True)
+    denies = [g for g in live if g.decision == "DENY" and _deny_applies(g, request)]
+    allows = [
+        g
+        for g in live
+        if g.decision == "ALLOW"
+        and g.args_hash in (None, request.args_hash)
+        and (g.channel or UNKNOWN_CHANNEL) in allow_from
+    ]
+    for matching in (denies, allows):
         if matching:
-            return matching[0]
+            return max(matching, key=lambda g: (g.granted_at, g.id))
     return None
+
+
+def _deny_applies(grant: Grant, request: ConsentRequest) -> bool:
+    if grant.arguments is not None:
+        return deny_covers(grant.arguments, request.arguments, request.path_spellings)
+    return grant.args_hash in (None, request.args_hash)
 
 
 def grant_expiry(tier: RiskTier, policy: ConsentPolicy, now: float) -> float:
@@ -134,56 +173,7 @@ def parse_duration(text: str) -> float:
     return int(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
 
 
-def redacted_preview(arguments: Mapping[str, Any], limit: int = PREVIEW_CHARS) -> str:
-    """The arguments as canonical JSON, values under secret-looking names hidden, cut at `limit`."""
-
-    def scrub(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return {k: "[redacted]" if _SECRET_NAME.search(str(k)) else scrub(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [scrub(v) for v in value]
-        return value
-
-    preview = canonical_json(scrub(dict(arguments)))
-    return preview if len(preview) <= limit else preview[:limit] + "…"
-
-
-# --- the question -------------------------------------------------------------------------------
-
-_COPY: Mapping[str, Mapping[str, str]] = {
-    "en-US": {
-        "title": "Allow this tool to run?",
-        "from": "From {server}",
-        "low": "Low risk · read-only",
-        "medium": "Medium risk",
-        "high": "High risk · may modify data",
-        "args": "Arguments",
-        "user": "Requested by {user} in workspace {workspace}",
-        "ALLOW_ONCE": "Allow once",
-        "ALLOW_ALWAYS": "Allow always",
-        "DENY_ONCE": "Deny once",
-        "DENY_ALWAYS": "Deny always",
-        "ALLOW_SESSION": "Allow for this session",
-    },
-    "pt-BR": {
-        "title": "Permitir execução desta ferramenta?",
-        "from": "Do servidor {server}",
-        "low": "Risco baixo · somente leitura",
-        "medium": "Risco médio",
-        "high": "Risco alto · pode modificar dados",
-        "args": "Argumentos",
-        "user": "Pedido por {user} no espaço de trabalho {workspace}",
-        "ALLOW_ONCE": "Permitir uma vez",
-        "ALLOW_ALWAYS": "Permitir sempre",
-        "DENY_ONCE": "Negar uma vez",
-        "DENY_ALWAYS": "Negar sempre",
-        "ALLOW_SESSION": "Permitir nesta sessão",
-    },
-}
-
-
-def copy_for(locale: str) -> Mapping[str, str]:
-    return _COPY.get(locale, _COPY["en-US"])
+# --- the question (its words: gateway/consent_text.py) ---------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,28 +190,23 @@ class ConsentRequest:
     destructive: bool = False
     preview: str | None = None
     """What the call would do, in words a person reads (a command, a diff, a URL); None: the arguments say it."""
-
-
-def prompt_text(request: ConsentRequest, locale: str) -> str:
-    copy = copy_for(locale)
-    return "\n".join(
-        (
-            f"{copy['title']} {request.tool_name}",
-            copy["from"].format(server=request.server_id),
-            copy[request.risk],
-            copy["user"].format(user=request.user, workspace=request.workspace),
-            f"{copy['args']}: {redacted_preview(request.arguments)}",
-        )
-    )
+    path_spellings: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
+    """For each path argument of the tool, the call's spellings of it (gateway/grant_scope.py): what a
+    Deny made for a path is compared with."""
 
 
 def decision_schema(choices: tuple[Decision, ...]) -> dict[str, Any]:
-    """The form (spec section 7): one required string field `decision`, the choices as its enum."""
-    return {
-        "type": "object",
-        "properties": {"decision": {"type": "string", "title": "Decision", "enum": [c.value.lower() for c in choices]}},
-        "required": ["decision"],
-    }
+    """The form (spec section 7): one required string field `decision`, the choices as its enum;
+    when they start with a deny (`deny_first`), that is the field's default."""
+    field: dict[str, Any] = {"type": "string", "title": "Decision", "enum": [c.value.lower() for c in choices]}
+    if choices and not choices[0].allows:
+        field["default"] = choices[0].value.lower()
+    return {"type": "object", "properties": {"decision": field}, "required": ["decision"]}
+
+
+def deny_first(choices: tuple[Decision, ...]) -> tuple[Decision, ...]:
+    """The choices for a question whose message was cut: Deny once first, so it, not an allow, is the default."""
+    return (Decision.DENY_ONCE, *(c for c in choices if c is not Decision.DENY_ONCE))
 
 
 def decision_from_form(action: str, content: Mapping[str, Any] | None, choices: tuple[Decision, ...]) -> Decision:
@@ -286,12 +271,13 @@ class ConsentStage:
         self.session_id = new_id()
         """This process's stdio session: "allow for the session" lasts as long as it."""
         self._session_allows: set[tuple[str, str, str, str, str]] = set()
+        self._allow_from = lasting_allow_channels(policy.channels)
 
     async def require(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Decision:
         """Return the allowing decision, or record the denial and raise ConsentDeniedError."""
         now = self._clock.now()
         grants = self._store.fetch_grants(request.user, request.workspace, request.server_id, request.tool_name)
-        grant = pick_grant(grants, now, request.fingerprint, request.args_hash)
+        grant = pick_grant(grants, now, request, self._allow_from)
         if grant is not None:
             decision = Decision.ALLOW_ALWAYS if grant.decision == "ALLOW" else Decision.DENY_ALWAYS
             return self._conclude(request, Answer(decision, Origin.CACHE_HIT, "stored", grant.granted_by), grant)
@@ -302,22 +288,29 @@ class ConsentStage:
             raise ConsentDeniedError("consent_mode_deny", _REFUSED_BY_POLICY)
         answer = await self._ask(request, asker)
         if answer is None:
-            channel = "elicitation" if asker is not None else "approver"
+            channel = "elicitation" if self._in_band(asker) else "approver"
             self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, channel), reason="consent_timeout")
             raise ConsentDeniedError("consent_timeout", _TIMED_OUT)
         return self._conclude(request, answer, None)
 
     async def _ask(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Answer | None:
         """The person's answer; decline and cancel are Deny once; None when nobody answered in time."""
-        choices = choices_for(request.destructive)
+        if asker is None or not self._in_band(asker):
+            approver = choices_for(request.destructive, self._policy.channels.get("approver"))
+            return await self._ask_out_of_band(request, approver)
+        choices = choices_for(request.destructive, self._policy.channels.get("elicitation"))
         if isinstance(asker, RoundTrip):
             return self._round_trip(request, asker, choices)
-        if asker is not None:
-            with anyio.move_on_after(self._policy.timeout_s):
-                decision = await asker.ask(prompt_text(request, self._policy.locale), choices)
-                return Answer(decision or Decision.DENY_ONCE, Origin.USER_PROMPT, "elicitation")
-            return None
-        return await self._ask_out_of_band(request, choices)
+        prompt = prompt_for(request, self._policy.locale)
+        with anyio.move_on_after(self._policy.timeout_s):
+            decision = await asker.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
+            offered = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
+            return Answer(offered, Origin.USER_PROMPT, "elicitation")
+        return None
+
+    def _in_band(self, asker: ConsentAsker | RoundTrip | None) -> bool:
+        """Whether the client answers: it declared elicitation, and the policy lets elicitation answer."""
+        return asker is not None and bool(self._policy.channels.get("elicitation"))
 
     def _round_trip(self, request: ConsentRequest, trip: RoundTrip, choices: tuple[Decision, ...]) -> Answer | None:
         """First round: store the question and ask for a retry. Retry: the question it answers must be
@@ -327,11 +320,11 @@ class ConsentStage:
         database, so a forged, replayed, stale or transplanted state finds nothing to answer.
         """
         now = self._clock.now()
-        message = prompt_text(request, self._policy.locale)
+        prompt = prompt_for(request, self._policy.locale)
         if trip.state is None or trip.action is None:
             state = self._new_id()
-            self._store.insert_request(self._question(request, state, now), status="awaiting_client")
-            raise InputRequired(message, decision_schema(choices), state)
+            self._store.insert_request(self._question(request, state, now, choices), status="awaiting_client")
+            raise InputRequired(prompt.text, decision_schema(deny_first(choices) if prompt.cut else choices), state)
         row = self._store.fetch_request(trip.state)
         same_call = row is not None and (row.user, row.workspace, row.tool_name, row.args_hash) == (
             request.user,
@@ -354,7 +347,9 @@ class ConsentStage:
             raise ConsentDeniedError("consent_state_invalid", _STATE_INVALID)  # answered already: a replay
         return Answer(decision, Origin.USER_PROMPT, "elicitation")
 
-    def _question(self, request: ConsentRequest, question_id: str, now: float) -> PendingRequest:
+    def _question(
+        self, request: ConsentRequest, question_id: str, now: float, choices: tuple[Decision, ...]
+    ) -> PendingRequest:
         return PendingRequest(
             id=question_id,
             created_at=now,
@@ -368,11 +363,12 @@ class ConsentStage:
             args_preview=redacted_preview(request.arguments),
             risk_tier=request.risk,
             destructive=request.destructive,
-            preview=request.preview,
+            preview=None if request.preview is None else visible(request.preview, lines=True),
+            choices=tuple(c.value for c in choices),
         )
 
     async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
-        self._store.insert_request(self._question(request, request.run_id, self._clock.now()))
+        self._store.insert_request(self._question(request, request.run_id, self._clock.now(), choices))
         pause, answer = _POLL_FIRST_S, None
         try:
             with anyio.move_on_after(self._policy.timeout_s):
@@ -403,6 +399,7 @@ class ConsentStage:
         detail: dict[str, Any] = {}
         if grant is not None:
             detail["grant_id"] = grant.id
+            detail["grant_channel"] = grant.channel or "unknown"
         elif answer.decision in (Decision.ALLOW_ALWAYS, Decision.DENY_ALWAYS):
             allow = answer.decision is Decision.ALLOW_ALWAYS
             expires_at = grant_expiry(request.risk, self._policy, now) if allow else None
@@ -419,6 +416,7 @@ class ConsentStage:
                     granted_at=now,
                     expires_at=expires_at,
                     granted_by=answer.decided_by or f"{answer.channel}:{request.user}",
+                    channel=answer.channel,
                 )
             )
             detail["expires_at"] = expires_at

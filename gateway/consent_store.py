@@ -8,13 +8,15 @@ approvers, and of an approver racing the gateway's own timeout, exactly one wins
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import Engine, and_, select, update
 
 from gateway import db
+from gateway.canonical import canonical_json
 
 GrantDecision = Literal["ALLOW", "DENY"]
 
@@ -34,6 +36,12 @@ class Grant:
     expires_at: float | None
     granted_by: str
     revoked_at: float | None = None
+    channel: str | None = None
+    """Who made it: `approver`, `elicitation` (the client, in band), `cli`; None: unknown (made before
+    the gateway recorded it), read as in band."""
+    arguments: Mapping[str, Any] | None = None
+    """For a Deny made for particular arguments: what it covers, by meaning (gateway/grant_scope.py);
+    None: `args_hash` alone decides (an Allow, or a Deny made before arguments were stored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,8 @@ class PendingRequest:
     """What the tool use would do, for the approver (a command, a diff, a URL); None: the arguments say it."""
     decision: str | None = None
     decided_by: str | None = None
+    choices: tuple[str, ...] | None = None
+    """The decisions the approver may give (consent.Decision values); None: those `destructive` allows."""
 
 
 class ConsentStore:
@@ -93,6 +103,8 @@ class ConsentStore:
                     granted_at=grant.granted_at,
                     expires_at=grant.expires_at,
                     granted_by=grant.granted_by,
+                    channel=grant.channel,
+                    arguments=None if grant.arguments is None else canonical_json(dict(grant.arguments)),
                 )
             )
             key = result.inserted_primary_key
@@ -139,6 +151,7 @@ class ConsentStore:
                     risk_tier=request.risk_tier,
                     destructive=request.destructive,
                     status=status,
+                    choices=None if request.choices is None else ",".join(request.choices),
                 )
             )
 
@@ -192,6 +205,8 @@ def _grant(row: object) -> Grant:
         expires_at=m["expires_at"],
         granted_by=m["granted_by"],
         revoked_at=m["revoked_at"],
+        channel=m["channel"],
+        arguments=None if m["arguments"] is None else json.loads(m["arguments"]),
     )
 
 
@@ -214,6 +229,7 @@ def _request(row: object) -> PendingRequest:
         decision=m["decision"],
         decided_by=m["decided_by"],
         preview=m["preview"],
+        choices=None if m["choices"] is None else tuple(c for c in m["choices"].split(",") if c),
     )
 
 

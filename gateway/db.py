@@ -127,7 +127,9 @@ class ConsentGrant(Base):
     """A stored decision (spec section 7): ALLOW or DENY for (user, workspace, server, tool[, args_hash]).
 
     `args_hash` NULL covers any arguments. A grant applies only to the tool `fingerprint` it was
-    made for, until `expires_at` (NULL: no expiry) and unless `revoked_at`.
+    made for, until `expires_at` (NULL: no expiry) and unless `revoked_at`. `channel` is who made
+    it (`approver`, `elicitation`, `cli`; NULL: unknown, read as in-band); `arguments` (canonical
+    JSON) is what a Deny made for particular arguments covers (gateway/grant_scope.py).
     """
 
     __tablename__ = "consent_grants"
@@ -143,6 +145,8 @@ class ConsentGrant(Base):
     expires_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     granted_by: Mapped[str] = mapped_column(String(128))
     revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    channel: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    arguments: Mapped[str | None] = mapped_column(Text, nullable=True)
     __table_args__ = (Index("ix_consent_grants_key", "user_name", "workspace", "server_id", "tool_name"),)
 
 
@@ -167,6 +171,8 @@ class ConsentRequestRow(Base):
     decision: Mapped[str | None] = mapped_column(String(16), nullable=True)
     decided_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
     decided_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    choices: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    """The decisions offered, comma-separated (the policy's consent.channels.approver); NULL: by `destructive`."""
     __table_args__ = (Index("ix_consent_requests_status", "status", "created_at"),)
 
 

@@ -26,6 +26,7 @@ from gateway.audit import AuditLog
 from gateway.auth import TokenStore, ensure_keys, issue_token, load_keyring
 from gateway.clock import SystemClock, new_token_id
 from gateway.db import make_engine, migrate
+from gateway.default_policy import SHIPPED_POLICY
 from gateway.errors import ConfigError
 from gateway.policy import load_policy
 from gateway.server import RUN_ID_META
@@ -124,9 +125,10 @@ async def _session(home: Path, policy: Path, tokens: Mapping[str, str], out: Tex
 
 
 def run_demo(settings: Settings, environ: Mapping[str, str], out: TextIO = sys.stdout) -> int:
-    policy_path = settings.policy_path
+    # The demo is the shipped default at work, unless a policy is named: never one in the working folder.
+    policy_path = settings.policy_path if settings.policy_given is not None else SHIPPED_POLICY
     if not policy_path.is_file():
-        raise ConfigError("no policy.yaml here; run the demo from the repository root", str(policy_path))
+        raise ConfigError("no policy to run the demo with; pass --policy FILE", str(policy_path))
     policy = load_policy(policy_path, TOOL_NAMES)
     home = Path(tempfile.mkdtemp(prefix="mcp-gateway-demo-"))
     (home / "artifacts").mkdir(mode=0o700)

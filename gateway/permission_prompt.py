@@ -29,7 +29,6 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -49,7 +48,9 @@ from gateway.consent import (
     tool_fingerprint,
 )
 from gateway.errors import ConsentDeniedError, GatewayError, InvalidParamsError
-from gateway.permission_rules import Judgement, RuleSet, bash_parts, judge
+from gateway.file_rules import PATH_ARGUMENT
+from gateway.grant_scope import absolute_spellings
+from gateway.permission_rules import Judgement, RuleSet, bash_parts, bash_programs, judge
 from gateway.pipeline import caller_of
 from gateway.policy import check_workspace_pinned
 from gateway.previews import preview
@@ -57,6 +58,8 @@ from gateway.rbac import Permission, require_permission
 from gateway.scope import choose_workspace
 from gateway.services import Services
 from gateway.tools.registry import ToolSpec
+from gateway.visible import visible
+from sandbox.pinned import Pinned
 
 log = logging.getLogger("gateway.permission_prompt")
 
@@ -126,6 +129,21 @@ def agent_tool_consent(tool: str) -> tuple[RiskTier, bool, str]:
         is_destructive(annotations),
         tool_fingerprint(tool, {}, annotations),
     )
+
+
+def agent_path_arguments(tool: str) -> tuple[str, ...]:
+    """The argument naming the file or folder an agent tool works on (none for Bash, WebFetch, ...)."""
+    name = PATH_ARGUMENT.get(tool)
+    return () if name is None else (name,)
+
+
+def agent_path_spellings(tool: str, tool_input: Mapping[str, Any], root: str) -> dict[str, frozenset[str]]:
+    """The tool's path, absolute, as written and resolved (absent: the workspace): what a stored Deny meets."""
+    spellings: dict[str, frozenset[str]] = {}
+    for name in agent_path_arguments(tool):
+        value = tool_input.get(name)
+        spellings[name] = absolute_spellings(root, value) if isinstance(value, str) or value is None else frozenset()
+    return spellings
 
 
 # --- the answer ------------------------------------------------------------------------------------
@@ -214,7 +232,7 @@ class PermissionPrompt:
             asker = _Asker(principal.name, choose_workspace(self.s.policy, None, caller_of(principal)))
             # Rules and previews are judged against the workspace root: it must be the folder pinned at load.
             root = self.s.policy.workspaces[asker.workspace]
-            check_workspace_pinned(asker.workspace, root, self.s.policy.pins.get(root))
+            pinned = check_workspace_pinned(asker.workspace, root, self.s.policy.pins.get(root))
             use = parse_use(arguments)
         except GatewayError as exc:
             named = entry if principal is None else dataclasses.replace(entry, user=principal.name)
@@ -229,7 +247,7 @@ class PermissionPrompt:
         if judged.verdict != "ask":
             return self._by_rule(entry, asker, use, judged)
         self.s.audit.append(_named(entry, asker))  # committed before the question waits for a person
-        return await self._ask(entry, asker, use, root)
+        return await self._ask(entry, asker, use, pinned)
 
     def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
         allow = judged.verdict == "allow"
@@ -250,7 +268,8 @@ class PermissionPrompt:
             return allow_answer(use.tool_input)
         return deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
 
-    async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Path) -> str:
+    async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Pinned) -> str:
+        """Ask consent; the preview reads the current file beneath the pinned workspace `root`."""
         tier, destructive, fingerprint = agent_tool_consent(use.tool)
         request = ConsentRequest(
             run_id=str(entry.run_id),
@@ -264,6 +283,7 @@ class PermissionPrompt:
             fingerprint=fingerprint,
             destructive=destructive,
             preview=preview(use.tool, use.tool_input, root),
+            path_spellings=agent_path_spellings(use.tool, use.tool_input, str(root.path)),
         )
         try:
             decision = await self.s.consent.require(request, None)
@@ -327,9 +347,11 @@ def explain(services: Services, user: str, tool: str, tool_input: Mapping[str, A
         return [*lines, ("check", f"deny  ({exc.code} {exc.reason}: {exc.public_message()})"), ("result", "deny")]
     lines.append(("workspace", f"pass  ({workspace}: {root})"))
     if use.tool == "Bash":
-        parts, reliable = bash_parts(str(use.tool_input.get("command", "")))
-        note = "" if reliable else "; cannot be cut reliably: no allow rule applies"
-        lines.append(("parts", " | ".join(parts) + note))
+        command = str(use.tool_input.get("command", ""))
+        parts, eligible = bash_parts(command)
+        note = "" if eligible else "; not plain commands of literal words: no allow rule applies"
+        lines.append(("parts", " | ".join(visible(part) for part in parts) + note))  # escaped as the approver shows
+        lines.append(("runs", " | ".join(visible(program) for program in bash_programs(command))))
     p = services.policy.permission_prompt
     judged = judge(RuleSet.parse(p.deny, p.ask, p.allow), use.tool, use.tool_input, str(root), os.path.realpath)
     lines.append(("rules", f"{judged.verdict}  ({judged.rule or 'no rule matches'})"))

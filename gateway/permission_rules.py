@@ -6,33 +6,43 @@ the other file tools with a path glob (relative to the workspace, `**` for any d
 `WebFetch(domain:host)` (that host exactly, any letter case). Deny wins over ask over allow;
 no match means ask.
 
-A Bash command is judged part by part: it is cut at `;`, `&&`, `||`, `|`, `&` and newlines.
-A deny or ask rule that matches any part applies; an allow rule applies only if every part
-matches an allow rule. A command holding `$(`, backticks, `<(`, `>(` or an unbalanced quote
-cannot be cut reliably, so no allow rule matches it (it is asked about, or denied by a rule
-matching one of its visible parts).
+A Bash command is read twice (gateway/shell/). For deny and ask rules, every program it runs that
+can be read (inside substitutions, subshells, groups, compound commands, `bash -c` and `eval`
+strings, through wrappers such as `env`, `sudo`, `xargs`, `find -exec`, with assignments, quoting,
+paths and blanks seen through): a deny or ask rule that matches any of them applies. For allow
+rules, the command must be plain literal commands cut at `;`, `&&`, `||`, `|` and newlines, each a
+command word and literal words with nothing the shell expands, redirects, defines or groups;
+an allow rule applies only if every part matches an allow rule. Anything else is never allowed
+by a rule (it is asked about, or denied).
 
 A file path is judged as written and, when `judge` is given `realpath`, as the file it really
 is (symlinks followed): a deny or ask rule applies if it matches either, and allow rules must
-cover both. So `Edit(src/**)` never covers `src/link` pointing out of `src/`.
+cover both. So `Edit(src/**)` never covers `src/link` pointing out of `src/`. `Read(...)` rules also
+judge Grep, Glob and LS, `Edit(...)` rules every tool that changes a file (gateway/file_rules.py).
+
+A WebFetch URL's host is read as Claude Code's fetcher (Node, WHATWG) reads it, and every other
+plausible way: a deny or ask rule matches if any reading is its host; an allow rule only a plain URL
+whose WHATWG host is its host (gateway/url_hosts.py).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any, Literal
-from urllib.parse import urlsplit
+
+from gateway.file_rules import PATH_ARGUMENT, PATH_RULE_TOOLS, FileUse, check_path_spec, covers, file_use, touches
+from gateway.shell import Invocation, Reading, literal_commands, read_invocations
+from gateway.url_hosts import check_domain, is_rule_host, reaches_rule_host, read_host
 
 Verdict = Literal["deny", "ask", "allow"]
-FILE_TOOLS = {"Edit": "file_path", "MultiEdit": "file_path", "Write": "file_path", "Read": "file_path",
-              "NotebookEdit": "notebook_path"}  # fmt: skip
+FILE_TOOLS = PATH_RULE_TOOLS
+"""The tools whose rules take a path glob; file rules judge every tool in PATH_ARGUMENT."""
 _RULE = re.compile(r"^(?P<tool>[A-Za-z][A-Za-z0-9_]*)(?:\((?P<spec>.+)\))?$")
-_SEPARATORS = re.compile(r"\s*(?:&&|\|\||;|\||&|\n)\s*")
-_OPAQUE = ("$(", "`", "<(", ">(")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,108 +73,122 @@ def parse_rule(text: str) -> Rule:
             raise ValueError(f"{text!r}: WebFetch takes domain:HOST")
         if tool not in ("Bash", "WebFetch", *FILE_TOOLS):
             raise ValueError(f"{text!r}: {tool} takes no specifier (only Bash, WebFetch and file tools do)")
+        try:
+            if tool == "WebFetch":
+                check_domain(spec.removeprefix("domain:"))
+            elif tool in FILE_TOOLS:
+                check_path_spec(spec)
+        except ValueError as exc:
+            raise ValueError(f"{text!r}: {tool} {exc}") from None
     return Rule(text, tool, spec)
 
 
 def bash_parts(command: str) -> tuple[list[str], bool]:
-    """The command cut at its separators, and whether that cut can be trusted."""
-    reliable = not any(token in command for token in _OPAQUE) and command.count("'") % 2 == 0
-    reliable = reliable and command.count('"') % 2 == 0
-    parts = [p.strip() for p in _SEPARATORS.split(command) if p.strip()]
-    return parts, reliable
+    """The command's parts, and whether allow rules may judge it: only if every part is a plain
+    command of literal words (gateway/shell/literal.py) and the deny side could read all of it.
+    Parts of an eligible command are its words joined by one space; else the text cut at its
+    separators."""
+    literal = literal_commands(command)
+    reading = _reading(command)
+    if literal is not None and reading.complete:
+        return [part.text for part in literal], True
+    return list(reading.parts), False
+
+
+_reading: Callable[[str], Reading] = functools.lru_cache(maxsize=256)(read_invocations)
+"""Each deny and ask rule asks about the same command: read it once."""
+
+
+def bash_programs(command: str) -> list[str]:
+    """What deny and ask rules are matched against: each program the command runs that could be read,
+    with its arguments (an expansion shown as `?`)."""
+    return [invocation.text for invocation in _reading(command).invocations]
 
 
 def _bash_part_matches(spec: str | None, part: str) -> bool:
+    """An allow rule against one part of an eligible command (its words joined by one space)."""
     if spec is None:
         return True
     if spec.endswith(":*"):
-        prefix = spec[:-2].strip()
+        prefix = " ".join(spec[:-2].split())
         return part == prefix or part.startswith(prefix + " ")
     if "*" in spec:
         return fnmatch.fnmatchcase(part, spec)
-    return part == spec
+    return part == " ".join(spec.split())
 
 
-def path_forms(value: object, root: str | None, realpath: Callable[[str], str] | None) -> list[str | None]:
-    """The path relative to the workspace as written and (with `realpath`) as resolved; None for a
-    form outside the workspace or holding `..`, which no relative rule covers."""
-    if not isinstance(value, str) or not value:
-        return [None]
-    forms = [_relative(PurePosixPath(value), root)]
-    if realpath is not None and root:
-        absolute = value if value.startswith("/") else f"{root.rstrip('/')}/{value}"
-        forms.append(_relative(PurePosixPath(realpath(absolute)), realpath(root)))
-    return forms
-
-
-def _relative(path: PurePosixPath, root: str | None) -> str | None:
-    if path.is_absolute() and root:
-        try:
-            path = path.relative_to(root)
-        except ValueError:
-            return None
-    return None if ".." in path.parts else str(path)
-
-
-def _path_matches(spec: str, form: str | None) -> bool:
-    if form is None:
+def _bash_touches(spec: str | None, command: str) -> bool:
+    """Whether a deny or ask rule matches any program the command runs; where the reading is
+    incomplete, also any part of the text cut at its separators (blanks as written, or each run of
+    blanks as one space). A complete reading does not need the cut: it would take a line of a
+    here-document (a commit message saying "rm is gone") for a command."""
+    if spec is None:
+        return True
+    reading = _reading(command)
+    parts = () if reading.complete else reading.parts
+    if any(_bash_part_matches(spec, p) or _bash_part_matches(spec, " ".join(p.split())) for p in parts):
+        return True
+    if spec.endswith(":*") or "*" not in spec:
+        whole = not spec.endswith(":*")
+        for words in _rule_words(spec.removesuffix(":*") if not whole else spec):
+            if any(_invokes(i, words, whole=whole) for i in reading.invocations):
+                return True
         return False
-    path = PurePosixPath(form)
-    return path.full_match(spec) if hasattr(path, "full_match") else _glob(spec, form)
+    return any(i.fits(spec) or i.fits(" ".join(spec.split())) for i in reading.invocations)
 
 
-def _glob(pattern: str, path: str) -> bool:
-    """`**` any number of folders, `*` and `?` within one (Python < 3.13 has no PurePath.full_match)."""
-    regex = ""
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            regex, i = regex + "(?:.*/)?", i + 3
-        elif pattern.startswith("**", i):
-            regex, i = regex + ".*", i + 2
-        elif pattern[i] == "*":
-            regex, i = regex + "[^/]*", i + 1
-        elif pattern[i] == "?":
-            regex, i = regex + "[^/]", i + 1
-        else:
-            regex, i = regex + re.escape(pattern[i]), i + 1
-    return re.fullmatch(regex, path, re.DOTALL) is not None  # a newline in a path is one more character
+def _invokes(invocation: Invocation, words: Sequence[str], *, whole: bool) -> bool:
+    return invocation.equals(words) if whole else invocation.starts_with(words)
 
 
-def _host_matches(spec: str, url: object) -> bool:
+def _rule_words(text: str) -> list[list[str]]:
+    """A rule's words as the shell would split them (`Bash(git commit -m 'wip':*)`); a rule naming
+    a program by its path (`Bash(/bin/rm:*)`) also names its file name."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = text.split()
+    if not words:
+        return []
+    named = [words]
+    if "/" in words[0].rstrip("/"):
+        named.append([words[0].rstrip("/").rsplit("/", 1)[1], *words[1:]])
+    return named
+
+
+def _host_matches(spec: str, url: object, *, exactly: bool) -> bool:
+    """`exactly` (allow): a plain URL whose WHATWG host is the rule's; else any plausible reading of its host."""
     if not isinstance(url, str):
         return False
-    host = (urlsplit(url).hostname or "").lower()
-    return host == spec.removeprefix("domain:").lower()
+    reading, domain = read_host(url), spec.removeprefix("domain:")
+    return is_rule_host(domain, reading) if exactly else reaches_rule_host(domain, reading)
 
 
-def _matches(rule: Rule, tool: str, tool_input: Mapping[str, Any], forms: Sequence[str | None]) -> bool:
-    """Whether `rule` touches this use: for Bash some part of the command, for a file any form of its path."""
+def _matches(rule: Rule, tool: str, tool_input: Mapping[str, Any]) -> bool:
+    """Whether a deny or ask `rule` touches this use: for Bash some part of the command, for WebFetch
+    some reading of the URL's host."""
     if rule.tool != tool:
         return False
     if rule.spec is None:
         return True
     if tool == "Bash":
-        parts, _ = bash_parts(str(tool_input.get("command", "")))
-        return any(_bash_part_matches(rule.spec, p) for p in parts)
+        return _bash_touches(rule.spec, str(tool_input.get("command", "")))
     if tool == "WebFetch":
-        return _host_matches(rule.spec, tool_input.get("url"))
-    return any(_path_matches(rule.spec, form) for form in forms)
+        return _host_matches(rule.spec, tool_input.get("url"), exactly=False)
+    return False
 
 
-def _allowed(
-    rules: Sequence[Rule], tool: str, tool_input: Mapping[str, Any], forms: Sequence[str | None]
-) -> Rule | None:
-    """The allow rule covering the whole use: for Bash every part, for a file every form of its path
-    must be covered (each by some rule); the rule covering the first part or form is named."""
+def _allowed(rules: Sequence[Rule], tool: str, tool_input: Mapping[str, Any]) -> Rule | None:
+    """The allow rule covering the whole use: for Bash the command must be plain literal commands
+    (`bash_parts`) and every part covered (each by some rule); the rule covering the first part is named."""
     mine = [r for r in rules if r.tool == tool]
-    if tool in FILE_TOOLS:
-        by_form = [next((r for r in mine if r.spec is None or _path_matches(r.spec, f)), None) for f in forms]
-        return by_form[0] if all(by_form) else None
+    if tool == "WebFetch":
+        url = tool_input.get("url")
+        return next((r for r in mine if r.spec is None or _host_matches(r.spec, url, exactly=True)), None)
     if tool != "Bash":
-        return next((r for r in mine if _matches(r, tool, tool_input, forms)), None)
-    parts, reliable = bash_parts(str(tool_input.get("command", "")))
-    if not reliable or not parts:
+        return next((r for r in mine if r.spec is None), None)
+    parts, eligible = bash_parts(str(tool_input.get("command", "")))
+    if not eligible or not parts:
         return None
     covering: Rule | None = None
     for part in parts:
@@ -194,12 +218,29 @@ def judge(
     realpath: Callable[[str], str] | None = None,
 ) -> Judgement:
     """deny > ask > allow; no match: ask. `realpath` (e.g. os.path.realpath) adds the resolved path."""
-    forms = path_forms(tool_input.get(FILE_TOOLS[tool]), root, realpath) if tool in FILE_TOOLS else []
+    if tool in PATH_ARGUMENT:
+        return _judge_files(rules, file_use(tool, tool_input, root, realpath))
     for verdict, listed in (("deny", rules.deny), ("ask", rules.ask)):
-        hit = next((r for r in listed if _matches(r, tool, tool_input, forms)), None)
+        hit = next((r for r in listed if _matches(r, tool, tool_input)), None)
         if hit is not None:
             return Judgement(verdict, hit.text)  # type: ignore[arg-type]
-    allowed = _allowed(rules.allow, tool, tool_input, forms)
+    allowed = _allowed(rules.allow, tool, tool_input)
     if allowed is not None:
         return Judgement("allow", allowed.text)
+    return Judgement("ask", None)
+
+
+def _judge_files(rules: RuleSet, use: FileUse) -> Judgement:
+    """deny > ask for rules reaching inside what the use touches; then a folder search holding something
+    a deny or ask rule names is asked; then allow rules must cover every form (each by some rule)."""
+    for verdict, listed in (("deny", rules.deny), ("ask", rules.ask)):
+        hit = next((r for r in listed if touches(r.tool, r.spec, use) == "inside"), None)
+        if hit is not None:
+            return Judgement(verdict, hit.text)  # type: ignore[arg-type]
+    below = next((r for r in (*rules.deny, *rules.ask) if touches(r.tool, r.spec, use) == "below"), None)
+    if below is not None:
+        return Judgement("ask", below.text)
+    by_place = [next((r for r in rules.allow if covers(r.tool, r.spec, use, p)), None) for p in use.places]
+    if by_place and all(by_place):
+        return Judgement("allow", by_place[0].text)  # type: ignore[union-attr]
     return Judgement("ask", None)

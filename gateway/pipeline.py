@@ -19,6 +19,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -45,6 +46,7 @@ from gateway.errors import (
     InvalidParamsError,
     SandboxViolationError,
 )
+from gateway.grant_scope import workspace_spellings
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
@@ -243,6 +245,7 @@ class Pipeline:
             risk=risk_tier(spec.annotations, trusted=True, declared=spec.meta.get(RISK_META_KEY)),
             fingerprint=tool_fingerprint(spec.name, spec.input_schema, spec.annotations),
             destructive=is_destructive(spec.annotations),
+            path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
         )
         await self.s.consent.require(request, asker)
 
@@ -374,6 +377,18 @@ class Pipeline:
         )
         reports.append(StageReport("consent", None if mode == "prompt" else -32008, None, note))
         return reports
+
+
+def _path_spellings(
+    names: tuple[str, ...], arguments: Mapping[str, Any], root: Path | None
+) -> dict[str, frozenset[str]]:
+    """Each path argument as written and as it resolves in the workspace: what a stored Deny is compared with."""
+    spellings: dict[str, frozenset[str]] = {}
+    for name in names:
+        value = arguments.get(name)
+        written = root is not None and isinstance(value, str)
+        spellings[name] = workspace_spellings(str(root), str(value)) if written else frozenset()
+    return spellings
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from gateway.code_runners import program_wide_code_runner
 from gateway.errors import ConfigError, PolicyBlockedError
 from gateway.permission_rules import parse_rule
 from gateway.rbac import Permission
@@ -26,6 +27,9 @@ from sandbox.pinned import Pinned, is_intact, pin
 SUPPORTED_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "EdDSA")
 LOCALES = ("en-US", "pt-BR")
 CONSENT_MODES = ("prompt", "deny")
+CONSENT_CHANNELS = ("elicitation", "approver")
+CONSENT_ANSWERS = ("allow_once", "allow_session", "allow_always", "deny_once", "deny_always")
+"""What a channel may answer (consent.channels), spelled as in the elicitation form; stored upper-case."""
 RISK_TIERS = ("low", "medium", "high")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _SECRET_LIKE = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|CERT", re.IGNORECASE)
@@ -80,6 +84,17 @@ class ConsentPolicy:
         default_factory=lambda: MappingProxyType({"low": 90, "medium": 30, "high": 7})
     )
     locale: Literal["en-US", "pt-BR"] = "en-US"
+    channels: Mapping[str, frozenset[str]] = field(
+        default_factory=lambda: MappingProxyType(
+            {
+                "elicitation": frozenset({"ALLOW_ONCE", "ALLOW_SESSION", "DENY_ONCE", "DENY_ALWAYS"}),
+                "approver": frozenset({"ALLOW_ONCE", "ALLOW_SESSION", "ALLOW_ALWAYS", "DENY_ONCE", "DENY_ALWAYS"}),
+            }
+        )
+    )
+    """Who may answer a question and with which decisions (consent.Decision values): `elicitation`, the
+    client in band; `approver`, a person at `mcp-gateway approvals`. An empty set: never asked. By
+    default only the approver's Allow always is stored (docs/decisions.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,12 +423,16 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
 
 
 def _consent(r: _Reader, node: yaml.Node | None) -> ConsentPolicy:
-    d = _section(r, node, "consent", ("mode", "timeout_s", "expiry_days", "locale"))
+    d = _section(r, node, "consent", ("mode", "timeout_s", "expiry_days", "locale", "channels"))
     default = ConsentPolicy()
     expiry = dict(default.expiry_days)
     if "expiry_days" in d:
         for tier, value in r.mapping(d["expiry_days"], "consent.expiry_days", RISK_TIERS).items():
             expiry[tier] = r.integer(value, f"consent.expiry_days.{tier}")
+    channels = dict(default.channels)
+    if "channels" in d:
+        for name, value in r.mapping(d["channels"], "consent.channels", CONSENT_CHANNELS).items():
+            channels[name] = _channel(r, value, name)
     mode = r.choice(d["mode"], "consent.mode", CONSENT_MODES) if "mode" in d else default.mode
     locale = r.choice(d["locale"], "consent.locale", LOCALES) if "locale" in d else default.locale
     return ConsentPolicy(
@@ -421,7 +440,26 @@ def _consent(r: _Reader, node: yaml.Node | None) -> ConsentPolicy:
         timeout_s=r.integer(d["timeout_s"], "consent.timeout_s") if "timeout_s" in d else default.timeout_s,
         expiry_days=MappingProxyType(expiry),
         locale="pt-BR" if locale == "pt-BR" else "en-US",
+        channels=MappingProxyType(channels),
     )
+
+
+def _channel(r: _Reader, node: yaml.Node, name: str) -> frozenset[str]:
+    what = f"consent.channels.{name}"
+    answers = r.strings(node, what)
+    for answer, item in answers:
+        if answer not in CONSENT_ANSWERS:
+            raise r.fail(item, f"{answer!r} in {what} is not an answer (one of {', '.join(CONSENT_ANSWERS)})")
+    chosen = frozenset(answer.upper() for answer, _ in answers)
+    if chosen and "DENY_ONCE" not in chosen:
+        raise r.fail(node, f"{what} must list deny_once: whoever may answer may always say no")
+    if name == "approver" and not chosen:
+        raise r.fail(
+            node,
+            f"{what} must not be empty: a client that cannot elicit would have nobody to ask"
+            " (for stored decisions only, set consent.mode: deny)",
+        )
+    return chosen
 
 
 def _permission_prompt(r: _Reader, node: yaml.Node | None) -> PermissionPromptPolicy:
@@ -496,6 +534,11 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
         tool, _, spec = rule.partition("(")
         if tool in _AGENT_WRITERS and (not spec or spec.rstrip(")").strip() in ("*", "**", ":*")):
             warn(f"permission_prompt.allow has {rule!r}: every use of {tool} is allowed without a person")
+        runner = program_wide_code_runner(spec.removesuffix(")")) if tool == "Bash" else None
+        if runner is not None:
+            program, lets_through = runner
+            warn(f"permission_prompt.allow has {rule!r}: every argument of {program} is allowed, and it runs, "
+                 f"outside any sandbox, {lets_through}; allow exact commands instead")  # fmt: skip
     return out
 
 

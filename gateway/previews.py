@@ -1,37 +1,47 @@
 """What an agent's tool use would do, as a person at `mcp-gateway approvals` reads it (spec section 9).
 
 Bash shows its command, WebFetch its URL and host, and Edit, MultiEdit and Write a unified diff
-against the file as it is now. The current file is read only inside the workspace (after
-following symlinks), only if it is a regular file of at most `READ_LIMIT` bytes: a tool use
-naming `/etc/shadow` gets a diff of the fragments it carries, never the file's content. Every
-preview is cut at `MAX_LINES` lines of at most `MAX_LINE_CHARS` characters. Control characters
-are left for the approver to escape (`approvals.shown`).
+against the file as it is now. The current file is read only inside the workspace, opened
+beneath the workspace's pinned folder in one call that follows no link (`sandbox.beneath`: no gap
+between a check and the open for a swapped folder to use), and only if it is a regular file of at
+most `READ_LIMIT` bytes: a tool use naming `/etc/shadow` gets a diff of the fragments it carries,
+never the file's content.
+
+A preview is whole and `visible` line by line: every character that does not print is escaped,
+a newline inside a value (a path, a description) included, so only the preview's own lines
+break it. What the agent wrote about its tool use (Bash's `description`, WebFetch's `prompt`) is
+labelled as the agent's word. Each channel cuts the preview for its screen, loudly
+(`visible.excerpt`); the approver can show it whole.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+
+from gateway.url_hosts import read_host
+from gateway.visible import visible
+from sandbox.beneath import open_beneath
+from sandbox.pinned import Pinned, open_without_links
 
 READ_LIMIT = 1 << 20
-MAX_LINES = 200
-MAX_LINE_CHARS = 400
+AGENT_SAYS = "the agent says ({field}, unchecked): {text}"
 
 
-def preview(tool: str, tool_input: Mapping[str, Any], root: Path | None) -> str | None:
+def preview(tool: str, tool_input: Mapping[str, Any], root: Pinned | Path | None) -> str | None:
     """The preview of one tool use; None when its arguments say it best (tools without a preview)."""
     if tool == "Bash":
-        return _cut(_bash(tool_input))
+        return _shown(_bash(tool_input))
     if tool == "WebFetch":
-        return _cut(_fetch(tool_input))
+        return _shown(_fetch(tool_input))
     if tool in ("Edit", "MultiEdit", "Write"):
-        return _cut(file_change(tool, tool_input, root))
+        return _shown(file_change(tool, tool_input, root))
     return None
 
 
@@ -39,10 +49,11 @@ def _bash(tool_input: Mapping[str, Any]) -> list[str]:
     command = tool_input.get("command")
     if not isinstance(command, str):
         return ["(no command)"]
-    lines = [f"$ {line}" if i == 0 else f"  {line}" for i, line in enumerate(command.split("\n"))]
+    # Every line of the command has a prompt ("$ ", then "> "): no line of it can pass for the label below.
+    lines = [f"$ {line}" if i == 0 else f"> {line}" for i, line in enumerate(command.split("\n"))]
     description = tool_input.get("description")
     if isinstance(description, str) and description:
-        lines.append(f"# {description}")
+        lines.append(AGENT_SAYS.format(field="description", text=description))
     return lines
 
 
@@ -50,10 +61,10 @@ def _fetch(tool_input: Mapping[str, Any]) -> list[str]:
     url = tool_input.get("url")
     if not isinstance(url, str):
         return ["(no url)"]
-    lines = [f"GET {url}", f"host: {urlsplit(url).hostname or '(none)'}"]
+    lines = [f"GET {url}", f"host: {read_host(url).host or '(none)'}"]
     prompt = tool_input.get("prompt")
     if isinstance(prompt, str) and prompt:
-        lines.append(f"# {prompt}")
+        lines.append(AGENT_SAYS.format(field="prompt", text=prompt))
     return lines
 
 
@@ -69,42 +80,80 @@ class Current:
     note: str | None = None
 
 
-def current_file(value: object, root: Path | None) -> Current:
-    """Read the file a tool use names, if it lies inside the workspace (symlinks followed)."""
+def current_file(value: object, root: Pinned | Path | None) -> Current:
+    """Read the file a tool use names, if it lies beneath the workspace `root` and is reached without a link.
+
+    `root` is the workspace as pinned at policy load (its fd is used, never its path again), or a
+    path, opened without links here. The file is opened beneath it in one call (`open_beneath`), so
+    a folder swapped for a link between any check and the open cannot send the read elsewhere.
+    """
     if not isinstance(value, str) or not value:
         return Current("(no path)", None, "no file path given")
-    path = Path(value) if value.startswith("/") or root is None else root / value
     if root is None:
         return Current(value, None, "no workspace: the current file is not read")
-    real_root = Path(os.path.realpath(root))
-    real = Path(os.path.realpath(path))
-    if not real.is_relative_to(real_root):
-        return Current(value, None, f"outside the workspace ({real}): the current file is not read")
-    label = str(real.relative_to(real_root))
+    if value.startswith("~"):
+        return Current(value, None, "a ~ path (Claude Code's home, unknown here): the current file is not read")
+    root_path = root.path if isinstance(root, Pinned) else root
+    relative = value
+    if value.startswith("/"):
+        if not Path(value).is_relative_to(root_path):
+            return Current(value, None, "outside the workspace: the current file is not read")
+        relative = str(Path(value).relative_to(root_path))
+    label = os.path.normpath(relative)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        root_fd = root.fd if isinstance(root, Pinned) else open_without_links(root)
+    except OSError as exc:
+        return Current(value, None, f"the workspace cannot be opened without links ({exc.strerror})")
+    try:
+        fd = open_beneath(root_fd, relative, flags)
     except FileNotFoundError:
         return Current(label, "", "new file")
     except OSError as exc:
-        return Current(label, None, f"cannot be read ({exc.strerror})")
+        return Current(value, None, _unread(exc))
+    finally:
+        if not isinstance(root, Pinned):
+            os.close(root_fd)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return Current(label, None, "not a regular file: not read")
         if info.st_size > READ_LIMIT:
             return Current(label, None, f"{info.st_size} bytes, over {READ_LIMIT}: not read")
-        data = os.read(fd, READ_LIMIT + 1)
+        data = _read_at_most(fd, READ_LIMIT + 1)
     finally:
         os.close(fd)
+    if len(data) > READ_LIMIT:
+        return Current(label, None, f"over {READ_LIMIT} bytes: not read")
     if b"\0" in data:
         return Current(label, None, "binary file: not shown")
     return Current(label, data.decode("utf-8", errors="replace"))
 
 
-def file_change(tool: str, tool_input: Mapping[str, Any], root: Path | None) -> list[str]:
+def _unread(exc: OSError) -> str:
+    if exc.errno == errno.EXDEV:
+        return "outside the workspace: the current file is not read"
+    if exc.errno == errno.ELOOP:
+        return "a symbolic link on the way, which the preview does not follow (it may lead outside the workspace): not read"
+    return f"cannot be read ({exc.strerror})"
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def file_change(tool: str, tool_input: Mapping[str, Any], root: Pinned | Path | None) -> list[str]:
     """A unified diff of the change against the current file, or of the fragments when that cannot be."""
     current = current_file(tool_input.get("file_path"), root)
-    header = [f"{tool} {current.label}" + (f"  ({current.note})" if current.note else "")]
+    header = [f"{tool} {current.label}" + (f" ({current.note})" if current.note else "")]
     if tool == "Write":
         content = tool_input.get("content")
         if not isinstance(content, str):
@@ -149,15 +198,17 @@ def _fragments(edits: Sequence[tuple[str, str, bool]], label: str) -> list[str]:
 
 
 def _diff(old: str, new: str, label: str) -> list[str]:
-    diff = difflib.unified_diff(
-        old.splitlines(), new.splitlines(), fromfile=f"a/{label}", tofile=f"b/{label}", lineterm=""
-    )
+    diff = difflib.unified_diff(_lines(old), _lines(new), fromfile=f"a/{label}", tofile=f"b/{label}", lineterm="")
     lines = list(diff)
     return lines or ["(no change)"]
 
 
-def _cut(lines: list[str]) -> str:
-    kept = [line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + "…" for line in lines[:MAX_LINES]]
-    if len(lines) > MAX_LINES:
-        kept.append(f"… {len(lines) - MAX_LINES} more lines")
-    return "\n".join(kept)
+def _lines(text: str) -> list[str]:
+    """Lines at "\n" only: a carriage return or U+2028 inside a line is shown escaped, not as a break."""
+    lines = text.split("\n") if text else []
+    return lines[:-1] if text.endswith("\n") else lines
+
+
+def _shown(lines: list[str]) -> str:
+    """The preview's lines, each `visible` on its own: a newline inside one is escaped, not a new line."""
+    return "\n".join(visible(line) for line in lines)

@@ -15,7 +15,8 @@ from gateway.clock import Clock, IdFactory, SystemClock, new_run_id
 from gateway.consent import ConsentStage
 from gateway.consent_store import ConsentStore
 from gateway.db import make_engine
-from gateway.policy import Policy, load_policy
+from gateway.policy import Policy
+from gateway.policy_trust import policy_for
 from gateway.runs import RunStore
 from gateway.settings import Settings
 from gateway.tools.registry import TOOL_NAMES
@@ -49,8 +50,9 @@ def open_services(
     new_id: IdFactory = new_run_id,
     engine: Engine | None = None,
 ) -> Services:
-    """Load the policy and keys and connect the stores. Raises ConfigError on bad configuration."""
-    policy = policy or load_policy(settings.policy_path, TOOL_NAMES)
+    """Load the policy and keys and connect the stores. Raises ConfigError on bad configuration, or on a
+    policy file someone other than the gateway's user could have written (gateway/policy_trust.py)."""
+    policy = policy or policy_for(settings, TOOL_NAMES)
     clock = clock or SystemClock()
     engine = engine or make_engine(settings.db_url)
     keys = load_keyring(settings.home)

@@ -1,4 +1,10 @@
-"""Where the gateway keeps its state (spec section 2): flag > environment variable > default."""
+"""Where the gateway keeps its state (spec section 2): flag > environment variable > default.
+
+The policy's default is `<home>/policy.yaml`, never the working folder: an MCP client starts
+`serve` in whatever folder it likes (Claude Code: the agent's project), so a `./policy.yaml`
+there may be the agent's own (docs/decisions.md). A relative `--policy`/`MCP_GATEWAY_POLICY`
+still names a file under the working folder, because a person typed it; `serve` refuses one.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from pathlib import Path
 HOME_ENV = "MCP_GATEWAY_HOME"
 DB_ENV = "MCP_GATEWAY_DB"
 POLICY_ENV = "MCP_GATEWAY_POLICY"
+POLICY_FILE = "policy.yaml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +24,8 @@ class Settings:
     home: Path
     db_url: str
     policy_path: Path
+    policy_given: str | None = None
+    """The policy as given by `--policy` or `MCP_GATEWAY_POLICY`, unresolved; None: the default, `<home>/policy.yaml`."""
 
     @property
     def signing_key_path(self) -> Path:
@@ -25,6 +34,11 @@ class Settings:
     @property
     def artifacts_dir(self) -> Path:
         return self.home / "artifacts"
+
+    @property
+    def home_policy_path(self) -> Path:
+        """The policy `init` writes and every command reads unless told otherwise."""
+        return self.home / POLICY_FILE
 
 
 def resolve_settings(
@@ -41,13 +55,10 @@ def resolve_settings(
     if not home_path.is_absolute():
         home_path = here / home_path
     db_url = db or env.get(DB_ENV) or f"sqlite:///{home_path / 'gateway.db'}"
-    policy_text = policy or env.get(POLICY_ENV)
+    policy_text = policy or env.get(POLICY_ENV) or None
+    policy_path = home_path / POLICY_FILE
     if policy_text:
         policy_path = Path(policy_text).expanduser()
         if not policy_path.is_absolute():
             policy_path = here / policy_path
-    elif (home_path / "policy.yaml").exists():
-        policy_path = home_path / "policy.yaml"
-    else:
-        policy_path = here / "policy.yaml"
-    return Settings(home=home_path, db_url=db_url, policy_path=policy_path)
+    return Settings(home=home_path, db_url=db_url, policy_path=policy_path, policy_given=policy_text)

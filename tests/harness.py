@@ -100,6 +100,7 @@ class GatewayHome:
         policy = deep_merge(DEFAULT_POLICY, {"workspaces": {"default": str(self.workspace)}})
         policy = deep_merge(policy, overrides)
         self.policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
+        self.policy_path.chmod(0o644)  # whatever the umask: `serve` refuses a policy others could write
 
     def add_user(self, name: str, role: str = "USER", workspaces: tuple[str, ...] = ("default",)) -> None:
         self.users.add(name, role, workspaces)

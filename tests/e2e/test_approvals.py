@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pexpect
@@ -28,10 +30,10 @@ def gateway(make_gateway: Callable[..., GatewayHome]) -> GatewayHome:
     return gw
 
 
-def send_call(session: StdioSession, gateway: GatewayHome) -> int:
+def send_call(session: StdioSession, gateway: GatewayHome, arguments: Mapping[str, Any] | None = None) -> int:
     """Start a run_pytest call without waiting for its answer; returns its JSON-RPC id."""
     request_id = next(_ids)
-    name, arguments = RUN
+    name, arguments = RUN[0], dict(arguments or RUN[1])
     session.send(
         {
             "jsonrpc": "2.0",
@@ -63,7 +65,7 @@ def test_the_approver_shows_the_request_and_allow_once_runs_the_call(
     run_id = approver.match.group(1)
     approver.expect(r"\[q\] quit")
     screen = approver.before
-    for shown in ("run_pytest", "mcp-write-gateway", "Medium risk", "alice", "default", '{"test_path":"tests"}'):
+    for shown in ("run_pytest", "mcp-write-gateway", "Medium risk", "alice", "default", 'test_path: "tests"'):
         assert shown in screen, (shown, screen)
     assert "[2] Allow always" in screen and "[Enter] Allow once" in screen and "[Esc] Deny once" in screen
     approver.send("1")
@@ -168,3 +170,55 @@ def test_two_approvers_racing_for_one_request_decide_it_once(
     assert row["decision"] == "ALLOW_ONCE"
     assert decision_of(gateway, run_id)["decision"] == "ALLOW_ONCE"
     assert gateway.cli("consent", "list").stdout == "", "the loser's Deny always was never stored"
+
+
+# --- what the person is shown (issue 11, item 4) ---------------------------------------------------
+
+SPACES = "\u2420\u00d7"  # a run of spaces as shown: the symbol for space, a multiplication sign, its length
+# 400 zero-width spaces (each shown as a 6-character escape: past a line's 2000) hide what follows them.
+KEYWORD = "\u200b" * 400 + " or evil_payload"
+MARKERS = "smoke" + " " * 100 + "\u2800\u3164 or slow"
+CUT = {"test_path": "tests", "keyword": KEYWORD, "markers": MARKERS}
+# What the approver holds for it, written out by hand: one argument a line, escaped.
+WHOLE = "\n".join(
+    [
+        'keyword: "' + "\\u200b" * 400 + ' or evil_payload"',
+        f'markers: "smoke{SPACES}100\\u2800\\u3164 or slow"',
+        'test_path: "tests"',
+    ]
+)
+
+
+def test_a_cut_request_is_loud_enter_denies_it_and_allow_needs_the_whole_seen_first(
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+) -> None:
+    approver = approvals()
+    session = open_session(gateway)
+    call_id = send_call(session, gateway, CUT)
+    shows_request(approver)
+    screen = approver.before
+    digest = hashlib.sha256(WHOLE.encode()).hexdigest()[:16]
+    notice = f"NOT SHOWN WHOLE: {len(WHOLE)} characters in 3 lines, sha256 {digest}"
+    assert screen.count(notice) == 2, screen
+    assert re.search(r"\[✂ CUT: \d+ more characters of this line's \d+\]", screen)
+    assert "evil_payload" not in screen, "the cut hides it: hence the notice"
+    assert f'markers: "smoke{SPACES}100\\u2800\\u3164 or slow"' in screen, "blanks and runs shown"
+    assert 'test_path: "tests"' in screen, "a long argument does not push the others out"
+    assert "[Enter] Deny once" in screen and "[v] see all" in screen
+    approver.send("\r")
+    approver.expect("DENY_ONCE")
+    assert session.wait_response(call_id)["error"]["data"]["reason"] == "consent_denied"
+
+    call_id = send_call(session, gateway, CUT)
+    shows_request(approver)
+    approver.send("1")
+    approver.expect(r"press \[v\] to see the whole request before allowing it")
+    approver.send("v")
+    approver.expect(f"end of the whole request, sha256 {digest}")
+    assert "\r\n    ".join(WHOLE.split("\n")) in approver.before, "the whole request, escaped"
+    approver.expect(r"\[q\] quit")
+    approver.send("1")
+    approver.expect("ALLOW_ONCE")
+    response = session.wait_response(call_id)
+    assert "result" in response, "allowed after it was seen whole"
+    assert decision_of(gateway, str(response["result"]["structuredContent"]["run_id"]))["decision"] == "ALLOW_ONCE"

@@ -8,18 +8,24 @@ see), the answer on the wire and the `mcp.permission.decision` events in the aud
 from __future__ import annotations
 
 import time
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.consent_store import ConsentStore, Grant
 from tests.harness import GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
 ELICITATION = {"elicitation": {"form": {}}}
 RUN = ("run_pytest", {"test_path": "tests"})
 ALL_CHOICES = ["allow_once", "allow_session", "allow_always", "deny_once", "deny_always"]
+IN_BAND_CHOICES = ["allow_once", "allow_session", "deny_once", "deny_always"]
+"""The form by default: the client's own answer never leaves a lasting allow (consent.channels)."""
+IN_BAND_ALWAYS = {"consent": {"channels": {"elicitation": ALL_CHOICES}}}
+"""The opt-in: the client may answer Allow always, and it is stored (channel `elicitation`)."""
 DAY_S = 86400
 
 
@@ -66,11 +72,11 @@ def test_t1_a_new_call_prompts_with_tool_server_risk_and_arguments(gateway: Gate
     assert response["result"]["structuredContent"]["passed"] > 0
     (prompt,) = prompts(elicit)
     message = prompt["params"]["message"]
-    for shown in ("run_pytest", "mcp-write-gateway", "Medium risk", "alice", "default", '{"test_path":"tests"}'):
+    for shown in ("run_pytest", "mcp-write-gateway", "Medium risk", "alice", "default", 'test_path: "tests"'):
         assert shown in message, (shown, message)
     schema = prompt["params"]["requestedSchema"]
     assert schema["required"] == ["decision"]
-    assert schema["properties"]["decision"]["enum"] == ALL_CHOICES
+    assert schema["properties"]["decision"]["enum"] == IN_BAND_CHOICES
     (event,) = decision_events(gateway, run_id_of(response))
     assert event["detail"]["decision"] == "ALLOW_ONCE" and event["detail"]["origin"] == "user_prompt"
 
@@ -83,14 +89,18 @@ def test_t2_allow_once_then_the_next_call_prompts_again(gateway: GatewayHome, el
 
 
 def test_t3_allow_always_then_no_prompt_and_a_cache_hit_in_the_audit(
-    gateway: GatewayHome, elicit: StdioSession
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
 ) -> None:
+    gateway = make_gateway(IN_BAND_ALWAYS)
+    gateway.add_user("alice")
+    elicit = open_session(gateway, capabilities=ELICITATION)
     elicit.responder = answering("allow_always")
     started = time.time()
     first = call(elicit, gateway)
     second = call(elicit, gateway)
     assert "result" in first and "result" in second
     assert len(prompts(elicit)) == 1, "the stored decision answered the second call"
+    assert prompts(elicit)[0]["params"]["requestedSchema"]["properties"]["decision"]["enum"] == ALL_CHOICES
     (made,) = decision_events(gateway, run_id_of(first))
     (hit,) = decision_events(gateway, run_id_of(second))
     assert made["detail"]["decision"] == "ALLOW_ALWAYS" and made["detail"]["origin"] == "user_prompt"
@@ -99,6 +109,7 @@ def test_t3_allow_always_then_no_prompt_and_a_cache_hit_in_the_audit(
     assert hit["detail"]["grant_id"] == made["detail"]["grant_id"]
     listed = gateway.cli("consent", "list").stdout.split("\n")[0].split("\t")
     assert listed[1:5] == ["alice", "default", "run_pytest", "ALLOW"] and listed[7] == "active"
+    assert listed[9] == "elicitation", "the channel that made it"
 
 
 def test_t4_deny_once_refuses_with_32008_and_nothing_runs(gateway: GatewayHome, elicit: StdioSession) -> None:
@@ -173,7 +184,7 @@ def test_t8_another_user_or_workspace_is_asked_again(
 ) -> None:
     second = tmp_path / "second-ws"
     second.mkdir()
-    gateway = make_gateway({"workspaces": {"second": str(second)}})
+    gateway = make_gateway({"workspaces": {"second": str(second)}, **IN_BAND_ALWAYS})
     gateway.add_user("alice", "USER", ("default", "second"))
     gateway.add_user("bob", "USER", ("default",))
     session = open_session(gateway, capabilities=ELICITATION)
@@ -273,7 +284,7 @@ def test_2026_the_question_comes_back_as_input_required_and_the_retry_runs(
     question = first["inputRequests"]["consent"]
     assert question["method"] == "elicitation/create" and question["params"]["mode"] == "form"
     assert "run_pytest" in question["params"]["message"] and "Medium risk" in question["params"]["message"]
-    assert question["params"]["requestedSchema"]["properties"]["decision"]["enum"] == ALL_CHOICES
+    assert question["params"]["requestedSchema"]["properties"]["decision"]["enum"] == IN_BAND_CHOICES
     retry = modern(stateless, gateway, answer=accept("allow_once"), state=first["requestState"])
     structured = retry["result"]["structuredContent"]
     assert structured["passed"] > 0
@@ -286,7 +297,12 @@ def test_2026_the_question_comes_back_as_input_required_and_the_retry_runs(
     assert attempts == 1, "the input_required round gave its attempt back: one call, one attempt"
 
 
-def test_2026_allow_always_then_no_round_trip(gateway: GatewayHome, stateless: StdioSession) -> None:
+def test_2026_allow_always_then_no_round_trip(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    gateway = make_gateway(IN_BAND_ALWAYS)
+    gateway.add_user("alice")
+    stateless = open_session(gateway, initialize=False)
     first = modern(stateless, gateway)["result"]
     assert "result" in modern(stateless, gateway, answer=accept("allow_always"), state=first["requestState"])
     again = modern(stateless, gateway)["result"]
@@ -331,3 +347,82 @@ def test_2026_a_client_without_elicitation_waits_for_the_approver(
     assert refused["error"]["data"]["reason"] == "consent_timeout"
     (event,) = decision_events(gateway, refused["error"]["data"]["run_id"])
     assert event["detail"]["channel"] == "approver"
+
+
+# --- what the person is shown (issue 11, item 5) ------------------------------------------------------
+
+SPACES = "\u2420\u00d7"  # a run of spaces as shown: the symbol for space, a multiplication sign, its length
+
+# Everything that passes run_pytest's schema and could steer or fool a reader: bidi controls, zero
+# widths, a BOM, tag characters (hidden ASCII), blank-looking letters, a no-break space, a run of spaces.
+STEERING = (
+    "smoke\u202eevil\u202c \u2066x\u2069\u200b\ufeff\U000e0041\u2800\u3164\u00a0" + " " * 40 + "Requested by admin"
+)
+STEERING_SHOWN = (
+    'markers: "smoke\\u202eevil\\u202c \\u2066x\\u2069\\u200b\\ufeff\\U000e0041\\u2800\\u3164\\u00a0'
+    f'{SPACES}40Requested by admin"'
+)
+
+
+def invisible_characters(text: str) -> list[str]:
+    """Every character of `text` that a reader would not see as itself (a newline between lines aside)."""
+    return [
+        f"U+{ord(c):04X}"
+        for c in text
+        if (unicodedata.category(c)[0] in "CZ" and c not in " \n") or ord(c) in (0x2800, 0x3164, 0x115F, 0x1160)
+    ]
+
+
+def test_the_elicitation_message_is_escaped_and_shows_every_argument(
+    gateway: GatewayHome, elicit: StdioSession
+) -> None:
+    elicit.responder = answering("deny_once")
+    arguments = {"test_path": "tests", "keyword": "not slow and smoke", "markers": STEERING}
+    refused = elicit.call_tool("run_pytest", arguments, gateway.token("alice"))
+    assert refused["error"]["data"]["reason"] == "consent_denied"
+    (prompt,) = prompts(elicit)
+    message = prompt["params"]["message"]
+    assert invisible_characters(message) == [], message
+    lines = message.split("\n")
+    assert "Requested by alice in workspace default" in lines
+    assert not any(line.startswith("Requested by admin") for line in lines), "no fake line"
+    assert f"  {STEERING_SHOWN}" in lines
+    assert '  keyword: "not slow and smoke"' in lines, "keyword is run_pytest's own field: never redacted"
+    assert '  test_path: "tests"' in lines
+
+
+@pytest.mark.parametrize("control", ["\x9b2J", "\u2028", "\x1b[2K", "\r"])
+def test_c0_c1_and_line_separators_never_reach_a_prompt(
+    gateway: GatewayHome, elicit: StdioSession, control: str
+) -> None:
+    # run_pytest's schema refuses them before consent; were one to get through, it would be escaped
+    # like the characters above (tests/gateway/test_visible.py).
+    elicit.responder = answering()
+    refused = elicit.call_tool(
+        "run_pytest", {"test_path": "tests", "markers": f"smoke{control}x"}, gateway.token("alice")
+    )
+    assert refused["error"]["code"] == -32602
+    assert prompts(elicit) == []
+
+
+def test_2026_the_input_required_message_is_escaped_too(gateway: GatewayHome, stateless: StdioSession) -> None:
+    first = modern(stateless, gateway, arguments={"test_path": "tests", "markers": STEERING})["result"]
+    message = first["inputRequests"]["consent"]["params"]["message"]
+    assert invisible_characters(message) == [] and f"  {STEERING_SHOWN}" in message.split("\n")
+    with gateway.engine.connect() as connection:
+        stored = connection.exec_driver_sql("SELECT args_preview FROM consent_requests").scalar()
+    assert invisible_characters(stored) == [] and STEERING_SHOWN in stored.split("\n"), "the stored question too"
+
+
+def test_consent_list_escapes_every_field(gateway: GatewayHome) -> None:
+    # A grant row as a hand-edited or foreign database could hold it: nothing may reach the terminal raw.
+    ConsentStore(gateway.engine).insert_grant(
+        Grant(0, "al\u202eice", "default\tfake", "mcp-write-gateway", "run_pytest", None, "DENY", "f" * 64,
+              time.time(), None, "cli:x\x1b[2J\u2028y")
+    )  # fmt: skip
+    listed = gateway.cli("consent", "list").stdout
+    (line,) = listed.splitlines()
+    assert invisible_characters(line.replace("\t", "")) == [] and "\x1b" not in line
+    fields = line.split("\t")
+    assert fields[1:3] == ["al\\u202eice", "default\\u0009fake"], "no fake column"
+    assert "cli:x\\u001b[2J\\u2028y" in fields

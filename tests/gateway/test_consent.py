@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -17,7 +18,6 @@ from gateway.consent import (
     is_destructive,
     parse_duration,
     pick_grant,
-    redacted_preview,
     risk_tier,
     tool_fingerprint,
 )
@@ -65,6 +65,15 @@ def test_is_destructive(annotations: dict[str, Any] | None, destructive: bool) -
 def test_allow_always_is_never_offered_for_a_destructive_tool() -> None:
     assert Decision.ALLOW_ALWAYS not in choices_for(destructive=True)
     assert choices_for(destructive=False) == tuple(Decision)
+    assert Decision.ALLOW_ALWAYS not in choices_for(destructive=True, permitted=set(Decision))
+
+
+def test_a_channel_is_offered_what_the_policy_lets_it_answer() -> None:
+    in_band = ConsentPolicy().channels["elicitation"]
+    assert choices_for(False, in_band) == (
+        Decision.ALLOW_ONCE, Decision.ALLOW_SESSION, Decision.DENY_ONCE, Decision.DENY_ALWAYS,
+    )  # fmt: skip
+    assert choices_for(False, ConsentPolicy().channels["approver"]) == tuple(Decision)
 
 
 def test_the_fingerprint_changes_with_the_schema_or_the_annotations() -> None:
@@ -85,12 +94,6 @@ def test_parse_duration_refuses(text: str) -> None:
         parse_duration(text)
 
 
-def test_the_preview_hides_secret_looking_values_and_is_cut() -> None:
-    shown = redacted_preview({"test_path": "tests", "nested": {"api_token": "s3cr3t", "Password": "x"}})
-    assert "s3cr3t" not in shown and '"api_token":"[redacted]"' in shown and '"Password":"[redacted]"' in shown
-    assert redacted_preview({"k": "v" * 1000}, limit=50).endswith("…")
-
-
 def grant(decision: str = "ALLOW", **changes: Any) -> Grant:
     values: dict[str, Any] = {
         "id": 1,
@@ -104,9 +107,29 @@ def grant(decision: str = "ALLOW", **changes: Any) -> Grant:
         "granted_at": T0,
         "expires_at": T0 + 100,
         "granted_by": "test",
+        "channel": "approver",
     }
     values.update(changes)
     return Grant(**values)
+
+
+APPROVER_AND_CLI = frozenset({"approver", "cli"})
+"""The channels whose Allow always counts under the default consent.channels."""
+
+
+def call_with(args_hash: str, arguments: dict[str, Any] | None = None, **spellings: frozenset[str]) -> ConsentRequest:
+    return ConsentRequest(
+        run_id="r",
+        user="alice",
+        workspace="default",
+        server_id="mcp-write-gateway",
+        tool_name="run_pytest",
+        args_hash=args_hash,
+        arguments=arguments or {"test_path": "tests"},
+        risk="medium",
+        fingerprint="f" * 64,
+        path_spellings=spellings,
+    )
 
 
 @pytest.mark.parametrize(
@@ -121,6 +144,11 @@ def grant(decision: str = "ALLOW", **changes: Any) -> Grant:
         ([grant(id=1), grant("DENY", id=2, granted_at=T0 - 5)], T0, "a", 2),  # deny beats allow
         ([grant(id=1), grant(id=3, granted_at=T0 + 1)], T0 + 2, "a", 3),  # the newest of a kind
         ([grant(revoked_at=T0)], T0, "a", None),
+        ([grant(channel="elicitation")], T0, "a", None),  # an in-band Allow always: not by default
+        ([grant(channel=None)], T0, "a", None),  # made before channels were recorded: read as in band
+        ([grant(channel="cli")], T0, "a", 1),  # `consent grant`
+        ([grant("DENY", channel="elicitation")], T0, "a", 1),  # a Deny counts from any channel
+        ([grant("DENY", channel=None)], T0, "a", 1),
     ],
     ids=[
         "live",
@@ -132,11 +160,50 @@ def grant(decision: str = "ALLOW", **changes: Any) -> Grant:
         "deny-wins",
         "newest",
         "revoked",
+        "in-band-allow-ignored",
+        "unknown-channel-allow-ignored",
+        "cli-allow",
+        "in-band-deny",
+        "unknown-channel-deny",
     ],
 )
 def test_pick_grant(grants: list[Grant], now: float, args_hash: str, expected: int | None) -> None:
-    picked = pick_grant(grants, now, "f" * 64, args_hash)
+    picked = pick_grant(grants, now, call_with(args_hash), APPROVER_AND_CLI)
     assert (picked.id if picked else None) == expected
+
+
+def test_an_in_band_allow_counts_when_the_policy_lets_elicitation_make_one() -> None:
+    opted_in = APPROVER_AND_CLI | {"elicitation"}
+    assert pick_grant([grant(channel="elicitation")], T0, call_with("a"), opted_in) is not None
+    assert pick_grant([grant(channel=None)], T0, call_with("a"), opted_in) is not None
+
+
+@pytest.mark.parametrize(
+    ("granted", "arguments", "spellings", "denied"),
+    [
+        ({"test_path": "tests/integration"}, {"test_path": "tests/integration/"}, {"tests/integration"}, True),
+        ({"test_path": "tests/integration"}, {"test_path": "tests/unit"}, {"tests/unit"}, False),
+        ({"test_path": "tests/integration"}, {"test_path": "t", "keyword": "x"}, {"tests/integration/a.py"}, True),
+        ({"test_path": "tests/integration"}, {"test_path": "tests/integration"}, set(), True),  # no spelling: deny
+    ],
+    ids=["a-spelling", "another-folder", "under-it-with-another-option", "uncomparable"],
+)
+def test_an_args_scoped_deny_is_matched_by_meaning(
+    granted: dict[str, Any], arguments: dict[str, Any], spellings: set[str], denied: bool
+) -> None:
+    deny = grant("DENY", args_hash="h", arguments=granted)
+    picked = pick_grant([deny], T0, call_with("other", arguments, test_path=frozenset(spellings)), APPROVER_AND_CLI)
+    assert (picked is not None) is denied
+
+
+def test_an_args_scoped_allow_stays_exact_and_a_deny_without_stored_arguments_too() -> None:
+    allow = grant(args_hash="h", arguments=None)
+    old_deny = grant("DENY", id=2, args_hash="h")  # made before arguments were stored
+    spelled = frozenset({"tests"})
+    assert pick_grant([allow], T0, call_with("h", test_path=spelled), APPROVER_AND_CLI) is allow
+    assert pick_grant([allow], T0, call_with("other", test_path=spelled), APPROVER_AND_CLI) is None
+    assert pick_grant([old_deny], T0, call_with("h", test_path=spelled), APPROVER_AND_CLI) is old_deny
+    assert pick_grant([old_deny], T0, call_with("other", test_path=spelled), APPROVER_AND_CLI) is None
 
 
 # --- the stage on a real database -----------------------------------------------------------------
@@ -154,11 +221,23 @@ class Asker:
         return self.answers.pop(0)
 
 
+EVERY_ANSWER = frozenset(Decision)
+IN_BAND_ALWAYS = MappingProxyType({"elicitation": EVERY_ANSWER, "approver": EVERY_ANSWER})
+"""consent.channels with the opt-in: the client's own Allow always is stored too."""
+
+
 @pytest.fixture
 def stage(engine: Engine, clock: FakeClock) -> ConsentStage:
-    return ConsentStage(
-        ConsentPolicy(timeout_s=5), AuditLog(engine, clock), ConsentStore(engine), clock, SequentialRunIds()
-    )
+    """A stage whose in-band answers may be Allow always (the opt-in), for what is not about channels."""
+    policy = ConsentPolicy(timeout_s=5, channels=IN_BAND_ALWAYS)
+    return ConsentStage(policy, AuditLog(engine, clock), ConsentStore(engine), clock, SequentialRunIds())
+
+
+@pytest.fixture
+def default_stage(engine: Engine, clock: FakeClock) -> ConsentStage:
+    """A stage with the default consent.channels: only the approver's Allow always is stored."""
+    policy = ConsentPolicy(timeout_s=5)
+    return ConsentStage(policy, AuditLog(engine, clock), ConsentStore(engine), clock, SequentialRunIds())
 
 
 @pytest.fixture
@@ -265,3 +344,91 @@ def test_out_of_band_allow_always_for_a_destructive_tool_is_a_deny(
 
     anyio.run(main)
     assert store.list_grants() == [], "nothing stored"
+
+
+# --- which channel may answer, and what it may store (consent.channels) -----------------------------
+
+
+def test_by_default_the_client_is_not_offered_allow_always_and_an_answer_of_it_stores_nothing(
+    default_stage: ConsentStage, engine: Engine
+) -> None:
+    asker = Asker(Decision.ALLOW_ALWAYS)
+    with pytest.raises(ConsentDeniedError):
+        require(default_stage, request("r1"), asker)  # not offered: a Deny once
+    assert Decision.ALLOW_ALWAYS not in asker.asked[0]
+    assert Decision.DENY_ALWAYS in asker.asked[0] and Decision.ALLOW_SESSION in asker.asked[0]
+    assert ConsentStore(engine).list_grants() == []
+
+
+def test_an_in_band_deny_always_is_stored_with_its_channel(default_stage: ConsentStage, engine: Engine) -> None:
+    with pytest.raises(ConsentDeniedError):
+        require(default_stage, request("r1"), Asker(Decision.DENY_ALWAYS))
+    (stored,) = ConsentStore(engine).list_grants()
+    assert (stored.decision, stored.channel, stored.arguments) == ("DENY", "elicitation", None)
+    with pytest.raises(ConsentDeniedError):
+        require(default_stage, request("r2"), Asker())  # answered by the stored Deny, nobody asked
+
+
+def test_an_in_band_allow_always_made_under_the_opt_in_stops_counting_without_it(
+    stage: ConsentStage, engine: Engine, clock: FakeClock
+) -> None:
+    assert require(stage, request("r1"), Asker(Decision.ALLOW_ALWAYS)) is Decision.ALLOW_ALWAYS
+    (stored,) = ConsentStore(engine).list_grants()
+    assert stored.channel == "elicitation"
+    strict = ConsentStage(
+        ConsentPolicy(timeout_s=5), AuditLog(engine, clock), ConsentStore(engine), clock, SequentialRunIds()
+    )
+    asker = Asker(Decision.ALLOW_ONCE)
+    assert require(strict, request("r2"), asker) is Decision.ALLOW_ONCE
+    assert len(asker.asked) == 1, "the in-band grant no longer answers: the person is asked"
+
+
+def test_with_elicitation_switched_off_a_client_that_can_elicit_is_asked_out_of_band(
+    engine: Engine, clock: FakeClock
+) -> None:
+    channels = MappingProxyType({"elicitation": frozenset(), "approver": EVERY_ANSWER})
+    stage = ConsentStage(
+        ConsentPolicy(timeout_s=5, channels=channels), AuditLog(engine, clock), ConsentStore(engine), clock,
+        SequentialRunIds(),
+    )  # fmt: skip
+    store = ConsentStore(engine)
+
+    async def approve() -> None:
+        while store.fetch_request("r1") is None:
+            await anyio.sleep(0.01)
+        assert store.fetch_request("r1").choices == tuple(d.value for d in Decision)  # type: ignore[union-attr]
+        store.decide("r1", "ALLOW_ALWAYS", "approvals:alice@host", clock.now())
+
+    async def main() -> Decision:
+        async with anyio.create_task_group() as group:
+            group.start_soon(approve)
+            with anyio.fail_after(10):
+                return await stage.require(request("r1"), Asker())  # the client could answer, but may not
+
+    assert anyio.run(main) is Decision.ALLOW_ALWAYS
+    (stored,) = store.list_grants()
+    assert stored.channel == "approver" and stored.granted_by == "approvals:alice@host"
+
+
+def test_the_approver_is_offered_only_what_its_channel_may_answer(engine: Engine, clock: FakeClock) -> None:
+    channels = MappingProxyType({"elicitation": EVERY_ANSWER, "approver": frozenset({"ALLOW_ONCE", "DENY_ONCE"})})
+    stage = ConsentStage(
+        ConsentPolicy(timeout_s=5, channels=channels), AuditLog(engine, clock), ConsentStore(engine), clock,
+        SequentialRunIds(),
+    )  # fmt: skip
+    store = ConsentStore(engine)
+
+    async def answer() -> None:
+        while store.fetch_request("r1") is None:
+            await anyio.sleep(0.01)
+        assert store.fetch_request("r1").choices == ("ALLOW_ONCE", "DENY_ONCE")  # type: ignore[union-attr]
+        store.decide("r1", "ALLOW_ALWAYS", "approvals:alice@host", clock.now())  # not offered
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(answer)
+            with anyio.fail_after(10), pytest.raises(ConsentDeniedError):
+                await stage.require(request("r1"), None)
+
+    anyio.run(main)
+    assert store.list_grants() == []

@@ -40,3 +40,27 @@ def test_upgrading_from_0002_keeps_open_questions(tmp_path: Path) -> None:
         kept = connection.execute(select(db.consent_requests)).one()._mapping
     assert {k: kept[k] for k in row} == row
     assert kept["preview"] is None
+
+
+def test_upgrading_from_0004_records_each_grants_channel_from_who_made_it(tmp_path: Path) -> None:
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    command.upgrade(db._alembic_config(engine), "0004")
+    common = {
+        "user_name": "alice", "workspace": "default", "server_id": "mcp-write-gateway", "tool_name": "run_pytest",
+        "args_hash": None, "decision": "ALLOW", "fingerprint": "f" * 64, "granted_at": 1.0, "expires_at": None,
+    }  # fmt: skip
+    made_by = ["approvals:root@host", "cli:root@host", "elicitation:alice", "someone_else"]
+    with engine.begin() as connection:
+        for who in made_by:
+            connection.execute(insert(db.consent_grants).values(**common, granted_by=who))
+
+    db.migrate(engine)
+
+    with engine.connect() as connection:
+        rows = connection.execute(select(db.consent_grants).order_by(db.consent_grants.c.id)).all()
+    assert [(r.granted_by, r.channel, r.arguments) for r in rows] == [
+        ("approvals:root@host", "approver", None),
+        ("cli:root@host", "cli", None),
+        ("elicitation:alice", "elicitation", None),
+        ("someone_else", None, None),  # unknown: read as in band
+    ]

@@ -72,7 +72,7 @@ def test_shipped_policy_loads_with_the_documented_values() -> None:
     assert policy.permission_prompt == PermissionPromptPolicy(
         enabled=False,
         deny=("Bash(rm:*)", "Bash(curl:*)", "Bash(wget:*)"),
-        allow=("Bash(pytest:*)", "Read", "Grep", "Glob"),
+        allow=("Bash(pytest -q)", "Read", "Grep", "Glob"),
     )
 
 
@@ -860,7 +860,7 @@ def test_empty_allowlist_warns(shipped: Policy, tmp_path: Path) -> None:
 
 
 def test_an_allow_rule_covering_every_use_of_a_writing_agent_tool_warns(shipped: Policy, tmp_path: Path) -> None:
-    rules = ("Bash", "Edit(**)", "Bash(*)", "Bash(pytest:*)", "Read", "Write(src/**)")
+    rules = ("Bash", "Edit(**)", "Bash(*)", "Bash(git status)", "Read", "Write(src/**)")
     prompt = PermissionPromptPolicy(enabled=True, allow=rules)
     warnings = risky_settings(dataclasses.replace(shipped, permission_prompt=prompt), tmp_path / "state")
 
@@ -868,6 +868,50 @@ def test_an_allow_rule_covering_every_use_of_a_writing_agent_tool_warns(shipped:
         f"permission_prompt.allow has {rule!r}: every use of {rule[:4]} is allowed without a person"
         for rule in ("Bash", "Edit(**)", "Bash(*)")
     ]
+
+
+@pytest.mark.parametrize(
+    ("rule", "program", "says"),
+    [
+        ("Bash(pytest:*)", "pytest", "deletes --basetemp=DIR"),
+        ("Bash(pytest*)", "pytest", "-p NAME imports it"),
+        ("Bash(pytest *)", "pytest", "--override-ini"),
+        ("Bash(python3:*)", "python3", "any code it is given"),
+        ("Bash(python3.11:*)", "python3.11", "any code it is given"),
+        ("Bash(/usr/bin/python:*)", "python", "any code it is given"),
+        ("Bash(node:*)", "node", "any code"),
+        ("Bash(npm:*)", "npm", "installs packages"),
+        ("Bash(npx*)", "npx", "runs any package"),
+        ("Bash(make:*)", "make", "any recipe"),
+        ("Bash(bash:*)", "bash", "any code"),
+        ("Bash(git:*)", "git", "hooks, aliases"),
+        ("Bash(docker:*)", "docker", "the host's root"),
+        ("Bash(env:*)", "env", "any command named"),
+        ("Bash(xargs:*)", "xargs", "any command named"),
+        ("Bash(find:*)", "find", "-exec"),
+        ("Bash(uv:*)", "uv", "installs packages"),
+        ("Bash(cargo:*)", "cargo", "build scripts"),
+    ],
+)
+def test_a_program_wide_allow_rule_on_a_program_that_runs_code_warns(
+    shipped: Policy, tmp_path: Path, rule: str, program: str, says: str
+) -> None:
+    """Issue 11 item 11: Claude Code runs an allowed command unsandboxed; `Bash(pytest:*)` allows `--basetemp=~`."""
+    prompt = PermissionPromptPolicy(enabled=True, allow=(rule,))
+    (warning,) = risky_settings(dataclasses.replace(shipped, permission_prompt=prompt), tmp_path / "state")
+
+    assert warning.message.startswith(f"permission_prompt.allow has {rule!r}: every argument of {program} is allowed")
+    assert says in warning.message
+    assert "outside any sandbox" in warning.message
+
+
+@pytest.mark.parametrize(
+    "rule", ["Bash(pytest -q)", "Bash(git status)", "Bash(git diff:*)", "Bash(ls:*)", "Bash(cat *)", "Bash(pytestx:*)"]
+)
+def test_exact_commands_and_programs_that_run_no_code_do_not_warn(shipped: Policy, tmp_path: Path, rule: str) -> None:
+    prompt = PermissionPromptPolicy(enabled=True, allow=(rule,))
+
+    assert risky_settings(dataclasses.replace(shipped, permission_prompt=prompt), tmp_path / "state") == []
 
 
 def test_workspace_that_is_not_a_directory_warns(shipped: Policy, tmp_path: Path) -> None:
@@ -1039,3 +1083,49 @@ def test_a_policy_whose_folders_are_missing_still_loads_and_warns(tmp_path: Path
     messages = [w.message for w in risky_settings(policy, None)]
     assert any("which is not a directory" in m for m in messages)
     assert any("which does not exist" in m for m in messages)
+
+
+# --- consent.channels: who may answer, and what (issue 11, item 7) ---------------------------------
+
+
+def test_consent_channels_default_keeps_lasting_allows_for_the_approver(tmp_path: Path) -> None:
+    channels = parse("version: 1\n", tmp_path).consent.channels
+    assert channels["elicitation"] == {"ALLOW_ONCE", "ALLOW_SESSION", "DENY_ONCE", "DENY_ALWAYS"}
+    assert channels["approver"] == {"ALLOW_ONCE", "ALLOW_SESSION", "ALLOW_ALWAYS", "DENY_ONCE", "DENY_ALWAYS"}
+    assert load_policy(SHIPPED, TOOL_NAMES).consent.channels == channels
+
+
+def test_consent_channels_opt_in_and_switch_off(tmp_path: Path) -> None:
+    policy = parse(
+        """
+        version: 1
+        consent:
+          channels:
+            elicitation: [allow_once, allow_always, deny_once]
+        """,
+        tmp_path,
+    )
+    assert policy.consent.channels["elicitation"] == {"ALLOW_ONCE", "ALLOW_ALWAYS", "DENY_ONCE"}
+    assert "ALLOW_ALWAYS" in policy.consent.channels["approver"], "a channel not named keeps its default"
+    off = parse("version: 1\nconsent:\n  channels:\n    elicitation: []\n", tmp_path)
+    assert off.consent.channels["elicitation"] == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("channels", "message"),
+    [
+        ("{email: [allow_once]}", "unknown key 'email' in consent.channels"),
+        (
+            "{elicitation: [allow_forever, deny_once]}",
+            "'allow_forever' in consent.channels.elicitation is not an answer",
+        ),
+        ("{elicitation: [allow_once]}", "consent.channels.elicitation must list deny_once"),
+        ("{approver: []}", "consent.channels.approver must not be empty"),
+        ("{elicitation: [deny_once, deny_once]}", "'deny_once' is listed twice"),
+        ("{elicitation: allow_once}", "consent.channels.elicitation must be a list"),
+    ],
+)
+def test_consent_channels_errors(channels: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse(f"version: 1\nconsent:\n  channels: {channels}\n", tmp_path)
+    assert ":3:" in str(caught.value)

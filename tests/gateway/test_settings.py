@@ -62,16 +62,16 @@ def test_default_db_follows_the_home_from_the_environment(tmp_path: Path) -> Non
         pytest.param(None, "/p/env.yaml", True, "/p/env.yaml", id="env-beats-home-file"),
         pytest.param("rel/flag.yaml", None, False, "CWD/rel/flag.yaml", id="relative-flag"),
         pytest.param(None, "rel/env.yaml", False, "CWD/rel/env.yaml", id="relative-env"),
-        pytest.param(None, None, True, "HOME/policy.yaml", id="home-file-if-it-exists"),
-        pytest.param(None, None, False, "CWD/policy.yaml", id="else-the-working-directory"),
-        pytest.param(None, "", False, "CWD/policy.yaml", id="empty-env-is-unset"),
+        pytest.param(None, None, True, "HOME/policy.yaml", id="home-file"),
+        pytest.param(None, None, False, "HOME/policy.yaml", id="home-file-even-when-missing-never-the-cwd"),
+        pytest.param(None, "", False, "HOME/policy.yaml", id="empty-env-is-unset"),
     ],
 )
 def test_policy_path(flag: str | None, env: str | None, home_has_policy: bool, expected: str, tmp_path: Path) -> None:
     home, cwd = tmp_path / "state", tmp_path / "cwd"
     home.mkdir()
     cwd.mkdir()
-    (cwd / "policy.yaml").write_text("version: 1\n", encoding="utf-8")
+    (cwd / "policy.yaml").write_text("version: 1\n", encoding="utf-8")  # e.g. the agent's, in its project
     if home_has_policy:
         (home / "policy.yaml").write_text("version: 1\n", encoding="utf-8")
     environ = {} if env is None else {POLICY_ENV: env}
@@ -79,12 +79,7 @@ def test_policy_path(flag: str | None, env: str | None, home_has_policy: bool, e
     settings = resolve_settings(home=str(home), policy=flag, environ=environ, cwd=cwd)
 
     assert settings.policy_path == Path(expected.replace("HOME", str(home)).replace("CWD", str(cwd)))
-
-
-def test_default_policy_in_the_working_directory_need_not_exist(tmp_path: Path) -> None:
-    settings = resolve_settings(home=str(tmp_path / "state"), environ={}, cwd=tmp_path)
-
-    assert settings.policy_path == tmp_path / "policy.yaml"
+    assert settings.policy_given == (flag or env or None)
 
 
 def test_derived_paths_live_in_the_home(tmp_path: Path) -> None:

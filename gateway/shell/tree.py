@@ -1,0 +1,148 @@
+"""The deny side's first reader (spec section 9): bash's grammar, through tree-sitter-bash.
+
+Every `command` node anywhere in the tree is a simple command the shell may run: inside
+substitutions, subshells, groups, compound commands, function bodies, here-documents,
+assignments and test expressions alike. Words are read as bash reads them (quotes removed,
+backslashes and `$'...'` decoded); a word holding an expansion is "not known".
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tree_sitter_bash
+from tree_sitter import Language, Node, Parser
+
+from gateway.shell.lexer import substitution
+from gateway.shell.words import SimpleCommand, Word, WordBuilder, decode_ansi_c, literal_word
+
+_BASH = Language(tree_sitter_bash.language())
+_NOT_WORDS = frozenset({"variable_assignment", "variable_assignments", "file_redirect", "heredoc_redirect",
+                        "herestring_redirect", "comment"})  # fmt: skip
+_COMMANDS = frozenset({"command", "declaration_command", "unset_command"})
+
+
+def parse(text: str) -> tuple[list[SimpleCommand], bool]:
+    """The simple commands in `text`, and whether tree-sitter read all of it without an error."""
+    tree = Parser(_BASH).parse(text.encode("utf-8", "surrogatepass"))
+    found: dict[int, SimpleCommand] = {}
+    stack: list[Node] = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        stack.extend(reversed(node.children))
+        if node.type in _COMMANDS:
+            found[node.id] = _command(node)
+    for node in _nodes(tree.root_node, "redirected_statement"):
+        body = node.child_by_field_name("body")
+        if body is not None and body.id in found:
+            found[body.id].stdin.extend(_heredocs(node))
+    for node in _nodes(tree.root_node, "pipeline"):
+        stages = [_command_id(c) for c in node.named_children]
+        for before, after in itertools.pairwise(stages):
+            if before in found and after in found:
+                found[after].piped_from = found[before]
+    return list(found.values()), not tree.root_node.has_error
+
+
+def _nodes(root: Node, kind: str) -> list[Node]:
+    out, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.type == kind:
+            out.append(node)
+    return out
+
+
+def _command_id(node: Node) -> int:
+    if node.type == "redirected_statement":
+        body = node.child_by_field_name("body")
+        return body.id if body is not None else node.id
+    return node.id
+
+
+def _command(node: Node) -> SimpleCommand:
+    command = SimpleCommand([])
+    if node.type != "command":  # export, declare, local, readonly, typeset, unset: the keyword is a word
+        command.words.append(literal_word(_text(node.children[0])))
+    for child in node.children if node.type == "command" else node.children[1:]:
+        if child.type == "herestring_redirect":
+            command.stdin.extend(w.text for c in child.named_children for w in _words(c))
+        elif child.is_named and child.type not in _NOT_WORDS:
+            command.words.extend(_words(child))
+    return command
+
+
+def _heredocs(statement: Node) -> list[str]:
+    bodies: list[str] = []
+    for redirect in statement.children:
+        if redirect.type == "herestring_redirect":
+            bodies.extend(w.text for c in redirect.named_children for w in _words(c))
+        for child in redirect.children if redirect.type == "heredoc_redirect" else ():
+            if child.type == "heredoc_body":
+                bodies.append(_text(child))
+    return bodies
+
+
+def _words(node: Node) -> list[Word]:
+    builder = WordBuilder()
+    _feed(node, builder)
+    return builder.take()
+
+
+def _feed(node: Node, word: WordBuilder) -> None:
+    kind, text = node.type, _text(node)
+    if kind in ("command_name", "concatenation"):
+        for child in node.children:
+            _feed(child, word)
+    elif kind == "translated_string":  # $"...": `$` then a string
+        for child in node.named_children:
+            _feed(child, word)
+    elif kind in ("word", "number"):
+        _unquoted(text, word)
+    elif kind == "raw_string":
+        word.add(text[1:-1], quoted=True)
+    elif kind == "ansi_c_string":
+        word.add(decode_ansi_c(text[2:-1]), quoted=True)
+    elif kind == "string":
+        word.add("", quoted=True)
+        for child in node.named_children:
+            if child.type == "string_content":
+                word.add(_double_quoted(_text(child)), quoted=True)
+            else:
+                word.add_unknown()
+    else:  # every expansion, substitution, arithmetic, brace sequence, unknown node: not known
+        word.add_unknown()
+
+
+def _unquoted(text: str, word: WordBuilder) -> None:
+    i = 0
+    while i < len(text):
+        if text[i] == "\\":
+            if text.startswith("\\\n", i):
+                i += 2
+                continue
+            word.add(text[i + 1 : i + 2], quoted=True)
+            i += 2
+        elif text.startswith(("$(", "${", "$[", "`"), i):  # tree-sitter sometimes leaves one in a word
+            i = substitution(text, i, [])
+            word.add_unknown()
+        else:
+            word.add(text[i], quoted=False)
+            i += 1
+
+
+def _double_quoted(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in '$`"\\\n':
+            out.append("" if text[i + 1] == "\n" else text[i + 1])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _text(node: Node) -> str:
+    return (node.text or b"").decode("utf-8", "surrogatepass")

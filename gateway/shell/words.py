@@ -1,0 +1,198 @@
+"""Words as the deny side reads them (spec section 9): a literal, a pattern, or not known before it runs.
+
+A reader feeds a `WordBuilder` the pieces of one shell word (characters and whether they were
+quoted, and "an expansion here"); the builder applies brace expansion and marks unquoted glob
+characters, so that `{rm,-rf,x}` is three words and `/bin/r?` may be `/bin/rm`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+
+Char = tuple[str, bool]
+"""A character of a word and whether it was quoted (quoted characters are never special).
+`EXPANSION`, an empty character, stands where an expansion sits: its value is not known."""
+EXPANSION: Char = ("", False)
+
+_MAX_BRACE_WORDS = 64
+_ESCAPES = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+            "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """One word of a command: `text` is its value as far as it is known (expansions left out)."""
+
+    text: str
+    chars: tuple[Char, ...] = ()
+    pattern: re.Pattern[str] | None = field(default=None, compare=False)
+    """Set when the word holds unquoted glob characters: the values it can take."""
+
+    @property
+    def known(self) -> bool:
+        """False when the word holds an expansion (`$x`, `$(...)`, ...): its value is decided when it runs."""
+        return EXPANSION not in self.chars
+
+    def may_be(self, literal: str) -> bool:
+        """Whether this word can be `literal` when the command runs (any value, if it holds an expansion)."""
+        if not self.known:
+            return True
+        if self.pattern is not None:
+            return self.pattern.fullmatch(literal) is not None
+        return self.text == literal
+
+    def may_name(self, program: str) -> bool:
+        """Whether this command word can run `program`: a word starting with an expansion names
+        no program we can tell; `rm$IFS-rf` may well be `rm`."""
+        if self.known:
+            return self.may_be(program)
+        prefix = "".join(ch for ch, _ in self.chars[: self.chars.index(EXPANSION)])
+        return bool(prefix) and program.startswith(prefix)
+
+    def basename(self) -> Word:
+        """The word after its last `/`: a command word names its program by its file name."""
+        cut = max((i for i, (ch, _) in enumerate(self.chars) if ch == "/"), default=-1)
+        if cut < 0 or cut == len(self.chars) - 1:
+            return self
+        return word_of(self.chars[cut + 1 :])
+
+
+def literal_word(text: str) -> Word:
+    """A word whose every character is quoted: exactly `text`."""
+    return word_of(tuple((ch, True) for ch in text))
+
+
+def word_of(chars: tuple[Char, ...]) -> Word:
+    text = "".join(ch for ch, _ in chars)
+    globbing = EXPANSION not in chars and any(ch in "*?[" and not q for ch, q in chars)
+    return Word(text, chars, _glob(chars) if globbing else None)
+
+
+@dataclass(slots=True)
+class WordBuilder:
+    """Collects one word's pieces in the order a reader meets them."""
+
+    chars: list[Char] = field(default_factory=list)
+    started: bool = False
+
+    def add(self, text: str, *, quoted: bool) -> None:
+        self.chars.extend((ch, quoted) for ch in text)
+        self.started = True
+
+    def add_unknown(self) -> None:
+        self.chars.append(EXPANSION)
+        self.started = True
+
+    def take(self) -> list[Word]:
+        """The finished word (several after brace expansion; none if nothing was added); resets."""
+        if not self.started:
+            return []
+        chars = tuple(self.chars)
+        self.chars, self.started = [], False
+        return [word_of(c) for c in expand_braces(chars)]
+
+
+def expand_braces(chars: tuple[Char, ...]) -> list[tuple[Char, ...]]:
+    """Bash's `a{b,c}d` -> `abd acd` on unquoted braces holding a comma (bounded); else the word as is."""
+    out: list[tuple[Char, ...]] = []
+    pending = [chars]
+    while pending and len(out) + len(pending) <= _MAX_BRACE_WORDS:
+        word = pending.pop(0)
+        split = _brace_split(word)
+        if split is None:
+            out.append(word)
+        else:
+            pending[:0] = split
+    return out + pending[: max(0, _MAX_BRACE_WORDS - len(out))]
+
+
+def _brace_split(word: tuple[Char, ...]) -> list[tuple[Char, ...]] | None:
+    for start, (ch, quoted) in enumerate(word):
+        if ch != "{" or quoted:
+            continue
+        depth, commas = 0, list[int]()
+        for j in range(start, len(word)):
+            c, q = word[j]
+            if q:
+                continue
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    if not commas:
+                        break
+                    bounds = [start, *commas, j]
+                    head, tail = word[:start], word[j + 1 :]
+                    return [head + word[a + 1 : b] + tail for a, b in itertools.pairwise(bounds)]
+            elif c == "," and depth == 1:
+                commas.append(j)
+    return None
+
+
+def _glob(chars: tuple[Char, ...]) -> re.Pattern[str]:
+    """A regex for the values an unquoted pattern may take; a bracket expression is any one character."""
+    regex, i = "", 0
+    while i < len(chars):
+        ch, quoted = chars[i]
+        if quoted or ch not in "*?[":
+            regex += re.escape(ch)
+        elif ch == "*":
+            regex += ".*"
+        elif ch == "?":
+            regex += "."
+        else:
+            close = next((j for j in range(i + 2, len(chars)) if chars[j] == ("]", False)), None)
+            if close is None:
+                regex += re.escape(ch)
+            else:
+                regex, i = regex + ".", close
+        i += 1
+    return re.compile(regex, re.DOTALL)
+
+
+def decode_ansi_c(body: str) -> str:
+    """The value of bash's `$'body'`: backslash escapes, octal, hex, unicode and control characters."""
+    out, i = [], 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\" or i + 1 == len(body):
+            out.append(ch)
+            i += 1
+            continue
+        nxt = body[i + 1]
+        i += 2
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+        elif nxt in "01234567":
+            digits = re.match(r"[0-7]{0,2}", body[i:])
+            value = nxt + (digits.group() if digits else "")
+            out.append(chr(int(value, 8) & 0xFF))
+            i += len(value) - 1
+        elif nxt in "xuU":
+            width = {"x": 2, "u": 4, "U": 8}[nxt]
+            digits = re.match(f"[0-9A-Fa-f]{{1,{width}}}", body[i:])
+            if digits is None:
+                out.append("\\" + nxt)
+            else:
+                out.append(chr(min(int(digits.group(), 16), 0x10FFFF)))
+                i += len(digits.group())
+        elif nxt == "c" and i < len(body):
+            out.append(chr(ord(body[i]) & 0x1F))
+            i += 1
+        else:
+            out.append("\\" + nxt)
+    return "".join(out)
+
+
+@dataclass(slots=True)
+class SimpleCommand:
+    """A simple command as a reader found it: its words (assignments and redirections left out),
+    the text that reaches its standard input where that is written in the command (a here-document,
+    a here-string), and the command piped into it, if any."""
+
+    words: list[Word]
+    stdin: list[str] = field(default_factory=list)
+    piped_from: SimpleCommand | None = None

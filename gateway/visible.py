@@ -1,0 +1,160 @@
+"""What a person is shown of a request, on every channel (spec sections 7 and 9): every character
+visibly printing, and every cut explicit.
+
+`visible` is the one escaping of the elicitation message, the terminal approver, the questions
+stored for it, `consent list` and `policy explain`. A character is shown as itself only when it
+prints a glyph of its own: a letter, mark, number, punctuation or symbol (Unicode categories L,
+M, N, P, S) that is not drawn blank (`BLANK`). Everything else is written `\\uXXXX` (or
+`\\UXXXXXXXX` past the BMP): controls (C0, C1, DEL), format characters (bidi overrides, zero
+widths, tags), surrogates, private use, unassigned code points, and every space but U+0020
+(tabs, no-break and wide spaces, line and paragraph separators). A run of spaces is written
+`\u2420\u00d7N` (the symbol for space, a multiplication sign, the count), except a line's indentation (at most `INDENT_MAX`, at its start or after a one-character
+diff or prompt marker), so that no gap can push a payload out of sight. At most `MAX_MARKS`
+combining marks in a row are kept (more can draw over the lines around them).
+
+`visible` is idempotent: what it returns it returns unchanged, so text escaped when it is stored
+is escaped again, harmlessly, when it is shown. The price: an escape the agent typed literally
+(`\\u202e`, `\u2420\u00d79`) looks like one the gateway wrote. That can only make a request look stranger,
+never hide a character (decisions.md 40).
+
+`excerpt` cuts what is too long to show at once, loudly: each cut line says how much of it is
+hidden, the end says how many lines are, and the `Excerpt` carries the whole's length and
+sha256 for the channel's notice and its way to see all of it.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.canonical import sha256_hex
+
+MAX_LINES = 200
+MAX_LINE_CHARS = 2000
+"""Long enough for any `run_pytest` argument whole (test_path: at most 1024 characters)."""
+INDENT_MAX = 32
+MAX_MARKS = 4
+DIGEST_CHARS = 16
+SPACE_RUN = "\u2420\u00d7{n}"
+
+_PRINTING = frozenset("LMNPS")
+_BLANK_RANGES: tuple[tuple[int, int], ...] = (
+    # Default_Ignorable_Code_Point (Unicode DerivedCoreProperties) outside the categories escaped anyway:
+    (0x034F, 0x034F),  # combining grapheme joiner
+    (0x115F, 0x1160),  # hangul choseong and jungseong fillers
+    (0x17B4, 0x17B5),  # khmer inherent vowels
+    (0x180B, 0x180F),  # mongolian free variation selectors (and the vowel separator)
+    (0x3164, 0x3164),  # hangul filler
+    (0xFE00, 0xFE0F),  # variation selectors 1-16
+    (0xFFA0, 0xFFA0),  # halfwidth hangul filler
+    (0xE0000, 0xE0FFF),  # tags, variation selectors 17-256
+    # Printing by category, drawn as nothing:
+    (0x2800, 0x2800),  # braille pattern blank
+    (0x16FE4, 0x16FE4),  # khitan small script filler
+    (0x1D159, 0x1D159),  # musical symbol null notehead
+)
+"""Characters of a printing category that draw nothing: escaped like any invisible character."""
+
+_SPACES = re.compile(" {2,}")
+_TOKEN = re.compile(r"\\u[0-9a-f]{4}|\\U[0-9a-f]{8}|\u2420\u00d7\d+")
+_MARKERS = frozenset("+-$>")
+"""Characters a line of a preview starts with before its indentation (a diff's, a command's)."""
+
+
+def is_blank(code_point: int) -> bool:
+    return any(low <= code_point <= high for low, high in _BLANK_RANGES)
+
+
+def prints(ch: str) -> bool:
+    """Whether `ch` is shown as itself: a glyph of a printing category that is not drawn blank."""
+    return unicodedata.category(ch)[0] in _PRINTING and not is_blank(ord(ch))
+
+
+def escape(ch: str) -> str:
+    code_point = ord(ch)
+    return f"\\u{code_point:04x}" if code_point <= 0xFFFF else f"\\U{code_point:08x}"
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """`text` with every character that does not visibly print escaped; newlines kept only with `lines`."""
+    if not lines:
+        return _line(text)
+    return "\n".join(_line(line) for line in text.split("\n"))
+
+
+def _line(line: str) -> str:
+    parts: list[str] = []
+    pos = 0
+    for run in _SPACES.finditer(line):
+        parts.append(_glyphs(line[pos : run.start()]))
+        width = run.end() - run.start()
+        indent = run.start() == 0 or (run.start() == 1 and line[0] in _MARKERS)
+        parts.append(run.group() if indent and width <= INDENT_MAX else SPACE_RUN.format(n=width))
+        pos = run.end()
+    parts.append(_glyphs(line[pos:]))
+    return "".join(parts)
+
+
+def _glyphs(text: str) -> str:
+    out: list[str] = []
+    marks = 0
+    for ch in text:
+        if ch == " ":
+            out.append(ch)
+            marks = 0
+            continue
+        is_mark = unicodedata.category(ch)[0] == "M"
+        marks = marks + 1 if is_mark else 0
+        out.append(ch if prints(ch) and marks <= MAX_MARKS else escape(ch))
+    return "".join(out)
+
+
+# --- cutting -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Excerpt:
+    """What is shown of a text, and what a notice needs to say about the rest."""
+
+    text: str
+    cut: bool
+    chars: int
+    """The whole text's length, in characters."""
+    lines: int
+    sha256: str
+    """Of the whole text (UTF-8): the same whatever shows it, and where it is shown in full."""
+
+    @property
+    def digest(self) -> str:
+        return self.sha256[:DIGEST_CHARS]
+
+
+def excerpt(
+    whole: str, copy: Mapping[str, str], max_lines: int = MAX_LINES, max_line_chars: int = MAX_LINE_CHARS
+) -> Excerpt:
+    """At most `max_lines` lines of at most `max_line_chars` characters of `whole`, each cut marked
+    with `copy["cut_line"]` (`{hidden}`, `{total}`) and lines left out with `copy["cut_lines"]`
+    (`{hidden}`, `{total}`). `whole` is shown text already (`visible`): an escape is never split."""
+    lines = whole.split("\n")
+    kept: list[str] = []
+    cut = len(lines) > max_lines
+    for line in lines[:max_lines]:
+        if len(line) <= max_line_chars:
+            kept.append(line)
+            continue
+        cut = True
+        at = _boundary(line, max_line_chars)
+        kept.append(line[:at] + " " + copy["cut_line"].format(hidden=len(line) - at, total=len(line)))
+    if len(lines) > max_lines:
+        kept.append(copy["cut_lines"].format(hidden=len(lines) - max_lines, total=len(lines)))
+    return Excerpt("\n".join(kept), cut, len(whole), len(lines), sha256_hex(whole))
+
+
+def _boundary(line: str, at: int) -> int:
+    """`at`, moved back to the start of an escape or space run it would split."""
+    for token in _TOKEN.finditer(line, max(0, at - 16), at + 16):
+        if token.start() < at < token.end():
+            return token.start()
+    return at

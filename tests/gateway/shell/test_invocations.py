@@ -1,0 +1,105 @@
+"""The deny side's reading (gateway/shell/): words, wrappers, texts a shell runs, bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.shell import read_invocations
+from gateway.shell.invocations import MAX_DEPTH
+from gateway.shell.words import WordBuilder, decode_ansi_c, expand_braces, word_of
+
+
+def programs(command: str) -> list[str]:
+    """The invocations read, as text (an expansion shown as `?`), in a stable order."""
+    return sorted({i.text for i in read_invocations(command).invocations})
+
+
+@pytest.mark.parametrize(
+    ("body", "value"),
+    [
+        ("\\x72m", "rm"), ("\\162m", "rm"), ("\\u0072m", "rm"), ("\\U00000072m", "rm"), ("a\\tb", "a\tb"),
+        ("\\'", "'"), ("\\\\", "\\"), ("\\cA", "\x01"), ("\\e[0m", "\x1b[0m"), ("\\q", "\\q"), ("x\\", "x\\"),
+        ("a[\\x24(touch P)]", "a[$(touch P)]"),
+    ],
+)  # fmt: skip
+def test_ansi_c_strings_are_decoded_as_bash_does(body: str, value: str) -> None:
+    assert decode_ansi_c(body) == value
+
+
+def chars(text: str, quoted: str = "") -> tuple[tuple[str, bool], ...]:
+    return tuple((c, c in quoted) for c in text)
+
+
+def test_brace_expansion_applies_to_unquoted_braces_with_a_comma_and_is_bounded() -> None:
+    assert ["".join(c for c, _ in w) for w in expand_braces(chars("{rm,-rf,x}"))] == ["rm", "-rf", "x"]
+    assert ["".join(c for c, _ in w) for w in expand_braces(chars("a{b,c{d,e}}f"))] == ["abf", "acdf", "acef"]
+    assert len(expand_braces(chars("{a,b}" * 10))) == 64
+    assert expand_braces(chars("{rm,x}", quoted="{}")) == [chars("{rm,x}", quoted="{}")]
+    assert expand_braces(chars("{rm}")) == [chars("{rm}")]
+
+
+def test_a_word_with_glob_characters_may_be_any_value_they_match() -> None:
+    word = word_of(chars("/bin/r[mx]")).basename()
+    assert word.may_be("rm") and word.may_be("rx") and not word.may_be("ls")
+    assert word_of(chars("r*", quoted="*")).may_be("r*") and not word_of(chars("r*", quoted="*")).may_be("rm")
+
+
+def test_a_word_holding_an_expansion_may_be_anything_but_names_a_program_only_by_its_known_start() -> None:
+    builder = WordBuilder()
+    builder.add("rm", quoted=False)
+    builder.add_unknown()
+    (word,) = builder.take()
+    assert not word.known and word.may_be("anything")
+    assert word.may_name("rm") and word.may_name("rmdir") and not word.may_name("ls")
+    builder.add_unknown()
+    (computed,) = builder.take()
+    assert not computed.may_name("rm")  # `$EDITOR x`: asked, never matched
+
+
+@pytest.mark.parametrize(
+    ("command", "found"),
+    [
+        ("nice -n 5 grep rm file", ["grep rm file", "nice -n 5 grep rm file"]),  # grep's argument is no command
+        ("sudo -u rm ls", ["ls", "sudo -u rm ls"]),  # -u takes a value
+        ("timeout 5 ls", ["ls", "timeout 5 ls"]),
+        ("sudo --weird ls x", ["ls x", "sudo --weird ls x", "x"]),  # an unknown option: read both ways
+        ("command -v rm", ["command -v rm"]),  # only says where rm is
+        ("xargs -n1 -I{} rm {}", ["rm {}", "xargs -n1 -I{} rm {}"]),
+        ("find . -exec rm {} + -exec ls \\;", ["find . -exec rm {} + -exec ls ;", "ls", "rm {}"]),
+        ("bash script.sh", ["bash script.sh"]),  # a script file is not read
+        ("env -S 'rm x'", ["env -S rm x", "rm x"]),
+    ],
+)
+def test_wrappers_are_read_by_their_options(command: str, found: list[str]) -> None:
+    assert programs(command) == found
+
+
+def test_nested_shell_strings_are_read_to_a_bounded_depth() -> None:
+    command = "rm x"
+    for _ in range(MAX_DEPTH):
+        command = f"sh -c {_quote(command)}"
+    reading = read_invocations(command)
+    assert "rm x" in {i.text for i in reading.invocations} and reading.complete
+    deeper = read_invocations(f"sh -c {_quote(command)}")
+    assert not deeper.complete, "past the bound the reading is incomplete: never allowed by a rule"
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+@pytest.mark.parametrize("command", ["{rm,x}", 'rm "x', "pytest $(", "case", "f() {"])
+def test_a_command_tree_sitter_cannot_read_is_incomplete(command: str) -> None:
+    assert not read_invocations(command).complete
+
+
+def test_a_huge_command_stays_bounded() -> None:
+    reading = read_invocations("; ".join(f"p{i} x" for i in range(5000)))
+    assert not reading.complete and len(reading.invocations) <= 2048
+
+
+def test_heredocs_are_stdin_not_commands_unless_a_shell_reads_them() -> None:
+    assert programs("cat <<'EOF'\nrm -rf ~\nEOF") == ["cat"]
+    assert programs("cat <<EOF\nrm $(ls)\nEOF") == ["cat", "ls"]  # expanded: its substitutions run
+    assert "rm -rf ~" in programs("sh <<'EOF'\nrm -rf ~\nEOF")
+    assert "rm x" in programs("echo -e 'rm\\x20x' | bash")
