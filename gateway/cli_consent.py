@@ -36,32 +36,6 @@ from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.visible import visible
 
 
-def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    consent = sub.add_parser("consent", help="stored consent decisions").add_subparsers(dest="action", required=True)
-    listing = consent.add_parser("list", help="list stored decisions")
-    listing.add_argument("--user", help="only this user's")
-    listing.add_argument("--all", action="store_true", help="revoked ones too")
-    grant = consent.add_parser("grant", help="store a decision ahead of the call (allow always or deny always)")
-    grant.add_argument("user")
-    grant.add_argument("tool")
-    kind = grant.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--always", action="store_true", help="allow always (not for a destructive tool)")
-    kind.add_argument("--deny", action="store_true", help="deny always")
-    grant.add_argument("--workspace", help="the workspace (default: the user's first)")
-    grant.add_argument(
-        "--expires-in", help="lifetime, e.g. 90s, 15m, 8h, 7d (default: consent.expiry_days of the tier)"
-    )
-    grant.add_argument("--args", help="only for these arguments (a JSON object); default: any arguments")
-    grant.add_argument(
-        "--agent",
-        action="store_true",
-        help="TOOL is one of Claude Code's own tools (Bash, Edit, ...: check_permission)",
-    )
-    withdraw = consent.add_parser("revoke", help="revoke a stored decision by its id (see consent list)")
-    withdraw.add_argument("grant_id", type=int)
-    sub.add_parser("approvals", help="terminal approver for pending consent requests")
-
-
 def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
     """One line per stored decision; an Allow whose channel may no longer make one is `ignored`."""
     now = SystemClock().now()

@@ -67,6 +67,9 @@ class Origin(StrEnum):
     CACHE_HIT = "cache_hit"
     TIMEOUT = "timeout"
     POLICY = "policy"
+    NO_ANSWER = "no_answer"
+    """Nobody decided: the client went away or failed the question (`detail.no_answer` says which).
+    `user_prompt` is kept for an answer a client returned: accept, decline or cancel."""
 
 
 # --- pure decisions -------------------------------------------------------------------------------
@@ -215,10 +218,20 @@ def decision_from_form(action: str, content: Mapping[str, Any] | None, choices: 
     return Decision(answer) if answer in {c.value for c in choices} else Decision.DENY_ONCE
 
 
-class ConsentAsker(Protocol):
-    """A channel to the person behind the client. Returns their decision, or None for decline/cancel."""
+@dataclass(frozen=True, slots=True)
+class NoAnswer:
+    """The question got no answer from anyone: a deny that no person made."""
 
-    async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | None: ...
+    why: Literal["client_gone", "client_error", "invalid_answer"]
+    """client_gone: the connection closed; client_error: an error response to the question;
+    invalid_answer: a response that is not an elicitation result."""
+
+
+class ConsentAsker(Protocol):
+    """A channel to the person behind the client. Returns their decision, None for decline/cancel,
+    or NoAnswer when nobody answered (the client went away or failed the question)."""
+
+    async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | NoAnswer | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +262,8 @@ class Answer:
     origin: Origin
     channel: str
     decided_by: str | None = None
+    no_answer: str | None = None
+    """With Origin.NO_ANSWER: why nobody answered (NoAnswer.why)."""
 
 
 # --- the stage -----------------------------------------------------------------------------------
@@ -287,6 +302,9 @@ class ConsentStage:
             self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, "policy"), reason="consent_mode_deny")
             raise ConsentDeniedError("consent_mode_deny", _REFUSED_BY_POLICY)
         answer = await self._ask(request, asker)
+        if answer is not None and answer.origin is Origin.NO_ANSWER:
+            self._record(request, answer, reason="consent_no_answer", extra={"no_answer": answer.no_answer})
+            raise ConsentDeniedError("consent_no_answer", _NO_ANSWER)
         if answer is None:
             channel = "elicitation" if self._in_band(asker) else "approver"
             self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, channel), reason="consent_timeout")
@@ -294,7 +312,8 @@ class ConsentStage:
         return self._conclude(request, answer, None)
 
     async def _ask(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Answer | None:
-        """The person's answer; decline and cancel are Deny once; None when nobody answered in time."""
+        """The person's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client went away
+        or failed the question; None when nobody answered in time."""
         if asker is None or not self._in_band(asker):
             approver = choices_for(request.destructive, self._policy.channels.get("approver"))
             return await self._ask_out_of_band(request, approver)
@@ -304,6 +323,8 @@ class ConsentStage:
         prompt = prompt_for(request, self._policy.locale)
         with anyio.move_on_after(self._policy.timeout_s):
             decision = await asker.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
+            if isinstance(decision, NoAnswer):
+                return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "elicitation", no_answer=decision.why)
             offered = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
             return Answer(offered, Origin.USER_PROMPT, "elicitation")
         return None
@@ -466,5 +487,6 @@ _DENIED_ALWAYS = (
     "a person denied this tool for good (deny always); retrying will not help until they revoke that decision"
 )
 _TIMED_OUT = "no person answered before the consent timeout; the call was denied"
+_NO_ANSWER = "the client failed or closed the consent question and nobody answered it; the call was denied"
 _REFUSED_BY_POLICY = "the policy allows no consent prompts (consent.mode: deny)"
 _STATE_INVALID = "the consent answer does not belong to an open question about this call; call again without it"

@@ -8,14 +8,12 @@ deadlocks), and on PostgreSQL the few read-then-write paths lock a row first
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, cast
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -29,11 +27,18 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
     make_url,
+    text,
 )
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+from gateway.db_file import guard_file
 from gateway.errors import ConfigError
 
 GENESIS_HASH = "0" * 64
@@ -204,13 +209,38 @@ def make_engine(url: str) -> Engine:
             if sync not in SQLITE_SYNC_MODES:
                 raise ConfigError("synchronous= in a SQLite URL must be normal or full")
             parsed = parsed.difference_update_query(["synchronous"])
+        if parsed.get_backend_name() == "postgresql":
+            parsed = with_postgres_bounds(parsed)
         engine = create_engine(parsed, pool_pre_ping=parsed.get_backend_name() != "sqlite")
     except (SQLAlchemyError, ImportError, ValueError) as exc:
         raise ConfigError(f"cannot use database URL ({type(exc).__name__})") from exc
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", partial(_sqlite_on_connect, sync.upper()))
+        guard_file(engine)  # the file on disk must stay the one written to (gateway/db_file.py)
         event.listen(engine, "begin", _sqlite_on_begin)
     return engine
+
+
+POSTGRES_BOUNDS: Mapping[str, str] = MappingProxyType(
+    {
+        # libpq: give up connecting after 10 s; notice a dead server or network within about a minute.
+        "connect_timeout": "10",
+        "keepalives": "1",
+        "keepalives_idle": "30",
+        "keepalives_interval": "10",
+        "keepalives_count": "3",
+        # Server side: no wait for a lock, no statement, no idle open transaction lasts without end,
+        # so one stuck gateway, migration or psql session cannot freeze every gateway (issue 12, item 1).
+        "options": "-c lock_timeout=10000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000",
+    }
+)
+"""Connection parameters a PostgreSQL URL gets unless it sets them itself (docs/operations.md)."""
+
+
+def with_postgres_bounds(url: URL) -> URL:
+    """`url` with every bound of POSTGRES_BOUNDS it does not set; an `options` it sets is kept whole."""
+    missing = {name: value for name, value in POSTGRES_BOUNDS.items() if name not in url.query}
+    return url.update_query_dict(missing)
 
 
 def reader(engine: Engine) -> Engine:
@@ -236,7 +266,15 @@ def _sqlite_on_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
+SCHEMA_HEAD = "0005"
+"""The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
+
+
 def _alembic_config(engine: Engine) -> Config:
+    # Alembic (and the Mako and Pygments it brings) loads only for `init` and the migrations
+    # themselves: `serve` and every other command start without it (issue 12, item 10).
+    from alembic.config import Config  # noqa: PLC0415
+
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     config.attributes["engine"] = engine
@@ -245,11 +283,15 @@ def _alembic_config(engine: Engine) -> Config:
 
 def migrate(engine: Engine) -> None:
     """Bring the schema to the newest migration (idempotent)."""
+    from alembic import command  # noqa: PLC0415
+
     command.upgrade(_alembic_config(engine), "head")
 
 
 def schema_is_current(engine: Engine) -> bool:
-    head = ScriptDirectory.from_config(_alembic_config(engine)).get_current_head()
+    """Whether the database stands at SCHEMA_HEAD: Alembic's version table read with plain SQL."""
     with engine.connect() as connection:
-        current = MigrationContext.configure(connection).get_current_revision()
-    return current == head
+        if not inspect(connection).has_table("alembic_version"):
+            return False
+        current = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    return current == [SCHEMA_HEAD]

@@ -16,6 +16,7 @@ fails closed with -32603 and nothing (more) runs.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
 from gateway.budget import reservation_ms, spent_ms
-from gateway.canonical import args_hash
+from gateway.canonical import args_hash, is_text
 from gateway.consent import (
     RISK_META_KEY,
     ConsentAsker,
@@ -89,6 +90,27 @@ def caller_of(principal: Principal) -> Caller:
     return Caller(principal.workspaces, principal.token_workspace, principal.role == ADMIN_ROLE)
 
 
+STORED_NAME_MAX = 128
+"""The audit log's tool_name column (String(128) in gateway/db.py)."""
+
+
+def stored_tool_name(name: object) -> str:
+    """The tool name as the audit log keeps it, before anyone is authenticated: never the raw input.
+
+    A name that is text, has no NUL or control character and fits the column is kept as is.
+    Any other (too long, a lone surrogate, a NUL, not a string) is stored as a readable prefix
+    of at most 40 characters and the sha256 of its UTF-8 bytes (surrogates escaped), so an
+    unauthenticated caller decides neither how much is stored nor what bytes the database sees.
+    """
+    text = name if isinstance(name, str) else repr(name)
+    clean = len(text) <= STORED_NAME_MAX and text.isprintable() and is_text(text)
+    if isinstance(name, str) and clean:
+        return name
+    digest = hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()
+    prefix = "".join(c if c.isprintable() and is_text(c) else "?" for c in text[:40])
+    return f"{prefix}...sha256:{digest}"
+
+
 def lookup_tool(name: str) -> ToolSpec:
     spec = TOOLS.get(name)
     if spec is None:
@@ -113,10 +135,12 @@ class Pipeline:
     ) -> tuple[str, ToolOutcome]:
         """Run a call through every stage; return (run_id, outcome) or raise GatewayError with data.run_id."""
         run_id = self.s.new_run_id()
-        hashed = args_hash(dict(request.arguments))
-        trail = _Trail(
-            EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=request.tool_name, args_hash=hashed)
-        )
+        try:
+            hashed: str | None = args_hash(dict(request.arguments))
+        except (ValueError, TypeError):  # NaN or a lone surrogate (the transport refuses both first)
+            hashed = None
+        name = stored_tool_name(request.tool_name)
+        trail = _Trail(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=name, args_hash=hashed))
         try:
             return run_id, await self._stages(trail, request, asker)
         except GatewayError as exc:
@@ -127,6 +151,10 @@ class Pipeline:
         """Stages 2-10; every way out leaves its terminal event (or fails closed with -32603)."""
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
         try:
+            if trail.entry.args_hash is None:
+                raise InvalidParamsError(
+                    "unhashable_arguments", "arguments must be JSON text (no NaN, no lone surrogates)"
+                )
             trail.principal = self.s.authenticator.authenticate(request.token)
             admitted = self.admit(trail.principal, request.tool_name, request.arguments)
             trail.workspace = admitted.scope.workspace

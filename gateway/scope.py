@@ -14,14 +14,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-from jsonschema import Draft202012Validator, ValidationError, validators
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import InvalidParamsError, PolicyBlockedError
 from gateway.policy import Policy, check_allowed_path_pinned, check_relative_path, check_workspace_pinned
 from gateway.tools.registry import PATTERN_HINTS, TOOLS, ToolSpec
 from sandbox.pinned import Pinned
+
+if TYPE_CHECKING:
+    from jsonschema import ValidationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,17 +133,24 @@ def matches_pattern(pattern: str, value: str) -> bool:
 
 
 def _pattern(validator: Any, pattern: str, instance: object, schema: Mapping[str, Any]) -> Iterator[ValidationError]:
+    from jsonschema import ValidationError  # noqa: PLC0415  (loaded by _full_match_validator already)
+
     if validator.is_type(instance, "string") and not matches_pattern(pattern, str(instance)):
         yield ValidationError(PATTERN_HINTS.get(pattern, f"{instance!r} does not match {pattern!r}"))
 
 
-# jsonschema's `extend` has no annotations; the class it returns validates like Draft 2020-12 but for `pattern`.
-_FullMatchValidator = validators.extend(Draft202012Validator, {"pattern": _pattern})  # type: ignore[no-untyped-call]
+@cache
+def _full_match_validator() -> Any:
+    """Draft 2020-12 but for `pattern`; jsonschema loads at the first call checked, not at start-up."""
+    from jsonschema import Draft202012Validator, validators  # noqa: PLC0415
+
+    # jsonschema's `extend` has no annotations.
+    return validators.extend(Draft202012Validator, {"pattern": _pattern})  # type: ignore[no-untyped-call]
 
 
 @cache
 def _validator(tool_name: str) -> Any:
-    return _FullMatchValidator(dict(TOOLS[tool_name].input_schema))
+    return _full_match_validator()(dict(TOOLS[tool_name].input_schema))
 
 
 def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:

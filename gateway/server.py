@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
-from gateway.consent import Decision, InputRequired, RoundTrip, decision_from_form, decision_schema
+from gateway.consent import Decision, InputRequired, NoAnswer, RoundTrip, decision_from_form, decision_schema
 from gateway.errors import GatewayError, InternalError, InvalidParamsError
 from gateway.permission_prompt import SPEC as CHECK_PERMISSION
 from gateway.permission_prompt import TOKEN_ENV, PermissionPrompt
@@ -91,19 +91,29 @@ def _token_of(params: Mapping[str, Any] | None) -> object:
     return auth.get("token") if isinstance(auth, Mapping) else None
 
 
+_CONNECTION_CLOSED = -32000
+"""mcp_types.CONNECTION_CLOSED: the SDK's error for a request still waiting when the connection closed."""
+
+
 class ElicitationAsker:
     """Asks the person behind the client through `elicitation/create` (form mode)."""
 
     def __init__(self, ctx: ServerRequestContext[Any, Any]) -> None:
         self._ctx = ctx
 
-    async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | None:
+    async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | NoAnswer | None:
         try:
             result = await self._ctx.session.elicit_form(
                 message, decision_schema(choices), related_request_id=self._ctx.request_id
             )
-        except MCPError:
-            return None  # the client could not show the form: as good as a cancel, so deny once
+        except MCPError as exc:
+            # The connection closed (stdin at EOF), or the client answered the question with an error:
+            # deny once, at once, audited as nobody's answer (origin no_answer), not as a person's.
+            return NoAnswer("client_gone" if exc.code == _CONNECTION_CLOSED else "client_error")
+        except ValueError:  # pydantic.ValidationError
+            # An answer that is not an elicitation result (a field of the wrong type, a result that
+            # is not an object): no decision either, so deny once, at once.
+            return NoAnswer("invalid_answer")
         return decision_from_form(result.action, result.content, choices)
 
 
@@ -148,6 +158,9 @@ def build_server(services: Services) -> Server[Any]:
             principal = services.authenticator.authenticate(token)
         except GatewayError as exc:
             raise to_mcp_error(exc, services.new_run_id()) from None
+        except Exception as exc:  # never the SDK's {"code": 0} with Python's text
+            log.error("tools/list: authentication failed unexpectedly (%s)", type(exc).__name__)  # noqa: TRY400  (the token must not reach the log)
+            raise to_mcp_error(InternalError("internal_error", "the gateway failed"), services.new_run_id()) from None
         roles = services.policy.roles
         mine = [s for s in allowlisted if has_permission(roles, principal.role, s.permission)]
         return types.ListToolsResult(tools=[tool_definition(s) for s in mine] + extra)

@@ -7,6 +7,14 @@ held in memory, broken JSON gets -32700, a batch or a non-object gets -32600, an
 message that is not JSON-RPC gets -32600 with its id when it has a usable one. Everything
 else goes to the SDK unchanged.
 
+Hostile but well-formed lines are answered here too, under their id when it can be read:
+NaN/Infinity (not JSON) get -32700, nesting deeper than `MAX_DEPTH` and strings that are not
+Unicode text (lone surrogates, which `json` accepts as escapes) get -32600. A response from
+the client that is not valid JSON-RPC (an elicitation answer whose result is not an object)
+reaches the SDK as an error for its id, so the question it answers is denied at once.
+Everything written is ASCII-escaped JSON, and one answer that cannot be written is logged
+and replaced by a -32603 error: no input line stops the writer.
+
 While it serves, fd 0 reads /dev/null and fd 1 writes to stderr, so a stray print or a
 child process can never write into the JSON-RPC stream.
 """
@@ -14,7 +22,9 @@ child process can never write into the JSON-RPC stream.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, BinaryIO
@@ -25,9 +35,16 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from gateway.canonical import is_text
+
+log = logging.getLogger("gateway.transport")
+
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_DEPTH = 64
+"""Deepest nesting of objects and arrays a message may have (the message itself is depth 1)."""
 _CHUNK = 65536
 
 
@@ -56,10 +73,80 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _usable_id(request_id: Any) -> str | int | None:
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        return None
+    if isinstance(request_id, str) and not is_text(request_id):
+        return None
+    return request_id
+
+
 def error_line(request_id: Any, code: int, message: str) -> bytes:
-    usable = request_id if isinstance(request_id, str | int) and not isinstance(request_id, bool) else None
-    body = {"jsonrpc": "2.0", "id": usable, "error": {"code": code, "message": message}}
-    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+    body = {"jsonrpc": "2.0", "id": _usable_id(request_id), "error": {"code": code, "message": message}}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=True).encode() + b"\n"
+
+
+class _NotJSON(ValueError):
+    """NaN, Infinity or -Infinity: Python's json accepts them, JSON does not."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJSON(name)
+
+
+def _loads(line: bytes) -> Any:
+    # Strict UTF-8 first: json.loads(bytes) would let encoded surrogates (b"\xed\xa0\x80") through.
+    return json.loads(line.decode("utf-8"), parse_constant=_refuse_constant)
+
+
+def defect(data: Any) -> str | None:
+    """What makes a parsed message unusable (too deep, not text), or None; iterative, never recursive."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            if depth > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            for key, item in value.items():
+                if not is_text(key):
+                    return "a string is not Unicode text (lone surrogate)"
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            if depth > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str) and not is_text(value):
+            return "a string is not Unicode text (lone surrogate)"
+    return None
+
+
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]:,]')
+_ID_VALUE = re.compile(rb'\s*(-?\d+|"(?:[^"\\]|\\.)*")\s*[,}]')
+
+
+def sniff_id(line: bytes) -> str | int | None:
+    """The top-level `id` of a line `json` could not load (too deep, NaN), when it is a plain string or integer."""
+    depth = 0
+    previous = b""
+    for match in _TOKEN.finditer(line):
+        token = match.group()
+        if token in (b"{", b"["):
+            depth += 1
+        elif token in (b"}", b"]"):
+            depth -= 1
+        elif depth == 1 and previous in (b"{", b",") and token == b'"id"':
+            if not line[match.end() :].lstrip().startswith(b":"):
+                return None
+            colon = line.index(b":", match.end())
+            value = _ID_VALUE.match(line, colon + 1)
+            if value is None:
+                return None
+            try:
+                return _usable_id(json.loads(value.group(1)))
+            except ValueError:
+                return None
+        previous = token
+    return None
 
 
 def classify(line: bytes) -> SessionMessage | bytes | None:
@@ -67,20 +154,57 @@ def classify(line: bytes) -> SessionMessage | bytes | None:
     if not line.strip():
         return None
     try:
-        data = json.loads(line)
-    except (ValueError, RecursionError):
+        data = _loads(line)
+    except _NotJSON:
+        return error_line(sniff_id(line), PARSE_ERROR, "Parse error: NaN and Infinity are not JSON")
+    except RecursionError:
+        return error_line(sniff_id(line), INVALID_REQUEST, f"Invalid Request: nested deeper than {MAX_DEPTH} levels")
+    except ValueError:
         return error_line(None, PARSE_ERROR, "Parse error")
     if not isinstance(data, dict):
         return error_line(None, INVALID_REQUEST, "Invalid Request: expected one JSON-RPC object (no batches)")
-    if "id" in data and (not isinstance(data["id"], str | int) or isinstance(data["id"], bool)):
+    if "id" in data and _usable_id(data["id"]) is None:
         return error_line(None, INVALID_REQUEST, "Invalid Request: id must be a string or a number")
+    problem = defect(data)
+    if problem is not None:
+        if _is_response(data):
+            return _failed_response(data["id"], problem)
+        if "method" in data and "id" not in data:
+            return None  # a malformed notification gets no reply, as JSON-RPC says
+        return error_line(data.get("id"), INVALID_REQUEST, f"Invalid Request: {problem}")
     try:
         message = types.jsonrpc_message_adapter.validate_python(data, by_name=False)
     except (ValidationError, RecursionError):
+        if _is_response(data):
+            return _failed_response(data["id"], "the result is not a JSON-RPC result")
         if "method" in data and "id" not in data:
             return None  # a malformed notification gets no reply, as JSON-RPC says
         return error_line(data.get("id"), INVALID_REQUEST, "Invalid Request")
     return SessionMessage(message)
+
+
+def _is_response(data: dict[str, Any]) -> bool:
+    return "method" not in data and "id" in data and ("result" in data or "error" in data)
+
+
+def _failed_response(request_id: str | int, problem: str) -> SessionMessage:
+    """A client's malformed answer to one of our requests: an error for that request, so nothing waits on it."""
+    error = types.ErrorData(code=INVALID_REQUEST, message=f"Invalid response: {problem}")
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+
+
+def encode_message(session_message: SessionMessage) -> bytes:
+    """One outgoing line: ASCII-escaped JSON, so a lone surrogate is written as a valid `\\ud800` escape."""
+    body = session_message.message.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode() + b"\n"
+
+
+def fallback_line(session_message: SessionMessage) -> bytes | None:
+    """What to write instead of an answer that cannot be encoded: -32603 under its id (None for other messages)."""
+    message = session_message.message
+    if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+        return error_line(message.id, INTERNAL_ERROR, "Internal error: the answer could not be encoded")
+    return None
 
 
 @asynccontextmanager
@@ -129,8 +253,13 @@ async def stdio_transport(
     async def write_loop() -> None:
         async with outbound_receive:
             async for session_message in outbound_receive:
-                data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                await write(data.encode() + b"\n")
+                try:
+                    data: bytes | None = encode_message(session_message)
+                except Exception as exc:  # one bad message must not stop the writer
+                    log.error("an outgoing message could not be encoded (%s); answered -32603", type(exc).__name__)  # noqa: TRY400  (one line, no traceback: the message may hold a token)
+                    data = fallback_line(session_message)
+                if data is not None:
+                    await write(data)
 
     try:
         async with anyio.create_task_group() as tg:

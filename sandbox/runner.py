@@ -77,6 +77,7 @@ class RunResult:
 _POLL_FIRST_S = 0.002
 _POLL_MAX_S = 0.05
 _DRAIN_S = 2.0
+_LATE_SLACK_MS = 4 * _POLL_MAX_S * 1000  # a healthy gateway kills within a poll or two
 
 
 async def run_sandboxed(
@@ -241,8 +242,15 @@ def _cwd_fd(cwd: Path | Pinned, stack: contextlib.ExitStack) -> int:
 
 
 def _with_watchdog_verdict(result: RunResult, limits: Limits) -> RunResult:
-    """A SIGKILL at or past the time limit that the gateway did not send is the watchdog's: a timeout."""
-    if result.killed_by is None and result.signal == signal.SIGKILL and result.duration_ms >= limits.timeout_s * 1000:
+    """A run that outlived its time limit is a timeout, whoever ended it.
+
+    A SIGKILL at or past the limit that the gateway did not send is the watchdog's; a run that
+    ended by itself later than the limit plus the gateway's polling slack means the gateway was
+    late to look (its event loop held up): the limit was still passed, and the call says so.
+    """
+    limit_ms = limits.timeout_s * 1000
+    killed_late = result.signal == signal.SIGKILL and result.duration_ms >= limit_ms
+    if result.killed_by is None and (killed_late or result.duration_ms > limit_ms + _LATE_SLACK_MS):
         return dataclasses.replace(result, killed_by=KilledBy.TIMEOUT)
     return result
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import insert, inspect, select
 
 from gateway import db
@@ -64,3 +65,11 @@ def test_upgrading_from_0004_records_each_grants_channel_from_who_made_it(tmp_pa
         ("elicitation:alice", "elicitation", None),
         ("someone_else", None, None),  # unknown: read as in band
     ]
+
+
+def test_schema_head_is_alembics_head(tmp_path: Path) -> None:
+    """`schema_is_current` compares with db.SCHEMA_HEAD so that serve starts without Alembic: a new
+    migration must move it."""
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    assert ScriptDirectory.from_config(db._alembic_config(engine)).get_current_head() == db.SCHEMA_HEAD
+    assert not db.schema_is_current(engine), "no version table: not current"

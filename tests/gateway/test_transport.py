@@ -10,7 +10,15 @@ import mcp_types as types
 import pytest
 from mcp.shared.message import SessionMessage
 
-from gateway.transport import INVALID_REQUEST, PARSE_ERROR, LineReader, classify, error_line
+from gateway.transport import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    LineReader,
+    classify,
+    encode_message,
+    error_line,
+    fallback_line,
+)
 
 
 def error_of(reply: object) -> dict[str, Any]:
@@ -32,7 +40,7 @@ def error_of(reply: object) -> dict[str, Any]:
         pytest.param(b"{broken", PARSE_ERROR, None, id="broken-json"),
         pytest.param(b'{"jsonrpc":"2.0","id":1,', PARSE_ERROR, None, id="truncated"),
         pytest.param(b"\xff\xfe{}", PARSE_ERROR, None, id="not-utf8"),
-        pytest.param(b"[" * 100_000 + b"]" * 100_000, PARSE_ERROR, None, id="nested-too-deep"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, INVALID_REQUEST, None, id="nested-too-deep"),
         pytest.param(b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', INVALID_REQUEST, None, id="batch"),
         pytest.param(b"[]", INVALID_REQUEST, None, id="empty-batch"),
         pytest.param(b'"ping"', INVALID_REQUEST, None, id="string"),
@@ -44,6 +52,33 @@ def error_of(reply: object) -> dict[str, Any]:
         pytest.param(b'{"jsonrpc":"2.0","id":9,"method":42}', INVALID_REQUEST, 9, id="method-not-a-string"),
         pytest.param(b'{"jsonrpc":"2.0","id":true,"method":"ping"}', INVALID_REQUEST, None, id="bool-id-not-echoed"),
         pytest.param(b'{"jsonrpc":"2.0","id":[1],"method":"ping"}', INVALID_REQUEST, None, id="list-id-not-echoed"),
+        pytest.param(b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}', INVALID_REQUEST, None, id="surrogate-id"),
+        pytest.param(b'{"jsonrpc":"2.0","id":3,"method":"\\ud800"}', INVALID_REQUEST, 3, id="surrogate-method"),
+        pytest.param(
+            b'{"jsonrpc":"2.0","id":3,"method":"x","params":{"\\udfff":1}}', INVALID_REQUEST, 3, id="surrogate-key"
+        ),
+        pytest.param(b'{"jsonrpc":"2.0","id":4,"method":"x","params":{"a":[NaN]}}', PARSE_ERROR, 4, id="nan"),
+        pytest.param(
+            b'{"jsonrpc":"2.0","method":"x","params":{"a":-Infinity},"id":"q"}', PARSE_ERROR, "q", id="infinity"
+        ),
+        pytest.param(
+            b'{"jsonrpc":"2.0","id":5,"method":"x","params":' + b"[" * 990 + b"]" * 990 + b"}",
+            INVALID_REQUEST,
+            5,
+            id="deep-990-keeps-id",
+        ),
+        pytest.param(
+            b'{"jsonrpc":"2.0","method":"x","params":' + b"[" * 70 + b"]" * 70 + b',"id":6}',
+            INVALID_REQUEST,
+            6,
+            id="deep-70-keeps-id",
+        ),
+        pytest.param(
+            b'{"a":{"id":9},"jsonrpc":"2.0","method":"x","params":' + b"[" * 2000 + b"]" * 2000 + b"}",
+            INVALID_REQUEST,
+            None,
+            id="deep-nested-id-not-taken",
+        ),
     ],
 )
 def test_classify_answers_bad_lines(line: bytes, code: int, request_id: object) -> None:
@@ -90,6 +125,48 @@ def test_error_line_echoes_only_usable_ids(request_id: object, echoed: object) -
     body = error_of(error_line(request_id, INVALID_REQUEST, "Invalid Request"))
 
     assert body == {"jsonrpc": "2.0", "id": echoed, "error": {"code": -32600, "message": "Invalid Request"}}
+
+
+def test_error_line_never_echoes_a_lone_surrogate() -> None:
+    body = error_of(error_line("\ud800", INVALID_REQUEST, "Invalid Request"))
+
+    assert body["id"] is None
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        pytest.param(b"5", id="not-an-object"),
+        pytest.param(b'{"action":"accept","content":{"decision":"\\ud800"}}', id="surrogate-in-answer"),
+    ],
+)
+def test_a_malformed_response_becomes_an_error_for_its_request(result: bytes) -> None:
+    outcome = classify(b'{"jsonrpc":"2.0","id":0,"result":' + result + b"}")
+
+    assert isinstance(outcome, SessionMessage)
+    assert isinstance(outcome.message, types.JSONRPCError)
+    assert (outcome.message.id, outcome.message.error.code) == (0, INVALID_REQUEST)
+
+
+def test_outgoing_messages_are_ascii_json_even_with_a_lone_surrogate() -> None:
+    message = types.JSONRPCError(jsonrpc="2.0", id="\ud800", error=types.ErrorData(code=-32601, message="\udc00 é"))
+
+    line = encode_message(SessionMessage(message))
+
+    assert line.isascii() and line.endswith(b"\n")
+    assert json.loads(line)["error"]["message"] == "\udc00 é"
+
+
+def test_an_answer_that_cannot_be_encoded_is_replaced_by_an_internal_error() -> None:
+    response = types.JSONRPCResponse(jsonrpc="2.0", id=8, result={"x": float("nan")})
+    strict = json.loads(encode_message(SessionMessage(response)), parse_constant=pytest.fail)
+    assert strict["id"] == 8  # NaN is never written as `NaN`
+
+    body = error_of(fallback_line(SessionMessage(response)))
+
+    assert (body["id"], body["error"]["code"]) == (8, -32603)
+    notification = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/x")
+    assert fallback_line(SessionMessage(notification)) is None
 
 
 # --- LineReader ----------------------------------------------------------------------------

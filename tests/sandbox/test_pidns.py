@@ -247,3 +247,35 @@ def test_the_watchdog_ends_a_run_whose_gateway_is_stuck(backend: Backend) -> Non
         result = anyio.run(main, folder)
     assert seen["alive"] == [], "the run outlived its time limit while the gateway was stuck"
     assert result.killed_by is KilledBy.TIMEOUT
+
+
+@requires_root
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_that_ended_by_itself_past_its_limit_while_the_gateway_was_stuck_is_a_timeout(backend: Backend) -> None:
+    """Issue 12, item 1: the command exits on its own after the limit, before the watchdog; nobody killed it."""
+    seen: dict[str, RunResult] = {}
+
+    async def main(folder: Path) -> None:
+        scratch = folder / "scratch"
+        scratch.mkdir()
+        async with anyio.create_task_group() as group:
+
+            async def run_it() -> None:
+                seen["result"] = await run_sandboxed(
+                    [PYTHON, "-I", "-c", "import time; time.sleep(1.5)"],
+                    folder,
+                    limits(backend, timeout_s=1),
+                    folder / "out",
+                    folder / "err",
+                    scratch=scratch,
+                )
+
+            group.start_soon(run_it)
+            await anyio.sleep(0.2)
+            time.sleep(2.2)  # the loop is stuck past the limit: the command ends by itself meanwhile
+
+    with shared_dir() as folder:
+        anyio.run(main, folder)
+    result = seen["result"]
+    assert result.exit_code == 0 and result.duration_ms > 1000
+    assert result.killed_by is KilledBy.TIMEOUT

@@ -1,0 +1,357 @@
+"""The commands of `mcp-gateway` (spec section 3); `gateway.cli` parses the arguments and calls `dispatch`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import jwt
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.audit import AuditLog, EventDraft, EventType
+from gateway.auth import ensure_keys, issue_token
+from gateway.cli_consent import (
+    cmd_approvals,
+    cmd_consent_grant,
+    cmd_consent_list,
+    cmd_consent_revoke,
+)
+from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
+from gateway.db import make_engine, migrate, schema_is_current
+from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
+from gateway.errors import CommandError, ConfigError, InternalError
+from gateway.permission_prompt import explain as explain_agent_tool
+from gateway.pipeline import Pipeline
+from gateway.policy import SandboxPolicy, load_policy, risky_settings
+from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
+from gateway.rbac import ADMIN_ROLE
+from gateway.recovery import close_abandoned_runs
+from gateway.services import Services, open_services
+from gateway.settings import Settings, resolve_settings
+from gateway.tools.registry import TOOL_NAMES
+from gateway.users import UserError
+from sandbox import layers
+from sandbox.confine import LayerReport
+from sandbox.limits import BACKEND_LAYERS, LAYERS
+
+log = logging.getLogger("gateway")
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the command `args` names; refusals and database errors become a message and exit 1."""
+    settings = resolve_settings(home=args.home, db=args.db, policy=args.policy)
+    handler = _HANDLERS[(args.command, getattr(args, "action", None))]
+    try:
+        return handler(settings, args)
+    except (CommandError, ConfigError, UserError) as exc:
+        print(f"mcp-gateway: {exc}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as exc:
+        print(f"mcp-gateway: database error ({type(exc).__name__}); is `mcp-gateway init` done?", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`audit export | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
+    workspace = _init_workspace(settings, args.workspace)
+    settings.home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.home.chmod(0o700)
+    (settings.artifacts_dir).mkdir(mode=0o700, exist_ok=True)
+    _write_home_policy(settings, workspace, asked=args.workspace is not None)
+    algorithms: tuple[str, ...] = ("HS256",)
+    if os.path.lexists(settings.policy_path):
+        algorithms = policy_for(settings, TOOL_NAMES).auth.algorithms
+    created = ensure_keys(settings.home, algorithms)
+    migrate(make_engine(settings.db_url))
+    for path in created:
+        print(f"created {path}", file=sys.stderr)
+    print(f"initialised {settings.home} (database schema current)", file=sys.stderr)
+    return 0
+
+
+def _init_workspace(settings: Settings, given: str | None) -> Path | None:
+    """`init --workspace PATH`, absolute and real; refused unless it is a folder that holds no state folder."""
+    if given is None:
+        return None
+    if settings.policy_given is not None:
+        raise CommandError(
+            "--workspace sets the workspace of the policy init writes, <home>/policy.yaml, but --policy or"
+            " MCP_GATEWAY_POLICY names another policy: edit that one, or drop --policy"
+        )
+    folder = Path(os.path.realpath(Path(given).expanduser()))
+    if not folder.is_dir():
+        raise CommandError(f"--workspace {given}: not a folder")
+    home = Path(os.path.realpath(settings.home))
+    if home == folder or folder in home.parents:
+        raise CommandError(
+            f"--workspace {folder} holds the state folder {home}, where the agent's tools would reach the"
+            " keys, the database and the policy; choose another --home or workspace"
+        )
+    return folder
+
+
+def _write_home_policy(settings: Settings, workspace: Path | None, *, asked: bool) -> None:
+    """Write `<home>/policy.yaml` from the shipped default when no policy is named and none is there."""
+    target = settings.home_policy_path
+    if settings.policy_given is not None:
+        return
+    if os.path.lexists(target):
+        if asked:
+            print(f"kept {target}: it exists, and --workspace applies only to a policy init writes", file=sys.stderr)
+        return
+    if not SHIPPED_POLICY.is_file():
+        if asked:
+            raise CommandError(f"cannot write {target}: the shipped default {SHIPPED_POLICY} is not installed")
+        print(
+            f"wrote no policy: the shipped default {SHIPPED_POLICY} is not installed; write {target}", file=sys.stderr
+        )
+        return
+    write_new_policy(target, default_policy_text(SHIPPED_POLICY, workspace))
+    named = policy_for(settings, TOOL_NAMES).workspaces.get("default")
+    print(
+        f"wrote {target} (workspace 'default' = {named}); review it, then `mcp-gateway policy check`", file=sys.stderr
+    )
+
+
+def _services(settings: Settings) -> Services:
+    return open_services(settings)
+
+
+def _check_role(services: Services, role: str) -> None:
+    if role not in services.policy.roles:
+        known = ", ".join(services.policy.roles)
+        raise CommandError(f"unknown role {role!r} (the policy defines: {known})")
+
+
+def cmd_user_add(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    _check_role(s, args.role)
+    workspaces = tuple(dict.fromkeys(args.workspace)) or (("default",) if "default" in s.policy.workspaces else ())
+    for workspace in workspaces:
+        if workspace not in s.policy.workspaces:
+            raise CommandError(
+                f"unknown workspace {workspace!r} (the policy defines: {', '.join(s.policy.workspaces)})"
+            )
+    password = sys.stdin.readline().rstrip("\n") if args.password_stdin else None
+    s.users.add(args.name, args.role, workspaces, password)
+    s.audit.append(
+        EventDraft(EventType.USER_ADDED, user=args.name, detail={"role": args.role, "workspaces": workspaces})
+    )
+    print(f"added user {args.name} ({args.role}; workspaces: {', '.join(workspaces) or 'none'})", file=sys.stderr)
+    return 0
+
+
+def cmd_user_list(settings: Settings, _args: argparse.Namespace) -> int:
+    for record in _services(settings).users.list():
+        state = "disabled" if record.disabled else "active"
+        print(f"{record.name}\t{record.role}\t{state}\t{','.join(record.workspaces)}")
+    return 0
+
+
+def cmd_user_disable(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    s.users.disable(args.name)
+    s.audit.append(EventDraft(EventType.USER_DISABLED, user=args.name))
+    print(f"disabled user {args.name}", file=sys.stderr)
+    return 0
+
+
+def cmd_user_set_role(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    _check_role(s, args.role)
+    s.users.set_role(args.name, args.role)
+    s.audit.append(EventDraft(EventType.USER_ROLE_CHANGED, user=args.name, detail={"role": args.role}))
+    print(f"user {args.name} now has role {args.role}", file=sys.stderr)
+    return 0
+
+
+def cmd_token_issue(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    record = s.users.fetch(args.name)
+    if record is None:
+        raise CommandError(f"no user named {args.name!r}")
+    if record.disabled:
+        raise CommandError(f"user {args.name!r} is disabled")
+    if args.workspace is not None and (
+        args.workspace not in s.policy.workspaces
+        or (args.workspace not in record.workspaces and record.role != ADMIN_ROLE)
+    ):
+        raise CommandError(f"user {args.name!r} has no workspace {args.workspace!r}")
+    now, jti = s.clock.now(), new_token_id()
+    token = issue_token(s.keys, s.policy.auth, args.name, now=now, ttl_s=args.ttl, jti=jti, workspace=args.workspace)
+    s.tokens.record_issued(jti, args.name, now, now + args.ttl)
+    s.audit.append(EventDraft(EventType.TOKEN_ISSUED, user=args.name, detail={"jti": jti, "ttl_s": args.ttl}))
+    print(token)
+    return 0
+
+
+def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    s = _services(settings)
+    value: str = args.token_or_jti
+    jti = value
+    if value.count(".") == 2:
+        try:
+            claims = jwt.decode(value, options={"verify_signature": False})
+        except jwt.PyJWTError as exc:
+            raise CommandError("that is not a readable token") from exc
+        if not isinstance(claims.get("jti"), str):
+            raise CommandError("the token has no jti")
+        jti = claims["jti"]
+    s.tokens.revoke(jti, s.clock.now())
+    s.audit.append(EventDraft(EventType.TOKEN_REVOKED, detail={"jti": jti}))
+    print(f"revoked token {jti}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
+    from gateway.server import run_stdio  # noqa: PLC0415  (the MCP SDK loads only for serve)
+
+    given = settings.policy_given
+    if given is not None and not Path(given).expanduser().is_absolute():
+        raise CommandError(
+            f"serve takes an absolute policy path, not {given!r}: a relative one is read from the working folder"
+            f" ({Path.cwd()}), which an MCP client may set to the agent's project"
+        )
+    s = _services(settings)  # refuses a policy others could have written, or one inside a workspace
+    try:
+        if not schema_is_current(s.engine):
+            raise CommandError("the database schema is not current; run `mcp-gateway init`")
+        close_abandoned_runs(s)
+    except SQLAlchemyError as exc:
+        # Serve anyway: every call will fail closed with -32603 until the database is back.
+        log.warning("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
+    except InternalError:
+        log.warning("the audit log could not be written at start-up; calls will fail with -32603")
+    for warning in risky_settings(s.policy, settings.home):
+        log.warning("%s", warning)
+    log.info("%s", describe_layers(layers(), s.policy.sandbox))
+    log.info("serving on stdio (policy %s)", settings.policy_path)
+    run_stdio(s)
+    return 0
+
+
+def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
+    """FILE: that file, and where it lies is a warning (it may be a draft); no FILE: the policy every
+    command would act on, so a place that `serve` would refuse is an error, as it is for `serve`."""
+    path = Path(args.file) if args.file else settings.policy_path
+    try:
+        policy = load_policy(path, TOOL_NAMES) if args.file else policy_for(settings, TOOL_NAMES)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    warnings = [str(w) for w in risky_settings(policy, settings.home)]
+    if args.file:
+        try:
+            check_outside_workspaces(policy, check_policy_location(Path.cwd() / path))
+        except ConfigError as exc:
+            why = exc.bare_message.removeprefix("refusing this policy: ")
+            warnings.append(f"{path}: warning: serve would refuse this file: {why}")
+    report = layers()
+    missing = report.missing(policy.sandbox.required)
+    if policy.sandbox.enabled and missing:
+        warnings.append(
+            f"{path}: warning: this host lacks required sandbox layers ({', '.join(missing)});"
+            " write tools will be refused (-32006)"
+        )
+    for warning in warnings:
+        print(warning, file=sys.stderr)
+    print(describe_layers(report, policy.sandbox), file=sys.stderr)
+    print(f"{path}: valid ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
+    return 0
+
+
+def describe_layers(report: LayerReport, sandbox: SandboxPolicy) -> str:
+    """One line: the layers this host has, and of the policy's backend those it lacks, required or not."""
+    active = [name for name in LAYERS if getattr(report, name)]
+    text = f"sandbox layers on this host: {', '.join(active) or 'none'} (Landlock ABI {report.landlock})"
+    text += f"; backend {sandbox.backend}"
+    missing = report.missing(sandbox.required)
+    skipped = [name for name in report.missing(frozenset(BACKEND_LAYERS[sandbox.backend])) if name not in missing]
+    if missing:
+        text += f"; MISSING (required): {', '.join(missing)}"
+    if skipped:
+        text += f"; missing, not required (runs go without): {', '.join(skipped)}"
+    return text
+
+
+def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        arguments = json.loads(args.args)
+    except ValueError as exc:
+        raise CommandError("--args is not valid JSON") from exc
+    if not isinstance(arguments, dict):
+        raise CommandError("--args must be a JSON object")
+    if args.agent:
+        for step, verdict in explain_agent_tool(_services(settings), args.user, args.tool, arguments):
+            print(f"{step:<13}{verdict}")
+        return 0
+    reports = Pipeline(_services(settings)).explain(args.user, args.tool, arguments)
+    for report in reports:
+        verdict = "pass" if report.code is None else f"{report.code} {report.reason or ''}".strip()
+        print(f"{report.stage:<13}{verdict}{'  (' + report.note + ')' if report.note else ''}")
+    refused = next((r for r in reports if r.code is not None), None)
+    print(f"result: {'would run' if refused is None else f'refused with {refused.code}'}")
+    return 0
+
+
+def cmd_audit_export(settings: Settings, args: argparse.Namespace) -> int:
+    since = None
+    if args.since:
+        try:
+            since = iso_utc(parse_iso(args.since))
+        except ValueError as exc:
+            raise CommandError("--since must be an ISO 8601 time, e.g. 2026-11-22T10:00:00Z") from exc
+    audit = AuditLog(make_engine(settings.db_url), SystemClock())
+    out = sys.stdout
+    for event in audit.events(since_ts=since):
+        out.write(json.dumps(event.to_json(), sort_keys=True, ensure_ascii=False) + "\n")
+    return 0
+
+
+def cmd_audit_verify(settings: Settings, _args: argparse.Namespace) -> int:
+    audit = AuditLog(make_engine(settings.db_url), SystemClock())
+    report = audit.verify()
+    if report.ok:
+        print(f"ok: {report.checked} events, hash chain intact")
+        return 0
+    print(f"broken: first bad event id {report.first_bad_id} ({report.problem})")
+    return 1
+
+
+def cmd_demo(settings: Settings, _args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo  # noqa: PLC0415  (the MCP SDK loads only for the demo)
+
+    return run_demo(settings, os.environ)
+
+
+_Handler = Callable[[Settings, argparse.Namespace], int]
+_HANDLERS: dict[tuple[str, str | None], _Handler] = {
+    ("init", None): cmd_init,
+    ("user", "add"): cmd_user_add,
+    ("user", "list"): cmd_user_list,
+    ("user", "disable"): cmd_user_disable,
+    ("user", "set-role"): cmd_user_set_role,
+    ("token", "issue"): cmd_token_issue,
+    ("token", "revoke"): cmd_token_revoke,
+    ("serve", None): cmd_serve,
+    ("policy", "check"): cmd_policy_check,
+    ("policy", "explain"): cmd_policy_explain,
+    ("audit", "export"): cmd_audit_export,
+    ("audit", "verify"): cmd_audit_verify,
+    ("consent", "list"): cmd_consent_list,
+    ("consent", "grant"): cmd_consent_grant,
+    ("consent", "revoke"): cmd_consent_revoke,
+    ("approvals", None): cmd_approvals,
+    ("demo", None): cmd_demo,
+}

@@ -1,0 +1,49 @@
+"""gateway/db_file.py: a transaction on a SQLite file that was deleted or replaced is refused."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from gateway.db import make_engine
+from gateway.db_file import DatabaseFileChangedError, sqlite_file_of
+
+
+def _engine_on(path: Path) -> Engine:
+    engine = make_engine(f"sqlite:///{path}")
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE t (x INTEGER)"))
+    return engine
+
+
+def test_the_same_file_is_used_freely(tmp_path: Path) -> None:
+    engine = _engine_on(tmp_path / "a.db")
+    for _ in range(3):
+        with engine.begin() as connection:
+            connection.execute(text("INSERT INTO t VALUES (1)"))
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_deleted_or_replaced_file_refuses_every_transaction_and_logs_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, replace: bool
+) -> None:
+    path = tmp_path / "a.db"
+    engine = _engine_on(path)
+    for name in ("a.db", "a.db-wal", "a.db-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    if replace:
+        _engine_on(path).dispose()  # another database at the same path
+    with caplog.at_level(logging.ERROR, logger="gateway.db"):
+        for _ in range(3):
+            with pytest.raises(DatabaseFileChangedError), engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+    (record,) = caplog.records
+    assert str(path) in record.getMessage() and "restart the gateway" in record.getMessage()
+
+
+def test_only_a_file_database_is_watched() -> None:
+    assert sqlite_file_of(make_engine("sqlite://")) is None
+    assert sqlite_file_of(make_engine("sqlite:///:memory:")) is None
