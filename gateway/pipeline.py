@@ -114,7 +114,8 @@ def stored_tool_name(name: object) -> str:
 def lookup_tool(name: str) -> ToolSpec:
     spec = TOOLS.get(name)
     if spec is None:
-        raise InvalidParamsError("unknown_tool", f"unknown tool {name!r}")
+        # Named as the log names it: a caller's 1 MB name is not echoed back whole.
+        raise InvalidParamsError("unknown_tool", f"unknown tool {stored_tool_name(name)!r}")
     return spec
 
 

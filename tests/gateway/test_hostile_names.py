@@ -9,7 +9,7 @@ import pytest
 
 from gateway.canonical import is_text
 from gateway.errors import InvalidParamsError
-from gateway.pipeline import STORED_NAME_MAX, CallRequest, Pipeline, stored_tool_name
+from gateway.pipeline import STORED_NAME_MAX, CallRequest, Pipeline, lookup_tool, stored_tool_name
 from gateway.services import open_services
 from tests.harness import GatewayHome
 
@@ -53,3 +53,18 @@ def test_arguments_that_cannot_be_hashed_are_refused_with_their_events(
     events = gateway.audit_events()
     assert [e["event_type"] for e in events] == ["MCP_TOOL_CALL", "POLICY_BLOCKED"]
     assert events[0]["args_hash"] is None and events[1]["code"] == -32602
+
+
+@pytest.mark.parametrize("name", ["x" * 1_000_000, "a\x00b", "run_pytest\n", "\ud800"])
+def test_an_unknown_tools_message_names_it_as_the_log_does(name: str) -> None:
+    with pytest.raises(InvalidParamsError) as caught:
+        lookup_tool(name)
+    message = caught.value.public_message()
+    assert stored_tool_name(name) in message
+    assert len(message) < 200 and "\x00" not in message and "\ud800" not in message
+
+
+def test_a_plain_unknown_tool_is_named_as_sent() -> None:
+    with pytest.raises(InvalidParamsError) as caught:
+        lookup_tool("run_shell")
+    assert "'run_shell'" in caught.value.public_message()
