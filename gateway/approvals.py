@@ -6,7 +6,9 @@ numbered actions: 1 allow once, 2 allow always (never for a destructive tool), 3
 4 deny always, 5 allow for the session. Esc is deny once; Enter takes the default, Allow once,
 or Deny once for a destructive tool or a request not shown whole. The decision is a conditional
 UPDATE, so when several approvers (or gateways) share the database each question is decided
-exactly once; whoever comes second is told so.
+exactly once; whoever comes second is told so. A question whose gateway is gone (it was killed,
+or its lease ran out: gateway/liveness.py) is not shown, and a decision on it is not recorded:
+no gateway would act on it (gateway/recovery.py closes it).
 
 Everything shown is `visible` (escaped as on every channel). A preview too long for the screen
 is cut loudly (its length and sha256, `visible.excerpt`), and then an allowing key does nothing
@@ -30,6 +32,7 @@ from gateway.clock import Clock
 from gateway.consent import Decision
 from gateway.consent_store import ConsentStore, PendingRequest
 from gateway.consent_text import copy_for, cut_notice
+from gateway.liveness import SessionStore, is_gone, this_process
 from gateway.visible import Excerpt, excerpt, visible
 
 ESC = "\x1b"
@@ -174,9 +177,19 @@ class Keys:
 
 class Approver:
     def __init__(
-        self, store: ConsentStore, clock: Clock, keys: Keys, out: TextIO, *, locale: str, who: str | None = None
+        self,
+        store: ConsentStore,
+        clock: Clock,
+        keys: Keys,
+        out: TextIO,
+        *,
+        locale: str,
+        who: str | None = None,
+        sessions: SessionStore | None = None,
     ) -> None:
         self._store = store
+        self._sessions = sessions
+        self._here = this_process()
         self._clock = clock
         self._keys = keys
         self._out = out
@@ -188,7 +201,7 @@ class Approver:
         self._say("mcp-gateway approvals: waiting for consent requests (q or Ctrl-C to quit)")
         with self._keys.reading(), contextlib.suppress(KeyboardInterrupt):
             while True:
-                pending = self._store.fetch_pending(self._clock.now())
+                pending = [r for r in self._store.fetch_pending(self._clock.now()) if not self._asker_gone(r)]
                 if not pending:
                     key = self._keys.read(IDLE_POLL_S)
                     if key in ("q", ""):
@@ -228,16 +241,28 @@ class Approver:
             if decision.allows and not seen_whole:
                 self._say(f"  {copy['see_all_first']}")
                 continue
-            if self._store.decide(request.id, decision.value, self._who, self._clock.now()):
+            if self._asker_gone(request):
+                self._say("  -> not recorded: the gateway that asked is gone, nobody would act on it")
+            elif self._store.decide(request.id, decision.value, self._who, self._clock.now()):
                 self._say(f"  -> {decision.value} ({copy[decision.value]})")
             else:
                 self._say("  -> not recorded: another approver decided first, or it expired")
             return True
+
+    def _asker_gone(self, request: PendingRequest) -> bool:
+        """Whether the gateway that asked is gone. The store already hides questions whose gateway's lease
+        ran out; this also sees, on the gateway's own machine, a process that died within its lease."""
+        if self._sessions is None:
+            return False
+        session = self._sessions.fetch([request.session_id]).get(request.session_id)
+        return session is not None and is_gone(session, self._clock.now(), self._here)
 
     def _say(self, text: str) -> None:
         self._out.write(text + "\n")
         self._out.flush()
 
 
-def run_approvals(store: ConsentStore, clock: Clock, locale: str, stdin: TextIO | None = None) -> int:
-    return Approver(store, clock, Keys(stdin or sys.stdin), sys.stdout, locale=locale).run()
+def run_approvals(
+    store: ConsentStore, clock: Clock, locale: str, stdin: TextIO | None = None, sessions: SessionStore | None = None
+) -> int:
+    return Approver(store, clock, Keys(stdin or sys.stdin), sys.stdout, locale=locale, sessions=sessions).run()

@@ -9,6 +9,7 @@ log fails `verify_chain`. Appends lock `audit_head`, so several gateways can sha
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -21,6 +22,9 @@ from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
 from gateway.clock import Clock, iso_utc
 from gateway.errors import InternalError
+from gateway.logs import log_database_failure
+
+log = logging.getLogger("gateway.audit")
 
 
 class EventType(StrEnum):
@@ -162,6 +166,8 @@ class AuditLog:
                 connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
                 connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
         except SQLAlchemyError as exc:
+            run_id = next((d.run_id for d in drafts if d.run_id is not None), None)
+            log_database_failure(log, "the audit log could not be written (audit_unavailable)", exc, run_id)
             raise InternalError("audit_unavailable", "the audit log could not be written") from exc
         return written
 

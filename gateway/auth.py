@@ -9,6 +9,7 @@ checked against an RSA public key (the HS/RS confusion) and `alg: none` is never
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -27,8 +28,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway import db
 from gateway.clock import Clock
 from gateway.errors import AuthRequiredError, ConfigError, InternalError
+from gateway.logs import log_database_failure
 from gateway.policy import AuthPolicy
 from gateway.users import UserRecord, UserStore
+
+log = logging.getLogger("gateway.auth")
 
 REQUIRED_CLAIMS = ("sub", "iss", "aud", "iat", "exp", "jti")
 MAX_TOKEN_BYTES = 8192
@@ -293,5 +297,6 @@ class Authenticator:
                 revoked = self._tokens.is_revoked(claims.jti, connection)
                 user = self._users.fetch(claims.sub, connection)
         except SQLAlchemyError as exc:
+            log_database_failure(log, "the user database could not be read (database_unavailable)", exc)
             raise InternalError("database_unavailable", "the user database could not be read") from exc
         return require_active_user(user, claims, revoked)

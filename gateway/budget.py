@@ -12,6 +12,7 @@ database refuses leaves the worst case charged: over-charging is the safe side.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway import db
 from gateway.clock import Clock
 from gateway.errors import BudgetExceededError, InternalError
+from gateway.logs import database_failure_logged, log_database_failure
 from gateway.policy import BudgetPolicy
+
+log = logging.getLogger("gateway.budget")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +131,7 @@ class BudgetLedger:
                     ).scalar_one()
                 )
         except SQLAlchemyError as exc:
+            log_database_failure(log, "the budget could not be read (database_unavailable)", exc, run_id)
             raise InternalError("database_unavailable", "the budget could not be read") from exc
 
     def check(self, user: str, limits: BudgetPolicy) -> None:
@@ -142,16 +147,33 @@ class BudgetLedger:
 
     def release(self, charge_id: int) -> None:
         """Give back a reserved attempt that ran nothing and is to be retried (an `input_required` round)."""
-        with self._engine.begin() as connection:
+        with (
+            database_failure_logged(log, "a budget reservation could not be released"),
+            self._engine.begin() as connection,
+        ):
             connection.execute(delete(db.budget_charges).where(db.budget_charges.c.id == charge_id))
 
     def settle(self, charge_id: int, elapsed_ms: int) -> None:
         """Set a reservation to the time actually spent (a refund down from the worst case, or more if it ran over)."""
-        with self._engine.begin() as connection:
+        with (
+            database_failure_logged(log, "a budget reservation could not be settled"),
+            self._engine.begin() as connection,
+        ):
             connection.execute(
                 update(db.budget_charges)
                 .where(db.budget_charges.c.id == charge_id)
                 .values(elapsed_ms=max(0, elapsed_ms))
+            )
+
+    def settle_unrun(self, run_id: str) -> None:
+        """A call that ran nothing and will never run (its gateway died while it waited for consent):
+        its reservation, still at the worst case, settles at 0. Its attempt stays counted."""
+        with (
+            database_failure_logged(log, "a budget reservation could not be settled", run_id),
+            self._engine.begin() as connection,
+        ):
+            connection.execute(
+                update(db.budget_charges).where(db.budget_charges.c.run_id == run_id).values(elapsed_ms=0)
             )
 
     def usage(self, user: str, limits: BudgetPolicy) -> Usage:

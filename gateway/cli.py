@@ -103,11 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Everything the gateway creates (database, keys, artifacts) is private to its user.
     os.umask(0o077)
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from gateway.logs import GatewayLogHandler  # noqa: PLC0415  (after the arguments parse: --help stays fast)
+
+    handler = GatewayLogHandler(sys.stderr)  # one line per record, rate-limited (operations.md "Logs")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from gateway.cli_commands import dispatch  # noqa: PLC0415  (loads only once the arguments parse)
 

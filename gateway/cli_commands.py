@@ -23,6 +23,7 @@ from gateway.cli_consent import (
 )
 from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
+from gateway.db_file import DatabaseFileUnwritableError
 from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
 from gateway.errors import CommandError, ConfigError, InternalError
 from gateway.permission_prompt import explain as explain_agent_tool
@@ -228,6 +229,8 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
         if not schema_is_current(s.engine):
             raise CommandError("the database schema is not current; run `mcp-gateway init`")
         close_abandoned_runs(s)
+    except DatabaseFileUnwritableError:
+        return 1  # not served: SQLite could die of SIGBUS; the guard logged which file and what to do
     except SQLAlchemyError as exc:
         # Serve anyway: every call will fail closed with -32603 until the database is back.
         log.warning("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)

@@ -28,6 +28,7 @@ from gateway.consent_store import ConsentStore, Grant
 from gateway.db import make_engine
 from gateway.errors import CommandError
 from gateway.grant_scope import normal_grant_arguments
+from gateway.liveness import SessionStore
 from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_path_arguments, agent_tool_consent
 from gateway.policy_trust import policy_for
 from gateway.services import Services, open_services
@@ -178,4 +179,5 @@ def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_approvals(settings: Settings, _args: argparse.Namespace) -> int:
     locale = policy_for(settings, TOOL_NAMES).consent.locale
-    return run_approvals(ConsentStore(make_engine(settings.db_url)), SystemClock(), locale)
+    engine = make_engine(settings.db_url)
+    return run_approvals(ConsentStore(engine), SystemClock(), locale, sessions=SessionStore(engine))

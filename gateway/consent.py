@@ -37,6 +37,7 @@ from gateway.canonical import canonical_json
 from gateway.clock import Clock
 from gateway.consent_store import ConsentStore, Grant, PendingRequest
 from gateway.consent_text import prompt_for, redacted_preview
+from gateway.db_threads import in_db_thread
 from gateway.errors import ConsentDeniedError
 from gateway.grant_scope import deny_covers
 from gateway.policy import ConsentPolicy
@@ -290,9 +291,13 @@ class ConsentStage:
 
     async def require(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Decision:
         """Return the allowing decision, or record the denial and raise ConsentDeniedError."""
-        now = self._clock.now()
+        stored = await in_db_thread(self._stored, request)
+        return stored if stored is not None else await self._asked(request, asker)
+
+    def _stored(self, request: ConsentRequest) -> Decision | None:
+        """A stored grant or this session's allow decides (raising if it denies); None: a person must."""
         grants = self._store.fetch_grants(request.user, request.workspace, request.server_id, request.tool_name)
-        grant = pick_grant(grants, now, request, self._allow_from)
+        grant = pick_grant(grants, self._clock.now(), request, self._allow_from)
         if grant is not None:
             decision = Decision.ALLOW_ALWAYS if grant.decision == "ALLOW" else Decision.DENY_ALWAYS
             return self._conclude(request, Answer(decision, Origin.CACHE_HIT, "stored", grant.granted_by), grant)
@@ -301,12 +306,19 @@ class ConsentStage:
         if self._policy.mode == "deny":
             self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, "policy"), reason="consent_mode_deny")
             raise ConsentDeniedError("consent_mode_deny", _REFUSED_BY_POLICY)
+        return None
+
+    async def _asked(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Decision:
         answer = await self._ask(request, asker)
+        return await in_db_thread(self._concluded, request, answer, self._in_band(asker))
+
+    def _concluded(self, request: ConsentRequest, answer: Answer | None, in_band: bool) -> Decision:
+        """What a person's answer (or its absence) decides, recorded."""
         if answer is not None and answer.origin is Origin.NO_ANSWER:
             self._record(request, answer, reason="consent_no_answer", extra={"no_answer": answer.no_answer})
             raise ConsentDeniedError("consent_no_answer", _NO_ANSWER)
         if answer is None:
-            channel = "elicitation" if self._in_band(asker) else "approver"
+            channel = "elicitation" if in_band else "approver"
             self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, channel), reason="consent_timeout")
             raise ConsentDeniedError("consent_timeout", _TIMED_OUT)
         return self._conclude(request, answer, None)
@@ -319,7 +331,7 @@ class ConsentStage:
             return await self._ask_out_of_band(request, approver)
         choices = choices_for(request.destructive, self._policy.channels.get("elicitation"))
         if isinstance(asker, RoundTrip):
-            return self._round_trip(request, asker, choices)
+            return await in_db_thread(self._round_trip, request, asker, choices)
         prompt = prompt_for(request, self._policy.locale)
         with anyio.move_on_after(self._policy.timeout_s):
             decision = await asker.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
@@ -344,7 +356,7 @@ class ConsentStage:
         prompt = prompt_for(request, self._policy.locale)
         if trip.state is None or trip.action is None:
             state = self._new_id()
-            self._store.insert_request(self._question(request, state, now, choices), status="awaiting_client")
+            self._open(request, self._question(request, state, now, choices), "elicitation", "awaiting_client")
             raise InputRequired(prompt.text, decision_schema(deny_first(choices) if prompt.cut else choices), state)
         row = self._store.fetch_request(trip.state)
         same_call = row is not None and (row.user, row.workspace, row.tool_name, row.args_hash) == (
@@ -389,21 +401,32 @@ class ConsentStage:
         )
 
     async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
-        self._store.insert_request(self._question(request, request.run_id, self._clock.now(), choices))
+        question = self._question(request, request.run_id, self._clock.now(), choices)
+        await in_db_thread(self._open, request, question, "approver", "pending")
         pause, answer = _POLL_FIRST_S, None
         try:
             with anyio.move_on_after(self._policy.timeout_s):
                 while answer is None:
-                    answer = self._answer_of(request.run_id, choices)
+                    answer = await in_db_thread(self._answer_of, request.run_id, choices)
                     if answer is None:
                         await anyio.sleep(pause)
                         pause = min(pause * 2, _POLL_MAX_S)
         finally:
             if answer is None:  # past the timeout, or cancelled: close the question
                 with anyio.CancelScope(shield=True):
-                    closed = self._store.expire(request.run_id, self._clock.now())
+                    closed = await in_db_thread(self._store.expire, request.run_id, self._clock.now())
         # A decision that got in before the question closed still counts.
-        return answer if answer is not None or closed else self._answer_of(request.run_id, choices)
+        if answer is not None or closed:
+            return answer
+        return await in_db_thread(self._answer_of, request.run_id, choices)
+
+    def _open(self, request: ConsentRequest, question: PendingRequest, channel: str, status: str) -> None:
+        """Store the question, or record and raise the refusal when its user has too many open already."""
+        try:
+            self._store.insert_request(question, status=status)
+        except ConsentDeniedError as exc:  # consent_questions_limit: nobody is asked
+            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, channel), reason=exc.reason)
+            raise
 
     def _answer_of(self, request_id: str, choices: tuple[Decision, ...]) -> Answer | None:
         row = self._store.fetch_request(request_id)

@@ -3,22 +3,43 @@
 Grants are looked up with one indexed query per call (user, workspace, server, tool) and
 chosen in `consent.pick_grant`, a pure function. A pending request is decided at most once:
 the decision is a conditional UPDATE (`status = 'pending'` and not expired), so of several
-approvers, and of an approver racing the gateway's own timeout, exactly one wins.
+approvers, and of an approver racing the gateway's own timeout, exactly one wins. An approver's
+decision also needs the asking gateway alive (its lease in `gateway_sessions`, gateway/liveness.py).
+
+Questions are bounded: a user has at most `MAX_OPEN_QUESTIONS` open at once (`pending` for the
+approver, `awaiting_client` for a 2026-07-28 client's retry, until they expire), checked in the
+transaction that inserts one, under the user's row lock; past it the call is refused (-32008
+`consent_questions_limit`). `purge_expired` deletes questions closed or expired long ago; their
+audit events stay. Every text stored is `storable` (no NUL, no lone surrogate: PostgreSQL and
+UTF-8 cannot hold them), and an id no question can have is looked up nowhere.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import Engine, and_, select, update
+from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, true, update
 
 from gateway import db
 from gateway.canonical import canonical_json
+from gateway.errors import ConsentDeniedError
+from gateway.visible import storable
 
 GrantDecision = Literal["ALLOW", "DENY"]
+
+MAX_OPEN_QUESTIONS = 16
+"""Open questions (`pending` + `awaiting_client`, unexpired) a user may have at once: a person
+answers a handful at a time, and one agent session asks one at a time (docs/operations.md)."""
+OPEN_STATUSES = ("pending", "awaiting_client")
+PURGE_KEEP_S = 86400
+"""How long a closed or expired question stays for `approvals` and operators, by default, before
+`purge_expired` deletes it (its audit events stay)."""
+_ID_CHARS = 64
+"""consent_requests.id: a question's id is one of ours (`new_id`, a run id), never longer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +89,10 @@ class PendingRequest:
 
 
 class ConsentStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, max_open: int = MAX_OPEN_QUESTIONS) -> None:
         self._engine = engine
         self._read = db.reader(engine)
+        self._max_open = max_open
 
     # --- grants --------------------------------------------------------------------------------
 
@@ -133,21 +155,36 @@ class ConsentStore:
     # --- pending requests -----------------------------------------------------------------------
 
     def insert_request(self, request: PendingRequest, status: str = "pending") -> None:
-        """A question: `pending` waits for the approver; `awaiting_client` for a 2026-07-28 client's retry."""
+        """A question: `pending` waits for the approver; `awaiting_client` for a 2026-07-28 client's retry.
+
+        Raises ConsentDeniedError (`consent_questions_limit`) when the user has `max_open` open already.
+        """
+        r = db.consent_requests
         with self._engine.begin() as connection:
+            # The user's row lock serialises the count and the insert across gateways (PostgreSQL);
+            # SQLite's BEGIN IMMEDIATE already serialises every writer.
+            connection.execute(select(db.users.c.id).where(db.users.c.name == request.user).with_for_update())
+            open_count, first_expiry = connection.execute(
+                select(func.count(), func.min(r.c.expires_at)).where(
+                    r.c.user_name == storable(request.user),
+                    r.c.status.in_(OPEN_STATUSES),
+                    r.c.expires_at > request.created_at,
+                )
+            ).one()
+            check_open_questions(int(open_count), self._max_open, first_expiry, request.created_at)
             connection.execute(
-                db.consent_requests.insert().values(
-                    id=request.id,
+                r.insert().values(
+                    id=storable(request.id),
                     created_at=request.created_at,
                     expires_at=request.expires_at,
-                    session_id=request.session_id,
-                    user_name=request.user,
-                    workspace=request.workspace,
-                    server_id=request.server_id,
-                    tool_name=request.tool_name,
-                    args_hash=request.args_hash,
-                    args_preview=request.args_preview,
-                    preview=request.preview,
+                    session_id=storable(request.session_id),
+                    user_name=storable(request.user),
+                    workspace=storable(request.workspace),
+                    server_id=storable(request.server_id),
+                    tool_name=storable(request.tool_name),
+                    args_hash=storable(request.args_hash),
+                    args_preview=storable(request.args_preview),
+                    preview=None if request.preview is None else storable(request.preview),
                     risk_tier=request.risk_tier,
                     destructive=request.destructive,
                     status=status,
@@ -156,37 +193,123 @@ class ConsentStore:
             )
 
     def fetch_request(self, request_id: str) -> PendingRequest | None:
+        """The question, or None; an id no question can have (a client's forged state) is looked up nowhere."""
+        if not is_question_id(request_id):
+            return None
         r = db.consent_requests
         with self._read.connect() as connection:
             row = connection.execute(select(r).where(r.c.id == request_id)).first()
         return None if row is None else _request(row)
 
     def fetch_pending(self, now: float) -> list[PendingRequest]:
-        """Open questions, oldest first."""
+        """Open questions, oldest first; not those whose gateway is known to be gone (nobody would act on them)."""
         r = db.consent_requests
-        query = select(r).where(r.c.status == "pending", r.c.expires_at > now).order_by(r.c.created_at, r.c.id)
+        query = (
+            select(r)
+            .where(r.c.status == "pending", r.c.expires_at > now, _asker_not_gone(now))
+            .order_by(r.c.created_at, r.c.id)
+        )
         with self._read.connect() as connection:
             return [_request(row) for row in connection.execute(query)]
 
     def decide(self, request_id: str, decision: str, decided_by: str, now: float, waiting: str = "pending") -> bool:
-        """Record a person's decision; False when someone else decided first or the question expired."""
+        """Record a person's decision; False when someone else decided first, the question expired, or (for
+        the approver's `pending` questions) the gateway that asked is gone: no gateway would act on it."""
+        if not is_question_id(request_id):
+            return False
         r = db.consent_requests
+        live = _asker_not_gone(now) if waiting == "pending" else true()
         with self._engine.begin() as connection:
             result = connection.execute(
                 update(r)
-                .where(r.c.id == request_id, r.c.status == waiting, r.c.expires_at > now)
-                .values(status="decided", decision=decision, decided_by=decided_by, decided_at=now)
+                .where(r.c.id == request_id, r.c.status == waiting, r.c.expires_at > now, live)
+                .values(status="decided", decision=decision, decided_by=storable(decided_by), decided_at=now)
             )
         return result.rowcount == 1
 
     def expire(self, request_id: str, now: float) -> bool:
         """Close an unanswered question; False when a decision got in first."""
+        if not is_question_id(request_id):
+            return False
         r = db.consent_requests
         with self._engine.begin() as connection:
             result = connection.execute(
                 update(r).where(r.c.id == request_id, r.c.status == "pending").values(status="expired", decided_at=now)
             )
         return result.rowcount == 1
+
+    def fetch_unanswered(self) -> list[PendingRequest]:
+        """Every `pending` question, expired ones included, for gateway/recovery.py to judge."""
+        r = db.consent_requests
+        with self._read.connect() as connection:
+            return [_request(row) for row in connection.execute(select(r).where(r.c.status == "pending"))]
+
+    def abandon(self, request_id: str, now: float) -> bool:
+        """Close a `pending` question whose gateway is gone as `abandoned`; False when it was decided or
+        closed first (conditional, so of several sweeping gateways exactly one closes it)."""
+        r = db.consent_requests
+        with self._engine.begin() as connection:
+            result = connection.execute(
+                update(r).where(r.c.id == request_id, r.c.status == "pending").values(status=ABANDONED, decided_at=now)
+            )
+        return result.rowcount == 1
+
+    def reopen(self, request_id: str) -> None:
+        """Undo `abandon` when its audit events could not be written, so that a later sweep closes it again."""
+        r = db.consent_requests
+        with self._engine.begin() as connection:
+            connection.execute(
+                update(r).where(r.c.id == request_id, r.c.status == ABANDONED).values(status="pending", decided_at=None)
+            )
+
+    def purge_expired(self, now: float, keep_s: float = PURGE_KEEP_S) -> int:
+        """Delete the questions that expired, or were decided or closed, more than `keep_s` ago; the count.
+
+        Open questions stay, and so does the audit log (each decision is its own event there).
+        """
+        if not keep_s >= 0:
+            raise ValueError("keep_s must be a number of seconds, at least 0")
+        r = db.consent_requests
+        before = now - keep_s
+        with self._engine.begin() as connection:
+            result = connection.execute(
+                delete(r).where(
+                    or_(r.c.expires_at <= before, and_(r.c.decided_at.is_not(None), r.c.decided_at <= before))
+                )
+            )
+        return int(result.rowcount)
+
+
+ABANDONED = "abandoned"
+"""A question closed because the gateway that asked it is gone (gateway/recovery.py)."""
+
+
+def _asker_not_gone(now: float) -> ColumnElement[bool]:
+    """The question's gateway is not known to be gone: no session row (a gateway from before migration 0006,
+    judged by the question's expiry alone), or one that is open with its lease ahead (gateway/liveness.py)."""
+    r, s = db.consent_requests, db.gateway_sessions
+    gone = select(s.c.session_id).where(
+        s.c.session_id == r.c.session_id, or_(s.c.closed_at.is_not(None), s.c.alive_until <= now)
+    )
+    return ~gone.exists()
+
+
+def is_question_id(text: str) -> bool:
+    """Whether `text` can be a question's id: what the column holds, as it was stored."""
+    return 0 < len(text) <= _ID_CHARS and storable(text) == text
+
+
+def check_open_questions(open_count: int, max_open: int, first_expiry: float | None, now: float) -> None:
+    """Raise ConsentDeniedError when a user with `open_count` open questions may not ask another."""
+    if open_count < max_open:
+        return
+    retry = max(1, math.ceil((first_expiry if first_expiry is not None else now) - now))
+    raise ConsentDeniedError(
+        "consent_questions_limit",
+        f"{open_count} consent questions of this user already wait for an answer (at most {max_open}); "
+        f"answer them or let them expire (the oldest in {retry} s), then call again",
+        retry_after_s=retry,
+    )
 
 
 def _grant(row: object) -> Grant:

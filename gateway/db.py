@@ -122,6 +122,8 @@ class Run(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     deadline: Mapped[float | None] = mapped_column(Double, nullable=True)
     """When every process of the run is dead for sure (its time limit plus the watchdog's grace)."""
+    session_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The gateway session running it (`gateway_sessions`); NULL for runs recorded before migration 0006."""
     __table_args__ = (
         Index("ix_runs_workspace", "workspace", "created_at"),
         Index("ix_runs_status_deadline", "status", "deadline"),
@@ -181,6 +183,26 @@ class ConsentRequestRow(Base):
     __table_args__ = (Index("ix_consent_requests_status", "status", "created_at"),)
 
 
+class GatewaySession(Base):
+    """A serving gateway process (gateway/liveness.py): where it runs and the lease it renews while alive.
+
+    `session_id` is the id its consent questions and runs carry. It is alive while `alive_until` is
+    ahead and `closed_at` is NULL; on the same kernel and pid namespace, also only while its pid is
+    the process that started (`pid_started`, the process's start time in clock ticks).
+    """
+
+    __tablename__ = "gateway_sessions"
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    boot_id: Mapped[str] = mapped_column(String(64))
+    pid_namespace: Mapped[str] = mapped_column(String(64))
+    pid: Mapped[int] = mapped_column(Integer)
+    pid_started: Mapped[str] = mapped_column(String(32))
+    started_at: Mapped[float] = mapped_column(Double)
+    alive_until: Mapped[float] = mapped_column(Double)
+    closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+
+
 # The Core tables behind the models: the hot paths use Core statements, not the ORM.
 users = cast(Table, User.__table__)
 user_workspaces = cast(Table, UserWorkspace.__table__)
@@ -191,6 +213,7 @@ budget_charges = cast(Table, BudgetCharge.__table__)
 runs = cast(Table, Run.__table__)
 consent_grants = cast(Table, ConsentGrant.__table__)
 consent_requests = cast(Table, ConsentRequestRow.__table__)
+gateway_sessions = cast(Table, GatewaySession.__table__)
 
 
 SQLITE_SYNC_MODES = ("normal", "full")
@@ -215,8 +238,10 @@ def make_engine(url: str) -> Engine:
     except (SQLAlchemyError, ImportError, ValueError) as exc:
         raise ConfigError(f"cannot use database URL ({type(exc).__name__})") from exc
     if engine.dialect.name == "sqlite":
+        # First: the file on disk must stay the one written to, and writable, before any pragma
+        # touches it (gateway/db_file.py).
+        guard_file(engine)
         event.listen(engine, "connect", partial(_sqlite_on_connect, sync.upper()))
-        guard_file(engine)  # the file on disk must stay the one written to (gateway/db_file.py)
         event.listen(engine, "begin", _sqlite_on_begin)
     return engine
 
@@ -266,7 +291,7 @@ def _sqlite_on_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-SCHEMA_HEAD = "0005"
+SCHEMA_HEAD = "0006"
 """The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
 
 

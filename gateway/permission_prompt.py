@@ -47,6 +47,7 @@ from gateway.consent import (
     risk_tier,
     tool_fingerprint,
 )
+from gateway.db_threads import in_db_thread
 from gateway.errors import ConsentDeniedError, GatewayError, InvalidParamsError
 from gateway.file_rules import PATH_ARGUMENT
 from gateway.grant_scope import absolute_spellings
@@ -227,7 +228,8 @@ class PermissionPrompt:
     async def _check(self, entry: EventDraft, arguments: Mapping[str, Any]) -> str:
         principal: Principal | None = None
         try:
-            principal = self.s.authenticator.authenticate(self.s.environ.get(TOKEN_ENV, "").strip() or None)
+            token = self.s.environ.get(TOKEN_ENV, "").strip() or None
+            principal = await in_db_thread(self.s.authenticator.authenticate, token)
             require_permission(self.s.policy.roles, principal.role, Permission.ORCHESTRATION_RUN)
             asker = _Asker(principal.name, choose_workspace(self.s.policy, None, caller_of(principal)))
             # Rules and previews are judged against the workspace root: it must be the folder pinned at load.
@@ -240,13 +242,13 @@ class PermissionPrompt:
                 named, event_type=EventType.POLICY_BLOCKED, code=exc.code,
                 detail={"blocked_reason": exc.reason, "behavior": "deny"},
             )  # fmt: skip
-            self.s.audit.append(named, blocked)
+            await in_db_thread(self.s.audit.append, named, blocked)
             why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == "token_missing" else exc.public_message()
             return deny_answer(f"mcp-write-gateway denied this tool use: {why}")
         judged = judge(self._rules, use.tool, use.tool_input, str(root), os.path.realpath)
         if judged.verdict != "ask":
-            return self._by_rule(entry, asker, use, judged)
-        self.s.audit.append(_named(entry, asker))  # committed before the question waits for a person
+            return await in_db_thread(self._by_rule, entry, asker, use, judged)
+        await in_db_thread(self.s.audit.append, _named(entry, asker))  # committed before the question waits
         return await self._ask(entry, asker, use, pinned)
 
     def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
@@ -288,13 +290,14 @@ class PermissionPrompt:
         try:
             decision = await self.s.consent.require(request, None)
         except ConsentDeniedError as exc:
-            self.s.audit.append(self._finished(entry, asker, use, "deny", reason=exc.reason))
+            await in_db_thread(self.s.audit.append, self._finished(entry, asker, use, "deny", reason=exc.reason))
             return deny_answer(exc.public_message())
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                self.s.audit.append(self._finished(entry, asker, use, None))
+                await in_db_thread(self.s.audit.append, self._finished(entry, asker, use, None))
             raise
-        self.s.audit.append(self._finished(entry, asker, use, "allow", decision=str(decision)))
+        finished = self._finished(entry, asker, use, "allow", decision=str(decision))
+        await in_db_thread(self.s.audit.append, finished)
         return allow_answer(use.tool_input)
 
     def _event(

@@ -28,7 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
-from gateway.budget import reservation_ms, spent_ms
+from gateway.budget import Usage, reservation_ms, spent_ms
 from gateway.canonical import args_hash, is_text
 from gateway.consent import (
     RISK_META_KEY,
@@ -40,6 +40,7 @@ from gateway.consent import (
     risk_tier,
     tool_fingerprint,
 )
+from gateway.db_threads import in_db_thread
 from gateway.errors import (
     AuthRequiredError,
     GatewayError,
@@ -48,6 +49,7 @@ from gateway.errors import (
     SandboxViolationError,
 )
 from gateway.grant_scope import workspace_spellings
+from gateway.logs import log_database_failure
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
@@ -156,16 +158,18 @@ class Pipeline:
                 raise InvalidParamsError(
                     "unhashable_arguments", "arguments must be JSON text (no NaN, no lone surrogates)"
                 )
-            trail.principal = self.s.authenticator.authenticate(request.token)
+            trail.principal = await in_db_thread(self.s.authenticator.authenticate, request.token)
             admitted = self.admit(trail.principal, request.tool_name, request.arguments)
             trail.workspace = admitted.scope.workspace
-            self._log(trail)  # spec section 8: the entry is committed before any tool runs
+            await in_db_thread(self._log, trail)  # spec section 8: the entry is committed before any tool runs
             if not admitted.spec.sandboxed:
-                outcome = self._read(admitted, request.arguments)
-                self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
-                return outcome
-            trail.charge_id = self.s.budget.reserve(
-                trail.principal.name, run_id, self.s.policy.budget, reservation_ms(admitted.scope.timeout_s)
+                return await in_db_thread(self._read, admitted, trail, request.arguments)
+            trail.charge_id = await in_db_thread(
+                self.s.budget.reserve,
+                trail.principal.name,
+                run_id,
+                self.s.policy.budget,
+                reservation_ms(admitted.scope.timeout_s),
             )
             check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
@@ -175,30 +179,42 @@ class Pipeline:
         except InputRequired:
             # Nothing ran and the client will retry the call with its answer: that retry is the
             # attempt. This round gives its reservation back and ends without a code.
-            if trail.charge_id is not None:
-                self.s.budget.release(trail.charge_id)
-                trail.charge_id = None
-            self._log(trail, trail.terminal(EventType.POLICY_BLOCKED, None, {"status": "input_required"}))
+            await in_db_thread(self._give_back, trail)
             raise
         except GatewayError as exc:
-            self._settle_best_effort(trail)
-            if not _is_audit_failure(exc):
-                self._log(trail, trail.refusal(exc))
+            await in_db_thread(self._refused, trail, exc)
             raise
         except SQLAlchemyError as exc:
-            self._settle_best_effort(trail)
-            log.error("run %s: database error (%s)", run_id, type(exc).__name__)  # noqa: TRY400  (no traceback: the URL may hold a password)
+            await in_db_thread(self._settle_best_effort, trail)
+            log_database_failure(log, "the gateway's database failed (database_unavailable)", exc, run_id)
             raise InternalError("database_unavailable", "the gateway's database failed; nothing more ran") from exc
         except Exception as exc:
             log.exception("run %s: unexpected failure", run_id)
             error = InternalError("internal_error", "the gateway failed")
-            self._best_effort(trail, trail.refusal(error), run_status="failed" if trail.executing else None)
+            run_status = "failed" if trail.executing else None
+            await in_db_thread(self._best_effort, trail, trail.refusal(error), run_status)
             raise error from exc
         except anyio.get_cancelled_exc_class():
             # The client cancelled or went away; a running tool was killed by the runner.
             with anyio.CancelScope(shield=True):
-                self._best_effort(trail, trail.cancelled(), run_status="cancelled" if trail.executing else None)
+                run_status = "cancelled" if trail.executing else None
+                await in_db_thread(self._best_effort, trail, trail.cancelled(), run_status)
             raise
+
+    # The methods below are synchronous database work: `_stages` runs each on a database thread
+    # (gateway/db_threads.py), never on the event loop.
+
+    def _give_back(self, trail: _Trail) -> None:
+        """An `input_required` round: its reservation is released and it ends without a code."""
+        if trail.charge_id is not None:
+            self.s.budget.release(trail.charge_id)
+            trail.charge_id = None
+        self._log(trail, trail.terminal(EventType.POLICY_BLOCKED, None, {"status": "input_required"}))
+
+    def _refused(self, trail: _Trail, exc: GatewayError) -> None:
+        self._settle_best_effort(trail)
+        if not _is_audit_failure(exc) and not trail.closed_by_sweep:
+            self._log(trail, trail.refusal(exc))
 
     def _log(self, trail: _Trail, *events: EventDraft) -> None:
         """Commit the entry event (once, naming the caller when known) with `events`, in one transaction.
@@ -243,7 +259,13 @@ class Pipeline:
 
     # --- stages ---------------------------------------------------------------------------
 
-    def _read(self, admitted: Admitted, arguments: Mapping[str, Any]) -> ToolOutcome:
+    def _read(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
+        """A read tool, on a database thread: it reads the runs table and the artifacts, then logs its end."""
+        outcome = self._read_tool(admitted, arguments)
+        self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
+        return outcome
+
+    def _read_tool(self, admitted: Admitted, arguments: Mapping[str, Any]) -> ToolOutcome:
         visible = admitted.scope.visible_workspaces
         name = admitted.spec.name
         if name == "list_artifacts":
@@ -285,13 +307,10 @@ class Pipeline:
             raise InternalError("workspace_missing", "a write tool needs a workspace")
         now = self.s.clock.now()
         deadline = now + scope.timeout_s + RUN_GRACE_S  # past it the sandbox's watchdog has ended the run
-        self.s.runs.insert(
-            RunRecord(run_id, principal.name, scope.workspace, admitted.spec.name, now, "running", None, deadline)
-        )
+        record = RunRecord(run_id, principal.name, scope.workspace, admitted.spec.name, now, "running", None, deadline)
         common: dict[str, Any] = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
-        self.s.audit.append(
-            EventDraft(EventType.TOOL_STARTED, tool_name=admitted.spec.name, args_hash=hashed, **common)
-        )
+        started = EventDraft(EventType.TOOL_STARTED, tool_name=admitted.spec.name, args_hash=hashed, **common)
+        await in_db_thread(self._started, record, started)
         try:
             run = await run_pytest.run(
                 run_id=run_id,
@@ -305,22 +324,16 @@ class Pipeline:
             )
         except SandboxStartError as exc:
             trail.run_ms = 0  # nothing ran
-            self.s.runs.finish(run_id, "failed_to_start", None)
+            await in_db_thread(self.s.runs.finish, run_id, "failed_to_start", None)
             raise SandboxViolationError("sandbox_start_failed", "the sandbox could not apply its layers") from exc
         result = run.result
         trail.run_ms = result.duration_ms
         # How the run ended is recorded from the RunResult alone, before anything reads a file the
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
-        self.s.audit.append(
-            EventDraft(
-                EventType.SANDBOX_EXEC,
-                tool_name=admitted.spec.name,
-                detail=run_pytest.sandbox_summary(result),
-                **common,
-            )
+        executed = EventDraft(
+            EventType.SANDBOX_EXEC, tool_name=admitted.spec.name, detail=run_pytest.sandbox_summary(result), **common
         )
-        self._settle(trail)
-        usage = self.s.budget.usage(principal.name, self.s.policy.budget)
+        usage = await in_db_thread(self._ran, trail, executed, principal.name)
         governance = run_pytest.Governance(
             elapsed_ms_total=usage.elapsed_ms,
             attempts_total=usage.attempts,
@@ -330,23 +343,37 @@ class Pipeline:
         run_pytest.write_evidence(self.s.runs.folder(run_id), governance, run.limits, result)
         refusal = run_pytest.refusal(result, scope.timeout_s, self.s.policy.sandbox)
         status = refusal.reason if refusal else ("error" if run_pytest.is_tool_error(result) else "ok")
-        self.s.runs.finish(run_id, status, result.exit_code)
+        if not await in_db_thread(self.s.runs.finish, run_id, status, result.exit_code):
+            # Its end came so late that a sweep closed the run as abandoned, with its terminal event.
+            log.warning("run %s: ended after a sweep had closed it as abandoned; its record stays so", run_id)
+            trail.closed_by_sweep = True
         if refusal is not None:
             raise refusal
         # Reads the run's files (never raises on their content), off the event loop: a hostile 16 MiB
         # junit.xml costs seconds of parsing, which other calls of this session need not wait for.
         outcome = await anyio.to_thread.run_sync(lambda: run.outcome)
         structured = dict(outcome.structured or {})
-        self.s.audit.append(
-            EventDraft(
-                EventType.TOOL_FINISHED,
-                tool_name=admitted.spec.name,
-                args_hash=hashed,
-                detail={"status": status, **{k: structured[k] for k in _COUNTS if k in structured}},
-                **common,
-            )
+        finished = EventDraft(
+            EventType.TOOL_FINISHED,
+            tool_name=admitted.spec.name,
+            args_hash=hashed,
+            detail={"status": status, **{k: structured[k] for k in _COUNTS if k in structured}},
+            **common,
         )
+        if not trail.closed_by_sweep:
+            await in_db_thread(self.s.audit.append, finished)
         return outcome
+
+    def _started(self, record: RunRecord, started: EventDraft) -> None:
+        """The run's record (with its deadline) and TOOL_STARTED, before anything runs."""
+        self.s.runs.insert(record)
+        self.s.audit.append(started)
+
+    def _ran(self, trail: _Trail, executed: EventDraft, user: str) -> Usage:
+        """SANDBOX_EXEC, the reservation settled to the run's duration, and the user's usage after it."""
+        self.s.audit.append(executed)
+        self._settle(trail)
+        return self.s.budget.usage(user, self.s.policy.budget)
 
     # --- dry run ---------------------------------------------------------------------------
 
@@ -434,6 +461,8 @@ class _Trail:
     started_at: float = 0.0
     run_ms: int | None = None
     """The run's own duration once it ended (0 when the sandbox could not start it)."""
+    closed_by_sweep: bool = False
+    """A sweep closed the run as abandoned (with its terminal event) before the call recorded its end."""
 
     def entry_for_log(self) -> EventDraft:
         """MCP_TOOL_CALL with the caller, once authentication has named one."""

@@ -1,45 +1,299 @@
-"""What a starting gateway does for the runs of gateways that died mid-run (issue 10, item 4).
+"""What a gateway closes for gateways that died or could not record an end (issue 10 item 4, issue 12 item 4).
 
-Every process of a run is dead by the deadline its record carries (the sandbox's watchdog,
-sandbox/backends/pidns.py: the run's time limit plus a grace), so a record still `running` past
-it can only belong to a gateway that was killed or crashed. Such a run is closed as `abandoned`
-with its terminal audit event (TOOL_FINISHED, `reason: gateway_lost`). Its budget charge is the
-reservation it took at admission, its whole time limit (gateway/budget.py): a run whose end
-nobody saw is charged as if it used all of it. The scratch folders such runs left are removed
-(sandbox/leftovers.py).
+At start, before serving (`close_abandoned_runs`), and every sweep period while serving
+(`keep_sweeping`, its database work on a worker thread, never on the event loop), a gateway:
+
+- renews its own lease in `gateway_sessions` (gateway/liveness.py);
+- closes each run still `running` past its deadline (when every process of the run is dead: the
+  sandbox's watchdog) as `abandoned`, with TOOL_FINISHED `{status: abandoned, reason}`: at once
+  when its gateway is gone (`gateway_lost`); when its gateway is alive, or unknown, only once the
+  finish grace has passed too, time enough for a live gateway to write the end itself
+  (`end_not_recorded`: a database or disk failure lost it). Its budget charge stays what its
+  gateway last recorded: the reservation, its whole time limit, unless the gateway settled it;
+- closes each `pending` consent question whose gateway is gone (or, for a question with no session
+  row, once its expiry and the grace have passed) as `abandoned`, with `mcp.permission.decision`
+  (DENY_ONCE, `origin: no_answer`, `no_answer: gateway_lost`) and the call's POLICY_BLOCKED
+  `{status: abandoned, reason: gateway_lost}`;
+- removes the scratch folders of dead runs (sandbox/leftovers.py);
+- while serving, also forgets sessions gone for a week and questions closed a day ago.
+
+Each closure is a conditional UPDATE, so of several gateways sweeping at once exactly one closes
+it and writes its events; if the events cannot be written the closure is undone for a later
+sweep. Each is logged once on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
+from gateway.consent_store import ConsentStore, PendingRequest
+from gateway.db_threads import in_db_thread
+from gateway.errors import InternalError
+from gateway.liveness import (
+    ProcessIdentity,
+    SessionRecord,
+    SessionStore,
+    StartTimeProbe,
+    is_gone,
+    start_time_of,
+    this_process,
+)
+from gateway.runs import RunRecord
 from gateway.services import Services
 from sandbox.leftovers import sweep_scratch
 
 log = logging.getLogger("gateway.recovery")
 
+SWEEP_ENV = "MCP_GATEWAY_SWEEP_S"
+"""Seconds between sweeps (and lease renewals) of a serving gateway; default DEFAULT_SWEEP_S."""
+DEFAULT_SWEEP_S = 30.0
+SESSION_KEEP_S = 7 * 86400.0
+"""How long the row of a gateway gone is kept (what it left is closed long before)."""
+
+GATEWAY_LOST = "gateway_lost"
+END_NOT_RECORDED = "end_not_recorded"
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """The sweep period, and what follows from it."""
+
+    period_s: float = DEFAULT_SWEEP_S
+
+    @property
+    def lease_s(self) -> float:
+        """A gateway is gone once it has not renewed for this long: two missed sweeps, and a slow third."""
+        return 3 * self.period_s
+
+    @property
+    def finish_grace_s(self) -> float:
+        """How long after a run's deadline its live gateway still may write the end itself."""
+        return 4 * self.period_s
+
+
+def pace_from(environ: Mapping[str, str]) -> Pace:
+    text = environ.get(SWEEP_ENV, "").strip()
+    if not text:
+        return Pace()
+    try:
+        period = float(text)
+    except ValueError:
+        period = 0.0
+    if not 0 < period <= 3600:
+        log.warning("%s must be seconds between 0 and 3600; using %s", SWEEP_ENV, DEFAULT_SWEEP_S)
+        return Pace()
+    return Pace(period)
+
+
+def run_end_reason(
+    run: RunRecord,
+    owner: SessionRecord | None,
+    now: float,
+    pace: Pace,
+    *,
+    here: ProcessIdentity,
+    probe: StartTimeProbe = start_time_of,
+) -> str | None:
+    """Why `run`'s record is to be closed now, or None while nobody may close it yet."""
+    if run.deadline is None or now <= run.deadline:
+        return None
+    if run.session_id is None or (owner is not None and is_gone(owner, now, here, probe)):
+        return GATEWAY_LOST  # recorded before gateways had sessions, or its gateway is gone
+    if now > run.deadline + pace.finish_grace_s:
+        return END_NOT_RECORDED  # its gateway is alive (or unknown) and did not record the end in time
+    return None
+
+
+def is_orphaned(
+    question: PendingRequest,
+    owner: SessionRecord | None,
+    now: float,
+    pace: Pace,
+    *,
+    here: ProcessIdentity,
+    probe: StartTimeProbe = start_time_of,
+) -> bool:
+    """Whether no gateway will act on `question`: its gateway is gone, or (no session known) it expired
+    long enough ago that its gateway would have closed it."""
+    if owner is not None:
+        return is_gone(owner, now, here, probe)
+    return question.expires_at + pace.finish_grace_s < now
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    runs: list[str] = field(default_factory=list)
+    questions: list[str] = field(default_factory=list)
+
+
+def sweep_once(
+    services: Services,
+    pace: Pace,
+    here: ProcessIdentity | None = None,
+    probe: StartTimeProbe = start_time_of,
+) -> Swept:
+    """Close what nobody will close: overdue runs and orphaned questions (synchronous database work)."""
+    here = here or this_process()
+    now = services.clock.now()
+    questions = ConsentStore(services.engine)
+    overdue = services.runs.fetch_overdue(now)
+    unanswered = questions.fetch_unanswered()
+    owners = SessionStore(services.engine).fetch(
+        [r.session_id for r in overdue if r.session_id] + [q.session_id for q in unanswered]
+    )
+    swept = Swept()
+    for run in overdue:
+        reason = run_end_reason(run, owners.get(run.session_id or ""), now, pace, here=here, probe=probe)
+        if reason is not None and _close_run(services, run, reason):
+            swept.runs.append(run.run_id)
+    for question in unanswered:
+        owner = owners.get(question.session_id)
+        if is_orphaned(question, owner, now, pace, here=here, probe=probe) and _close_question(
+            services, questions, question, owner, now
+        ):
+            swept.questions.append(question.id)
+    for folder in sweep_scratch():
+        log.warning("removed %s, the scratch folder of a run whose gateway died", folder)
+    return swept
+
 
 def close_abandoned_runs(services: Services) -> list[str]:
-    """Close the stale `running` records and log their end; the ids closed, by this gateway only."""
-    closed = services.runs.close_abandoned(services.clock.now())
-    for record in closed:
+    """The sweep at start, before serving; the ids of the runs it closed."""
+    return sweep_once(services, pace_from(services.environ)).runs
+
+
+def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
+    if not services.runs.close(run.run_id):
+        return False  # its gateway finished it, or another gateway closed it, first
+    try:
         services.audit.append(
             EventDraft(
                 EventType.TOOL_FINISHED,
-                run_id=record.run_id,
-                user=record.user,
-                workspace=record.workspace,
-                tool_name=record.tool_name,
-                detail={"status": "abandoned", "reason": "gateway_lost"},
+                run_id=run.run_id,
+                user=run.user,
+                workspace=run.workspace,
+                tool_name=run.tool_name,
+                detail={"status": "abandoned", "reason": reason},
             )
         )
-        log.warning(
-            "run %s (%s, workspace %s) was left running by a gateway that died; closed as abandoned",
-            record.run_id,
-            record.user,
-            record.workspace,
+    except InternalError:
+        services.runs.reopen(run.run_id)
+        log.error("run %s: could not record its closure (audit log unavailable); a later sweep retries", run.run_id)  # noqa: TRY400
+        return False
+    why = (
+        "its gateway is gone"
+        if reason == GATEWAY_LOST
+        else "its gateway did not record the end (a database or disk failure)"
+    )
+    log.warning(
+        "run %s (user %s, workspace %s) was still running past its deadline and %s: closed as abandoned",
+        run.run_id,
+        run.user,
+        run.workspace,
+        why,
+    )
+    return True
+
+
+def _close_question(
+    services: Services,
+    questions: ConsentStore,
+    question: PendingRequest,
+    owner: SessionRecord | None,
+    now: float,
+) -> bool:
+    if not questions.abandon(question.id, now):
+        return False  # decided or closed first
+    common: dict[str, Any] = {
+        "run_id": question.id,  # an out-of-band question's id is its call's run_id
+        "user": question.user,
+        "workspace": question.workspace,
+        "tool_name": question.tool_name,
+        "args_hash": question.args_hash,
+    }
+    decision = {
+        "decision": "DENY_ONCE",
+        "risk_tier": question.risk_tier,
+        "origin": "no_answer",
+        "server_id": question.server_id,
+        "channel": "approver",
+        "no_answer": GATEWAY_LOST,
+        "reason": "consent_no_answer",
+    }
+    try:
+        services.audit.append(
+            EventDraft(EventType.PERMISSION_DECISION, detail=decision, **common),
+            EventDraft(EventType.POLICY_BLOCKED, detail={"status": "abandoned", "reason": GATEWAY_LOST}, **common),
         )
-    for folder in sweep_scratch():
-        log.warning("removed %s, the scratch folder of a run whose gateway died", folder)
-    return [record.run_id for record in closed]
+    except InternalError:
+        questions.reopen(question.id)
+        log.error("consent question %s: could not record its closure (audit log unavailable)", question.id)  # noqa: TRY400
+        return False
+    # It waited for consent: nothing of it ran. If the ledger fails (it logs why), the reservation
+    # stays at the worst case, the safe side.
+    with contextlib.suppress(SQLAlchemyError):
+        services.budget.settle_unrun(question.id)
+    where = "unknown" if owner is None else f"{owner.identity.host} pid {owner.identity.pid}"
+    log.warning(
+        "consent question %s (user %s, tool %s) was asked by gateway session %s (%s), which is gone: closed as "
+        "abandoned; nobody can answer it now",
+        question.id,
+        question.user,
+        question.tool_name,
+        question.session_id,
+        where,
+    )
+    return True
+
+
+async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
+    """While serving: renew this gateway's lease and sweep, every period, until cancelled; then close
+    the session (a clean stop). Database work runs on a worker thread: a call may block for seconds."""
+    pace = pace or pace_from(services.environ)
+    here = this_process()
+    session = services.consent.session_id
+    services.runs.owner = session
+    sessions = SessionStore(services.engine)
+    failing = False
+    try:
+        while True:
+            try:
+                await in_db_thread(_tick, services, sessions, session, here, pace)
+            except (SQLAlchemyError, InternalError) as exc:
+                if not failing:
+                    log.error("the sweep failed (%s); it retries every %s s", type(exc).__name__, pace.period_s)  # noqa: TRY400  (the URL may hold a password)
+                failing = True
+            else:
+                if failing:
+                    log.warning("the sweep works again")
+                failing = False
+            await anyio.sleep(pace.period_s)
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await in_db_thread(sessions.close, session, services.clock.now())
+            except SQLAlchemyError as exc:
+                log.warning("could not record this gateway's stop (%s); its lease runs out instead", type(exc).__name__)
+
+
+def _tick(services: Services, sessions: SessionStore, session: str, here: ProcessIdentity, pace: Pace) -> None:
+    now = services.clock.now()
+    before = sessions.renew(session, here, now, now + pace.lease_s)
+    if before is not None and before <= now:
+        log.warning(
+            "this gateway's lease had run out %.0f s ago (the database was unreachable?): other gateways may have "
+            "closed its runs and questions as abandoned",
+            now - before,
+        )
+    sweep_once(services, pace, here)
+    sessions.purge(now - SESSION_KEEP_S)
+    ConsentStore(services.engine).purge_expired(now)  # questions closed long ago (issue 12, item 7)

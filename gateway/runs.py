@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Engine, select, update
 
 from gateway import db
+from gateway.logs import database_failure_logged
+
+log = logging.getLogger("gateway.runs")
 
 ARTIFACT_FILES = ("stdout.txt", "stderr.txt", "junit.xml", "evidence.json")
 
@@ -23,10 +27,12 @@ class RunRecord:
     exit_code: int | None
     deadline: float | None = None
     """When no process of the run can be alive any more (sandbox watchdog); None for older records."""
+    session_id: str | None = None
+    """The gateway session running it (gateway/liveness.py); None for records older than migration 0006."""
 
 
 ABANDONED = "abandoned"
-"""The status of a run whose gateway died before it could record the end (closed by the next one to start)."""
+"""The status of a run whose end nobody recorded: its gateway died, or could not write it (gateway/recovery.py)."""
 
 
 class RunStore:
@@ -34,12 +40,17 @@ class RunStore:
         self._engine = engine
         self._read = db.reader(engine)
         self.artifacts_dir = artifacts_dir
+        self.owner: str | None = None
+        """The serving gateway's session, recorded with each run it inserts (None outside `serve`)."""
 
     def folder(self, run_id: str) -> Path:
         return self.artifacts_dir / run_id
 
     def insert(self, record: RunRecord) -> None:
-        with self._engine.begin() as connection:
+        with (
+            database_failure_logged(log, "the run could not be recorded", record.run_id),
+            self._engine.begin() as connection,
+        ):
             connection.execute(
                 db.runs.insert().values(
                     run_id=record.run_id,
@@ -50,39 +61,55 @@ class RunStore:
                     status=record.status,
                     exit_code=record.exit_code,
                     deadline=record.deadline,
+                    session_id=record.session_id or self.owner,
                 )
             )
 
-    def close_abandoned(self, now: float) -> list[RunRecord]:
-        """Mark `abandoned` every run still `running` past its deadline; return those this call closed.
+    def fetch_overdue(self, now: float) -> list[RunRecord]:
+        """Runs still `running` past their deadline: every process of theirs is dead (the sandbox's
+        watchdog), so only the record is left to close, by its gateway or by gateway/recovery.py."""
+        query = select(db.runs).where(db.runs.c.status == "running", db.runs.c.deadline < now)
+        with self._read.connect() as connection:
+            return [_record(row) for row in connection.execute(query)]
 
-        Past the deadline the sandbox's watchdog has ended the run whatever happened to its
-        gateway, so the record can only be stale. The update is conditional on the status, so two
-        gateways starting at once close each record once.
+    def close(self, run_id: str) -> bool:
+        """Mark a `running` record `abandoned`; False when someone else closed or finished it first.
+
+        Conditional on the status, so of several gateways sweeping at once exactly one closes it
+        and writes its terminal event.
         """
-        closed = []
         with self._engine.begin() as connection:
-            stale = connection.execute(
-                select(db.runs).where(db.runs.c.status == "running", db.runs.c.deadline < now)
-            ).all()
-            for row in stale:
-                changed = connection.execute(
-                    update(db.runs)
-                    .where(db.runs.c.run_id == row.run_id, db.runs.c.status == "running")
-                    .values(status=ABANDONED)
-                ).rowcount
-                if changed:
-                    closed.append(_record(row))
-        return closed
+            changed = connection.execute(
+                update(db.runs)
+                .where(db.runs.c.run_id == run_id, db.runs.c.status == "running")
+                .values(status=ABANDONED)
+            ).rowcount
+        return bool(changed)
 
-    def finish(self, run_id: str, status: str, exit_code: int | None) -> None:
+    def reopen(self, run_id: str) -> None:
+        """Undo `close` when its terminal event could not be written, so that a later sweep closes it again."""
         with self._engine.begin() as connection:
             connection.execute(
-                update(db.runs).where(db.runs.c.run_id == run_id).values(status=status, exit_code=exit_code)
+                update(db.runs)
+                .where(db.runs.c.run_id == run_id, db.runs.c.status == ABANDONED)
+                .values(status="running")
             )
 
+    def finish(self, run_id: str, status: str, exit_code: int | None) -> bool:
+        """Record how the run ended; False when it was closed as `abandoned` already (that record stays)."""
+        with (
+            database_failure_logged(log, "the run's end could not be recorded", run_id),
+            self._engine.begin() as connection,
+        ):
+            changed = connection.execute(
+                update(db.runs)
+                .where(db.runs.c.run_id == run_id, db.runs.c.status != ABANDONED)
+                .values(status=status, exit_code=exit_code)
+            ).rowcount
+        return bool(changed)
+
     def fetch(self, run_id: str) -> RunRecord | None:
-        with self._read.connect() as connection:
+        with database_failure_logged(log, "runs could not be read"), self._read.connect() as connection:
             row = connection.execute(select(db.runs).where(db.runs.c.run_id == run_id)).one_or_none()
         return None if row is None else _record(row)
 
@@ -91,7 +118,7 @@ class RunStore:
         query = select(db.runs).order_by(db.runs.c.created_at.desc()).limit(limit)
         if workspaces is not None:
             query = query.where(db.runs.c.workspace.in_(workspaces))
-        with self._read.connect() as connection:
+        with database_failure_logged(log, "runs could not be read"), self._read.connect() as connection:
             return [_record(row) for row in connection.execute(query)]
 
 
@@ -106,4 +133,5 @@ def _record(row: object) -> RunRecord:
         r["status"],
         r["exit_code"],
         None if r["deadline"] is None else float(r["deadline"]),
+        r["session_id"],
     )

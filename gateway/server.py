@@ -7,10 +7,15 @@ answered as -32603.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -19,19 +24,24 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import __version__
 from gateway.consent import Decision, InputRequired, NoAnswer, RoundTrip, decision_from_form, decision_schema
+from gateway.db_file import FileGuard, guard_of
+from gateway.db_threads import in_db_thread
 from gateway.errors import GatewayError, InternalError, InvalidParamsError
+from gateway.logs import log_database_failure
 from gateway.permission_prompt import SPEC as CHECK_PERMISSION
 from gateway.permission_prompt import TOKEN_ENV, PermissionPrompt
 from gateway.pipeline import CallRequest, Pipeline
 from gateway.rbac import has_permission
+from gateway.recovery import keep_sweeping
 from gateway.services import Services
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS, ToolSpec
 from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
-from gateway.transport import DEFAULT_MAX_MESSAGE_BYTES, stdio_transport
+from gateway.transport import CLIENT_GONE, DEFAULT_MAX_MESSAGE_BYTES, ClientGoneError, stdio_transport
 
 log = logging.getLogger("gateway.server")
 
@@ -40,6 +50,31 @@ def to_mcp_error(exc: GatewayError, run_id: str | None = None) -> MCPError:
     data: dict[str, Any] = {"run_id": exc.data.get("run_id", run_id), "reason": exc.reason}
     data.update({k: v for k, v in exc.data.items() if k not in data})
     return MCPError(code=exc.code, message=exc.public_message(), data=data)
+
+
+@contextmanager
+def answered_as_mcp_errors(what: str, new_run_id: Callable[[], str], *, traceback: bool = True) -> Iterator[None]:
+    """Every way a handler fails, as the MCPError the client gets (the one place that maps them).
+
+    A refusal keeps its code and reason; the database failing is -32603 `database_unavailable`,
+    logged with its cause but no traceback (it would hold the SQL and its parameters); anything
+    else is -32603 `internal_error`, logged with its traceback unless `traceback` is False (for a
+    handler whose locals hold a token). Never the SDK's `{"code": 0}` with Python's text.
+    """
+    try:
+        yield
+    except GatewayError as exc:
+        raise to_mcp_error(exc, new_run_id()) from None
+    except SQLAlchemyError as exc:
+        log_database_failure(log, f"{what}: the database failed (database_unavailable)", exc)
+        error = InternalError("database_unavailable", "the gateway's database failed; nothing ran")
+        raise to_mcp_error(error, new_run_id()) from None
+    except Exception as exc:
+        if traceback:
+            log.exception("%s failed unexpectedly", what)
+        else:
+            log.error("%s failed unexpectedly (%s)", what, type(exc).__name__)  # noqa: TRY400
+        raise to_mcp_error(InternalError("internal_error", "the gateway failed"), new_run_id()) from None
 
 
 def tool_definition(spec: ToolSpec) -> types.Tool:
@@ -154,13 +189,8 @@ def build_server(services: Services) -> Server[Any]:
         token = _token_of(ctx.params)
         if token is None:
             return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted] + extra)
-        try:
-            principal = services.authenticator.authenticate(token)
-        except GatewayError as exc:
-            raise to_mcp_error(exc, services.new_run_id()) from None
-        except Exception as exc:  # never the SDK's {"code": 0} with Python's text
-            log.error("tools/list: authentication failed unexpectedly (%s)", type(exc).__name__)  # noqa: TRY400  (the token must not reach the log)
-            raise to_mcp_error(InternalError("internal_error", "the gateway failed"), services.new_run_id()) from None
+        with answered_as_mcp_errors("tools/list", services.new_run_id, traceback=False):  # no token in the log
+            principal = await in_db_thread(services.authenticator.authenticate, token)
         roles = services.policy.roles
         mine = [s for s in allowlisted if has_permission(roles, principal.role, s.permission)]
         return types.ListToolsResult(tools=[tool_definition(s) for s in mine] + extra)
@@ -174,19 +204,14 @@ def build_server(services: Services) -> Server[Any]:
                 content=[types.TextContent(type="text", text=answer)], _meta={RUN_ID_META: run_id}
             )
         request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params))
-        try:
-            run_id, outcome = await pipeline.call(request, asker_for(ctx, params))
-        except InputRequired as needed:
-            question = types.ElicitRequestFormParams(message=needed.message, requested_schema=dict(needed.schema))
-            return types.InputRequiredResult(
-                input_requests={"consent": types.ElicitRequest(params=question)}, request_state=needed.state
-            )
-        except GatewayError as exc:
-            raise to_mcp_error(exc) from None
-        except Exception:
-            log.exception("tools/call failed unexpectedly")
-            error = InternalError("internal_error", "the gateway failed")
-            raise to_mcp_error(error, services.new_run_id()) from None
+        with answered_as_mcp_errors("tools/call", services.new_run_id):
+            try:
+                run_id, outcome = await pipeline.call(request, asker_for(ctx, params))
+            except InputRequired as needed:
+                question = types.ElicitRequestFormParams(message=needed.message, requested_schema=dict(needed.schema))
+                return types.InputRequiredResult(
+                    input_requests={"consent": types.ElicitRequest(params=question)}, request_state=needed.state
+                )
         return to_call_result(outcome, run_id)
 
     async def read_resource(
@@ -199,13 +224,8 @@ def build_server(services: Services) -> Server[Any]:
         run_id, name = target
         arguments = {"run_id": run_id, "name": name}
         request = CallRequest("get_artifact_content", arguments, _token_of(ctx.params))
-        try:
+        with answered_as_mcp_errors("resources/read", services.new_run_id):
             _call_id, outcome = await pipeline.call(request)
-        except GatewayError as exc:
-            raise to_mcp_error(exc) from None
-        except Exception:
-            log.exception("resources/read failed unexpectedly")
-            raise to_mcp_error(InternalError("internal_error", "the gateway failed"), services.new_run_id()) from None
         mime = ARTIFACT_MIME_TYPES.get(name, "text/plain")
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=params.uri, mime_type=mime, text=outcome.text)]
@@ -234,40 +254,80 @@ def build_server(services: Services) -> Server[Any]:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
-async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> bool:
-    """Serve until stdin closes or a stop signal comes; either way every call in flight is cancelled first.
+async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> int | None:
+    """Serve until stdin closes, a stop signal comes, the client stops reading or the database turns unwritable.
 
-    A call cancelled here ends as any cancelled call does: its run killed whole and a terminal
-    audit event written. Without the handler, SIGTERM would end the process at once and leave
-    the runs it started running. Returns whether a signal stopped it.
+    Whatever stops it, every call in flight is cancelled first. A call cancelled here ends as any
+    cancelled call does: its run killed whole and a terminal audit event written (where the
+    database still takes it). Without the handler, SIGTERM would end the process at once and
+    leave the runs it started running. Returns None when stdin closed, else the exit status: 0
+    after a stop signal, 1 after a fault (its one line is logged).
     """
     server = build_server(services)
     if services.policy.permission_prompt.enabled:
         found = "set" if services.environ.get(TOKEN_ENV, "").strip() else "NOT set: every answer will be deny"
         log.warning("check_permission is offered (permission_prompt.enabled); %s is %s", TOKEN_ENV, found)
-    signalled = anyio.Event()
-    async with anyio.create_task_group() as group:
-        group.start_soon(_stop_on_signal, group.cancel_scope, signalled)
-        async with stdio_transport(max_message_bytes) as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
-        group.cancel_scope.cancel()  # stdin closed: the signal watcher has nothing left to guard
-    return signalled.is_set()
+    # A fatal signal the guard below could not prevent (a -shm made immutable in the microseconds
+    # between its check and SQLite's write: SIGBUS) at least names itself on stderr.
+    faulthandler.enable()
+    stopped = _Stopped()
+    client_gone = False
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_stop_on_signal, group.cancel_scope, stopped)
+            group.start_soon(keep_sweeping, services)  # lease, overdue runs, orphaned questions
+            guard = guard_of(services.engine)
+            if guard is not None:
+                group.start_soon(_stop_on_unwritable_files, group.cancel_scope, guard, stopped)
+            async with stdio_transport(max_message_bytes) as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+            group.cancel_scope.cancel()  # stdin closed: the watchers have nothing left to guard
+    except* ClientGoneError:
+        client_gone = True
+    if client_gone:
+        log.error("%s: stopped; calls in flight were cancelled and their runs killed", CLIENT_GONE)
+        return 1
+    return stopped.status
 
 
-async def _stop_on_signal(scope: anyio.CancelScope, signalled: anyio.Event) -> None:
+@dataclass(slots=True)
+class _Stopped:
+    status: int | None = None
+    """The exit status, once something other than the end of stdin stopped serving."""
+
+
+async def _stop_on_unwritable_files(scope: anyio.CancelScope, guard: FileGuard, stopped: _Stopped) -> None:
+    # The guard finds an unwritable file on whichever database thread checked it, and refuses that
+    # transaction: one more would risk SIGBUS, so serving ends too. A pipe carries the news to
+    # the loop from any thread; it stays open, as a database thread may still hold the hook.
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    guard.on_unwritable = partial(_wake, wake_write)
+    await anyio.wait_readable(wake_read)
+    stopped.status = 1  # the guard logged the line saying which file and what to do
+    scope.cancel()
+
+
+def _wake(fd: int) -> None:
+    with contextlib.suppress(OSError):  # a full pipe has woken the loop already
+        os.write(fd, b"!")
+
+
+async def _stop_on_signal(scope: anyio.CancelScope, stopped: _Stopped) -> None:
     with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
         async for signum in received:
             name = signal.Signals(signum).name
             log.warning("%s received: stopping; calls in flight are cancelled and their runs killed", name)
-            signalled.set()
+            stopped.status = 0
             scope.cancel()
             return
 
 
 def run_stdio(services: Services) -> None:
-    if anyio.run(serve, services):
+    status = anyio.run(serve, services)
+    if status is not None:
         # Everything is done (calls cancelled, runs killed, events committed), but the stdin
         # reader thread is still blocked in read(2), and the interpreter would wait for it at
         # exit for as long as the client keeps stdin open: leave without joining it.
         logging.shutdown()
-        os._exit(0)
+        os._exit(status)

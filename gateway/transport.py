@@ -17,14 +17,24 @@ and replaced by a -32603 error: no input line stops the writer.
 
 While it serves, fd 0 reads /dev/null and fd 1 writes to stderr, so a stray print or a
 child process can never write into the JSON-RPC stream.
+
+A client that closes its end of stdout can never be answered again (issue 12, item 9): a write
+that fails with EPIPE, or a pipe whose reader is gone while there is nothing to write (the
+kernel reports that at once), raises `ClientGoneError` out of the transport. That cancels
+everything it served (calls in flight end as cancelled calls do: runs killed, terminal events
+written) and `serve` exits with one line on stderr. A client that is alive but does not read is
+only waited for: its answers queue behind the full pipe while runs keep their time limits.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import re
+import select
+import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, BinaryIO
@@ -46,6 +56,12 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays a message may have (the message itself is depth 1)."""
 _CHUNK = 65536
+
+CLIENT_GONE = "the client stopped reading stdout (its end of the pipe is closed, EPIPE)"
+
+
+class ClientGoneError(Exception):
+    """The client closed its end of stdout: nothing more can be answered, so serving ends."""
 
 
 class LineReader:
@@ -69,8 +85,40 @@ class LineReader:
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        raise ClientGoneError(CLIENT_GONE) from exc
+
+
+def _is_pipe_write_end(fd: int) -> bool:
+    """Whether `fd` only writes into a pipe: then the kernel flags an error on it once no reader is left."""
+    try:
+        is_fifo = stat.S_ISFIFO(os.fstat(fd).st_mode)
+        write_only = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+    except OSError:
+        return False
+    return is_fifo and write_only
+
+
+def _reader_gone(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: POLLERR and POLLHUP are reported anyway
+    return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+
+
+async def watch_client_reads(fd: int) -> None:
+    """Raise ClientGoneError once the pipe `fd` writes into has no reader left, even with nothing to write.
+
+    Returns at once when `fd` is not the write end of a pipe (a file, a socket): EPIPE alone tells then."""
+    if not _is_pipe_write_end(fd):
+        return
+    while True:
+        await anyio.wait_readable(fd)  # epoll reports a write end's error condition to a reader-interest wait
+        if _reader_gone(fd):
+            raise ClientGoneError(CLIENT_GONE)
+        await anyio.sleep(0.1)  # not that condition after all: do not spin on it
 
 
 def _usable_id(request_id: Any) -> str | int | None:
@@ -265,6 +313,7 @@ async def stdio_transport(
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_loop)
             tg.start_soon(write_loop)
+            tg.start_soon(watch_client_reads, wire_out_fd)
             yield inbound_receive, outbound_send
             tg.cancel_scope.cancel()
     finally:

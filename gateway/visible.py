@@ -17,6 +17,9 @@ is escaped again, harmlessly, when it is shown. The price: an escape the agent t
 (`\\u202e`, `\u2420\u00d79`) looks like one the gateway wrote. That can only make a request look stranger,
 never hide a character (decisions.md 40).
 
+`storable` is narrower: it escapes, the same way, only what no database text column can hold
+(NUL, lone surrogates), for every text the consent path stores whatever escaped it before.
+
 `excerpt` cuts what is too long to show at once, loudly: each cut line says how much of it is
 hidden, the end says how many lines are, and the `Excerpt` carries the whole's length and
 sha256 for the channel's notice and its way to see all of it.
@@ -75,6 +78,16 @@ def prints(ch: str) -> bool:
 def escape(ch: str) -> str:
     code_point = ord(ch)
     return f"\\u{code_point:04x}" if code_point <= 0xFFFF else f"\\U{code_point:08x}"
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""What no text column holds: NUL (PostgreSQL refuses it) and lone surrogates (not UTF-8)."""
+
+
+def storable(text: str) -> str:
+    """`text` with what a database text column cannot hold (NUL, lone surrogates) escaped as `visible`
+    escapes it, and nothing else changed: the last guard of every text the consent path stores."""
+    return _UNSTORABLE.sub(lambda match: escape(match.group()), text)
 
 
 def visible(text: str, *, lines: bool = False) -> str:

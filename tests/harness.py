@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from sqlalchemy import text
 
 from gateway.audit import AuditLog, verify_chain
 from gateway.auth import ensure_keys, issue_token, load_keyring
@@ -35,6 +36,15 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY: dict[str, Any] = yaml.safe_load((REPO / "policy.yaml").read_text())
 SAMPLE_PROJECT = REPO / "examples" / "sample_project"
 LEGACY = "2025-11-25"
+
+
+def wipe_postgres(url: str) -> None:
+    """Empty the PostgreSQL database at `url` (MCP_GATEWAY_TEST_PG_URL names one the tests may wipe)."""
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("DROP SCHEMA public CASCADE"))
+        connection.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
 
 
 def enterable_by_everyone(folder: Path) -> None:

@@ -12,10 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 
-from gateway.db import make_engine
-from tests.harness import GatewayHome, StdioSession
+from tests.harness import GatewayHome, StdioSession, wipe_postgres
 
 SessionFactory = Callable[..., StdioSession]
 ELICITATION = {"elicitation": {"form": {}}}
@@ -208,11 +206,7 @@ def test_on_postgresql_long_and_nul_names_leave_their_events(
     make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
 ) -> None:
     assert PG_URL is not None
-    engine = make_engine(PG_URL)
-    with engine.begin() as connection:
-        connection.execute(text("DROP SCHEMA public CASCADE"))
-        connection.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
+    wipe_postgres(PG_URL)
     gateway = make_gateway(db_url=PG_URL)
     gateway.add_user("alice")
     session = open_session(gateway)

@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import text
 
 from gateway.budget import BudgetLedger
 from gateway.clock import SystemClock
@@ -20,7 +19,7 @@ from gateway.errors import BudgetExceededError
 from gateway.policy import BudgetPolicy
 from tests.e2e.test_refusals import assert_blocked_trail, refusal
 from tests.e2e.test_run_pytest import ELICITATION, answer
-from tests.harness import GatewayHome, StdioSession
+from tests.harness import GatewayHome, StdioSession, wipe_postgres
 
 PG_URL = os.environ.get("MCP_GATEWAY_TEST_PG_URL")
 pytestmark = [
@@ -32,11 +31,7 @@ pytestmark = [
 @pytest.fixture
 def pg_gateway(make_gateway: Callable[..., GatewayHome]) -> Iterator[GatewayHome]:
     assert PG_URL is not None
-    engine = make_engine(PG_URL)
-    with engine.begin() as connection:
-        connection.execute(text("DROP SCHEMA public CASCADE"))
-        connection.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
+    wipe_postgres(PG_URL)
     gateway = make_gateway(db_url=PG_URL)
     gateway.add_user("alice", "USER")
     gateway.add_user("vic", "VIEWER")

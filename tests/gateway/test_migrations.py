@@ -73,3 +73,25 @@ def test_schema_head_is_alembics_head(tmp_path: Path) -> None:
     engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
     assert ScriptDirectory.from_config(db._alembic_config(engine)).get_current_head() == db.SCHEMA_HEAD
     assert not db.schema_is_current(engine), "no version table: not current"
+
+
+def test_upgrading_from_0005_keeps_runs_with_no_gateway_session(tmp_path: Path) -> None:
+    """0006 adds `gateway_sessions` and `runs.session_id`: a run recorded before it has no session, and is
+    closed by its deadline alone, as before (gateway/recovery.py)."""
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    command.upgrade(db._alembic_config(engine), "0005")
+    assert not inspect(engine).has_table("gateway_sessions")
+    row = {
+        "run_id": "r1", "user_name": "alice", "workspace": "default", "tool_name": "run_pytest",
+        "created_at": 1.0, "status": "running", "exit_code": None, "deadline": 20.0,
+    }  # fmt: skip
+    with engine.begin() as connection:
+        connection.execute(insert(db.runs).values(**row))
+
+    db.migrate(engine)
+
+    with engine.connect() as connection:
+        kept = connection.execute(select(db.runs)).one()._mapping
+        assert connection.execute(select(db.gateway_sessions)).all() == []
+    assert {k: kept[k] for k in row} == row
+    assert kept["session_id"] is None
