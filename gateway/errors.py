@@ -33,6 +33,8 @@ class GatewayError(Exception):
         self.reason = reason
         self.detail = detail
         self.data = data
+        self.stage: str | None = None
+        """The pipeline stage that refused (set by gateway/pipeline.py; not sent to the client)."""
 
     def public_message(self) -> str:
         return f"{self.message}: {self.detail}" if self.detail else self.message

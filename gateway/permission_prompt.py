@@ -58,7 +58,7 @@ from gateway.previews import preview
 from gateway.rbac import Permission, require_permission
 from gateway.scope import choose_workspace
 from gateway.services import Services
-from gateway.tools.registry import ToolSpec
+from gateway.tools.base import ToolSpec
 from gateway.visible import visible
 from sandbox.pinned import Pinned
 
@@ -94,7 +94,6 @@ SPEC = ToolSpec(
     annotations=MappingProxyType(
         {"title": "Check a Claude Code tool use", "readOnlyHint": True, "openWorldHint": False}
     ),
-    sandboxed=False,
 )
 
 # The agent's tools as MCP annotations, for the risk tier and "destructive" (no Allow always).

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.errors import InvalidParamsError, PolicyBlockedError
 from gateway.policy import Policy, check_allowed_path_pinned, check_relative_path, check_workspace_pinned
-from gateway.tools.registry import PATTERN_HINTS, TOOLS, ToolSpec
+from gateway.tools.base import ToolSpec
+from gateway.tools.schemas import PATTERN_HINTS
 from sandbox.pinned import Pinned
 
 if TYPE_CHECKING:
@@ -148,13 +149,20 @@ def _full_match_validator() -> Any:
     return validators.extend(Draft202012Validator, {"pattern": _pattern})  # type: ignore[no-untyped-call]
 
 
-@cache
-def _validator(tool_name: str) -> Any:
-    return _full_match_validator()(dict(TOOLS[tool_name].input_schema))
+_VALIDATORS: dict[str, tuple[Mapping[str, Any], Any]] = {}
+"""A tool's validator, built at its first call: (the schema it was built from, the validator)."""
+
+
+def _validator(spec: ToolSpec) -> Any:
+    built = _VALIDATORS.get(spec.name)
+    if built is None or built[0] is not spec.input_schema:
+        built = (spec.input_schema, _full_match_validator()(dict(spec.input_schema)))
+        _VALIDATORS[spec.name] = built
+    return built[1]
 
 
 def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
-    error = next(iter(_validator(spec.name).iter_errors(dict(arguments))), None)
+    error = next(iter(_validator(spec).iter_errors(dict(arguments))), None)
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
         message = error.message if len(error.message) <= 200 else error.message[:200] + "…"

@@ -38,8 +38,8 @@ from gateway.pipeline import CallRequest, Pipeline
 from gateway.rbac import has_permission
 from gateway.recovery import keep_sweeping
 from gateway.services import Services
+from gateway.tools.base import ToolSpec
 from gateway.tools.outcome import ToolOutcome
-from gateway.tools.registry import TOOLS, ToolSpec
 from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
 from gateway.transport import CLIENT_GONE, DEFAULT_MAX_MESSAGE_BYTES, ClientGoneError, stdio_transport
 
@@ -185,7 +185,7 @@ def build_server(services: Services) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        allowlisted = [TOOLS[name] for name in services.policy.allowlist if name in TOOLS]
+        allowlisted = [services.tools[name] for name in services.policy.allowlist if name in services.tools]
         token = _token_of(ctx.params)
         if token is None:
             return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted] + extra)
