@@ -33,7 +33,6 @@ from types import MappingProxyType
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
@@ -48,7 +47,7 @@ from gateway.consent import (
     tool_fingerprint,
 )
 from gateway.db_threads import in_db_thread
-from gateway.errors import ConsentDeniedError, GatewayError, InvalidParamsError
+from gateway.errors import ConsentDeniedError, GatewayError, InvalidParamsError, Reason
 from gateway.file_rules import PATH_ARGUMENT
 from gateway.grant_scope import absolute_spellings
 from gateway.permission_rules import Judgement, RuleSet, bash_parts, bash_programs, judge
@@ -175,15 +174,15 @@ def parse_use(arguments: Mapping[str, Any]) -> ToolUse:
     """The question, or InvalidParamsError: a tool name, an input object (JSON numbers, no NaN)."""
     tool, tool_input, use_id = arguments.get("tool_name"), arguments.get("input"), arguments.get("tool_use_id")
     if not isinstance(tool, str) or not AGENT_TOOL_NAME.fullmatch(tool):
-        raise InvalidParamsError("invalid_arguments", "tool_name must be a tool's name")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "tool_name must be a tool's name")
     if not isinstance(tool_input, Mapping):
-        raise InvalidParamsError("invalid_arguments", "input must be an object")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "input must be an object")
     if use_id is not None and (not isinstance(use_id, str) or not _TOOL_USE_ID.fullmatch(use_id)):
-        raise InvalidParamsError("invalid_arguments", "tool_use_id must be an id")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "tool_use_id must be an id")
     try:
         hashed = args_hash(dict(tool_input))
     except ValueError:
-        raise InvalidParamsError("invalid_arguments", "input holds a number JSON cannot carry") from None
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "input holds a number JSON cannot carry") from None
     return ToolUse(tool, tool_input, use_id, hashed)
 
 
@@ -217,8 +216,8 @@ class PermissionPrompt:
         entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=TOOL_NAME, args_hash=hashed)
         try:
             return run_id, await self._check(entry, arguments)
-        except (GatewayError, SQLAlchemyError) as exc:
-            # The audit log or the database failed: nothing can be vouched for.
+        except GatewayError as exc:
+            # The audit log or the database failed (StorageUnavailableError): nothing can be vouched for.
             log.error("run %s: check_permission failed (%s); answered deny", run_id, type(exc).__name__)  # noqa: TRY400
             return run_id, deny_answer("mcp-write-gateway failed to decide; denied (see the gateway's log)")
         except Exception:
@@ -243,7 +242,11 @@ class PermissionPrompt:
                 detail={"blocked_reason": exc.reason, "behavior": "deny"},
             )  # fmt: skip
             await in_db_thread(self.s.audit.append, named, blocked)
-            why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == "token_missing" else exc.public_message()
+            why = (
+                f"{TOKEN_ENV} is not set for the gateway"
+                if exc.reason == Reason.TOKEN_MISSING
+                else exc.public_message()
+            )
             return deny_answer(f"mcp-write-gateway denied this tool use: {why}")
         judged = judge(self._rules, use.tool, use.tool_input, str(root), os.path.realpath)
         if judged.verdict != "ask":

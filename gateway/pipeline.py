@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
@@ -46,10 +45,11 @@ from gateway.errors import (
     GatewayError,
     InternalError,
     InvalidParamsError,
+    Reason,
     SandboxViolationError,
+    StorageUnavailableError,
 )
 from gateway.grant_scope import workspace_spellings
-from gateway.logs import log_database_failure
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
@@ -83,9 +83,11 @@ class Admitted:
 def check_sandbox_ready(enabled: bool, missing_layers: list[str]) -> None:
     """Stage 7: a write tool runs only in a sandbox that is on and has every layer the policy requires (fail closed)."""
     if not enabled:
-        raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
+        raise SandboxViolationError(Reason.SANDBOX_DISABLED, "write tools need sandbox.enabled: true")
     if missing_layers:
-        raise SandboxViolationError("sandbox_layer_missing", f"this host cannot enforce: {', '.join(missing_layers)}")
+        raise SandboxViolationError(
+            Reason.SANDBOX_LAYER_MISSING, f"this host cannot enforce: {', '.join(missing_layers)}"
+        )
 
 
 def caller_of(principal: Principal) -> Caller:
@@ -117,7 +119,7 @@ def lookup_tool(name: str) -> ToolSpec:
     spec = TOOLS.get(name)
     if spec is None:
         # Named as the log names it: a caller's 1 MB name is not echoed back whole.
-        raise InvalidParamsError("unknown_tool", f"unknown tool {stored_tool_name(name)!r}")
+        raise InvalidParamsError(Reason.UNKNOWN_TOOL, f"unknown tool {stored_tool_name(name)!r}")
     return spec
 
 
@@ -156,7 +158,7 @@ class Pipeline:
         try:
             if trail.entry.args_hash is None:
                 raise InvalidParamsError(
-                    "unhashable_arguments", "arguments must be JSON text (no NaN, no lone surrogates)"
+                    Reason.UNHASHABLE_ARGUMENTS, "arguments must be JSON text (no NaN, no lone surrogates)"
                 )
             trail.principal = await in_db_thread(self.s.authenticator.authenticate, request.token)
             admitted = self.admit(trail.principal, request.tool_name, request.arguments)
@@ -181,16 +183,12 @@ class Pipeline:
             # attempt. This round gives its reservation back and ends without a code.
             await in_db_thread(self._give_back, trail)
             raise
-        except GatewayError as exc:
+        except GatewayError as exc:  # StorageUnavailableError included: `_refused` writes no event then
             await in_db_thread(self._refused, trail, exc)
             raise
-        except SQLAlchemyError as exc:
-            await in_db_thread(self._settle_best_effort, trail)
-            log_database_failure(log, "the gateway's database failed (database_unavailable)", exc, run_id)
-            raise InternalError("database_unavailable", "the gateway's database failed; nothing more ran") from exc
         except Exception as exc:
             log.exception("run %s: unexpected failure", run_id)
-            error = InternalError("internal_error", "the gateway failed")
+            error = InternalError(Reason.INTERNAL_ERROR, "the gateway failed")
             run_status = "failed" if trail.executing else None
             await in_db_thread(self._best_effort, trail, trail.refusal(error), run_status)
             raise error from exc
@@ -244,7 +242,7 @@ class Pipeline:
         """`_settle` while failing: if the database refuses, the reservation stays at the worst case (the safe side)."""
         try:
             self._settle(trail)
-        except SQLAlchemyError:
+        except StorageUnavailableError:
             log.error("run %s: the budget reservation stays at the time limit (database error)", trail.entry.run_id)  # noqa: TRY400
 
     def _best_effort(self, trail: _Trail, event: EventDraft | None, run_status: str | None = None) -> None:
@@ -254,7 +252,7 @@ class Pipeline:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
             self._log(trail, *(() if event is None else (event,)))
-        except (GatewayError, SQLAlchemyError):
+        except GatewayError:
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
 
     # --- stages ---------------------------------------------------------------------------
@@ -274,7 +272,7 @@ class Pipeline:
             return artifacts.get_evidence(self.s.runs, arguments, visible)
         if name == "get_artifact_content":
             return artifacts.get_artifact_content(self.s.runs, arguments, visible)
-        raise InternalError("tool_not_implemented", name)
+        raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, name)
 
     async def _consent(
         self,
@@ -304,7 +302,7 @@ class Pipeline:
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
         principal, scope = admitted.principal, admitted.scope
         if scope.pinned_root is None or scope.workspace is None:
-            raise InternalError("workspace_missing", "a write tool needs a workspace")
+            raise InternalError(Reason.WORKSPACE_MISSING, "a write tool needs a workspace")
         now = self.s.clock.now()
         deadline = now + scope.timeout_s + RUN_GRACE_S  # past it the sandbox's watchdog has ended the run
         record = RunRecord(run_id, principal.name, scope.workspace, admitted.spec.name, now, "running", None, deadline)
@@ -325,7 +323,7 @@ class Pipeline:
         except SandboxStartError as exc:
             trail.run_ms = 0  # nothing ran
             await in_db_thread(self.s.runs.finish, run_id, "failed_to_start", None)
-            raise SandboxViolationError("sandbox_start_failed", "the sandbox could not apply its layers") from exc
+            raise SandboxViolationError(Reason.SANDBOX_START_FAILED, "the sandbox could not apply its layers") from exc
         result = run.result
         trail.run_ms = result.duration_ms
         # How the run ended is recorded from the RunResult alone, before anything reads a file the
@@ -386,7 +384,7 @@ class Pipeline:
 
         record = self.s.users.fetch(user)
         if record is None or record.disabled:
-            reason = "user_unknown" if record is None else "user_disabled"
+            reason = Reason.USER_UNKNOWN if record is None else Reason.USER_DISABLED
             reports.append(StageReport("authenticate", AuthRequiredError.code, reason, ""))
             return reports
         principal = Principal(record.name, record.role, record.workspaces, None, "explain")
@@ -495,7 +493,7 @@ class _Trail:
 
 def _is_audit_failure(exc: GatewayError) -> bool:
     """The log itself failed: no further event can be written; the caller gets -32603."""
-    return isinstance(exc, InternalError) and exc.reason in ("audit_unavailable", "database_unavailable")
+    return isinstance(exc, StorageUnavailableError)
 
 
 @dataclass(frozen=True, slots=True)
