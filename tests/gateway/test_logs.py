@@ -161,7 +161,10 @@ def test_storage_errors_logs_once_and_raises_the_reason_it_was_given(
 ) -> None:
     log = logging.getLogger("gateway.test")
     driver_error = _sqlite_error(tmp_path, "SELECT * FROM nowhere")
-    with pytest.raises(StorageUnavailableError) as caught, storage_errors("runs could not be read", log=log, run_id="r1"):
+    with (
+        pytest.raises(StorageUnavailableError) as caught,
+        storage_errors("runs could not be read", log=log, run_id="r1"),
+    ):
         raise driver_error
     assert caplog.messages == ["run r1: runs could not be read: sqlite3.OperationalError: no such table: nowhere"]
     assert caught.value.reason == Reason.DATABASE_UNAVAILABLE
@@ -174,9 +177,7 @@ def test_storage_errors_without_a_log_only_translates(tmp_path: Path, caplog: py
     driver_error = _sqlite_error(tmp_path, "SELECT * FROM nowhere")
     with (
         pytest.raises(StorageUnavailableError) as caught,
-        storage_errors(
-            "quiet", log=None, reason=Reason.AUDIT_UNAVAILABLE, detail="the audit log could not be written"
-        ),
+        storage_errors("quiet", log=None, reason=Reason.AUDIT_UNAVAILABLE, detail="the audit log could not be written"),
     ):
         raise driver_error
     assert caplog.messages == []
