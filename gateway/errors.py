@@ -12,8 +12,8 @@
 | -32008 | ConsentDeniedError      | a person denied, or no decision before the timeout         |
 | -32602 | InvalidParamsError      | unknown tool, arguments not matching the schema            |
 | -32603 | InternalError           | the gateway itself failed; nothing ran                     |
-| -32603 | StorageUnavailableError | (an InternalError) the database failed: `audit_unavailable`|
-|        |                         | or `database_unavailable` (gateway/db_errors.py)           |
+| -32603 | StorageUnavailableError | an InternalError: the database failed (audit_unavailable,  |
+|        |                         | database_unavailable); raised by gateway/db_errors.py      |
 
 `reason` is a short slug for machines and reviewers (a `Reason`, every one listed in
 docs/error-codes.md); it never carries a secret or the text of a foreign exception.
