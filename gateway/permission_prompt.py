@@ -33,7 +33,6 @@ from types import MappingProxyType
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
@@ -48,7 +47,7 @@ from gateway.consent import (
     tool_fingerprint,
 )
 from gateway.db_threads import in_db_thread
-from gateway.errors import ConsentDeniedError, GatewayError, InternalError, InvalidParamsError
+from gateway.errors import ConsentDeniedError, GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.file_rules import PATH_ARGUMENT
 from gateway.grant_scope import absolute_spellings
 from gateway.permission_rules import Judgement, RuleSet, bash_parts, bash_programs, judge
@@ -174,15 +173,15 @@ def parse_use(arguments: Mapping[str, Any]) -> ToolUse:
     """The question, or InvalidParamsError: a tool name, an input object (JSON numbers, no NaN)."""
     tool, tool_input, use_id = arguments.get("tool_name"), arguments.get("input"), arguments.get("tool_use_id")
     if not isinstance(tool, str) or not AGENT_TOOL_NAME.fullmatch(tool):
-        raise InvalidParamsError("invalid_arguments", "tool_name must be a tool's name")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "tool_name must be a tool's name")
     if not isinstance(tool_input, Mapping):
-        raise InvalidParamsError("invalid_arguments", "input must be an object")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "input must be an object")
     if use_id is not None and (not isinstance(use_id, str) or not _TOOL_USE_ID.fullmatch(use_id)):
-        raise InvalidParamsError("invalid_arguments", "tool_use_id must be an id")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "tool_use_id must be an id")
     try:
         hashed = args_hash(dict(tool_input))
     except ValueError:
-        raise InvalidParamsError("invalid_arguments", "input holds a number JSON cannot carry") from None
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "input holds a number JSON cannot carry") from None
     return ToolUse(tool, tool_input, use_id, hashed)
 
 
@@ -216,8 +215,8 @@ class PermissionPrompt:
         entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=TOOL_NAME, args_hash=hashed)
         try:
             return run_id, await self._check(entry, arguments)
-        except (GatewayError, SQLAlchemyError) as exc:
-            # The audit log or the database failed: nothing can be vouched for.
+        except GatewayError as exc:
+            # The audit log or the database failed (StorageUnavailableError): nothing can be vouched for.
             log.error("run %s: check_permission failed (%s); answered deny", run_id, type(exc).__name__)  # noqa: TRY400
             return run_id, deny_answer("mcp-write-gateway failed to decide; denied (see the gateway's log)")
         except Exception:
@@ -230,7 +229,7 @@ class PermissionPrompt:
             answer = await step.run(self, question)
             if answer is not None:
                 return answer
-        raise InternalError("stage_order", "the steps ended without an answer")
+        raise InternalError(Reason.STAGE_ORDER, "the steps ended without an answer")
 
     def explain(self, user: str, tool: str, tool_input: Mapping[str, Any]) -> list[tuple[str, str]]:
         """`policy explain --agent`: how a question about this tool use would be answered, step by step
@@ -243,7 +242,7 @@ class PermissionPrompt:
             lines.extend(shown)
             if verdict is not None:
                 return [*lines, ("result", verdict)]
-        raise InternalError("stage_order", "the steps ended without a verdict")
+        raise InternalError(Reason.STAGE_ORDER, "the steps ended without a verdict")
 
     # --- the steps: each a `run` for a question and a `dry` for explain ------------------------------
 
@@ -334,7 +333,7 @@ class PermissionPrompt:
             detail={"blocked_reason": exc.reason, "behavior": "deny"},
         )  # fmt: skip
         await in_db_thread(self.s.audit.append, named, blocked)
-        why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == "token_missing" else exc.public_message()
+        why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == Reason.TOKEN_MISSING else exc.public_message()
         return deny_answer(f"mcp-write-gateway denied this tool use: {why}")
 
     def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
@@ -461,31 +460,31 @@ STEPS: tuple[Step, ...] = (
 
 def _principal(question: _Question) -> Principal:
     if question.principal is None:
-        raise InternalError("stage_order", "a step needs the caller before authentication ran")
+        raise InternalError(Reason.STAGE_ORDER, "a step needs the caller before authentication ran")
     return question.principal
 
 
 def _asker(question: _Question) -> _Asker:
     if question.asker is None:
-        raise InternalError("stage_order", "a step needs the workspace before the check ran")
+        raise InternalError(Reason.STAGE_ORDER, "a step needs the workspace before the check ran")
     return question.asker
 
 
 def _root(question: _Question) -> Pinned:
     if question.root is None:
-        raise InternalError("stage_order", "a step needs the workspace before the check ran")
+        raise InternalError(Reason.STAGE_ORDER, "a step needs the workspace before the check ran")
     return question.root
 
 
 def _use(question: _Question) -> ToolUse:
     if question.use is None:
-        raise InternalError("stage_order", "a step needs the tool use before the check ran")
+        raise InternalError(Reason.STAGE_ORDER, "a step needs the tool use before the check ran")
     return question.use
 
 
 def _entry(question: _Question) -> EventDraft:
     if question.entry is None:
-        raise InternalError("stage_order", "a step that writes ran in a dry run")
+        raise InternalError(Reason.STAGE_ORDER, "a step that writes ran in a dry run")
     return question.entry
 
 

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
@@ -53,10 +52,11 @@ from gateway.errors import (
     GatewayError,
     InternalError,
     InvalidParamsError,
+    Reason,
     SandboxViolationError,
+    StorageUnavailableError,
 )
 from gateway.grant_scope import workspace_spellings
-from gateway.logs import log_database_failure
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
@@ -100,9 +100,11 @@ class StageReport:
 def check_sandbox_ready(enabled: bool, missing_layers: list[str]) -> None:
     """Stage 7: a write tool runs only in a sandbox that is on and has every layer the policy requires (fail closed)."""
     if not enabled:
-        raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
+        raise SandboxViolationError(Reason.SANDBOX_DISABLED, "write tools need sandbox.enabled: true")
     if missing_layers:
-        raise SandboxViolationError("sandbox_layer_missing", f"this host cannot enforce: {', '.join(missing_layers)}")
+        raise SandboxViolationError(
+            Reason.SANDBOX_LAYER_MISSING, f"this host cannot enforce: {', '.join(missing_layers)}"
+        )
 
 
 def caller_of(principal: Principal) -> Caller:
@@ -134,7 +136,7 @@ def lookup_tool(name: str, tools: Mapping[str, ToolSpec] = TOOLS) -> ToolSpec:
     spec = tools.get(name)
     if spec is None:
         # Named as the log names it: a caller's 1 MB name is not echoed back whole.
-        raise InvalidParamsError("unknown_tool", f"unknown tool {stored_tool_name(name)!r}")
+        raise InvalidParamsError(Reason.UNKNOWN_TOOL, f"unknown tool {stored_tool_name(name)!r}")
     return spec
 
 
@@ -158,7 +160,7 @@ class _Walk:
     @property
     def admitted(self) -> Admitted:
         if self.principal is None or self.spec is None or self.scope is None:
-            raise InternalError("stage_order", "a stage ran before the admission stages")
+            raise InternalError(Reason.STAGE_ORDER, "a stage ran before the admission stages")
         return Admitted(self.principal, self.spec, self.scope)
 
 
@@ -229,31 +231,27 @@ class Pipeline:
         try:
             if trail.entry.args_hash is None:
                 raise InvalidParamsError(
-                    "unhashable_arguments", "arguments must be JSON text (no NaN, no lone surrogates)"
+                    Reason.UNHASHABLE_ARGUMENTS, "arguments must be JSON text (no NaN, no lone surrogates)"
                 )
             for stage in STAGES:
                 if stage.applies(walk):
                     trail.stage = stage.name
                     await stage.run(self, walk)
             if walk.outcome is None:
-                raise InternalError("stage_order", "the stages ended without an outcome")
+                raise InternalError(Reason.STAGE_ORDER, "the stages ended without an outcome")
             return walk.outcome
         except InputRequired:
             # Nothing ran and the client will retry the call with its answer: that retry is the
             # attempt. This round gives its reservation back and ends without a code.
             await in_db_thread(self._give_back, trail)
             raise
-        except GatewayError as exc:
+        except GatewayError as exc:  # StorageUnavailableError included: `_refused` writes no event then
             exc.stage = trail.stage
             await in_db_thread(self._refused, trail, exc)
             raise
-        except SQLAlchemyError as exc:
-            await in_db_thread(self._settle_best_effort, trail)
-            log_database_failure(log, "the gateway's database failed (database_unavailable)", exc, run_id)
-            raise InternalError("database_unavailable", "the gateway's database failed; nothing more ran") from exc
         except Exception as exc:
             log.exception("run %s: unexpected failure", run_id)
-            error = InternalError("internal_error", "the gateway failed")
+            error = InternalError(Reason.INTERNAL_ERROR, "the gateway failed")
             run_status = "failed" if trail.executing else None
             await in_db_thread(self._best_effort, trail, trail.refusal(error), run_status)
             raise error from exc
@@ -275,9 +273,9 @@ class Pipeline:
         """The dry run has a user, not a token: the same user checks, from the database."""
         record = self.s.users.fetch(str(walk.user))
         if record is None:
-            raise AuthRequiredError("user_unknown", f"no user {walk.user!r} in the gateway's database")
+            raise AuthRequiredError(Reason.USER_UNKNOWN, f"no user {walk.user!r} in the gateway's database")
         if record.disabled:
-            raise AuthRequiredError("user_disabled", f"user {record.name!r} is disabled")
+            raise AuthRequiredError(Reason.USER_DISABLED, f"user {record.name!r} is disabled")
         walk.principal = Principal(record.name, record.role, record.workspaces, None, "explain")
         return f"user {record.name}, role {record.role}"
 
@@ -313,7 +311,7 @@ class Pipeline:
     def _consent_dry(self, walk: _Walk) -> str:
         if self.s.policy.consent.mode == "deny":
             raise ConsentDeniedError(
-                "consent_mode_deny", "would deny unless a stored decision allows (consent.mode: deny)"
+                Reason.CONSENT_MODE_DENY, "would deny unless a stored decision allows (consent.mode: deny)"
             )
         return "would use a stored decision, else ask a person (elicitation or `mcp-gateway approvals`)"
 
@@ -401,7 +399,7 @@ class Pipeline:
         """`_settle` while failing: if the database refuses, the reservation stays at the worst case (the safe side)."""
         try:
             self._settle(trail)
-        except SQLAlchemyError:
+        except StorageUnavailableError:
             log.error("run %s: the budget reservation stays at the time limit (database error)", trail.entry.run_id)  # noqa: TRY400
 
     def _best_effort(self, trail: _Trail, event: EventDraft | None, run_status: str | None = None) -> None:
@@ -411,14 +409,14 @@ class Pipeline:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
             self._log(trail, *(() if event is None else (event,)))
-        except (GatewayError, SQLAlchemyError):
+        except GatewayError:
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
 
     def _read(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
         """A read tool, on a database thread: it reads the runs table and the artifacts, then logs its end."""
         read = admitted.spec.read
         if read is None:
-            raise InternalError("tool_not_implemented", admitted.spec.name)
+            raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, admitted.spec.name)
         outcome = read(self.s.runs, arguments, admitted.scope.visible_workspaces)
         self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
         return outcome
@@ -457,7 +455,7 @@ class Pipeline:
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
         principal, scope, spec = admitted.principal, admitted.scope, admitted.spec
         if scope.pinned_root is None or scope.workspace is None or spec.execute is None:
-            raise InternalError("workspace_missing", "a write tool needs a workspace")
+            raise InternalError(Reason.WORKSPACE_MISSING, "a write tool needs a workspace")
         now = self.s.clock.now()
         deadline = now + scope.timeout_s + RUN_GRACE_S  # past it the sandbox's watchdog has ended the run
         record = RunRecord(run_id, principal.name, scope.workspace, spec.name, now, "running", None, deadline)
@@ -479,7 +477,7 @@ class Pipeline:
         except SandboxStartError as exc:
             trail.run_ms = 0  # nothing ran
             await in_db_thread(self.s.runs.finish, run_id, "failed_to_start", None)
-            raise SandboxViolationError("sandbox_start_failed", "the sandbox could not apply its layers") from exc
+            raise SandboxViolationError(Reason.SANDBOX_START_FAILED, "the sandbox could not apply its layers") from exc
         trail.run_ms = run.duration_ms
         # How the run ended is recorded from the sandbox alone, before anything reads a file the
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
@@ -518,19 +516,19 @@ class Pipeline:
 
 def _principal(walk: _Walk) -> Principal:
     if walk.principal is None:
-        raise InternalError("stage_order", "a stage needs the caller before authentication ran")
+        raise InternalError(Reason.STAGE_ORDER, "a stage needs the caller before authentication ran")
     return walk.principal
 
 
 def _spec(walk: _Walk) -> ToolSpec:
     if walk.spec is None:
-        raise InternalError("stage_order", "a stage needs the tool before authorization ran")
+        raise InternalError(Reason.STAGE_ORDER, "a stage needs the tool before authorization ran")
     return walk.spec
 
 
 def _trail(walk: _Walk) -> _Trail:
     if walk.trail is None:
-        raise InternalError("stage_order", "a stage that writes ran in a dry run")
+        raise InternalError(Reason.STAGE_ORDER, "a stage that writes ran in a dry run")
     return walk.trail
 
 
@@ -614,4 +612,4 @@ class _Trail:
 
 def _is_audit_failure(exc: GatewayError) -> bool:
     """The log itself failed: no further event can be written; the caller gets -32603."""
-    return isinstance(exc, InternalError) and exc.reason in ("audit_unavailable", "database_unavailable")
+    return isinstance(exc, StorageUnavailableError)

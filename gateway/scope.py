@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import InvalidParamsError, PolicyBlockedError
+from gateway.errors import InvalidParamsError, PolicyBlockedError, Reason
 from gateway.policy import Policy, check_allowed_path_pinned, check_relative_path, check_workspace_pinned
 from gateway.tools.base import ToolSpec
 from gateway.tools.schemas import PATTERN_HINTS
@@ -71,13 +71,13 @@ def check_call(
     resolve: Callable[[Path], Path] = Path.resolve,
 ) -> CallScope:
     if not policy.allowlist:
-        raise PolicyBlockedError("allowlist_empty", "the policy's tools.allowlist is empty")
+        raise PolicyBlockedError(Reason.ALLOWLIST_EMPTY, "the policy's tools.allowlist is empty")
     if spec.name not in policy.allowlist:
-        raise PolicyBlockedError("tool_not_allowlisted", f"{spec.name} is not in the policy's allowlist")
+        raise PolicyBlockedError(Reason.TOOL_NOT_ALLOWLISTED, f"{spec.name} is not in the policy's allowlist")
     timeout_s = policy.sandbox.timeout_s
     requested_timeout = arguments.get("timeout_s")
     if isinstance(requested_timeout, int) and requested_timeout > timeout_s:
-        raise PolicyBlockedError("timeout_over_policy", f"timeout_s is at most {timeout_s}")
+        raise PolicyBlockedError(Reason.TIMEOUT_OVER_POLICY, f"timeout_s is at most {timeout_s}")
     if isinstance(requested_timeout, int) and not isinstance(requested_timeout, bool) and requested_timeout > 0:
         timeout_s = requested_timeout
     if "workspace" not in spec.input_schema["properties"]:
@@ -114,11 +114,11 @@ def check_pins_intact(scope: CallScope) -> None:
 
 def choose_workspace(policy: Policy, requested: str | None, caller: Caller) -> str:
     if caller.token_workspace is not None and requested not in (None, caller.token_workspace):
-        raise PolicyBlockedError("workspace_not_allowed", "the token is limited to another workspace")
+        raise PolicyBlockedError(Reason.WORKSPACE_NOT_ALLOWED, "the token is limited to another workspace")
     name = requested or caller.token_workspace or (caller.workspaces[0] if caller.workspaces else None)
     # Unknown and not-yours read the same, so a caller cannot probe other tenants' names.
     if name is None or name not in policy.workspaces or not (caller.is_admin or name in caller.workspaces):
-        raise PolicyBlockedError("workspace_not_allowed", "no such workspace for this user")
+        raise PolicyBlockedError(Reason.WORKSPACE_NOT_ALLOWED, "no such workspace for this user")
     return name
 
 
@@ -166,4 +166,4 @@ def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
         message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
-        raise InvalidParamsError("invalid_arguments", f"{where}: {message}")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, f"{where}: {message}")

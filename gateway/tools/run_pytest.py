@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from xml.parsers import expat
 
-from gateway.errors import GatewayError, SandboxViolationError, ToolTimeoutError
+from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.tools.base import ExecutionRequest, Governance
 from gateway.tools.outcome import ResourceLink, ToolOutcome
@@ -314,11 +314,13 @@ def read_outcome(run_id: str, run_dir: Path, result: RunResult) -> ToolOutcome:
 def refusal_for(result: RunResult, timeout_s: float, policy: SandboxPolicy) -> GatewayError | None:
     """The error a run that the sandbox had to stop answers with (spec section 4, stage 9)."""
     if result.killed_by is KilledBy.TIMEOUT:
-        return ToolTimeoutError("timeout", f"killed after {timeout_s:g} s")
+        return ToolTimeoutError(Reason.TIMEOUT, f"killed after {timeout_s:g} s")
     if result.killed_by is KilledBy.OUTPUT:
-        return SandboxViolationError("output_limit", f"output over {policy.max_output_bytes} bytes")
+        return SandboxViolationError(Reason.OUTPUT_LIMIT, f"output over {policy.max_output_bytes} bytes")
     if result.killed_by is KilledBy.MEMORY:
-        return SandboxViolationError("memory_limit", f"the run went over {policy.memory_limit_mb} MiB and was stopped")
+        return SandboxViolationError(
+            Reason.MEMORY_LIMIT, f"the run went over {policy.memory_limit_mb} MiB and was stopped"
+        )
     return None
 
 

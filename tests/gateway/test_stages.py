@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from gateway.consent import Decision, NoAnswer
-from gateway.errors import GatewayError, ToolTimeoutError
+from gateway.errors import GatewayError, Reason, ToolTimeoutError
 from gateway.pipeline import STAGES, CallRequest, Pipeline
 from gateway.policy import load_policy
 from gateway.rbac import Permission
@@ -47,7 +47,7 @@ class EchoRun:
         return {"exit_code": self.exit_code, "duration_ms": self.duration_ms, "stopped": self.stopped}
 
     def refusal(self) -> GatewayError | None:
-        return ToolTimeoutError("timeout", "stopped at its limit") if self.stopped else None
+        return ToolTimeoutError(Reason.TIMEOUT, "stopped at its limit") if self.stopped else None
 
     def status(self) -> str:
         return "ok" if self.exit_code == 0 else "error"
