@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -30,6 +31,24 @@ def gw(home: Path, *args: str, cwd: Path, stdin: str = "") -> subprocess.Complet
     return subprocess.run(
         command, cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def _listed_tools(home: Path, *, cwd: Path) -> tuple[dict[str, Any], str]:
+    """`serve`'s answer to tools/list, and its stderr. Stdin stays open until the answer is read:
+    closing it cancels whatever is still in flight, as a client that leaves does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")}
+    env["PYTHONPATH"] = str(REPO)
+    command = [sys.executable, "-m", "gateway", "--home", str(home), "serve"]
+    with subprocess.Popen(
+        command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as served:
+        assert served.stdin is not None and served.stdout is not None
+        served.stdin.write(f"{INITIALIZE}\n{LIST}\n")
+        served.stdin.flush()
+        answers = [json.loads(served.stdout.readline()) for _ in range(2)]
+        _out, stderr = served.communicate(timeout=60)
+    (listed,) = [answer for answer in answers if answer.get("id") == json.loads(LIST)["id"]]
+    return listed, stderr
 
 
 @pytest.fixture
@@ -69,10 +88,9 @@ def test_serve_with_the_home_policy_init_wrote_ignores_the_agents_policy(tmp_pat
     assert made.returncode == 0, made.stderr
     assert f"wrote {home / 'policy.yaml'}" in made.stderr
 
-    served = gw(home, "serve", cwd=project, stdin=f"{INITIALIZE}\n{LIST}\n")
+    listed, stderr = _listed_tools(home, cwd=project)
 
-    assert f"serving on stdio (policy {home / 'policy.yaml'})" in served.stderr
-    listed = [json.loads(line) for line in served.stdout.splitlines()][-1]
+    assert f"serving on stdio (policy {home / 'policy.yaml'})" in stderr
     names = [tool["name"] for tool in listed["result"]["tools"]]
     assert "run_pytest" in names and "check_permission" not in names, "the agent's permission_prompt is not read"
 
