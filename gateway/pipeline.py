@@ -57,7 +57,7 @@ from gateway.services import Services
 from gateway.tools import artifacts, run_pytest
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS, ToolSpec
-from sandbox import RUN_GRACE_S, layers
+from sandbox import RUN_GRACE_S
 from sandbox.errors import SandboxStartError
 
 log = logging.getLogger("gateway.pipeline")
@@ -171,7 +171,7 @@ class Pipeline:
                 self.s.policy.budget,
                 reservation_ms(admitted.scope.timeout_s),
             )
-            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
+            check_sandbox_ready(self.s.policy.sandbox.enabled, self.s.host.missing(self.s.policy.sandbox.required))
             await self._consent(admitted, run_id, hashed, request.arguments, asker)
             check_pins_intact(admitted.scope)  # a folder swapped while consent waited: stage 4's refusal
             trail.executing, trail.started_at = True, self.s.clock.now()
@@ -321,6 +321,7 @@ class Pipeline:
                 timeout_s=scope.timeout_s,
                 run_dir=self.s.runs.folder(run_id),
                 environ=self.s.environ,
+                host=self.s.host,
             )
         except SandboxStartError as exc:
             trail.run_ms = 0  # nothing ran
@@ -340,7 +341,7 @@ class Pipeline:
             short_circuited=result.killed_by is not None,
             policy_timeout_s=self.s.policy.sandbox.timeout_s,
         )
-        run_pytest.write_evidence(self.s.runs.folder(run_id), governance, run.limits, result)
+        run_pytest.write_evidence(self.s.runs.folder(run_id), governance, run.limits, result, host=self.s.host)
         refusal = run_pytest.refusal(result, scope.timeout_s, self.s.policy.sandbox)
         status = refusal.reason if refusal else ("error" if run_pytest.is_tool_error(result) else "ok")
         if not await in_db_thread(self.s.runs.finish, run_id, status, result.exit_code):
@@ -420,7 +421,7 @@ class Pipeline:
             return reports
         passed("budget")
         try:
-            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
+            check_sandbox_ready(self.s.policy.sandbox.enabled, self.s.host.missing(self.s.policy.sandbox.required))
         except SandboxViolationError as exc:
             reports.append(StageReport("sandbox", exc.code, exc.reason, exc.public_message()))
             return reports

@@ -25,7 +25,8 @@ from xml.parsers import expat
 from gateway.errors import GatewayError, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.tools.outcome import ResourceLink, ToolOutcome
-from sandbox import Limits, RunResult, layers, run_sandboxed
+from sandbox import Limits, RunResult, run_sandboxed
+from sandbox.confine import LayerReport
 from sandbox.leftovers import scratch_folder
 from sandbox.pinned import Pinned
 from sandbox.runner import MAX_COLLECTED_BYTES, KilledBy
@@ -322,6 +323,7 @@ async def run(
     timeout_s: int,
     run_dir: Path,
     environ: Mapping[str, str],
+    host: LayerReport,
     allowed_paths: tuple[Pinned, ...] = (),
 ) -> PytestRun:
     """Run pytest for one call; nothing the run produced is read here (that is `PytestRun.outcome`).
@@ -353,11 +355,14 @@ async def run(
             run_dir / "stderr.txt",
             scratch=scratch,
             collect={"junit.xml": run_dir / "junit.xml"},
+            host=host,
         )
     return PytestRun(result, limits, run_id, run_dir)
 
 
-def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result: RunResult) -> None:
+def write_evidence(
+    run_dir: Path, governance: Governance, limits: Limits, result: RunResult, *, host: LayerReport
+) -> None:
     evidence = {
         "governance": asdict(governance),
         "sandbox": {
@@ -372,7 +377,7 @@ def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result
             },
             "confinement": {
                 "backend": limits.backend,
-                "landlock_abi": layers().landlock,
+                "landlock_abi": host.landlock,
                 "required_layers": sorted(limits.required),
             },
             **sandbox_summary(result),

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import pytest
 
-from sandbox import layers
+from sandbox import probe_host
 from sandbox.limits import BACKEND_LAYERS, BACKENDS
 from tests.harness import GatewayHome, StdioSession, deep_merge, reachable_by_everyone
 
@@ -305,7 +305,7 @@ def arena(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if os.geteuid() != 0:
         pytest.skip("the sandbox confines only when the gateway runs as root (as CI runs it)")
     backend = request.param
-    if backend == "bubblewrap" and not layers().mount_tree:
+    if backend == "bubblewrap" and not probe_host().mount_tree:
         pytest.fail("bubblewrap does not run here: `make test` installs Debian's bubblewrap")
     policy = {"sandbox": {"backend": backend, "required_layers": list(BACKEND_LAYERS[backend])}}
     with open_arena(tmp_path_factory.mktemp(f"arena-{backend}"), policy) as shared:

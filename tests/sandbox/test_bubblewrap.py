@@ -12,7 +12,7 @@ import anyio
 import psutil
 import pytest
 
-from sandbox import Limits, RunResult, layers, run_sandboxed
+from sandbox import Limits, RunResult, probe_host, run_sandboxed
 from sandbox.backends.bubblewrap import BWRAP, bubblewrap_argv, command_ran
 from sandbox.errors import SandboxStartError
 from sandbox.limits import BACKEND_LAYERS
@@ -106,7 +106,7 @@ def run(folder: Path, code: str, **overrides: object) -> tuple[RunResult, str]:
     return result, (folder / "out").read_text() + (folder / "err").read_text()
 
 
-needs_bubblewrap = pytest.mark.skipif(not layers().mount_tree, reason="bubblewrap does not run here")
+needs_bubblewrap = pytest.mark.skipif(not probe_host().mount_tree, reason="bubblewrap does not run here")
 
 
 @requires_root
