@@ -33,7 +33,7 @@ from sandbox import probe_host
 from sandbox.limits import BACKEND_LAYERS, BACKENDS
 from tests.harness import GatewayHome, StdioSession, deep_merge, reachable_by_everyone
 
-ELICITATION = {"elicitation": {"form": {}}}
+ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
 RUN_UIDS = range(61000, 62000)
 CANARY_VAR = "MCP_ADVERSARIAL_CANARY"
 _REPORT = re.compile(r"REPORT (\{.*\})")
@@ -152,7 +152,8 @@ class Run:
 
     @property
     def error_code(self) -> int | None:
-        return self.response.get("error", {}).get("code")
+        code: int | None = self.response.get("error", {}).get("code")
+        return code
 
     def artifact(self, name: str) -> bytes:
         if self.run_dir is None or not (self.run_dir / name).exists():

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -83,20 +85,19 @@ print(json.dumps({
 """
 
 
-def run(folder: Path, code: str, **overrides: object) -> tuple[RunResult, str]:
+def run(folder: Path, code: str, **overrides: Any) -> tuple[RunResult, str]:
     scratch = folder / "scratch"
     scratch.mkdir()
-    values: dict[str, object] = {
-        "timeout_s": 20,
-        "memory_limit_mb": 256,
-        "max_processes": 16,
-        "max_output_bytes": 100_000,
-        "env": {"PATH": "/usr/bin:/bin", "TMPDIR": str(scratch)},
-        "scratch_bytes": 8 << 20,
-        "backend": "bubblewrap",
-    }
-    values.update(overrides)
-    limits = Limits(**values)  # type: ignore[arg-type]
+    base = Limits(
+        timeout_s=20,
+        memory_limit_mb=256,
+        max_processes=16,
+        max_output_bytes=100_000,
+        env={"PATH": "/usr/bin:/bin", "TMPDIR": str(scratch)},
+        scratch_bytes=8 << 20,
+        backend="bubblewrap",
+    )
+    limits = dataclasses.replace(base, **overrides)
     collect = {"junit.xml": folder / "junit.xml"}
     result = anyio.run(
         lambda: run_sandboxed(
