@@ -74,11 +74,11 @@ class InProcess:
     def call(
         self, tool: str, arguments: Mapping[str, Any], token: object, asker: RoundTrip | None = None
     ) -> tuple[str, ToolOutcome]:
-        async def within_a_second() -> tuple[str, ToolOutcome]:
+        async def bounded() -> tuple[str, ToolOutcome]:
             with anyio.fail_after(5):
                 return await Pipeline(self.services).call(CallRequest(tool, arguments, token), asker)
 
-        return anyio.run(within_a_second)
+        return anyio.run(bounded)
 
     def refused(self, tool: str, arguments: Mapping[str, Any], token: object) -> GatewayError:
         with pytest.raises(GatewayError) as caught:
@@ -103,7 +103,7 @@ def migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def make_gateway(tmp_path: Path, migrated: Path) -> Iterator[Callable[..., InProcess]]:
+def in_process(tmp_path: Path, migrated: Path) -> Iterator[Callable[..., InProcess]]:
     engines: list[Engine] = []
 
     def make(overrides: Mapping[str, Any] | None = None, host: LayerReport = FAKE_HOST) -> InProcess:
@@ -207,8 +207,8 @@ def _token(gateway: InProcess, kind: str) -> object:
 
 
 @pytest.mark.parametrize("case", REFUSALS.values(), ids=REFUSALS.keys())
-def test_each_refusing_stage_leaves_its_terminal_event(make_gateway: Callable[..., InProcess], case: Refusal) -> None:
-    gateway = make_gateway(case.overrides, case.host)
+def test_each_refusing_stage_leaves_its_terminal_event(in_process: Callable[..., InProcess], case: Refusal) -> None:
+    gateway = in_process(case.overrides, case.host)
     for run_id, worst_case_ms in case.spent.items():
         gateway.services.budget.reserve("alice", run_id, gateway.services.policy.budget, worst_case_ms)
     before = gateway.usage()
@@ -236,8 +236,8 @@ def test_each_refusing_stage_leaves_its_terminal_event(make_gateway: Callable[..
         )
 
 
-def test_an_input_required_round_releases_its_reservation(make_gateway: Callable[..., InProcess]) -> None:
-    gateway = make_gateway()
+def test_an_input_required_round_releases_its_reservation(in_process: Callable[..., InProcess]) -> None:
+    gateway = in_process()
 
     with pytest.raises(InputRequired) as caught:
         gateway.call("run_pytest", ALL_PASS, gateway.token(), RoundTrip())
@@ -250,8 +250,8 @@ def test_an_input_required_round_releases_its_reservation(make_gateway: Callable
     assert events[-1].user == "alice"
 
 
-def test_an_audit_failure_runs_nothing(make_gateway: Callable[..., InProcess]) -> None:
-    gateway = make_gateway()
+def test_an_audit_failure_runs_nothing(in_process: Callable[..., InProcess]) -> None:
+    gateway = in_process()
     with gateway.services.engine.begin() as connection:
         connection.execute(
             text("CREATE TRIGGER fault BEFORE INSERT ON audit_events BEGIN SELECT RAISE(ABORT, 'refused'); END")
@@ -266,8 +266,8 @@ def test_an_audit_failure_runs_nothing(make_gateway: Callable[..., InProcess]) -
         assert connection.execute(text("SELECT count(*) FROM runs")).scalar_one() == 0
 
 
-def test_a_read_tool_leaves_its_call_and_its_end(make_gateway: Callable[..., InProcess]) -> None:
-    gateway = make_gateway()
+def test_a_read_tool_leaves_its_call_and_its_end(in_process: Callable[..., InProcess]) -> None:
+    gateway = in_process()
 
     run_id, outcome = gateway.call("list_artifacts", {}, gateway.token())
 
