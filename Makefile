@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test unit lint bench clean system-deps
+.PHONY: demo test unit lint bench clean system-deps bubblewrap postgresql
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +29,24 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check gateway sandbox tests bench
 	$(VENV)/bin/mypy
 
-# The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap:
-# as root, this installs it (once; nothing when it is there). Without root the sandbox tests skip
-# anyway. `make test` depends on it, so that on a fresh machine as root it still runs everything.
-system-deps:
+# The system packages the suite uses, installed as root (once; nothing when they are there).
+# `make test` depends on it, so that on a fresh machine as root it still runs everything; without
+# root nothing is installed and the tests that need them skip.
+system-deps: bubblewrap postgresql
+
+# The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap.
+bubblewrap:
 	@command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || { \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }; }
+
+# The PostgreSQL tests start a throwaway cluster of Debian's postgresql (tests/pg_cluster.py).
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; }
 
 test: lint system-deps
 	$(PY) -m pytest

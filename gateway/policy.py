@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from gateway.code_runners import program_wide_code_runner
-from gateway.errors import ConfigError, PolicyBlockedError
+from gateway.errors import ConfigError, PolicyBlockedError, Reason
 from gateway.permission_rules import parse_rule
 from gateway.rbac import Permission
 from sandbox.limits import ALWAYS_REQUIRED, BACKEND_LAYERS, BACKENDS, Backend, required_layers
@@ -561,13 +561,13 @@ def check_workspace_pinned(name: str, root: Path, pinned: Pinned | None) -> Pinn
     """
     if pinned is None or not pinned.is_dir or pinned.path != root:
         raise PolicyBlockedError(
-            "workspace_not_found",
+            Reason.WORKSPACE_NOT_FOUND,
             f"workspace {name!r} was not a folder when the gateway loaded its policy;"
             " create it, then restart the gateway",
         )
     if not is_intact(pinned):
         raise PolicyBlockedError(
-            "workspace_changed",
+            Reason.WORKSPACE_CHANGED,
             f"workspace {name!r} is no longer the folder the policy named when the gateway loaded it"
             " (moved, replaced or reached through a symlink); restore that folder at its path,"
             " or restart the gateway to load the policy again",
@@ -579,13 +579,13 @@ def check_allowed_path_pinned(path: Path, pinned: Pinned | None) -> Pinned:
     """The pin of a `sandbox.allowed_paths` entry, checked like a workspace's (`allowed_path_not_found`, `_changed`)."""
     if pinned is None or pinned.path != path:
         raise PolicyBlockedError(
-            "allowed_path_not_found",
+            Reason.ALLOWED_PATH_NOT_FOUND,
             f"sandbox.allowed_paths entry {str(path)!r} did not exist when the gateway loaded its policy;"
             " create it, then restart the gateway",
         )
     if not is_intact(pinned):
         raise PolicyBlockedError(
-            "allowed_path_changed",
+            Reason.ALLOWED_PATH_CHANGED,
             f"sandbox.allowed_paths entry {str(path)!r} is no longer what the policy named when the gateway"
             " loaded it (moved, replaced or reached through a symlink); restore it, or restart the gateway",
         )
@@ -600,18 +600,18 @@ def check_relative_path(root: Path, value: str, argument: str, resolve: Callable
     location (after `..` and symlinks) is outside the workspace root.
     """
     if "\x00" in value:
-        raise PolicyBlockedError("path_invalid", f"{argument} contains a NUL byte")
+        raise PolicyBlockedError(Reason.PATH_INVALID, f"{argument} contains a NUL byte")
     if _CONTROL.search(value):
-        raise PolicyBlockedError("path_invalid", f"{argument} contains a control character (newline, CR, ...)")
+        raise PolicyBlockedError(Reason.PATH_INVALID, f"{argument} contains a control character (newline, CR, ...)")
     if value.startswith(("-", "@")):
         raise PolicyBlockedError(
-            "path_looks_like_option",
+            Reason.PATH_LOOKS_LIKE_OPTION,
             f"{argument} must not start with '-' or '@' (pytest would read it as an option or a file of options)",
         )
     if Path(value).is_absolute():
-        raise PolicyBlockedError("path_outside_workspace", f"{argument} must be relative to the workspace")
+        raise PolicyBlockedError(Reason.PATH_OUTSIDE_WORKSPACE, f"{argument} must be relative to the workspace")
     real_root = resolve(root)
     target = resolve(root / value)
     if not _is_within(target, real_root):
-        raise PolicyBlockedError("path_outside_workspace", f"{argument} resolves outside the workspace")
+        raise PolicyBlockedError(Reason.PATH_OUTSIDE_WORKSPACE, f"{argument} resolves outside the workspace")
     return target

@@ -16,9 +16,10 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import InvalidParamsError, PolicyBlockedError
+from gateway.errors import InvalidParamsError, PolicyBlockedError, Reason
 from gateway.policy import Policy, check_allowed_path_pinned, check_relative_path, check_workspace_pinned
-from gateway.tools.registry import PATTERN_HINTS, TOOLS, ToolSpec
+from gateway.tools.base import ToolSpec
+from gateway.tools.schemas import PATTERN_HINTS
 from sandbox.pinned import Pinned
 
 if TYPE_CHECKING:
@@ -70,13 +71,13 @@ def check_call(
     resolve: Callable[[Path], Path] = Path.resolve,
 ) -> CallScope:
     if not policy.allowlist:
-        raise PolicyBlockedError("allowlist_empty", "the policy's tools.allowlist is empty")
+        raise PolicyBlockedError(Reason.ALLOWLIST_EMPTY, "the policy's tools.allowlist is empty")
     if spec.name not in policy.allowlist:
-        raise PolicyBlockedError("tool_not_allowlisted", f"{spec.name} is not in the policy's allowlist")
+        raise PolicyBlockedError(Reason.TOOL_NOT_ALLOWLISTED, f"{spec.name} is not in the policy's allowlist")
     timeout_s = policy.sandbox.timeout_s
     requested_timeout = arguments.get("timeout_s")
     if isinstance(requested_timeout, int) and requested_timeout > timeout_s:
-        raise PolicyBlockedError("timeout_over_policy", f"timeout_s is at most {timeout_s}")
+        raise PolicyBlockedError(Reason.TIMEOUT_OVER_POLICY, f"timeout_s is at most {timeout_s}")
     if isinstance(requested_timeout, int) and not isinstance(requested_timeout, bool) and requested_timeout > 0:
         timeout_s = requested_timeout
     if "workspace" not in spec.input_schema["properties"]:
@@ -113,11 +114,11 @@ def check_pins_intact(scope: CallScope) -> None:
 
 def choose_workspace(policy: Policy, requested: str | None, caller: Caller) -> str:
     if caller.token_workspace is not None and requested not in (None, caller.token_workspace):
-        raise PolicyBlockedError("workspace_not_allowed", "the token is limited to another workspace")
+        raise PolicyBlockedError(Reason.WORKSPACE_NOT_ALLOWED, "the token is limited to another workspace")
     name = requested or caller.token_workspace or (caller.workspaces[0] if caller.workspaces else None)
     # Unknown and not-yours read the same, so a caller cannot probe other tenants' names.
     if name is None or name not in policy.workspaces or not (caller.is_admin or name in caller.workspaces):
-        raise PolicyBlockedError("workspace_not_allowed", "no such workspace for this user")
+        raise PolicyBlockedError(Reason.WORKSPACE_NOT_ALLOWED, "no such workspace for this user")
     return name
 
 
@@ -148,14 +149,21 @@ def _full_match_validator() -> Any:
     return validators.extend(Draft202012Validator, {"pattern": _pattern})  # type: ignore[no-untyped-call]
 
 
-@cache
-def _validator(tool_name: str) -> Any:
-    return _full_match_validator()(dict(TOOLS[tool_name].input_schema))
+_VALIDATORS: dict[str, tuple[Mapping[str, Any], Any]] = {}
+"""A tool's validator, built at its first call: (the schema it was built from, the validator)."""
+
+
+def _validator(spec: ToolSpec) -> Any:
+    built = _VALIDATORS.get(spec.name)
+    if built is None or built[0] is not spec.input_schema:
+        built = (spec.input_schema, _full_match_validator()(dict(spec.input_schema)))
+        _VALIDATORS[spec.name] = built
+    return built[1]
 
 
 def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
-    error = next(iter(_validator(spec.name).iter_errors(dict(arguments))), None)
+    error = next(iter(_validator(spec).iter_errors(dict(arguments))), None)
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
         message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
-        raise InvalidParamsError("invalid_arguments", f"{where}: {message}")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, f"{where}: {message}")

@@ -26,7 +26,8 @@ from gateway.policy import Policy
 from gateway.policy_trust import policy_for
 from gateway.runs import RunStore
 from gateway.settings import Settings
-from gateway.tools.registry import TOOL_NAMES
+from gateway.tools.base import ToolSpec
+from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.users import UserStore
 from sandbox import probe_host
 from sandbox.confine import LayerReport
@@ -61,6 +62,8 @@ class Services(Stores):
     consent: ConsentStage
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     server_id: str = "mcp-write-gateway"
+    tools: Mapping[str, ToolSpec] = field(default_factory=lambda: TOOLS)
+    """The tool catalogue (gateway/tools/registry.py); a test may add one."""
 
 
 def open_stores(settings: Settings, clock: Clock | None = None, *, engine: Engine | None = None) -> Stores:
