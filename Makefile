@@ -1,4 +1,5 @@
-# The two quick-start commands: `make demo` and `make test` (spec section 1).
+# The two quick-start commands: `make demo` and `make test` (spec section 1); `make unit` is the
+# fast loop while working on the code, `make system-deps` what CI installs first (.ci/run).
 # The sandboxed test runs exec this venv's interpreter as an unprivileged uid, so the venv
 # is built from an interpreter every user can reach (Debian's, not one under /root).
 PYTHON ?= $(firstword $(wildcard /usr/bin/python3) python3)
@@ -6,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test lint bench clean bubblewrap postgresql
+.PHONY: demo test unit lint bench clean system-deps bubblewrap postgresql
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,24 +29,32 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check gateway sandbox tests bench
 	$(VENV)/bin/mypy
 
-# The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap;
-# as root (as CI runs), `make test` installs it. Without root the sandbox tests skip anyway.
+# The system packages the suite uses, installed as root (once; nothing when they are there).
+# `make test` depends on it, so that on a fresh machine as root it still runs everything; without
+# root nothing is installed and the tests that need them skip.
+system-deps: bubblewrap postgresql
+
+# The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap.
 bubblewrap:
 	@command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || { \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }; }
 
-# The PostgreSQL tests start a throwaway cluster of Debian's postgresql (tests/pg_cluster.py);
-# as root (as CI runs), `make test` installs it. Without it those tests skip.
+# The PostgreSQL tests start a throwaway cluster of Debian's postgresql (tests/pg_cluster.py).
 postgresql:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || { \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; }
 
-test: lint bubblewrap postgresql
+test: lint system-deps
 	$(PY) -m pytest
+
+# The unit tests of the gateway and the sandbox, in about a minute: no stdio sessions (tests/e2e),
+# no hostile suites (tests/adversarial). Run `make test` before you push.
+unit: $(STAMP)
+	$(PY) -m pytest tests/gateway tests/sandbox
 
 bench: $(VENV)/.installed
 	$(PY) bench/stdio_refusals.py

@@ -158,7 +158,8 @@ class TreeWorker:
             raise BenchError(f"modules from outside {self.tree}: {foreign[:5]}")
 
     def hello(self) -> dict[str, Any]:
-        report = self.sandbox.layers()
+        probe = getattr(self.sandbox, "probe_host", None) or self.sandbox.layers  # layers(): before issue 13
+        report = probe()
         fields = dataclasses.asdict(report) if dataclasses.is_dataclass(report) and not isinstance(report, type) else {}
         names = [f"{k} (ABI {v})" if k == "landlock" else k for k, v in fields.items() if v]
         return {"layers": names or [repr(report)], "python": platform.python_version()}

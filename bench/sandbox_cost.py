@@ -64,7 +64,7 @@ if str(REPO) not in sys.path:
 
 from gateway.policy import SandboxPolicy  # noqa: E402
 from gateway.tools import run_pytest  # noqa: E402
-from sandbox import Limits, layers, run_sandboxed, run_unsafe_unconfined  # noqa: E402
+from sandbox import Limits, probe_host, run_sandboxed, run_unsafe_unconfined  # noqa: E402
 from sandbox.backends.cgroup import CgroupRoots, RunCgroup, discover  # noqa: E402
 from sandbox.backends.containment import sweep  # noqa: E402
 from sandbox.backends.identity import RunIdentity, UidPool  # noqa: E402
@@ -354,7 +354,7 @@ def suite_sides(root: Path, workspace: Path) -> tuple[list[Side], list[dict[str,
         run_id = uuid.uuid4().hex
         done = await run_pytest.run(
             run_id=run_id, root=pin(workspace), arguments=SUITE_ARGUMENTS, policy=policy,
-            timeout_s=CALL_TIMEOUT_S, run_dir=root / "runs" / run_id, environ=os.environ,
+            timeout_s=CALL_TIMEOUT_S, run_dir=root / "runs" / run_id, environ=os.environ, host=probe_host(),
         )  # fmt: skip
         if done.result.exit_code != 0:
             raise BenchError(f"run_pytest.run: {done.read_outcome().text}")
@@ -460,7 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("sandbox_cost: must run as root (the sandbox drops each run to a pool uid)", file=sys.stderr)
         return 1
-    report = layers()
+    report = probe_host()
     active = [
         f"{name} (ABI {report.landlock})" if name == "landlock" else name for name in LAYERS if getattr(report, name)
     ]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.audit import AuditLog, EventDraft, EventType
+from gateway.audit import EventDraft, EventType
 from gateway.auth import ensure_keys, issue_token, jti_of
 from gateway.cli_consent import (
     cmd_approvals,
@@ -20,8 +20,8 @@ from gateway.cli_consent import (
     cmd_consent_list,
     cmd_consent_revoke,
 )
-from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
-from gateway.db import make_engine, migrate, schema_is_current
+from gateway.clock import iso_utc, new_token_id, parse_iso
+from gateway.db import migrate, schema_is_current
 from gateway.db_errors import cause_name
 from gateway.db_file import DatabaseFileUnwritableError
 from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
@@ -32,11 +32,11 @@ from gateway.policy import SandboxPolicy, load_policy, risky_settings
 from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
 from gateway.rbac import ADMIN_ROLE
 from gateway.recovery import close_abandoned_runs
-from gateway.services import Services, open_services
+from gateway.services import Services, open_services, open_stores
 from gateway.settings import Settings, resolve_settings
 from gateway.tools.registry import TOOL_NAMES
 from gateway.users import UserError
-from sandbox import layers
+from sandbox import probe_host
 from sandbox.confine import LayerReport
 from sandbox.limits import BACKEND_LAYERS, LAYERS
 
@@ -75,7 +75,7 @@ def cmd_init(settings: Settings, args: argparse.Namespace) -> int:
     if os.path.lexists(settings.policy_path):
         algorithms = policy_for(settings, TOOL_NAMES).auth.algorithms
     created = ensure_keys(settings.home, algorithms)
-    migrate(make_engine(settings.db_url))
+    migrate(open_stores(settings).engine)
     for path in created:
         print(f"created {path}", file=sys.stderr)
     print(f"initialised {settings.home} (database schema current)", file=sys.stderr)
@@ -241,7 +241,7 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
             log.warning("database unreachable at start-up (%s); calls will fail with -32603", cause_name(exc))
     for warning in risky_settings(s.policy, settings.home):
         log.warning("%s", warning)
-    log.info("%s", describe_layers(layers(), s.policy.sandbox))
+    log.info("%s", describe_layers(s.host, s.policy.sandbox))
     log.info("serving on stdio (policy %s)", settings.policy_path)
     run_stdio(s)
     return 0
@@ -263,7 +263,7 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
         except ConfigError as exc:
             why = exc.bare_message.removeprefix("refusing this policy: ")
             warnings.append(f"{path}: warning: serve would refuse this file: {why}")
-    report = layers()
+    report = probe_host()  # a draft needs no keys nor database: no Services here, only the host
     missing = report.missing(policy.sandbox.required)
     if policy.sandbox.enabled and missing:
         warnings.append(
@@ -318,16 +318,14 @@ def cmd_audit_export(settings: Settings, args: argparse.Namespace) -> int:
             since = iso_utc(parse_iso(args.since))
         except ValueError as exc:
             raise CommandError("--since must be an ISO 8601 time, e.g. 2026-11-22T10:00:00Z") from exc
-    audit = AuditLog(make_engine(settings.db_url), SystemClock())
     out = sys.stdout
-    for event in audit.events(since_ts=since):
+    for event in open_stores(settings).audit.events(since_ts=since):
         out.write(json.dumps(event.to_json(), sort_keys=True, ensure_ascii=False) + "\n")
     return 0
 
 
 def cmd_audit_verify(settings: Settings, _args: argparse.Namespace) -> int:
-    audit = AuditLog(make_engine(settings.db_url), SystemClock())
-    report = audit.verify()
+    report = open_stores(settings).audit.verify()
     if report.ok:
         print(f"ok: {report.checked} events, hash chain intact")
         return 0

@@ -10,7 +10,7 @@ from typing import Any
 from gateway.approvals import approver_name, run_approvals
 from gateway.audit import EventDraft, EventType
 from gateway.canonical import args_hash
-from gateway.clock import SystemClock, iso_utc
+from gateway.clock import iso_utc
 from gateway.consent import (
     CLI_CHANNEL,
     RISK_META_KEY,
@@ -24,14 +24,12 @@ from gateway.consent import (
     risk_tier,
     tool_fingerprint,
 )
-from gateway.consent_store import ConsentStore, Grant
-from gateway.db import make_engine
+from gateway.consent_store import Grant
 from gateway.errors import CommandError
 from gateway.grant_scope import normal_grant_arguments
-from gateway.liveness import SessionStore
 from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_path_arguments, agent_tool_consent
 from gateway.policy_trust import policy_for
-from gateway.services import Services, open_services
+from gateway.services import Services, open_services, open_stores
 from gateway.settings import Settings
 from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.visible import visible
@@ -39,9 +37,10 @@ from gateway.visible import visible
 
 def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
     """One line per stored decision; an Allow whose channel may no longer make one is `ignored`."""
-    now = SystemClock().now()
     counted = lasting_allow_channels(policy_for(settings, TOOL_NAMES).consent.channels)
-    for g in ConsentStore(make_engine(settings.db_url)).list_grants(args.user, include_revoked=args.all):
+    stores = open_stores(settings)
+    now = stores.clock.now()
+    for g in stores.consent_store.list_grants(args.user, include_revoked=args.all):
         state = (
             "revoked"
             if g.revoked_at
@@ -118,7 +117,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         channel=CLI_CHANNEL,
         arguments=covered,
     )
-    grant_id = ConsentStore(s.engine).insert_grant(grant)
+    grant_id = s.consent_store.insert_grant(grant)
     decision = Decision.ALLOW_ALWAYS if args.always else Decision.DENY_ALWAYS
     detail: dict[str, Any] = {
         "decision": str(decision),
@@ -160,7 +159,7 @@ def _grant_target(s: Services, tool: str, agent: bool) -> tuple[str, RiskTier, b
 
 def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
     s = open_services(settings)
-    revoked = ConsentStore(s.engine).revoke_grant(args.grant_id, s.clock.now())
+    revoked = s.consent_store.revoke_grant(args.grant_id, s.clock.now())
     if revoked is None:
         raise CommandError(f"no stored decision {args.grant_id} (or it is revoked already)")
     s.audit.append(
@@ -179,5 +178,5 @@ def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_approvals(settings: Settings, _args: argparse.Namespace) -> int:
     locale = policy_for(settings, TOOL_NAMES).consent.locale
-    engine = make_engine(settings.db_url)
-    return run_approvals(ConsentStore(engine), SystemClock(), locale, sessions=SessionStore(engine))
+    stores = open_stores(settings)
+    return run_approvals(stores.consent_store, stores.clock, locale, sessions=stores.sessions)

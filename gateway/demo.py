@@ -22,17 +22,16 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 
-from gateway.audit import AuditLog
-from gateway.auth import TokenStore, ensure_keys, issue_token, load_keyring
-from gateway.clock import SystemClock, new_token_id
-from gateway.db import make_engine, migrate
+from gateway.auth import ensure_keys, issue_token, load_keyring
+from gateway.clock import new_token_id
+from gateway.db import migrate
 from gateway.default_policy import SHIPPED_POLICY
 from gateway.errors import ConfigError
 from gateway.policy import load_policy
 from gateway.server import RUN_ID_META
+from gateway.services import open_stores
 from gateway.settings import Settings
 from gateway.tools.registry import TOOL_NAMES
-from gateway.users import UserStore
 
 
 class AuthedCallToolParams(types.CallToolRequestParams):
@@ -133,20 +132,18 @@ def run_demo(settings: Settings, environ: Mapping[str, str], out: TextIO = sys.s
     home = Path(tempfile.mkdtemp(prefix="mcp-gateway-demo-"))
     (home / "artifacts").mkdir(mode=0o700)
     ensure_keys(home, policy.auth.algorithms)
-    engine = make_engine(f"sqlite:///{home / 'gateway.db'}")
-    migrate(engine)
-    clock = SystemClock()
-    users = UserStore(engine, clock)
-    users.add("alice", "USER", ("default",))
-    users.add("vic", "VIEWER", ("default",))
+    stores = open_stores(Settings(home=home, db_url=f"sqlite:///{home / 'gateway.db'}", policy_path=policy_path))
+    migrate(stores.engine)
+    stores.users.add("alice", "USER", ("default",))
+    stores.users.add("vic", "VIEWER", ("default",))
     keys = load_keyring(home)
-    now = clock.now()
+    now = stores.clock.now()
     tokens = {
         name: issue_token(keys, policy.auth, name, now=now, ttl_s=600, jti=new_token_id()) for name in ("alice", "vic")
     }
     revoked_jti = new_token_id()
     tokens["revoked"] = issue_token(keys, policy.auth, "alice", now=now, ttl_s=600, jti=revoked_jti)
-    TokenStore(engine).revoke(revoked_jti, now)
+    stores.tokens.revoke(revoked_jti, now)
 
     _line(out, "mcp-write-gateway demo")
     _line(
@@ -159,7 +156,7 @@ def run_demo(settings: Settings, environ: Mapping[str, str], out: TextIO = sys.s
 
     _line(out)
     _line(out, "audit trail (one MCP_TOOL_CALL and one terminal event per call, hash-chained):")
-    audit = AuditLog(engine, clock)
+    audit = stores.audit
     for event in audit.events():
         if event.run_id not in run_ids:
             continue

@@ -64,7 +64,7 @@ from gateway.services import Services
 from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
-from sandbox import RUN_GRACE_S, layers
+from sandbox import RUN_GRACE_S
 from sandbox.errors import SandboxStartError
 
 log = logging.getLogger("gateway.pipeline")
@@ -300,7 +300,7 @@ class Pipeline:
         return ""
 
     def _sandbox_ready(self, walk: _Walk) -> None:
-        check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
+        check_sandbox_ready(self.s.policy.sandbox.enabled, self.s.host.missing(self.s.policy.sandbox.required))
 
     async def _consent(self, walk: _Walk) -> None:
         admitted = walk.admitted
@@ -471,6 +471,7 @@ class Pipeline:
             timeout_s=scope.timeout_s,
             run_dir=self.s.runs.folder(run_id),
             environ=self.s.environ,
+            host=self.s.host,
         )
         try:
             run = await spec.execute(request)

@@ -144,10 +144,10 @@ def sweep_once(
     """Close what nobody will close: overdue runs and orphaned questions (synchronous database work)."""
     here = here or this_process()
     now = services.clock.now()
-    questions = ConsentStore(services.engine)
+    questions = services.consent_store
     overdue = services.runs.fetch_overdue(now)
     unanswered = questions.fetch_unanswered()
-    owners = SessionStore(services.engine).fetch(
+    owners = services.sessions.fetch(
         [r.session_id for r in overdue if r.session_id] + [q.session_id for q in unanswered]
     )
     swept = Swept()
@@ -262,7 +262,7 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
     here = this_process()
     session = services.consent.session_id
     services.runs.owner = session
-    sessions = SessionStore(services.engine)
+    sessions = services.sessions
     failing = False
     try:
         while True:
@@ -296,4 +296,4 @@ def _tick(services: Services, sessions: SessionStore, session: str, here: Proces
         )
     sweep_once(services, pace, here)
     sessions.purge(now - SESSION_KEEP_S)
-    ConsentStore(services.engine).purge_expired(now)  # questions closed long ago (issue 12, item 7)
+    services.consent_store.purge_expired(now)  # questions closed long ago (issue 12, item 7)

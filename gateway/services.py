@@ -1,4 +1,10 @@
-"""The gateway's I/O, built once from Settings and handed to the pipeline, the server and the CLI."""
+"""The gateway's I/O, built once from Settings and handed to the pipeline, the server and the CLI.
+
+The composition root: nothing else in `gateway/` makes an engine, a store, a key ring or probes the
+host. `open_stores` connects the database only (what `audit`, `consent list` and `approvals` need,
+and what works before a policy or keys exist); `open_services` adds the policy, the keys, the host
+probe and what the pipeline builds on them.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from gateway.clock import Clock, IdFactory, SystemClock, new_run_id
 from gateway.consent import ConsentStage
 from gateway.consent_store import ConsentStore
 from gateway.db import make_engine
+from gateway.liveness import SessionStore
 from gateway.policy import Policy
 from gateway.policy_trust import policy_for
 from gateway.runs import RunStore
@@ -22,27 +29,58 @@ from gateway.settings import Settings
 from gateway.tools.base import ToolSpec
 from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.users import UserStore
+from sandbox import probe_host
+from sandbox.confine import LayerReport
 
 
 @dataclass(frozen=True)
-class Services:
-    settings: Settings
-    policy: Policy
+class Stores:
+    """The database and the stores on it; no policy, no keys."""
+
     engine: Engine
     clock: Clock
-    new_run_id: IdFactory
-    keys: KeyRing
     audit: AuditLog
     users: UserStore
     tokens: TokenStore
     budget: BudgetLedger
     runs: RunStore
+    consent_store: ConsentStore
+    sessions: SessionStore
+
+
+@dataclass(frozen=True)
+class Services(Stores):
+    """The stores, and what a call needs on top of them."""
+
+    settings: Settings
+    policy: Policy
+    new_run_id: IdFactory
+    keys: KeyRing
+    host: LayerReport
+    """The layers this host can enforce, probed once (stage 7 and the run read this, never a probe)."""
     authenticator: Authenticator
     consent: ConsentStage
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     server_id: str = "mcp-write-gateway"
     tools: Mapping[str, ToolSpec] = field(default_factory=lambda: TOOLS)
     """The tool catalogue (gateway/tools/registry.py); a test may add one."""
+
+
+def open_stores(settings: Settings, clock: Clock | None = None, *, engine: Engine | None = None) -> Stores:
+    """Connect the stores (no connection is made until one is used). Raises ConfigError on a bad database URL."""
+    clock = clock or SystemClock()
+    engine = engine or make_engine(settings.db_url)
+    return Stores(
+        engine=engine,
+        clock=clock,
+        audit=AuditLog(engine, clock),
+        users=UserStore(engine, clock),
+        tokens=TokenStore(engine),
+        budget=BudgetLedger(engine, clock),
+        runs=RunStore(engine, settings.artifacts_dir),
+        consent_store=ConsentStore(engine),
+        sessions=SessionStore(engine),
+    )
 
 
 def open_services(
@@ -52,28 +90,34 @@ def open_services(
     clock: Clock | None = None,
     new_id: IdFactory = new_run_id,
     engine: Engine | None = None,
+    host: LayerReport | None = None,
 ) -> Services:
-    """Load the policy and keys and connect the stores. Raises ConfigError on bad configuration, or on a
-    policy file someone other than the gateway's user could have written (gateway/policy_trust.py)."""
+    """Load the policy and keys, probe the host and connect the stores. Raises ConfigError on bad configuration,
+    or on a policy file someone other than the gateway's user could have written (gateway/policy_trust.py).
+
+    Without `host`, the host is probed here (once per process): its probes fork, so this runs
+    before the server starts any thread (docs/decisions.md 48)."""
     policy = policy or policy_for(settings, TOOL_NAMES)
-    clock = clock or SystemClock()
-    engine = engine or make_engine(settings.db_url)
+    host = host or probe_host()
+    stores = open_stores(settings, clock, engine=engine)
     keys = load_keyring(settings.home)
-    audit = AuditLog(engine, clock)
-    users = UserStore(engine, clock)
-    tokens = TokenStore(engine)
     return Services(
+        engine=stores.engine,
+        clock=stores.clock,
+        audit=stores.audit,
+        users=stores.users,
+        tokens=stores.tokens,
+        budget=stores.budget,
+        runs=stores.runs,
+        consent_store=stores.consent_store,
+        sessions=stores.sessions,
         settings=settings,
         policy=policy,
-        engine=engine,
-        clock=clock,
         new_run_id=new_id,
         keys=keys,
-        audit=audit,
-        users=users,
-        tokens=tokens,
-        budget=BudgetLedger(engine, clock),
-        runs=RunStore(engine, settings.artifacts_dir),
-        authenticator=Authenticator(engine, keys, policy.auth, tokens=tokens, users=users, clock=clock),
-        consent=ConsentStage(policy.consent, audit, ConsentStore(engine), clock, new_id),
+        host=host,
+        authenticator=Authenticator(
+            stores.engine, keys, policy.auth, tokens=stores.tokens, users=stores.users, clock=stores.clock
+        ),
+        consent=ConsentStage(policy.consent, stores.audit, stores.consent_store, stores.clock, new_id),
     )

@@ -4,6 +4,6 @@ This package never imports `gateway`: limits come in as values, outcomes go out 
 """
 
 from sandbox.limits import Limits
-from sandbox.runner import RUN_GRACE_S, RunResult, layers, run_sandboxed, run_unsafe_unconfined
+from sandbox.runner import RUN_GRACE_S, RunResult, probe_host, run_sandboxed, run_unsafe_unconfined
 
-__all__ = ["RUN_GRACE_S", "Limits", "RunResult", "layers", "run_sandboxed", "run_unsafe_unconfined"]
+__all__ = ["RUN_GRACE_S", "Limits", "RunResult", "probe_host", "run_sandboxed", "run_unsafe_unconfined"]

@@ -106,7 +106,7 @@ async def run_sandboxed(
     left out unless `limits.required_layers` names it. Raises SandboxStartError when a required
     layer is missing or cannot be applied: nothing ran.
     """
-    active = plan_layers(host or layers(), limits)
+    active = plan_layers(host or probe_host(), limits)
     identity = _POOL.acquire()
     group: RunCgroup | None = None
     try:
@@ -187,8 +187,11 @@ async def run_unsafe_unconfined(
 
 
 @cache
-def layers() -> LayerReport:
-    """The layers this kernel and process can enforce, probed once."""
+def probe_host() -> LayerReport:
+    """The layers this kernel and process can enforce, probed once per process.
+
+    The probes start children with `preexec_fn`: call it while the process has one thread (the
+    gateway does, in `open_services`, before serving; docs/decisions.md 48)."""
     return probe_layers()
 
 

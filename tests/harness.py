@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import yaml
 from sqlalchemy import text
@@ -36,6 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY: dict[str, Any] = yaml.safe_load((REPO / "policy.yaml").read_text())
 SAMPLE_PROJECT = REPO / "examples" / "sample_project"
 LEGACY = "2025-11-25"
+
+if TYPE_CHECKING:
+    import pexpect
 
 
 def wipe_postgres(url: str) -> None:
@@ -297,7 +301,28 @@ class StdioSession:
         return code
 
 
-def shows_request(approver: Any) -> str:
+class Approver(Protocol):
+    """`mcp-gateway approvals` in a pty: a `pexpect.spawn` made with an encoding, read after a match.
+
+    pexpect types `before` and `match` for every moment of a child's life (None before the first
+    match, the EOF or TIMEOUT class after one of those); the tests read them only after `expect`
+    found a pattern, when they are text and a match: `as_approver` states that once.
+    """
+
+    before: str
+    match: re.Match[str]
+
+    def expect(self, pattern: Any, timeout: float | None = -1) -> int: ...
+    def send(self, s: str) -> int: ...
+    def terminate(self, force: bool = False) -> bool: ...
+
+
+def as_approver(child: pexpect.spawn[str]) -> Approver:
+    """A `pexpect.spawn(..., encoding="utf-8")` running `mcp-gateway approvals`, typed as the tests read it."""
+    return cast(Approver, child)  # see Approver: what pexpect's union types cover that the tests never read
+
+
+def shows_request(approver: Approver) -> str:
     """Wait for the next question on an approver's screen (a pexpect child); returns its id."""
     approver.expect(r"consent request (\w+) ---")
     request_id = str(approver.match.group(1))

@@ -41,8 +41,8 @@ class ExecutionRequest:
     run_dir: Path
     """The run's artifacts folder, not yet created: the tool makes it."""
     environ: Mapping[str, str]
-    host: LayerReport | None = None
-    """What this host can enforce; None: the sandbox probes it."""
+    host: LayerReport
+    """What this host can enforce (`Services.host`, probed once by `open_services`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTime
 from gateway.policy import SandboxPolicy
 from gateway.tools.base import ExecutionRequest, Governance
 from gateway.tools.outcome import ResourceLink, ToolOutcome
-from sandbox import Limits, RunResult, layers, run_sandboxed
+from sandbox import Limits, RunResult, run_sandboxed
 from sandbox.confine import LayerReport
 from sandbox.leftovers import scratch_folder
 from sandbox.pinned import Pinned
@@ -84,7 +84,7 @@ class PytestRun:
     run_id: str
     run_dir: Path
     policy: SandboxPolicy
-    host: LayerReport | None = None
+    host: LayerReport
 
     @property
     def duration_ms(self) -> int:
@@ -367,7 +367,7 @@ async def run(
     run_dir: Path,
     environ: Mapping[str, str],
     allowed_paths: tuple[Pinned, ...] = (),
-    host: LayerReport | None = None,
+    host: LayerReport,
 ) -> PytestRun:
     """Run pytest for one call; nothing the run produced is read here (that is `PytestRun.outcome`).
 
@@ -403,9 +403,7 @@ async def run(
     return PytestRun(result, limits, run_id, run_dir, policy, host)
 
 
-def write_evidence(
-    run_dir: Path, governance: Governance, limits: Limits, result: RunResult, host: LayerReport | None = None
-) -> None:
+def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result: RunResult, host: LayerReport) -> None:
     evidence = {
         "governance": asdict(governance),
         "sandbox": {
@@ -420,7 +418,7 @@ def write_evidence(
             },
             "confinement": {
                 "backend": limits.backend,
-                "landlock_abi": (host or layers()).landlock,
+                "landlock_abi": host.landlock,
                 "required_layers": sorted(limits.required),
             },
             **sandbox_summary(result),

@@ -29,11 +29,11 @@ from typing import Any
 import psutil
 import pytest
 
-from sandbox import layers
+from sandbox import probe_host
 from sandbox.limits import BACKEND_LAYERS, BACKENDS
 from tests.harness import GatewayHome, StdioSession, deep_merge, reachable_by_everyone
 
-ELICITATION = {"elicitation": {"form": {}}}
+ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
 RUN_UIDS = range(61000, 62000)
 CANARY_VAR = "MCP_ADVERSARIAL_CANARY"
 _REPORT = re.compile(r"REPORT (\{.*\})")
@@ -152,7 +152,8 @@ class Run:
 
     @property
     def error_code(self) -> int | None:
-        return self.response.get("error", {}).get("code")
+        code: int | None = self.response.get("error", {}).get("code")
+        return code
 
     def artifact(self, name: str) -> bytes:
         if self.run_dir is None or not (self.run_dir / name).exists():
@@ -305,7 +306,7 @@ def arena(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if os.geteuid() != 0:
         pytest.skip("the sandbox confines only when the gateway runs as root (as CI runs it)")
     backend = request.param
-    if backend == "bubblewrap" and not layers().mount_tree:
+    if backend == "bubblewrap" and not probe_host().mount_tree:
         pytest.fail("bubblewrap does not run here: `make test` installs Debian's bubblewrap")
     policy = {"sandbox": {"backend": backend, "required_layers": list(BACKEND_LAYERS[backend])}}
     with open_arena(tmp_path_factory.mktemp(f"arena-{backend}"), policy) as shared:

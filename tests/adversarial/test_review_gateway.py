@@ -394,7 +394,7 @@ OPTIONS = "zzz_matches_nothing\n--collect-only\n-p\nno:python\n"
     ],
 )
 def test_an_options_file_named_in_an_argument_is_refused_before_anything_runs(
-    arena: Arena, arguments: dict[str, str], code: int
+    arena: Arena, arguments: dict[str, Any], code: int
 ) -> None:
     arena.write("argfile/opts", OPTIONS)
     arena.write("argfile/test_ok.py", PASSING)
@@ -436,7 +436,7 @@ def test_values_with_spaces_and_at_signs_inside_reach_pytest_as_values(arena: Ar
     ],
 )
 def test_control_characters_in_run_arguments_are_refused(
-    arena: Arena, arguments: dict[str, str], code: int, reason: str
+    arena: Arena, arguments: dict[str, Any], code: int, reason: str
 ) -> None:
     run = arena.run(**arguments)
 

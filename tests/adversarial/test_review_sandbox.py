@@ -18,13 +18,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandbox import RUN_GRACE_S
 from sandbox.backends.pidns import WATCHDOG_GRACE_S
 from sandbox.leftovers import SCRATCH_PREFIX
-from sandbox.limits import BACKEND_LAYERS, BACKENDS
+from sandbox.limits import BACKEND_LAYERS, BACKENDS, Backend
 from tests.adversarial.conftest import RUN_UIDS, Arena, answer_allow_once, open_arena
 from tests.harness import StdioSession
 
@@ -249,7 +250,7 @@ def test_a_concurrent_run_cannot_reach_a_live_runs_ipc_objects(arena: Arena) -> 
     assert (peeked["shm_ids"], peeked["msg_ids"], peeked["sem_ids"]) == ([], [], []), peeked
 
 
-def report_of(arena: Arena, response: dict[str, object]) -> dict[str, object]:
+def report_of(arena: Arena, response: dict[str, Any]) -> dict[str, Any]:
     result = response.get("result")
     assert isinstance(result, dict), response
     run_id = result["structuredContent"]["run_id"]
@@ -308,7 +309,7 @@ def run_row(arena: Arena, run_id: str) -> tuple[str, float | None]:
 
 @contextlib.contextmanager
 def sleepers_running(
-    factory: pytest.TempPathFactory, backend: str, name: str, timeout_s: int
+    factory: pytest.TempPathFactory, backend: Backend, name: str, timeout_s: int
 ) -> Iterator[tuple[Arena, int]]:
     """An arena of its own (the test kills or stops its gateway) with SLEEPERS running: (arena, call id)."""
     if os.geteuid() != 0:
@@ -324,7 +325,7 @@ def sleepers_running(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_run_dies_with_its_gateway_and_the_next_gateway_closes_its_record(
-    backend: str, tmp_path_factory: pytest.TempPathFactory
+    backend: Backend, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     with sleepers_running(tmp_path_factory, backend, "test_outlive", timeout_s=8) as (arena, _):
         session = arena.session
@@ -355,7 +356,7 @@ def test_a_run_dies_with_its_gateway_and_the_next_gateway_closes_its_record(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_stopped_gateway_cannot_stretch_a_runs_time_limit(
-    backend: str, tmp_path_factory: pytest.TempPathFactory
+    backend: Backend, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Variant: the gateway is alive but frozen (SIGSTOP, like a loop stuck on a database lock)."""
     with sleepers_running(tmp_path_factory, backend, "test_frozen", timeout_s=5) as (arena, call):

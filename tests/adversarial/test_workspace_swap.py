@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import layers
+from sandbox import probe_host
 from sandbox.limits import BACKEND_LAYERS, BACKENDS, Backend
 from tests.adversarial.conftest import Arena, Run, answer_allow_once, open_arena
 from tests.harness import GatewayHome
@@ -86,7 +86,7 @@ class Tenants:
 def tenants(root: Path, backend: Backend) -> Iterator[Tenants]:
     if os.geteuid() != 0:
         pytest.skip("the sandbox confines only when the gateway runs as root (as CI runs it)")
-    if backend == "bubblewrap" and not layers().mount_tree:
+    if backend == "bubblewrap" and not probe_host().mount_tree:
         pytest.fail("bubblewrap does not run here: `make test` installs Debian's bubblewrap")
     secret = f"other-tenant-{secrets.token_hex(16)}".encode()
 

@@ -7,17 +7,17 @@ from collections.abc import Callable, Iterator
 import pexpect
 import pytest
 
-from tests.harness import GatewayHome
+from tests.harness import Approver, GatewayHome, as_approver
 
 
 @pytest.fixture
-def approvals(gateway: GatewayHome) -> Iterator[Callable[[], pexpect.spawn]]:
+def approvals(gateway: GatewayHome) -> Iterator[Callable[[], Approver]]:
     """Start approvers on the test module's `gateway`; each is killed at the end of the test."""
-    started: list[pexpect.spawn] = []
+    started: list[Approver] = []
 
-    def start() -> pexpect.spawn:
+    def start() -> Approver:
         argv = gateway.cli_argv("approvals")
-        child = pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200))
+        child = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200)))
         child.expect("waiting for consent requests")
         started.append(child)
         return child

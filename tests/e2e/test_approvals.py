@@ -9,12 +9,11 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import pexpect
 import pytest
 from sqlalchemy import select
 
 from gateway import db
-from tests.harness import GatewayHome, StdioSession, shows_request
+from tests.harness import Approver, GatewayHome, StdioSession, shows_request
 
 SessionFactory = Callable[..., StdioSession]
 RUN = ("run_pytest", {"test_path": "tests"})
@@ -56,7 +55,7 @@ def request_rows(gateway: GatewayHome) -> list[dict[str, Any]]:
 
 
 def test_the_approver_shows_the_request_and_allow_once_runs_the_call(
-    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
     approver = approvals()
     session = open_session(gateway)  # declares no elicitation: the question goes out of band
@@ -82,7 +81,7 @@ def test_the_approver_shows_the_request_and_allow_once_runs_the_call(
 def test_deny_once_and_esc_refuse_the_call(
     gateway: GatewayHome,
     open_session: SessionFactory,
-    approvals: Callable[[], pexpect.spawn],
+    approvals: Callable[[], Approver],
     key: str,
     reason: str,
 ) -> None:
@@ -99,7 +98,7 @@ def test_deny_once_and_esc_refuse_the_call(
 
 
 def test_enter_takes_the_default_and_deny_always_is_remembered(
-    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
     approver = approvals()
     session = open_session(gateway)
@@ -119,7 +118,7 @@ def test_enter_takes_the_default_and_deny_always_is_remembered(
 
 
 def test_allow_for_the_session_from_the_approver_covers_that_gateway_session_only(
-    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
     approver = approvals()
     session = open_session(gateway)
@@ -133,7 +132,7 @@ def test_allow_for_the_session_from_the_approver_covers_that_gateway_session_onl
 
 
 def test_two_gateways_one_approver_each_request_decided_exactly_once(
-    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
     approver = approvals()
     one, two = open_session(gateway), open_session(gateway)  # two serve processes, one database
@@ -154,7 +153,7 @@ def test_two_gateways_one_approver_each_request_decided_exactly_once(
 
 
 def test_two_approvers_racing_for_one_request_decide_it_once(
-    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
     first, second = approvals(), approvals()
     session = open_session(gateway)
@@ -190,7 +189,7 @@ WHOLE = "\n".join(
 
 
 def test_a_cut_request_is_loud_enter_denies_it_and_allow_needs_the_whole_seen_first(
-    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
     approver = approvals()
     session = open_session(gateway)

@@ -14,15 +14,14 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import pexpect
 import pytest
 from sqlalchemy import select
 
 from gateway import db
-from tests.harness import GatewayHome, StdioSession, shows_request
+from tests.harness import Approver, GatewayHome, StdioSession, shows_request
 
 SessionFactory = Callable[..., StdioSession]
-Approvals = Callable[[], pexpect.spawn]
+Approvals = Callable[[], Approver]
 RULES = {
     "enabled": True,
     "deny": ["Bash(rm:*)", "Bash(curl:*)"],

@@ -19,7 +19,7 @@ from gateway.consent_store import ConsentStore, Grant
 from tests.harness import GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
-ELICITATION = {"elicitation": {"form": {}}}
+ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
 RUN = ("run_pytest", {"test_path": "tests"})
 ALL_CHOICES = ["allow_once", "allow_session", "allow_always", "deny_once", "deny_always"]
 IN_BAND_CHOICES = ["allow_once", "allow_session", "deny_once", "deny_always"]
@@ -238,7 +238,7 @@ def test_an_answer_that_was_not_offered_is_a_deny(gateway: GatewayHome, elicit: 
 
 # --- the 2026-07-28 era: no server-to-client requests, an input_required round trip ---------------
 
-FORM = {"elicitation": {"form": {}}}
+FORM: dict[str, Any] = {"elicitation": {"form": {}}}
 
 
 def modern(
@@ -410,7 +410,7 @@ def test_2026_the_input_required_message_is_escaped_too(gateway: GatewayHome, st
     message = first["inputRequests"]["consent"]["params"]["message"]
     assert invisible_characters(message) == [] and f"  {STEERING_SHOWN}" in message.split("\n")
     with gateway.engine.connect() as connection:
-        stored = connection.exec_driver_sql("SELECT args_preview FROM consent_requests").scalar()
+        stored = str(connection.exec_driver_sql("SELECT args_preview FROM consent_requests").scalar())
     assert invisible_characters(stored) == [] and STEERING_SHOWN in stored.split("\n"), "the stored question too"
 
 

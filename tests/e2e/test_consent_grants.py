@@ -17,13 +17,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import pexpect
 import pytest
 
-from tests.harness import GatewayHome, StdioSession, reachable_by_everyone, shows_request
+from tests.harness import Approver, GatewayHome, StdioSession, reachable_by_everyone, shows_request
 
 SessionFactory = Callable[..., StdioSession]
-ELICITATION = {"elicitation": {"form": {}}}
+ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
 RUN = ("run_pytest", {"test_path": "tests"})
 ALL_CHOICES = ["allow_once", "allow_session", "allow_always", "deny_once", "deny_always"]
 IN_BAND_CHOICES = ["allow_once", "allow_session", "deny_once", "deny_always"]
@@ -69,7 +68,7 @@ def listed(gateway: GatewayHome) -> list[list[str]]:
 
 
 def test_by_default_an_in_band_allow_always_stores_nothing_and_a_later_session_is_asked_out_of_band(
-    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
     client = open_session(gateway, capabilities=ELICITATION)
     client.responder = answering("allow_always")  # a client answering its own question, off the form
@@ -95,7 +94,7 @@ def test_by_default_an_in_band_allow_always_stores_nothing_and_a_later_session_i
 
 
 def test_the_approvers_allow_always_is_stored_with_its_channel_and_answers_an_eliciting_session(
-    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], pexpect.spawn]
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
     approver = approvals()
     first = open_session(gateway)
@@ -163,7 +162,7 @@ def denied(gateway: GatewayHome) -> GatewayHome:
     return gateway
 
 
-DENIED_CALLS = [
+DENIED_CALLS: list[dict[str, Any]] = [
     {"test_path": "tests/integration"},
     {"test_path": "tests/integration/"},
     {"test_path": "./tests/integration"},

@@ -14,7 +14,7 @@ from typing import Any
 from tests.harness import GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
-ELICITATION = {"elicitation": {"form": {}}}
+ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
 RUN = ("run_pytest", {"test_path": "tests"})
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from tests.harness import GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
 RUN = ("run_pytest", {"test_path": "tests"})
-READ = ("list_artifacts", {})
+READ: tuple[str, dict[str, Any]] = ("list_artifacts", {})
 LINE = "while this gateway was using it: nothing more will run"
 
 

@@ -16,7 +16,7 @@ import pytest
 from tests.harness import GatewayHome, StdioSession, wipe_postgres
 
 SessionFactory = Callable[..., StdioSession]
-ELICITATION = {"elicitation": {"form": {}}}
+ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
 
 
 def ping_answered(session: StdioSession, request_id: str = "sentinel") -> None:

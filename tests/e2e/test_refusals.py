@@ -39,13 +39,15 @@ def refusal(response: dict[str, Any], code: int, reason: str | None = None) -> s
     return str(run_id)
 
 
-def assert_blocked_trail(gateway: GatewayHome, run_id: str, code: int, reason: str | None = None) -> None:
+def assert_blocked_trail(
+    gateway: GatewayHome, run_id: str, code: int, reason: str | None = None, label: str = ""
+) -> None:
     events = gateway.events_of(run_id)
     kinds = [e["event_type"] for e in events]
-    assert kinds == ["MCP_TOOL_CALL", "POLICY_BLOCKED"], events
-    assert events[1]["code"] == code
+    assert kinds == ["MCP_TOOL_CALL", "POLICY_BLOCKED"], (label, events)
+    assert events[1]["code"] == code, label
     if reason is not None:
-        assert events[1]["detail"]["blocked_reason"] == reason
+        assert events[1]["detail"]["blocked_reason"] == reason, label
     assert gateway.chain_ok()
 
 
@@ -101,7 +103,7 @@ def test_every_bad_token_is_refused_with_32001(gateway: GatewayHome, open_sessio
     session = open_session(gateway)
     for label, (token, reason) in _bad_tokens(gateway).items():
         run_id = refusal(session.call_tool(*RUN, token=token), -32001, reason)
-        assert_blocked_trail(gateway, run_id, -32001, reason), label
+        assert_blocked_trail(gateway, run_id, -32001, reason, label)
     assert not any((gateway.home / "artifacts").iterdir()), "nothing may run"
 
 
@@ -194,7 +196,7 @@ def test_paths_escaping_the_workspace_get_32004(
     }
     for label, (path, reason) in cases.items():
         run_id = refusal(session.call_tool("run_pytest", {"test_path": path}, token), -32004, reason)
-        assert_blocked_trail(gateway, run_id, -32004, reason), label
+        assert_blocked_trail(gateway, run_id, -32004, reason, label)
     assert not any((gateway.home / "artifacts").iterdir()), "nothing may run"
 
 

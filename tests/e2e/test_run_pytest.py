@@ -21,7 +21,7 @@ from gateway.policy import BudgetPolicy
 from tests.harness import SAMPLE_PROJECT, GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
-ELICITATION = {"elicitation": {"form": {}}}
+ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
 
 
 def answer(decision: str | None) -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from tests.harness import GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
 
 
-def names(response: dict) -> list[str]:
+def names(response: dict[str, Any]) -> list[str]:
     return [tool["name"] for tool in response["result"]["tools"]]
 
 

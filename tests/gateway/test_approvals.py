@@ -155,7 +155,7 @@ def approve(engine: Engine, request: PendingRequest, *keys: str) -> tuple[str, P
     store = ConsentStore(engine)
     store.insert_request(request)
     out = io.StringIO()
-    Approver(store, FakeClock(), Keys(*keys), out, locale="en-US", who="approvals:t@h").run()  # type: ignore[arg-type]
+    Approver(store, FakeClock(), Keys(*keys), out, locale="en-US", who="approvals:t@h").run()  # type: ignore[arg-type]  # a fake for approvals.Keys, which Approver names as a class, not a protocol
     return out.getvalue(), store.fetch_request(request.id)
 
 

@@ -320,10 +320,12 @@ def test_out_of_band_a_decision_made_before_the_question_closed_counts(
         async with anyio.create_task_group() as group:
             group.start_soon(approve_soon)
             with anyio.fail_after(10):
-                return await stage.require(request("r1"), None)
+                decision = await stage.require(request("r1"), None)
+        return decision
 
     assert anyio.run(main) is Decision.ALLOW_ONCE
-    assert store.fetch_request("r1").decided_by == "approver-a"  # type: ignore[union-attr]
+    decided = store.fetch_request("r1")
+    assert decided is not None and decided.decided_by == "approver-a"
 
 
 def test_out_of_band_allow_always_for_a_destructive_tool_is_a_deny(
@@ -396,14 +398,16 @@ def test_with_elicitation_switched_off_a_client_that_can_elicit_is_asked_out_of_
     async def approve() -> None:
         while store.fetch_request("r1") is None:
             await anyio.sleep(0.01)
-        assert store.fetch_request("r1").choices == tuple(d.value for d in Decision)  # type: ignore[union-attr]
+        asked = store.fetch_request("r1")
+        assert asked is not None and asked.choices == tuple(d.value for d in Decision)
         store.decide("r1", "ALLOW_ALWAYS", "approvals:alice@host", clock.now())
 
     async def main() -> Decision:
         async with anyio.create_task_group() as group:
             group.start_soon(approve)
             with anyio.fail_after(10):
-                return await stage.require(request("r1"), Asker())  # the client could answer, but may not
+                decision = await stage.require(request("r1"), Asker())  # the client could answer, but may not
+        return decision
 
     assert anyio.run(main) is Decision.ALLOW_ALWAYS
     (stored,) = store.list_grants()
@@ -421,7 +425,8 @@ def test_the_approver_is_offered_only_what_its_channel_may_answer(engine: Engine
     async def answer() -> None:
         while store.fetch_request("r1") is None:
             await anyio.sleep(0.01)
-        assert store.fetch_request("r1").choices == ("ALLOW_ONCE", "DENY_ONCE")  # type: ignore[union-attr]
+        asked = store.fetch_request("r1")
+        assert asked is not None and asked.choices == ("ALLOW_ONCE", "DENY_ONCE")
         store.decide("r1", "ALLOW_ALWAYS", "approvals:alice@host", clock.now())  # not offered
 
     async def main() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.permission_rules import Judgement, RuleSet, judge, parse_rule
+from gateway.permission_rules import Judgement, RuleSet, Verdict, judge, parse_rule
 
 ROOT = "/srv/ws"
 RULES = RuleSet.parse(
@@ -85,9 +85,9 @@ CASES: list[tuple[str, dict[str, Any], str, str | None]] = [
 
 @pytest.mark.parametrize(("tool", "tool_input", "verdict", "rule"), CASES)
 def test_file_rules_judge_every_tool_that_touches_the_file(
-    tool: str, tool_input: dict[str, Any], verdict: str, rule: str | None
+    tool: str, tool_input: dict[str, Any], verdict: Verdict, rule: str | None
 ) -> None:
-    assert judge(RULES, tool, tool_input, ROOT, os.path.realpath) == Judgement(verdict, rule)  # type: ignore[arg-type]
+    assert judge(RULES, tool, tool_input, ROOT, os.path.realpath) == Judgement(verdict, rule)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from gateway.canonical import is_text
+from gateway.clock import RunId
 from gateway.errors import InvalidParamsError
 from gateway.pipeline import STORED_NAME_MAX, CallRequest, Pipeline, lookup_tool, stored_tool_name
 from gateway.services import open_services
@@ -43,7 +44,7 @@ def test_arguments_that_cannot_be_hashed_are_refused_with_their_events(
 ) -> None:
     gateway = make_gateway()
     gateway.add_user("alice")
-    services = open_services(gateway.settings, new_id=iter(f"{n:032x}" for n in range(100)).__next__)
+    services = open_services(gateway.settings, new_id=iter(RunId(f"{n:032x}") for n in range(100)).__next__)
     request = CallRequest("list_artifacts", arguments, gateway.token("alice"))
 
     with pytest.raises(InvalidParamsError) as caught:

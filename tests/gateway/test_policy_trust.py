@@ -13,9 +13,11 @@ import pytest
 from gateway.errors import ConfigError
 from gateway.policy import load_policy
 from gateway.policy_trust import (
+    GroupIsPrivate,
     check_outside_workspaces,
     check_policy_location,
     entries_to,
+    group_is_private,
     load_trusted_policy,
     policy_for,
 )
@@ -35,9 +37,9 @@ def policy_in(folder: Path, workspace: Path | None = None, name: str = "policy.y
     return path
 
 
-def refusal(path: Path, **kwargs: object) -> str:
+def refusal(path: Path, private: GroupIsPrivate = group_is_private) -> str:
     with pytest.raises(ConfigError) as caught:
-        check_policy_location(path, **kwargs)  # type: ignore[arg-type]
+        check_policy_location(path, private=private)
     return str(caught.value)
 
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
 import pytest
 
-from sandbox import Limits, RunResult, layers, run_sandboxed
+from sandbox import Limits, RunResult, probe_host, run_sandboxed
 from sandbox.backends.bubblewrap import BWRAP, bubblewrap_argv, command_ran
 from sandbox.errors import SandboxStartError
 from sandbox.limits import BACKEND_LAYERS
@@ -83,20 +85,19 @@ print(json.dumps({
 """
 
 
-def run(folder: Path, code: str, **overrides: object) -> tuple[RunResult, str]:
+def run(folder: Path, code: str, **overrides: Any) -> tuple[RunResult, str]:
     scratch = folder / "scratch"
     scratch.mkdir()
-    values: dict[str, object] = {
-        "timeout_s": 20,
-        "memory_limit_mb": 256,
-        "max_processes": 16,
-        "max_output_bytes": 100_000,
-        "env": {"PATH": "/usr/bin:/bin", "TMPDIR": str(scratch)},
-        "scratch_bytes": 8 << 20,
-        "backend": "bubblewrap",
-    }
-    values.update(overrides)
-    limits = Limits(**values)  # type: ignore[arg-type]
+    base = Limits(
+        timeout_s=20,
+        memory_limit_mb=256,
+        max_processes=16,
+        max_output_bytes=100_000,
+        env={"PATH": "/usr/bin:/bin", "TMPDIR": str(scratch)},
+        scratch_bytes=8 << 20,
+        backend="bubblewrap",
+    )
+    limits = dataclasses.replace(base, **overrides)
     collect = {"junit.xml": folder / "junit.xml"}
     result = anyio.run(
         lambda: run_sandboxed(
@@ -106,7 +107,7 @@ def run(folder: Path, code: str, **overrides: object) -> tuple[RunResult, str]:
     return result, (folder / "out").read_text() + (folder / "err").read_text()
 
 
-needs_bubblewrap = pytest.mark.skipif(not layers().mount_tree, reason="bubblewrap does not run here")
+needs_bubblewrap = pytest.mark.skipif(not probe_host().mount_tree, reason="bubblewrap does not run here")
 
 
 @requires_root

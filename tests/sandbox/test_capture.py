@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -55,18 +57,17 @@ sys.stderr.write(json.dumps(found))
 """
 
 
-def limits(backend: Backend = "native", **overrides: object) -> Limits:
-    values: dict[str, object] = {
-        "timeout_s": 20,
-        "memory_limit_mb": 256,
-        "max_processes": 16,
-        "max_output_bytes": CAP,
-        "env": {"PATH": "/usr/bin:/bin"},
-        "scratch_bytes": 8 << 20,
-        "backend": backend,
-    }
-    values.update(overrides)
-    return Limits(**values)  # type: ignore[arg-type]
+def limits(backend: Backend = "native", **overrides: Any) -> Limits:
+    base = Limits(
+        timeout_s=20,
+        memory_limit_mb=256,
+        max_processes=16,
+        max_output_bytes=CAP,
+        env={"PATH": "/usr/bin:/bin"},
+        scratch_bytes=8 << 20,
+        backend=backend,
+    )
+    return dataclasses.replace(base, **overrides)
 
 
 def run_confined(folder: Path, code: str, limits: Limits) -> RunResult:

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sandbox import Limits, RunResult, layers, run_sandboxed
+from sandbox import Limits, RunResult, probe_host, run_sandboxed
 from sandbox.confine import LayerReport, plan_layers
 from sandbox.errors import SandboxStartError
 from sandbox.limits import BACKEND_LAYERS, Backend
@@ -57,7 +57,9 @@ NATIVE, BUBBLEWRAP = set(BACKEND_LAYERS["native"]), set(BACKEND_LAYERS["bubblewr
 def test_plan_layers(
     backend: Backend, lacking: tuple[str, ...], required: tuple[str, ...] | None, expected: set[str] | str
 ) -> None:
-    host = dataclasses.replace(EVERYTHING, **{name: 0 if name == "landlock" else False for name in lacking})
+    host = dataclasses.replace(EVERYTHING, **dict.fromkeys(set(lacking) - {"landlock"}, False))
+    if "landlock" in lacking:
+        host = dataclasses.replace(host, landlock=0)
     limits = Limits(
         timeout_s=1,
         memory_limit_mb=64,
@@ -89,7 +91,7 @@ def test_the_missing_layers_follow_the_required_set() -> None:
 @requires_root
 def test_this_host_has_every_layer() -> None:
     # CI runs as root on the same kind of machine: a layer lost there must fail loudly, not silently go missing.
-    assert layers().missing() == [], layers()
+    assert probe_host().missing() == [], probe_host()
 
 
 def run(folder: Path, code: str, limits: Limits, host: LayerReport) -> tuple[RunResult, int | None]:
@@ -127,7 +129,7 @@ def assert_gone(pid: int | None) -> None:
 
 @requires_root
 def test_without_the_cgroup_and_pid_namespace_layers_the_uid_sweep_still_kills_a_daemon() -> None:
-    host = dataclasses.replace(layers(), cgroup=False, pid_namespace=False)
+    host = dataclasses.replace(probe_host(), cgroup=False, pid_namespace=False)
     with shared_dir() as folder:
         result, daemon_pid = run(folder, DAEMONIZE, limits(("uid_drop", "landlock", "seccomp")), host)
     assert "cgroup" not in result.layers and "pid_namespace" not in result.layers and "landlock" in result.layers
@@ -137,7 +139,7 @@ def test_without_the_cgroup_and_pid_namespace_layers_the_uid_sweep_still_kills_a
 
 @requires_root
 def test_without_the_cgroup_layer_the_pid_namespace_takes_a_daemon_down_with_the_run() -> None:
-    host = dataclasses.replace(layers(), cgroup=False)
+    host = dataclasses.replace(probe_host(), cgroup=False)
     with shared_dir() as folder:
         result, daemon_pid = run(folder, DAEMONIZE, limits(("uid_drop", "pid_namespace")), host)
     assert "cgroup" not in result.layers and "pid_namespace" in result.layers
@@ -148,7 +150,7 @@ def test_without_the_cgroup_layer_the_pid_namespace_takes_a_daemon_down_with_the
 
 @requires_root
 def test_a_required_layer_the_host_lacks_stops_the_run_before_it_starts() -> None:
-    host = dataclasses.replace(layers(), scratch_tmpfs=False)
+    host = dataclasses.replace(probe_host(), scratch_tmpfs=False)
     marker = Path(f"/tmp/mcp-confine-ran-{os.getpid()}")
     with shared_dir() as folder, pytest.raises(SandboxStartError) as caught:
         run(folder, f"open({str(marker)!r}, 'w')", limits(), host)

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sandbox import Limits, layers, run_sandboxed
+from sandbox import Limits, probe_host, run_sandboxed
 from sandbox.limits import BACKENDS, Backend
 from sandbox.pinned import Pinned, is_intact, open_without_links, pin
 from tests.sandbox.confined_child import PYTHON, requires_root, shared_dir
@@ -266,7 +266,7 @@ def swapped_tenant_tree(target: str) -> Iterator[tuple[Path, Pinned, Pinned, dic
 @pytest.mark.parametrize("target", ["parent", "/"], ids=["link-to-parent", "link-to-root"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_run_sees_the_pinned_folders_after_their_paths_were_swapped_for_links(backend: Backend, target: str) -> None:
-    if backend == "bubblewrap" and not layers().mount_tree:
+    if backend == "bubblewrap" and not probe_host().mount_tree:
         pytest.skip("bubblewrap does not run here")
     with swapped_tenant_tree(target) as (folder, ws, extra, params, secret):
         limits = Limits(

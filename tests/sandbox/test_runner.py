@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -18,19 +20,14 @@ from sandbox.runner import KilledBy
 REPO = Path(__file__).resolve().parents[2]
 
 
-def limits(**overrides: object) -> Limits:
-    values: dict[str, object] = {
-        "timeout_s": 20,
-        "memory_limit_mb": 512,
-        "max_processes": 16,
-        "max_output_bytes": 1_000_000,
-        "env": {"PATH": "/usr/bin:/bin"},
-    }
-    values.update(overrides)
-    return Limits(**values)  # type: ignore[arg-type]
+def limits(**overrides: Any) -> Limits:
+    base = Limits(
+        timeout_s=20, memory_limit_mb=512, max_processes=16, max_output_bytes=1_000_000, env={"PATH": "/usr/bin:/bin"}
+    )
+    return dataclasses.replace(base, **overrides)
 
 
-def run(tmp_path: Path, code: str, **overrides: object) -> RunResult:
+def run(tmp_path: Path, code: str, **overrides: Any) -> RunResult:
     return anyio.run(
         run_unsafe_unconfined,
         [sys.executable, "-c", code],
