@@ -53,10 +53,9 @@ from gateway.file_rules import PATH_ARGUMENT
 from gateway.grant_scope import absolute_spellings
 from gateway.permission_rules import Judgement, RuleSet, bash_parts, bash_programs, judge
 from gateway.pipeline import caller_of
-from gateway.policy import check_workspace_pinned
 from gateway.previews import preview
 from gateway.rbac import Permission, require_permission
-from gateway.scope import choose_workspace
+from gateway.scope import check_workspace_pinned, choose_workspace
 from gateway.services import Services
 from gateway.tools.registry import ToolSpec
 from gateway.visible import visible
