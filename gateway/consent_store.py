@@ -20,7 +20,8 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, true, update
 
@@ -29,7 +30,14 @@ from gateway.canonical import canonical_json
 from gateway.errors import ConsentDeniedError
 from gateway.visible import storable
 
-GrantDecision = Literal["ALLOW", "DENY"]
+
+class GrantDecision(StrEnum):
+    """A stored decision as `consent_grants.decision` holds it: what an Allow always or a Deny always
+    leaves (consent.lasting_decision reads it back). `consent_requests.decision` holds consent.Decision."""
+
+    ALLOW = "ALLOW"
+    DENY = "DENY"
+
 
 MAX_OPEN_QUESTIONS = 16
 """Open questions (`pending` + `awaiting_client`, unexpired) a user may have at once: a person
@@ -314,7 +322,6 @@ def check_open_questions(open_count: int, max_open: int, first_expiry: float | N
 
 def _grant(row: object) -> Grant:
     m = row._mapping  # type: ignore[attr-defined]
-    decision: GrantDecision = "DENY" if m["decision"] == "DENY" else "ALLOW"
     return Grant(
         id=m["id"],
         user=m["user_name"],
@@ -322,7 +329,7 @@ def _grant(row: object) -> Grant:
         server_id=m["server_id"],
         tool_name=m["tool_name"],
         args_hash=m["args_hash"],
-        decision=decision,
+        decision=GrantDecision(m["decision"]),
         fingerprint=m["fingerprint"],
         granted_at=m["granted_at"],
         expires_at=m["expires_at"],

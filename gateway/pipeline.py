@@ -31,14 +31,11 @@ from gateway.auth import Principal
 from gateway.budget import Usage, reservation_ms, spent_ms
 from gateway.canonical import args_hash, is_text
 from gateway.consent import (
-    RISK_META_KEY,
     ConsentAsker,
     ConsentRequest,
     InputRequired,
     RoundTrip,
-    is_destructive,
-    risk_tier,
-    tool_fingerprint,
+    consent_profile,
 )
 from gateway.db_threads import in_db_thread
 from gateway.errors import (
@@ -285,6 +282,7 @@ class Pipeline:
         asker: ConsentAsker | RoundTrip | None,
     ) -> None:
         spec = admitted.spec
+        risk, destructive, fingerprint = consent_profile(spec)
         request = ConsentRequest(
             run_id=run_id,
             user=admitted.principal.name,
@@ -293,9 +291,9 @@ class Pipeline:
             tool_name=spec.name,
             args_hash=hashed,
             arguments=arguments,
-            risk=risk_tier(spec.annotations, trusted=True, declared=spec.meta.get(RISK_META_KEY)),
-            fingerprint=tool_fingerprint(spec.name, spec.input_schema, spec.annotations),
-            destructive=is_destructive(spec.annotations),
+            risk=risk,
+            fingerprint=fingerprint,
+            destructive=destructive,
             path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
         )
         await self.s.consent.require(request, asker)
