@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -361,7 +361,3 @@ def _request(row: object) -> PendingRequest:
         preview=m["preview"],
         choices=None if m["choices"] is None else tuple(c for c in m["choices"].split(",") if c),
     )
-
-
-def newest_first(grants: Sequence[Grant]) -> list[Grant]:
-    return sorted(grants, key=lambda g: (g.granted_at, g.id), reverse=True)
