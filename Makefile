@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test lint bench clean bubblewrap
+.PHONY: demo test lint bench clean bubblewrap postgresql
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,15 @@ bubblewrap:
 	  apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }; }
 
-test: lint bubblewrap
+# The PostgreSQL tests start a throwaway cluster of Debian's postgresql (tests/pg_cluster.py);
+# as root (as CI runs), `make test` installs it. Without it those tests skip.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; }
+
+test: lint bubblewrap postgresql
 	$(PY) -m pytest
 
 bench: $(VENV)/.installed

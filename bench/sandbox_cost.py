@@ -357,8 +357,8 @@ def suite_sides(root: Path, workspace: Path) -> tuple[list[Side], list[dict[str,
             timeout_s=CALL_TIMEOUT_S, run_dir=root / "runs" / run_id, environ=os.environ,
         )  # fmt: skip
         if done.result.exit_code != 0:
-            raise BenchError(f"run_pytest.run: {done.outcome.text}")
-        tool_counts.append(done.outcome.structured)
+            raise BenchError(f"run_pytest.run: {done.read_outcome().text}")
+        tool_counts.append(done.read_outcome().structured)
 
     sides = [
         Side("python -m pytest -q tests (bare, plain)", plain),

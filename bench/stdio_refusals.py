@@ -73,6 +73,7 @@ def gateway_home(root: Path, synchronous: str) -> tuple[GatewayHome, str]:
     "normal" keeps the URL `mcp-gateway init` writes; "full" adds `?synchronous=full` to it.
     """
     query = "" if synchronous == "normal" else f"?synchronous={synchronous}"
+    root.mkdir(parents=True)  # GatewayHome makes its state folder inside an existing root
     home = GatewayHome(root, db_url=f"sqlite:///{root / 'state' / 'gateway.db'}{query}")
     home.add_user(VIEWER, "VIEWER")
     return home, home.token(VIEWER, ttl_s=3600)

@@ -16,13 +16,12 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, select, update
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
 from gateway.clock import Clock, iso_utc
-from gateway.errors import InternalError
-from gateway.logs import log_database_failure
+from gateway.db_errors import storage_errors
+from gateway.errors import Reason
 
 log = logging.getLogger("gateway.audit")
 
@@ -151,24 +150,29 @@ class AuditLog:
         self._clock = clock
 
     def append(self, *drafts: EventDraft) -> list[AuditEvent]:
-        """Commit the drafts, in order, as consecutive events; InternalError if they cannot be written."""
-        try:
-            with self._engine.begin() as connection:
-                row = connection.execute(_LOCK_HEAD).one()
-                last_id, prev_hash = int(row.last_id), str(row.last_hash)
-                written: list[AuditEvent] = []
-                ts = iso_utc(self._clock.now())
-                for draft in drafts:
-                    last_id += 1
-                    event = _seal(last_id, ts, draft, prev_hash)
-                    written.append(event)
-                    prev_hash = event.hash
-                connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
-                connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
-        except SQLAlchemyError as exc:
-            run_id = next((d.run_id for d in drafts if d.run_id is not None), None)
-            log_database_failure(log, "the audit log could not be written (audit_unavailable)", exc, run_id)
-            raise InternalError("audit_unavailable", "the audit log could not be written") from exc
+        """Commit the drafts, in order, as consecutive events; StorageUnavailableError if they cannot be."""
+        run_id = next((d.run_id for d in drafts if d.run_id is not None), None)
+        with (
+            storage_errors(
+                "the audit log could not be written (audit_unavailable)",
+                log=log,
+                run_id=run_id,
+                reason=Reason.AUDIT_UNAVAILABLE,
+                detail="the audit log could not be written",
+            ),
+            self._engine.begin() as connection,
+        ):
+            row = connection.execute(_LOCK_HEAD).one()
+            last_id, prev_hash = int(row.last_id), str(row.last_hash)
+            written: list[AuditEvent] = []
+            ts = iso_utc(self._clock.now())
+            for draft in drafts:
+                last_id += 1
+                event = _seal(last_id, ts, draft, prev_hash)
+                written.append(event)
+                prev_hash = event.hash
+            connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
+            connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
         return written
 
     def verify(self) -> ChainReport:

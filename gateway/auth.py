@@ -23,12 +23,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from sqlalchemy import Connection, Engine, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
 from gateway.clock import Clock
-from gateway.errors import AuthRequiredError, ConfigError, InternalError
-from gateway.logs import log_database_failure
+from gateway.db_errors import storage_errors
+from gateway.errors import AuthRequiredError, ConfigError, Reason
 from gateway.policy import AuthPolicy
 from gateway.users import UserRecord, UserStore
 
@@ -159,35 +158,50 @@ def issue_token(
     return jwt.encode(payload, key, algorithm=alg)
 
 
+def jti_of(token: str) -> str:
+    """The `jti` a token names, its signature unchecked: what `token revoke` revokes (it trusts nothing else).
+
+    ValueError, worded for the operator, when the text is no JWT or names no string `jti`.
+    """
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise ValueError("that is not a readable token") from exc
+    jti = claims.get("jti")
+    if isinstance(jti, str):
+        return jti
+    raise ValueError("the token has no jti")
+
+
 # --- verifying ----------------------------------------------------------------------------
 
-_PYJWT_REASONS: tuple[tuple[type[Exception], str], ...] = (
-    (jwt.InvalidSignatureError, "bad_signature"),
-    (jwt.InvalidAudienceError, "wrong_audience"),
-    (jwt.InvalidIssuerError, "wrong_issuer"),
-    (jwt.MissingRequiredClaimError, "missing_claim"),
-    (jwt.InvalidAlgorithmError, "alg_not_allowed"),
-    (jwt.InvalidKeyError, "bad_signature"),
-    (jwt.DecodeError, "token_malformed"),
+_PYJWT_REASONS: tuple[tuple[type[Exception], Reason], ...] = (
+    (jwt.InvalidSignatureError, Reason.BAD_SIGNATURE),
+    (jwt.InvalidAudienceError, Reason.WRONG_AUDIENCE),
+    (jwt.InvalidIssuerError, Reason.WRONG_ISSUER),
+    (jwt.MissingRequiredClaimError, Reason.MISSING_CLAIM),
+    (jwt.InvalidAlgorithmError, Reason.ALG_NOT_ALLOWED),
+    (jwt.InvalidKeyError, Reason.BAD_SIGNATURE),
+    (jwt.DecodeError, Reason.TOKEN_MALFORMED),
 )
 
 
 def decode_token(token: object, keys: KeyRing, auth: AuthPolicy) -> dict[str, Any]:
     """Signature, algorithm, issuer, audience and required claims; lifetime is `check_lifetime`'s."""
     if not isinstance(token, str) or not token:
-        raise AuthRequiredError("token_missing", "params.auth.token is required")
+        raise AuthRequiredError(Reason.TOKEN_MISSING, "params.auth.token is required")
     if len(token) > MAX_TOKEN_BYTES:
-        raise AuthRequiredError("token_malformed", "the token is too long")
+        raise AuthRequiredError(Reason.TOKEN_MALFORMED, "the token is too long")
     try:
         header = jwt.get_unverified_header(token)
     except jwt.PyJWTError as exc:
-        raise AuthRequiredError("token_malformed", "the token is not a JWT") from exc
+        raise AuthRequiredError(Reason.TOKEN_MALFORMED, "the token is not a JWT") from exc
     alg = header.get("alg")
     if not isinstance(alg, str) or alg not in auth.algorithms:
-        raise AuthRequiredError("alg_not_allowed", "the token's algorithm is not allowed by the policy")
+        raise AuthRequiredError(Reason.ALG_NOT_ALLOWED, "the token's algorithm is not allowed by the policy")
     key = keys.verification_key(alg)
     if key is None:
-        raise AuthRequiredError("alg_not_allowed", "no verification key for the token's algorithm")
+        raise AuthRequiredError(Reason.ALG_NOT_ALLOWED, "no verification key for the token's algorithm")
     try:
         return jwt.decode(
             token,
@@ -206,7 +220,7 @@ def decode_token(token: object, keys: KeyRing, auth: AuthPolicy) -> dict[str, An
         for kind, reason in _PYJWT_REASONS:
             if isinstance(exc, kind):
                 raise AuthRequiredError(reason, "the token was rejected") from exc
-        raise AuthRequiredError("token_invalid", "the token was rejected") from exc
+        raise AuthRequiredError(Reason.TOKEN_INVALID, "the token was rejected") from exc
 
 
 def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> Claims:
@@ -215,34 +229,34 @@ def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> 
     iat, exp, nbf = payload.get("iat"), payload.get("exp"), payload.get("nbf")
     workspace = payload.get(WORKSPACE_CLAIM)
     if not isinstance(sub, str) or not sub or not isinstance(jti, str) or not jti:
-        raise AuthRequiredError("claim_invalid", "sub and jti must be non-empty strings")
+        raise AuthRequiredError(Reason.CLAIM_INVALID, "sub and jti must be non-empty strings")
     numbers = [iat, exp] + ([] if nbf is None else [nbf])
     # NaN compares false with everything, so a NaN `exp` would never expire: finite numbers only.
     if any(isinstance(n, bool) or not isinstance(n, int | float) or not math.isfinite(n) for n in numbers):
-        raise AuthRequiredError("claim_invalid", "iat, exp and nbf must be finite numbers")
+        raise AuthRequiredError(Reason.CLAIM_INVALID, "iat, exp and nbf must be finite numbers")
     if workspace is not None and not isinstance(workspace, str):
-        raise AuthRequiredError("claim_invalid", "ws must be a string")
+        raise AuthRequiredError(Reason.CLAIM_INVALID, "ws must be a string")
     iat, exp = float(payload["iat"]), float(payload["exp"])
     nbf = None if nbf is None else float(nbf)
     leeway = auth.leeway_s
     if now > exp + leeway:
-        raise AuthRequiredError("token_expired", "the token has expired")
+        raise AuthRequiredError(Reason.TOKEN_EXPIRED, "the token has expired")
     if nbf is not None and now + leeway < nbf:
-        raise AuthRequiredError("token_not_yet_valid", "the token is not valid yet")
+        raise AuthRequiredError(Reason.TOKEN_NOT_YET_VALID, "the token is not valid yet")
     if now + leeway < iat:
-        raise AuthRequiredError("token_not_yet_valid", "the token was issued in the future")
+        raise AuthRequiredError(Reason.TOKEN_NOT_YET_VALID, "the token was issued in the future")
     if exp - iat > auth.max_ttl_s:
-        raise AuthRequiredError("token_ttl_too_long", "the token outlives the policy's max_ttl_s")
+        raise AuthRequiredError(Reason.TOKEN_TTL_TOO_LONG, "the token outlives the policy's max_ttl_s")
     return Claims(sub, jti, iat, exp, nbf, workspace)
 
 
 def require_active_user(user: UserRecord | None, claims: Claims, revoked: bool) -> Principal:
     if revoked:
-        raise AuthRequiredError("token_revoked", "the token has been revoked")
+        raise AuthRequiredError(Reason.TOKEN_REVOKED, "the token has been revoked")
     if user is None:
-        raise AuthRequiredError("user_unknown", "the token's user does not exist")
+        raise AuthRequiredError(Reason.USER_UNKNOWN, "the token's user does not exist")
     if user.disabled:
-        raise AuthRequiredError("user_disabled", "the token's user is disabled")
+        raise AuthRequiredError(Reason.USER_DISABLED, "the token's user is disabled")
     return Principal(user.name, user.role, user.workspaces, claims.workspace, claims.jti)
 
 
@@ -294,11 +308,14 @@ class Authenticator:
 
     def authenticate(self, token: object) -> Principal:
         claims = check_lifetime(decode_token(token, self._keys, self._auth), self._clock.now(), self._auth)
-        try:
-            with self._read.connect() as connection:
-                revoked = self._tokens.is_revoked(claims.jti, connection)
-                user = self._users.fetch(claims.sub, connection)
-        except SQLAlchemyError as exc:
-            log_database_failure(log, "the user database could not be read (database_unavailable)", exc)
-            raise InternalError("database_unavailable", "the user database could not be read") from exc
+        with (
+            storage_errors(
+                "the user database could not be read (database_unavailable)",
+                log=log,
+                detail="the user database could not be read",
+            ),
+            self._read.connect() as connection,
+        ):
+            revoked = self._tokens.is_revoked(claims.jti, connection)
+            user = self._users.fetch(claims.sub, connection)
         return require_active_user(user, claims, revoked)

@@ -18,12 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, delete, func, select, update
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
 from gateway.clock import Clock
-from gateway.errors import BudgetExceededError, InternalError
-from gateway.logs import database_failure_logged, log_database_failure
+from gateway.db_errors import storage_errors
+from gateway.errors import BudgetExceededError, Reason
 from gateway.policy import BudgetPolicy
 
 log = logging.getLogger("gateway.budget")
@@ -71,7 +70,7 @@ def evaluate(charges: Sequence[Charge], limits: BudgetPolicy, now: float) -> Non
             else limits.window_s
         )
         raise BudgetExceededError(
-            "attempts_exhausted", retry, f"attempts over the window's budget; retry after {retry} s"
+            Reason.ATTEMPTS_EXHAUSTED, retry, f"attempts over the window's budget; retry after {retry} s"
         )
     total = sum(c.elapsed_ms for c in ordered)
     if total >= limits.elapsed_ms_total:
@@ -84,7 +83,7 @@ def evaluate(charges: Sequence[Charge], limits: BudgetPolicy, now: float) -> Non
                 break
         retry = _retry_after(leaving_ts, limits, now)
         raise BudgetExceededError(
-            "elapsed_exhausted",
+            Reason.ELAPSED_EXHAUSTED,
             retry,
             f"run time over the window's budget; retry after {retry} s (sooner if a run in progress ends early: "
             "until it ends it holds its whole timeout_s), or ask for a shorter timeout_s",
@@ -107,28 +106,32 @@ class BudgetLedger:
         The caller must later `settle` (or `release`) the charge; until then it counts at the worst case.
         """
         now = self._clock.now()
-        try:
-            with self._engine.begin() as connection:
-                # The row lock serialises reservations of one user across gateways (PostgreSQL);
-                # SQLite's BEGIN IMMEDIATE already serialises every writer.
-                connection.execute(select(db.users.c.id).where(db.users.c.name == user).with_for_update())
-                rows = connection.execute(
-                    select(db.budget_charges.c.ts, db.budget_charges.c.elapsed_ms).where(
-                        db.budget_charges.c.user_name == user,
-                        db.budget_charges.c.ts > now - limits.window_s,
-                    )
-                ).all()
-                evaluate([Charge(float(r.ts), int(r.elapsed_ms)) for r in rows], limits, now)
-                return int(
-                    connection.execute(
-                        db.budget_charges.insert()
-                        .values(user_name=user, ts=now, elapsed_ms=max(0, worst_case_ms), run_id=run_id)
-                        .returning(db.budget_charges.c.id)
-                    ).scalar_one()
+        with (
+            storage_errors(
+                "the budget could not be read (database_unavailable)",
+                log=log,
+                run_id=run_id,
+                detail="the budget could not be read",
+            ),
+            self._engine.begin() as connection,
+        ):
+            # The row lock serialises reservations of one user across gateways (PostgreSQL);
+            # SQLite's BEGIN IMMEDIATE already serialises every writer.
+            connection.execute(select(db.users.c.id).where(db.users.c.name == user).with_for_update())
+            rows = connection.execute(
+                select(db.budget_charges.c.ts, db.budget_charges.c.elapsed_ms).where(
+                    db.budget_charges.c.user_name == user,
+                    db.budget_charges.c.ts > now - limits.window_s,
                 )
-        except SQLAlchemyError as exc:
-            log_database_failure(log, "the budget could not be read (database_unavailable)", exc, run_id)
-            raise InternalError("database_unavailable", "the budget could not be read") from exc
+            ).all()
+            evaluate([Charge(float(r.ts), int(r.elapsed_ms)) for r in rows], limits, now)
+            return int(
+                connection.execute(
+                    db.budget_charges.insert()
+                    .values(user_name=user, ts=now, elapsed_ms=max(0, worst_case_ms), run_id=run_id)
+                    .returning(db.budget_charges.c.id)
+                ).scalar_one()
+            )
 
     def check(self, user: str, limits: BudgetPolicy) -> None:
         """The same decision as `reserve`, without taking anything (for `policy explain`)."""
@@ -144,7 +147,7 @@ class BudgetLedger:
     def release(self, charge_id: int) -> None:
         """Give back a reserved attempt that ran nothing and is to be retried (an `input_required` round)."""
         with (
-            database_failure_logged(log, "a budget reservation could not be released"),
+            storage_errors("a budget reservation could not be released", log=log),
             self._engine.begin() as connection,
         ):
             connection.execute(delete(db.budget_charges).where(db.budget_charges.c.id == charge_id))
@@ -152,7 +155,7 @@ class BudgetLedger:
     def settle(self, charge_id: int, elapsed_ms: int) -> None:
         """Set a reservation to the time actually spent (a refund down from the worst case, or more if it ran over)."""
         with (
-            database_failure_logged(log, "a budget reservation could not be settled"),
+            storage_errors("a budget reservation could not be settled", log=log),
             self._engine.begin() as connection,
         ):
             connection.execute(
@@ -165,7 +168,7 @@ class BudgetLedger:
         """A call that ran nothing and will never run (its gateway died while it waited for consent):
         its reservation, still at the worst case, settles at 0. Its attempt stays counted."""
         with (
-            database_failure_logged(log, "a budget reservation could not be settled", run_id),
+            storage_errors("a budget reservation could not be settled", log=log, run_id=run_id),
             self._engine.begin() as connection,
         ):
             connection.execute(
@@ -174,7 +177,7 @@ class BudgetLedger:
 
     def usage(self, user: str, limits: BudgetPolicy) -> Usage:
         now = self._clock.now()
-        with self._read.connect() as connection:
+        with storage_errors("the budget could not be read", log=log), self._read.connect() as connection:
             row = connection.execute(
                 select(func.count(), func.coalesce(func.sum(db.budget_charges.c.elapsed_ms), 0)).where(
                     db.budget_charges.c.user_name == user, db.budget_charges.c.ts > now - limits.window_s

@@ -10,11 +10,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import jwt
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import AuditLog, EventDraft, EventType
-from gateway.auth import ensure_keys, issue_token
+from gateway.auth import ensure_keys, issue_token, jti_of
 from gateway.cli_consent import (
     cmd_approvals,
     cmd_consent_grant,
@@ -23,9 +22,10 @@ from gateway.cli_consent import (
 )
 from gateway.clock import SystemClock, iso_utc, new_token_id, parse_iso
 from gateway.db import make_engine, migrate, schema_is_current
+from gateway.db_errors import cause_name
 from gateway.db_file import DatabaseFileUnwritableError
 from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
-from gateway.errors import CommandError, ConfigError, InternalError
+from gateway.errors import CommandError, ConfigError, Reason, StorageUnavailableError
 from gateway.permission_prompt import explain as explain_agent_tool
 from gateway.pipeline import Pipeline
 from gateway.policy import SandboxPolicy, load_policy
@@ -53,8 +53,9 @@ def dispatch(args: argparse.Namespace) -> int:
     except (CommandError, ConfigError, UserError) as exc:
         print(f"mcp-gateway: {exc}", file=sys.stderr)
         return 1
-    except SQLAlchemyError as exc:
-        print(f"mcp-gateway: database error ({type(exc).__name__}); is `mcp-gateway init` done?", file=sys.stderr)
+    except (SQLAlchemyError, StorageUnavailableError) as exc:
+        name = cause_name(exc) if isinstance(exc, StorageUnavailableError) else type(exc).__name__
+        print(f"mcp-gateway: database error ({name}); is `mcp-gateway init` done?", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (`audit export | head`): stop quietly, as Unix tools do.
@@ -204,12 +205,9 @@ def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
     jti = value
     if value.count(".") == 2:
         try:
-            claims = jwt.decode(value, options={"verify_signature": False})
-        except jwt.PyJWTError as exc:
-            raise CommandError("that is not a readable token") from exc
-        if not isinstance(claims.get("jti"), str):
-            raise CommandError("the token has no jti")
-        jti = claims["jti"]
+            jti = jti_of(value)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
     s.tokens.revoke(jti, s.clock.now())
     s.audit.append(EventDraft(EventType.TOKEN_REVOKED, detail={"jti": jti}))
     print(f"revoked token {jti}", file=sys.stderr)
@@ -232,11 +230,16 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
         close_abandoned_runs(s)
     except DatabaseFileUnwritableError:
         return 1  # not served: SQLite could die of SIGBUS; the guard logged which file and what to do
-    except SQLAlchemyError as exc:
+    except SQLAlchemyError as exc:  # schema_is_current: no store translates it
         # Serve anyway: every call will fail closed with -32603 until the database is back.
         log.warning("database unreachable at start-up (%s); calls will fail with -32603", type(exc).__name__)
-    except InternalError:
-        log.warning("the audit log could not be written at start-up; calls will fail with -32603")
+    except StorageUnavailableError as exc:
+        if isinstance(exc.__cause__, DatabaseFileUnwritableError):
+            return 1
+        if exc.reason == Reason.AUDIT_UNAVAILABLE:
+            log.warning("the audit log could not be written at start-up; calls will fail with -32603")
+        else:
+            log.warning("database unreachable at start-up (%s); calls will fail with -32603", cause_name(exc))
     for warning in risky_settings(s.policy, settings.home):
         log.warning("%s", warning)
     log.info("%s", describe_layers(layers(), s.policy.sandbox))

@@ -38,7 +38,7 @@ from gateway.clock import Clock
 from gateway.consent_store import ConsentStore, Grant, GrantDecision, PendingRequest
 from gateway.consent_text import prompt_for, redacted_preview
 from gateway.db_threads import in_db_thread
-from gateway.errors import ConsentDeniedError
+from gateway.errors import ConsentDeniedError, Reason
 from gateway.grant_scope import deny_covers
 from gateway.policy import ConsentPolicy
 from gateway.visible import visible
@@ -377,8 +377,8 @@ class ConsentStage:
         if self._session_key(request) in self._session_allows:
             return self._conclude(request, Answer(Decision.ALLOW_SESSION, Origin.CACHE_HIT, "session"), None)
         if self._policy.mode == "deny":
-            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, "policy"), reason="consent_mode_deny")
-            raise ConsentDeniedError("consent_mode_deny", _REFUSED_BY_POLICY)
+            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, "policy"), reason=Reason.CONSENT_MODE_DENY)
+            raise ConsentDeniedError(Reason.CONSENT_MODE_DENY, _REFUSED_BY_POLICY)
         return None
 
     async def _asked(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Decision:
@@ -388,12 +388,12 @@ class ConsentStage:
     def _concluded(self, request: ConsentRequest, answer: Answer | None, in_band: bool) -> Decision:
         """What a person's answer (or its absence) decides, recorded."""
         if answer is not None and answer.origin is Origin.NO_ANSWER:
-            self._record(request, answer, reason="consent_no_answer")
-            raise ConsentDeniedError("consent_no_answer", _NO_ANSWER)
+            self._record(request, answer, reason=Reason.CONSENT_NO_ANSWER)
+            raise ConsentDeniedError(Reason.CONSENT_NO_ANSWER, _NO_ANSWER)
         if answer is None:
             channel = "elicitation" if in_band else "approver"
-            self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, channel), reason="consent_timeout")
-            raise ConsentDeniedError("consent_timeout", _TIMED_OUT)
+            self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, channel), reason=Reason.CONSENT_TIMEOUT)
+            raise ConsentDeniedError(Reason.CONSENT_TIMEOUT, _TIMED_OUT)
         return self._conclude(request, answer, None)
 
     async def _ask(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Answer | None:
@@ -440,17 +440,17 @@ class ConsentStage:
         )
         if row is None or not same_call:
             self._record(
-                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason="consent_state_invalid"
+                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason=Reason.CONSENT_STATE_INVALID
             )
-            raise ConsentDeniedError("consent_state_invalid", _STATE_INVALID)
+            raise ConsentDeniedError(Reason.CONSENT_STATE_INVALID, _STATE_INVALID)
         decision = decision_from_form(trip.action, trip.content, choices)
         if not self._store.decide(trip.state, decision.value, f"client:{request.user}", now, waiting="awaiting_client"):
             if row.expires_at <= now:
                 return None  # answered after consent.timeout_s: a timeout
             self._record(
-                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason="consent_state_invalid"
+                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason=Reason.CONSENT_STATE_INVALID
             )
-            raise ConsentDeniedError("consent_state_invalid", _STATE_INVALID)  # answered already: a replay
+            raise ConsentDeniedError(Reason.CONSENT_STATE_INVALID, _STATE_INVALID)  # answered already: a replay
         return Answer(decision, Origin.USER_PROMPT, "elicitation")
 
     def _question(
@@ -555,7 +555,7 @@ class ConsentStage:
         self._audit.append(decision_event(request, answer, reason, extra))
 
 
-_DENY_REASONS = {Decision.DENY_ONCE: "consent_denied", Decision.DENY_ALWAYS: "consent_denied_always"}
+_DENY_REASONS = {Decision.DENY_ONCE: Reason.CONSENT_DENIED, Decision.DENY_ALWAYS: Reason.CONSENT_DENIED_ALWAYS}
 _DENIED = "a person denied this call; retrying will not help unless they change their mind"
 _DENIED_ALWAYS = (
     "a person denied this tool for good (deny always); retrying will not help until they revoke that decision"

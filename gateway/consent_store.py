@@ -17,6 +17,7 @@ UTF-8 cannot hold them), and an id no question can have is looked up nowhere.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,8 +28,11 @@ from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, t
 
 from gateway import db
 from gateway.canonical import canonical_json
-from gateway.errors import ConsentDeniedError
+from gateway.db_errors import storage_errors
+from gateway.errors import ConsentDeniedError, Reason
 from gateway.visible import storable
+
+log = logging.getLogger("gateway.consent_store")
 
 
 class GrantDecision(StrEnum):
@@ -116,11 +120,11 @@ class ConsentStore:
                 g.c.revoked_at.is_(None),
             )
         )
-        with self._read.connect() as connection:
+        with storage_errors("stored consent decisions could not be read", log=log), self._read.connect() as connection:
             return [_grant(row) for row in connection.execute(query)]
 
     def insert_grant(self, grant: Grant) -> int:
-        with self._engine.begin() as connection:
+        with storage_errors("a consent decision could not be stored", log=log), self._engine.begin() as connection:
             result = connection.execute(
                 db.consent_grants.insert().values(
                     user_name=grant.user,
@@ -147,13 +151,13 @@ class ConsentStore:
             query = query.where(g.c.user_name == user)
         if not include_revoked:
             query = query.where(g.c.revoked_at.is_(None))
-        with self._read.connect() as connection:
+        with storage_errors("stored consent decisions could not be read", log=None), self._read.connect() as connection:
             return [_grant(row) for row in connection.execute(query)]
 
     def revoke_grant(self, grant_id: int, now: float) -> Grant | None:
         """Revoke one grant; None when there is no such unrevoked grant."""
         g = db.consent_grants
-        with self._engine.begin() as connection:
+        with storage_errors("a consent decision could not be revoked", log=None), self._engine.begin() as connection:
             row = connection.execute(select(g).where(g.c.id == grant_id, g.c.revoked_at.is_(None))).first()
             if row is None:
                 return None
@@ -168,7 +172,7 @@ class ConsentStore:
         Raises ConsentDeniedError (`consent_questions_limit`) when the user has `max_open` open already.
         """
         r = db.consent_requests
-        with self._engine.begin() as connection:
+        with storage_errors("a consent question could not be stored", log=log), self._engine.begin() as connection:
             # The user's row lock serialises the count and the insert across gateways (PostgreSQL);
             # SQLite's BEGIN IMMEDIATE already serialises every writer.
             connection.execute(select(db.users.c.id).where(db.users.c.name == request.user).with_for_update())
@@ -205,7 +209,7 @@ class ConsentStore:
         if not is_question_id(request_id):
             return None
         r = db.consent_requests
-        with self._read.connect() as connection:
+        with storage_errors("consent questions could not be read", log=log), self._read.connect() as connection:
             row = connection.execute(select(r).where(r.c.id == request_id)).first()
         return None if row is None else _request(row)
 
@@ -217,7 +221,7 @@ class ConsentStore:
             .where(r.c.status == "pending", r.c.expires_at > now, _asker_not_gone(now))
             .order_by(r.c.created_at, r.c.id)
         )
-        with self._read.connect() as connection:
+        with storage_errors("consent questions could not be read", log=None), self._read.connect() as connection:
             return [_request(row) for row in connection.execute(query)]
 
     def decide(self, request_id: str, decision: str, decided_by: str, now: float, waiting: str = "pending") -> bool:
@@ -227,7 +231,7 @@ class ConsentStore:
             return False
         r = db.consent_requests
         live = _asker_not_gone(now) if waiting == "pending" else true()
-        with self._engine.begin() as connection:
+        with storage_errors("a consent decision could not be recorded", log=log), self._engine.begin() as connection:
             result = connection.execute(
                 update(r)
                 .where(r.c.id == request_id, r.c.status == waiting, r.c.expires_at > now, live)
@@ -240,7 +244,7 @@ class ConsentStore:
         if not is_question_id(request_id):
             return False
         r = db.consent_requests
-        with self._engine.begin() as connection:
+        with storage_errors("a consent question could not be closed", log=log), self._engine.begin() as connection:
             result = connection.execute(
                 update(r).where(r.c.id == request_id, r.c.status == "pending").values(status="expired", decided_at=now)
             )
@@ -249,14 +253,14 @@ class ConsentStore:
     def fetch_unanswered(self) -> list[PendingRequest]:
         """Every `pending` question, expired ones included, for gateway/recovery.py to judge."""
         r = db.consent_requests
-        with self._read.connect() as connection:
+        with storage_errors("consent questions could not be read", log=None), self._read.connect() as connection:
             return [_request(row) for row in connection.execute(select(r).where(r.c.status == "pending"))]
 
     def abandon(self, request_id: str, now: float) -> bool:
         """Close a `pending` question whose gateway is gone as `abandoned`; False when it was decided or
         closed first (conditional, so of several sweeping gateways exactly one closes it)."""
         r = db.consent_requests
-        with self._engine.begin() as connection:
+        with storage_errors("a consent question could not be closed", log=None), self._engine.begin() as connection:
             result = connection.execute(
                 update(r).where(r.c.id == request_id, r.c.status == "pending").values(status=ABANDONED, decided_at=now)
             )
@@ -265,7 +269,7 @@ class ConsentStore:
     def reopen(self, request_id: str) -> None:
         """Undo `abandon` when its audit events could not be written, so that a later sweep closes it again."""
         r = db.consent_requests
-        with self._engine.begin() as connection:
+        with storage_errors("a consent question could not be reopened", log=None), self._engine.begin() as connection:
             connection.execute(
                 update(r).where(r.c.id == request_id, r.c.status == ABANDONED).values(status="pending", decided_at=None)
             )
@@ -279,7 +283,7 @@ class ConsentStore:
             raise ValueError("keep_s must be a number of seconds, at least 0")
         r = db.consent_requests
         before = now - keep_s
-        with self._engine.begin() as connection:
+        with storage_errors("old consent questions could not be deleted", log=None), self._engine.begin() as connection:
             result = connection.execute(
                 delete(r).where(
                     or_(r.c.expires_at <= before, and_(r.c.decided_at.is_not(None), r.c.decided_at <= before))
@@ -313,7 +317,7 @@ def check_open_questions(open_count: int, max_open: int, first_expiry: float | N
         return
     retry = max(1, math.ceil((first_expiry if first_expiry is not None else now) - now))
     raise ConsentDeniedError(
-        "consent_questions_limit",
+        Reason.CONSENT_QUESTIONS_LIMIT,
         f"{open_count} consent questions of this user already wait for an answer (at most {max_open}); "
         f"answer them or let them expire (the oldest in {retry} s), then call again",
         retry_after_s=retry,

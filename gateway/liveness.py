@@ -22,6 +22,7 @@ from pathlib import Path
 from sqlalchemy import Engine, delete, insert, select, update
 
 from gateway import db
+from gateway.db_errors import storage_errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +91,7 @@ class SessionStore:
     def renew(self, session_id: str, identity: ProcessIdentity, now: float, alive_until: float) -> float | None:
         """Record (or extend) this gateway's lease; returns the lease it had (None: first registration)."""
         s = db.gateway_sessions
-        with self._engine.begin() as connection:
+        with storage_errors("this gateway's lease could not be renewed", log=None), self._engine.begin() as connection:
             before = connection.execute(select(s.c.alive_until).where(s.c.session_id == session_id)).scalar()
             if before is not None:
                 connection.execute(update(s).where(s.c.session_id == session_id).values(alive_until=alive_until))
@@ -112,7 +113,7 @@ class SessionStore:
     def close(self, session_id: str, now: float) -> None:
         """A clean stop: nothing of this session is waited on any more."""
         s = db.gateway_sessions
-        with self._engine.begin() as connection:
+        with storage_errors("this gateway's stop could not be recorded", log=None), self._engine.begin() as connection:
             connection.execute(update(s).where(s.c.session_id == session_id).values(closed_at=now))
 
     def fetch(self, session_ids: Iterable[str]) -> dict[str, SessionRecord]:
@@ -120,14 +121,14 @@ class SessionStore:
         if not wanted:
             return {}
         s = db.gateway_sessions
-        with self._read.connect() as connection:
+        with storage_errors("gateway sessions could not be read", log=None), self._read.connect() as connection:
             rows = connection.execute(select(s).where(s.c.session_id.in_(wanted))).all()
         return {row.session_id: _session(row) for row in rows}
 
     def purge(self, before: float) -> int:
         """Forget sessions whose lease ended before `before` (their runs and questions are closed by then)."""
         s = db.gateway_sessions
-        with self._engine.begin() as connection:
+        with storage_errors("old gateway sessions could not be deleted", log=None), self._engine.begin() as connection:
             return int(connection.execute(delete(s).where(s.c.alive_until < before)).rowcount)
 
 

@@ -12,7 +12,7 @@ faster than the calls. The handler `serve` (and every command) logs through appl
   mistakes: malformed params, messages it drops) loses its traceback for the exception's class
   name, since pydantic's text echoes the client's input, tokens included.
 
-`describe_cause` is the one way a database failure is put into words: the driver's exception
+`describe_cause` is the one way a database failure is put into words (gateway/db_errors.py logs it): the driver's exception
 class and its first line, at most `CAUSE_CHARS` characters; never the SQL, its parameters or the
 URL (which may hold a password).
 """
@@ -24,12 +24,10 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TextIO
 
-from sqlalchemy.exc import SQLAlchemyError, StatementError
+from sqlalchemy.exc import StatementError
 
 EVERY_S = 60.0
 """At most one line per kind of record per minute (after the first)."""
@@ -40,7 +38,8 @@ CAUSE_CHARS = 200
 LAST_CHARS = 500
 SDK_LOGGER = "mcp"
 
-_KEY_ATTRIBUTE = "rate_key"
+RATE_KEY = "rate_key"
+"""The record attribute a caller sets to tell kinds of record with one template apart."""
 _CREDENTIALS = re.compile(r"://[^/\s@]*@")
 
 RateKey = tuple[str, str, object]
@@ -61,27 +60,6 @@ def describe_cause(exc: BaseException) -> str:
     name = kind if module in ("builtins", "") else f"{module.rsplit('.', 1)[-1]}.{kind}"
     described = f"{name}: {line}" if line else name
     return described if len(described) <= CAUSE_CHARS else described[: CAUSE_CHARS - 3] + "..."
-
-
-def log_database_failure(log: logging.Logger, what: str, exc: BaseException, run_id: str | None = None) -> None:
-    """One error line: what failed, for which run, and why (rate-limited per `what` and cause)."""
-    subject = what if run_id is None else f"run {run_id}: {what}"
-    log.error(
-        "%s: %s",
-        subject,
-        describe_cause(exc),
-        extra={_KEY_ATTRIBUTE: (what, type(getattr(exc, "orig", None) or exc).__name__)},
-    )
-
-
-@contextmanager
-def database_failure_logged(log: logging.Logger, what: str, run_id: str | None = None) -> Iterator[None]:
-    """Log a SQLAlchemyError raised inside (as `log_database_failure`) and let it propagate unchanged."""
-    try:
-        yield
-    except SQLAlchemyError as exc:
-        log_database_failure(log, what, exc, run_id)
-        raise
 
 
 def one_line(record: logging.LogRecord) -> None:
@@ -130,7 +108,7 @@ class RateLimit(logging.Filter):
             return self._admit(record)
 
     def _admit(self, record: logging.LogRecord) -> bool:
-        key: RateKey = (record.name, str(record.msg), getattr(record, _KEY_ATTRIBUTE, None))
+        key: RateKey = (record.name, str(record.msg), getattr(record, RATE_KEY, None))
         now = record.created
         kind = self._kinds.get(key)
         if kind is not None and now - kind.shown_at < self._every_s:

@@ -27,13 +27,12 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
@@ -48,7 +47,7 @@ from gateway.consent import (
     decision_event,
 )
 from gateway.db_threads import in_db_thread
-from gateway.errors import ConsentDeniedError, GatewayError, InvalidParamsError
+from gateway.errors import ConsentDeniedError, GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.file_rules import PATH_ARGUMENT
 from gateway.grant_scope import absolute_spellings
 from gateway.permission_rules import Judgement, RuleSet, bash_parts, bash_programs, judge
@@ -57,7 +56,7 @@ from gateway.previews import preview
 from gateway.rbac import Permission, require_permission
 from gateway.scope import check_workspace_pinned, choose_workspace
 from gateway.services import Services
-from gateway.tools.registry import ToolSpec
+from gateway.tools.base import ToolSpec
 from gateway.visible import visible
 from sandbox.pinned import Pinned
 
@@ -93,7 +92,6 @@ SPEC = ToolSpec(
     annotations=MappingProxyType(
         {"title": "Check a Claude Code tool use", "readOnlyHint": True, "openWorldHint": False}
     ),
-    sandboxed=False,
 )
 
 # The agent's tools as MCP annotations, for the risk tier and "destructive" (no Allow always).
@@ -179,15 +177,15 @@ def parse_use(arguments: Mapping[str, Any]) -> ToolUse:
     """The question, or InvalidParamsError: a tool name, an input object (JSON numbers, no NaN)."""
     tool, tool_input, use_id = arguments.get("tool_name"), arguments.get("input"), arguments.get("tool_use_id")
     if not isinstance(tool, str) or not AGENT_TOOL_NAME.fullmatch(tool):
-        raise InvalidParamsError("invalid_arguments", "tool_name must be a tool's name")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "tool_name must be a tool's name")
     if not isinstance(tool_input, Mapping):
-        raise InvalidParamsError("invalid_arguments", "input must be an object")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "input must be an object")
     if use_id is not None and (not isinstance(use_id, str) or not _TOOL_USE_ID.fullmatch(use_id)):
-        raise InvalidParamsError("invalid_arguments", "tool_use_id must be an id")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "tool_use_id must be an id")
     try:
         hashed = args_hash(dict(tool_input))
     except ValueError:
-        raise InvalidParamsError("invalid_arguments", "input holds a number JSON cannot carry") from None
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, "input holds a number JSON cannot carry") from None
     return ToolUse(tool, tool_input, use_id, hashed)
 
 
@@ -221,8 +219,8 @@ class PermissionPrompt:
         entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=TOOL_NAME, args_hash=hashed)
         try:
             return run_id, await self._check(entry, arguments)
-        except (GatewayError, SQLAlchemyError) as exc:
-            # The audit log or the database failed: nothing can be vouched for.
+        except GatewayError as exc:
+            # The audit log or the database failed (StorageUnavailableError): nothing can be vouched for.
             log.error("run %s: check_permission failed (%s); answered deny", run_id, type(exc).__name__)  # noqa: TRY400
             return run_id, deny_answer("mcp-write-gateway failed to decide; denied (see the gateway's log)")
         except Exception:
@@ -230,30 +228,117 @@ class PermissionPrompt:
             return run_id, deny_answer("mcp-write-gateway failed to decide; denied (see the gateway's log)")
 
     async def _check(self, entry: EventDraft, arguments: Mapping[str, Any]) -> str:
-        principal: Principal | None = None
+        question = _Question(arguments, entry)
+        for step in STEPS:
+            answer = await step.run(self, question)
+            if answer is not None:
+                return answer
+        raise InternalError(Reason.STAGE_ORDER, "the steps ended without an answer")
+
+    def explain(self, user: str, tool: str, tool_input: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """`policy explain --agent`: how a question about this tool use would be answered, step by step
+        (STEPS, as a question walks them), for a user (no token is involved); writes nothing. Each
+        line: (step, verdict and why); the last is the result."""
+        question = _Question({"tool_name": tool, "input": tool_input}, user=user)
+        lines: list[tuple[str, str]] = []
+        for step in STEPS:
+            shown, verdict = step.dry(self, question)
+            lines.extend(shown)
+            if verdict is not None:
+                return [*lines, ("result", verdict)]
+        raise InternalError(Reason.STAGE_ORDER, "the steps ended without a verdict")
+
+    # --- the steps: each a `run` for a question and a `dry` for explain ------------------------------
+
+    async def _authenticate(self, question: _Question) -> str | None:
         try:
             token = self.s.environ.get(TOKEN_ENV, "").strip() or None
-            principal = await in_db_thread(self.s.authenticator.authenticate, token)
-            require_permission(self.s.policy.roles, principal.role, Permission.ORCHESTRATION_RUN)
-            asker = _Asker(principal.name, choose_workspace(self.s.policy, None, caller_of(principal)))
-            # Rules and previews are judged against the workspace root: it must be the folder pinned at load.
-            root = self.s.policy.workspaces[asker.workspace]
-            pinned = check_workspace_pinned(asker.workspace, root, self.s.policy.pins.get(root))
-            use = parse_use(arguments)
+            question.principal = await in_db_thread(self.s.authenticator.authenticate, token)
         except GatewayError as exc:
-            named = entry if principal is None else dataclasses.replace(entry, user=principal.name)
-            blocked = dataclasses.replace(
-                named, event_type=EventType.POLICY_BLOCKED, code=exc.code,
-                detail={"blocked_reason": exc.reason, "behavior": "deny"},
-            )  # fmt: skip
-            await in_db_thread(self.s.audit.append, named, blocked)
-            why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == "token_missing" else exc.public_message()
-            return deny_answer(f"mcp-write-gateway denied this tool use: {why}")
-        judged = judge(self._rules, use.tool, use.tool_input, str(root), os.path.realpath)
-        if judged.verdict != "ask":
-            return await in_db_thread(self._by_rule, entry, asker, use, judged)
+            return await self._blocked(question, exc)
+        return None
+
+    def _authenticate_dry(self, question: _Question) -> _Shown:
+        record = self.s.users.fetch(str(question.user))
+        if record is None or record.disabled:
+            return [("authenticate", "deny  (user unknown or disabled)")], "deny"
+        question.principal = Principal(record.name, record.role, record.workspaces, None, "explain")
+        return [("authenticate", f"pass  (user {record.name}, role {record.role})")], None
+
+    def _admit(self, question: _Question) -> None:
+        """The caller may orchestrate, in a workspace still pinned, and the question is well formed."""
+        principal = _principal(question)
+        require_permission(self.s.policy.roles, principal.role, Permission.ORCHESTRATION_RUN)
+        asker = _Asker(principal.name, choose_workspace(self.s.policy, None, caller_of(principal)))
+        # Rules and previews are judged against the workspace root: it must be the folder pinned at load.
+        root = self.s.policy.workspaces[asker.workspace]
+        question.asker, question.root = (
+            asker,
+            check_workspace_pinned(asker.workspace, root, self.s.policy.pins.get(root)),
+        )
+        question.use = parse_use(question.arguments)
+
+    async def _check_question(self, question: _Question) -> str | None:
+        try:
+            self._admit(question)
+        except GatewayError as exc:
+            return await self._blocked(question, exc)
+        return None
+
+    def _check_question_dry(self, question: _Question) -> _Shown:
+        try:
+            self._admit(question)
+        except GatewayError as exc:
+            return [("check", f"deny  ({exc.code} {exc.reason}: {exc.public_message()})")], "deny"
+        asker, root = _asker(question), _root(question)
+        return [("workspace", f"pass  ({asker.workspace}: {root.path})")], None
+
+    def _judge(self, question: _Question) -> Judgement:
+        use, root = _use(question), _root(question)
+        return judge(self._rules, use.tool, use.tool_input, str(root.path), os.path.realpath)
+
+    async def _apply_rules(self, question: _Question) -> str | None:
+        judged = self._judge(question)
+        if judged.verdict == "ask":
+            return None
+        return await in_db_thread(self._by_rule, _entry(question), _asker(question), _use(question), judged)
+
+    def _apply_rules_dry(self, question: _Question) -> _Shown:
+        use, judged = _use(question), self._judge(question)
+        shown: list[tuple[str, str]] = []
+        if use.tool == "Bash":
+            command = str(use.tool_input.get("command", ""))
+            parts, eligible = bash_parts(command)
+            note = "" if eligible else "; not plain commands of literal words: no allow rule applies"
+            shown.append(("parts", " | ".join(visible(part) for part in parts) + note))  # escaped as the approver shows
+            shown.append(("runs", " | ".join(visible(program) for program in bash_programs(command))))
+        shown.append(("rules", f"{judged.verdict}  ({judged.rule or 'no rule matches'})"))
+        return shown, None if judged.verdict == "ask" else judged.verdict
+
+    async def _consent(self, question: _Question) -> str:
+        entry, asker = _entry(question), _asker(question)
         await in_db_thread(self.s.audit.append, _named(entry, asker))  # committed before the question waits
-        return await self._ask(entry, asker, use, pinned)
+        return await self._ask(entry, asker, _use(question), _root(question))
+
+    def _consent_dry(self, question: _Question) -> _Shown:
+        tier, destructive, _ = agent_tool_consent(_use(question).tool)
+        how = "a stored decision, else a person at `mcp-gateway approvals`"
+        if self.s.policy.consent.mode == "deny":
+            how = "a stored decision, else deny (consent.mode: deny)"
+        kind = f"risk {tier}" + (", destructive: no Allow always" if destructive else "")
+        return [("consent", f"ask  ({kind}; would use {how})")], "ask"
+
+    async def _blocked(self, question: _Question, exc: GatewayError) -> str:
+        """A question refused before its rules: audited, and answered deny with why."""
+        entry = _entry(question)
+        named = entry if question.principal is None else dataclasses.replace(entry, user=question.principal.name)
+        blocked = dataclasses.replace(
+            named, event_type=EventType.POLICY_BLOCKED, code=exc.code,
+            detail={"blocked_reason": exc.reason, "behavior": "deny"},
+        )  # fmt: skip
+        await in_db_thread(self.s.audit.append, named, blocked)
+        why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == Reason.TOKEN_MISSING else exc.public_message()
+        return deny_answer(f"mcp-write-gateway denied this tool use: {why}")
 
     def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
         allow = judged.verdict == "allow"
@@ -320,40 +405,75 @@ class PermissionPrompt:
 
 
 def explain(services: Services, user: str, tool: str, tool_input: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """`policy explain --agent`: how a question about this tool use would be answered, step by step,
-    for a user (no token is involved); writes nothing. Each line: (step, verdict and why)."""
-    lines: list[tuple[str, str]] = []
-    record = services.users.fetch(user)
-    if record is None or record.disabled:
-        return [("authenticate", "deny  (user unknown or disabled)"), ("result", "deny")]
-    lines.append(("authenticate", f"pass  (user {record.name}, role {record.role})"))
-    principal = Principal(record.name, record.role, record.workspaces, None, "explain")
-    try:
-        require_permission(services.policy.roles, record.role, Permission.ORCHESTRATION_RUN)
-        workspace = choose_workspace(services.policy, None, caller_of(principal))
-        root = services.policy.workspaces[workspace]
-        check_workspace_pinned(workspace, root, services.policy.pins.get(root))
-        use = parse_use({"tool_name": tool, "input": tool_input})
-    except GatewayError as exc:
-        return [*lines, ("check", f"deny  ({exc.code} {exc.reason}: {exc.public_message()})"), ("result", "deny")]
-    lines.append(("workspace", f"pass  ({workspace}: {root})"))
-    if use.tool == "Bash":
-        command = str(use.tool_input.get("command", ""))
-        parts, eligible = bash_parts(command)
-        note = "" if eligible else "; not plain commands of literal words: no allow rule applies"
-        lines.append(("parts", " | ".join(visible(part) for part in parts) + note))  # escaped as the approver shows
-        lines.append(("runs", " | ".join(visible(program) for program in bash_programs(command))))
-    p = services.policy.permission_prompt
-    judged = judge(RuleSet.parse(p.deny, p.ask, p.allow), use.tool, use.tool_input, str(root), os.path.realpath)
-    lines.append(("rules", f"{judged.verdict}  ({judged.rule or 'no rule matches'})"))
-    if judged.verdict != "ask":
-        return [*lines, ("result", judged.verdict)]
-    tier, destructive, _ = agent_tool_consent(use.tool)
-    how = "a stored decision, else a person at `mcp-gateway approvals`"
-    if services.policy.consent.mode == "deny":
-        how = "a stored decision, else deny (consent.mode: deny)"
-    kind = f"risk {tier}" + (", destructive: no Allow always" if destructive else "")
-    return [*lines, ("consent", f"ask  ({kind}; would use {how})"), ("result", "ask")]
+    """`policy explain --agent` (PermissionPrompt.explain)."""
+    return PermissionPrompt(services).explain(user, tool, tool_input)
+
+
+@dataclass(slots=True)
+class _Question:
+    """One question going through STEPS, or its dry run: what the steps learn and hand on."""
+
+    arguments: Mapping[str, Any]
+    entry: EventDraft | None = None
+    """The question's entry event; None in a dry run."""
+    user: str | None = None
+    """A dry run's user (no token is involved)."""
+    principal: Principal | None = None
+    asker: _Asker | None = None
+    root: Pinned | None = None
+    use: ToolUse | None = None
+
+
+_Shown = tuple[list[tuple[str, str]], "str | None"]
+"""A dry step's lines, and the verdict when the step decides the question (None: go on)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A step: `run` for a question (its answer when the step decides it, else None), `dry` for explain."""
+
+    name: str
+    run: Callable[[PermissionPrompt, _Question], Awaitable[str | None]]
+    dry: Callable[[PermissionPrompt, _Question], _Shown]
+
+
+STEPS: tuple[Step, ...] = (
+    Step("authenticate", PermissionPrompt._authenticate, PermissionPrompt._authenticate_dry),
+    Step("check", PermissionPrompt._check_question, PermissionPrompt._check_question_dry),
+    Step("rules", PermissionPrompt._apply_rules, PermissionPrompt._apply_rules_dry),
+    Step("consent", PermissionPrompt._consent, PermissionPrompt._consent_dry),
+)
+"""The order of a question's steps (this module's docstring, 3-6), for a question and its dry run alike."""
+
+
+def _principal(question: _Question) -> Principal:
+    if question.principal is None:
+        raise InternalError(Reason.STAGE_ORDER, "a step needs the caller before authentication ran")
+    return question.principal
+
+
+def _asker(question: _Question) -> _Asker:
+    if question.asker is None:
+        raise InternalError(Reason.STAGE_ORDER, "a step needs the workspace before the check ran")
+    return question.asker
+
+
+def _root(question: _Question) -> Pinned:
+    if question.root is None:
+        raise InternalError(Reason.STAGE_ORDER, "a step needs the workspace before the check ran")
+    return question.root
+
+
+def _use(question: _Question) -> ToolUse:
+    if question.use is None:
+        raise InternalError(Reason.STAGE_ORDER, "a step needs the tool use before the check ran")
+    return question.use
+
+
+def _entry(question: _Question) -> EventDraft:
+    if question.entry is None:
+        raise InternalError(Reason.STAGE_ORDER, "a step that writes ran in a dry run")
+    return question.entry
 
 
 def _request(entry: EventDraft, asker: _Asker, use: ToolUse) -> ConsentRequest:

@@ -3,14 +3,20 @@
     1 audit MCP_TOOL_CALL   2 authenticate   3 authorize   4 policy   5 validate
     6 budget   7 sandbox precondition   8 consent   9 execute   10 audit + charge
 
+The order is the tuple `STAGES`, walked by `Pipeline.call` (each stage's `run`) and by
+`Pipeline.explain`, the dry run of `policy explain` (each stage's `dry`, which writes nothing):
+the two cannot disagree on the order, and a stage's refusal is the same error in both. The
+budget, sandbox and consent stages apply to write tools only. A tool's own behaviour comes from
+its registry entry (gateway/tools/base.py): this module never names a tool.
+
 The first stage that fails ends the call with its GatewayError, after the terminal audit
 event (POLICY_BLOCKED before execution, TOOL_FINISHED after it) is committed, and after the
 budget reservation taken at stage 6 is settled to what the call spent (`_settle`). The entry
 event (1) is committed with that terminal event when the call is refused before any tool
 runs, and on its own before a tool (read or write) does anything; no answer leaves before
 its events are committed. If an audit event cannot be committed the call
-fails closed with -32603 and nothing (more) runs.
-`explain` walks the same stages as a dry run for `policy explain`.
+fails closed with -32603 and nothing (more) runs. Database work runs on worker threads
+(gateway/db_threads.py).
 """
 
 from __future__ import annotations
@@ -18,13 +24,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
@@ -40,20 +45,22 @@ from gateway.consent import (
 from gateway.db_threads import in_db_thread
 from gateway.errors import (
     AuthRequiredError,
+    ConsentDeniedError,
     GatewayError,
     InternalError,
     InvalidParamsError,
+    Reason,
     SandboxViolationError,
+    StorageUnavailableError,
 )
 from gateway.grant_scope import workspace_spellings
-from gateway.logs import log_database_failure
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
 from gateway.services import Services
-from gateway.tools import artifacts, run_pytest
+from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
 from gateway.tools.outcome import ToolOutcome
-from gateway.tools.registry import TOOLS, ToolSpec
+from gateway.tools.registry import TOOLS
 from sandbox import RUN_GRACE_S, layers
 from sandbox.errors import SandboxStartError
 
@@ -77,12 +84,24 @@ class Admitted:
     scope: CallScope
 
 
+@dataclass(frozen=True, slots=True)
+class StageReport:
+    """One stage of a dry run: passed (code None, with a note) or the refusal it would answer."""
+
+    stage: str
+    code: int | None
+    reason: str | None
+    note: str
+
+
 def check_sandbox_ready(enabled: bool, missing_layers: list[str]) -> None:
     """Stage 7: a write tool runs only in a sandbox that is on and has every layer the policy requires (fail closed)."""
     if not enabled:
-        raise SandboxViolationError("sandbox_disabled", "write tools need sandbox.enabled: true")
+        raise SandboxViolationError(Reason.SANDBOX_DISABLED, "write tools need sandbox.enabled: true")
     if missing_layers:
-        raise SandboxViolationError("sandbox_layer_missing", f"this host cannot enforce: {', '.join(missing_layers)}")
+        raise SandboxViolationError(
+            Reason.SANDBOX_LAYER_MISSING, f"this host cannot enforce: {', '.join(missing_layers)}"
+        )
 
 
 def caller_of(principal: Principal) -> Caller:
@@ -110,12 +129,68 @@ def stored_tool_name(name: object) -> str:
     return f"{prefix}...sha256:{digest}"
 
 
-def lookup_tool(name: str) -> ToolSpec:
-    spec = TOOLS.get(name)
+def lookup_tool(name: str, tools: Mapping[str, ToolSpec] = TOOLS) -> ToolSpec:
+    spec = tools.get(name)
     if spec is None:
         # Named as the log names it: a caller's 1 MB name is not echoed back whole.
-        raise InvalidParamsError("unknown_tool", f"unknown tool {stored_tool_name(name)!r}")
+        raise InvalidParamsError(Reason.UNKNOWN_TOOL, f"unknown tool {stored_tool_name(name)!r}")
     return spec
+
+
+@dataclass(slots=True)
+class _Walk:
+    """One call going through the stages, or its dry run: what the stages learn and hand on."""
+
+    tool_name: str
+    arguments: Mapping[str, Any]
+    trail: _Trail | None = None
+    """The call's audit trail; None in a dry run."""
+    token: object = None
+    asker: ConsentAsker | RoundTrip | None = None
+    user: str | None = None
+    """A dry run's user (no token is involved)."""
+    principal: Principal | None = None
+    spec: ToolSpec | None = None
+    scope: CallScope | None = None
+    outcome: ToolOutcome | None = None
+
+    @property
+    def admitted(self) -> Admitted:
+        if self.principal is None or self.spec is None or self.scope is None:
+            raise InternalError(Reason.STAGE_ORDER, "a stage ran before the admission stages")
+        return Admitted(self.principal, self.spec, self.scope)
+
+
+_Run = Callable[["Pipeline", _Walk], Awaitable[None]]
+_Dry = Callable[["Pipeline", _Walk], "str | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A stage: `run` in a call, `dry` in `explain` (a note, None to leave the stage out, or the
+    refusal raised). Both raise the same GatewayError for the same inputs."""
+
+    name: str
+    run: _Run
+    dry: _Dry
+    writes_only: bool = False
+    """Only write tools (`sandboxed`) go through it."""
+
+    def applies(self, walk: _Walk) -> bool:
+        return not self.writes_only or walk.spec is None or walk.spec.sandboxed
+
+
+def _decision(name: str, check: Callable[[Pipeline, _Walk], None], writes_only: bool = False) -> Stage:
+    """A stage that decides without I/O: the call and the dry run run the same check."""
+
+    async def run(pipeline: Pipeline, walk: _Walk) -> None:
+        check(pipeline, walk)
+
+    def dry(pipeline: Pipeline, walk: _Walk) -> str:
+        check(pipeline, walk)
+        return ""
+
+    return Stage(name, run, dry, writes_only)
 
 
 class Pipeline:
@@ -123,12 +198,11 @@ class Pipeline:
         self.s = services
 
     def admit(self, principal: Principal, tool_name: str, arguments: Mapping[str, Any]) -> Admitted:
-        """Stages 3-5 for an authenticated principal."""
-        spec = lookup_tool(tool_name)
-        require_permission(self.s.policy.roles, principal.role, spec.permission)
-        scope = check_call(self.s.policy, spec, arguments, caller_of(principal))
-        check_arguments(spec, arguments)
-        return Admitted(principal, spec, scope)
+        """Stages 3-5 for an authenticated principal (the decisions alone, no audit)."""
+        walk = _Walk(tool_name, arguments, principal=principal)
+        for stage in ADMISSION:
+            stage.dry(self, walk)
+        return walk.admitted
 
     async def call(
         self, request: CallRequest, asker: ConsentAsker | RoundTrip | None = None
@@ -141,53 +215,40 @@ class Pipeline:
             hashed = None
         name = stored_tool_name(request.tool_name)
         trail = _Trail(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=name, args_hash=hashed))
+        walk = _Walk(request.tool_name, request.arguments, trail, request.token, asker)
         try:
-            return run_id, await self._stages(trail, request, asker)
+            return run_id, await self._stages(walk, trail)
         except GatewayError as exc:
             exc.data.setdefault("run_id", run_id)
             raise
 
-    async def _stages(self, trail: _Trail, request: CallRequest, asker: ConsentAsker | RoundTrip | None) -> ToolOutcome:
+    async def _stages(self, walk: _Walk, trail: _Trail) -> ToolOutcome:
         """Stages 2-10; every way out leaves its terminal event (or fails closed with -32603)."""
-        run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
+        run_id = str(trail.entry.run_id)
         try:
             if trail.entry.args_hash is None:
                 raise InvalidParamsError(
-                    "unhashable_arguments", "arguments must be JSON text (no NaN, no lone surrogates)"
+                    Reason.UNHASHABLE_ARGUMENTS, "arguments must be JSON text (no NaN, no lone surrogates)"
                 )
-            trail.principal = await in_db_thread(self.s.authenticator.authenticate, request.token)
-            admitted = self.admit(trail.principal, request.tool_name, request.arguments)
-            trail.workspace = admitted.scope.workspace
-            await in_db_thread(self._log, trail)  # spec section 8: the entry is committed before any tool runs
-            if not admitted.spec.sandboxed:
-                return await in_db_thread(self._read, admitted, trail, request.arguments)
-            trail.charge_id = await in_db_thread(
-                self.s.budget.reserve,
-                trail.principal.name,
-                run_id,
-                self.s.policy.budget,
-                reservation_ms(admitted.scope.timeout_s),
-            )
-            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
-            await self._consent(admitted, run_id, hashed, request.arguments, asker)
-            check_pins_intact(admitted.scope)  # a folder swapped while consent waited: stage 4's refusal
-            trail.executing, trail.started_at = True, self.s.clock.now()
-            return await self._execute(admitted, trail, request.arguments)
+            for stage in STAGES:
+                if stage.applies(walk):
+                    trail.stage = stage.name
+                    await stage.run(self, walk)
+            if walk.outcome is None:
+                raise InternalError(Reason.STAGE_ORDER, "the stages ended without an outcome")
+            return walk.outcome
         except InputRequired:
             # Nothing ran and the client will retry the call with its answer: that retry is the
             # attempt. This round gives its reservation back and ends without a code.
             await in_db_thread(self._give_back, trail)
             raise
-        except GatewayError as exc:
+        except GatewayError as exc:  # StorageUnavailableError included: `_refused` writes no event then
+            exc.stage = trail.stage
             await in_db_thread(self._refused, trail, exc)
             raise
-        except SQLAlchemyError as exc:
-            await in_db_thread(self._settle_best_effort, trail)
-            log_database_failure(log, "the gateway's database failed (database_unavailable)", exc, run_id)
-            raise InternalError("database_unavailable", "the gateway's database failed; nothing more ran") from exc
         except Exception as exc:
             log.exception("run %s: unexpected failure", run_id)
-            error = InternalError("internal_error", "the gateway failed")
+            error = InternalError(Reason.INTERNAL_ERROR, "the gateway failed")
             run_status = "failed" if trail.executing else None
             await in_db_thread(self._best_effort, trail, trail.refusal(error), run_status)
             raise error from exc
@@ -198,20 +259,92 @@ class Pipeline:
                 await in_db_thread(self._best_effort, trail, trail.cancelled(), run_status)
             raise
 
-    # The methods below are synchronous database work: `_stages` runs each on a database thread
-    # (gateway/db_threads.py), never on the event loop.
+    # --- the stages: each a `run` for a call and a `dry` for explain ---------------------------
 
-    def _give_back(self, trail: _Trail) -> None:
-        """An `input_required` round: its reservation is released and it ends without a code."""
-        if trail.charge_id is not None:
-            self.s.budget.release(trail.charge_id)
-            trail.charge_id = None
-        self._log(trail, trail.terminal(EventType.POLICY_BLOCKED, None, {"status": "input_required"}))
+    async def _authenticate(self, walk: _Walk) -> None:
+        walk.principal = await in_db_thread(self.s.authenticator.authenticate, walk.token)
+        if walk.trail is not None:
+            walk.trail.principal = walk.principal
 
-    def _refused(self, trail: _Trail, exc: GatewayError) -> None:
-        self._settle_best_effort(trail)
-        if not _is_audit_failure(exc) and not trail.closed_by_sweep:
-            self._log(trail, trail.refusal(exc))
+    def _authenticate_dry(self, walk: _Walk) -> str:
+        """The dry run has a user, not a token: the same user checks, from the database."""
+        record = self.s.users.fetch(str(walk.user))
+        if record is None:
+            raise AuthRequiredError(Reason.USER_UNKNOWN, f"no user {walk.user!r} in the gateway's database")
+        if record.disabled:
+            raise AuthRequiredError(Reason.USER_DISABLED, f"user {record.name!r} is disabled")
+        walk.principal = Principal(record.name, record.role, record.workspaces, None, "explain")
+        return f"user {record.name}, role {record.role}"
+
+    def _authorize(self, walk: _Walk) -> None:
+        walk.spec = lookup_tool(walk.tool_name, self.s.tools)
+        require_permission(self.s.policy.roles, _principal(walk).role, walk.spec.permission)
+
+    def _policy(self, walk: _Walk) -> None:
+        walk.scope = check_call(self.s.policy, _spec(walk), walk.arguments, caller_of(_principal(walk)))
+        if walk.trail is not None:
+            walk.trail.workspace = walk.scope.workspace
+
+    def _validate(self, walk: _Walk) -> None:
+        check_arguments(_spec(walk), walk.arguments)
+
+    async def _reserve(self, walk: _Walk) -> None:
+        trail = _trail(walk)
+        trail.charge_id = await in_db_thread(self._logged_reservation, trail, walk.admitted)
+
+    def _budget_dry(self, walk: _Walk) -> str:
+        self.s.budget.check(_principal(walk).name, self.s.policy.budget)
+        return ""
+
+    def _sandbox_ready(self, walk: _Walk) -> None:
+        check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
+
+    async def _consent(self, walk: _Walk) -> None:
+        admitted = walk.admitted
+        trail = _trail(walk)
+        await self.s.consent.require(self._consent_request(admitted, trail, walk.arguments), walk.asker)
+        check_pins_intact(admitted.scope)  # a folder swapped while consent waited: stage 4's refusal
+
+    def _consent_dry(self, walk: _Walk) -> str:
+        if self.s.policy.consent.mode == "deny":
+            raise ConsentDeniedError(
+                Reason.CONSENT_MODE_DENY, "would deny unless a stored decision allows (consent.mode: deny)"
+            )
+        return "would use a stored decision, else ask a person (elicitation or `mcp-gateway approvals`)"
+
+    async def _execute(self, walk: _Walk) -> None:
+        admitted, trail = walk.admitted, _trail(walk)
+        if admitted.spec.execute is not None:
+            trail.executing, trail.started_at = True, self.s.clock.now()
+            walk.outcome = await self._run(admitted, trail, walk.arguments)
+        else:
+            await in_db_thread(self._log, trail)  # spec section 8: the entry is committed before any tool runs
+            walk.outcome = await in_db_thread(self._read, admitted, trail, walk.arguments)
+
+    def _execute_dry(self, walk: _Walk) -> str | None:
+        return None if _spec(walk).sandboxed else "read tool, runs in process"
+
+    # --- the dry run ---------------------------------------------------------------------------
+
+    def explain(self, user: str, tool_name: str, arguments: Mapping[str, Any]) -> list[StageReport]:
+        """Walk STAGES as a dry run for a user (no token): each stage's note, up to the first refusal.
+        Writes nothing."""
+        walk = _Walk(tool_name, arguments, user=user)
+        reports: list[StageReport] = []
+        for stage in STAGES:
+            if not stage.applies(walk):
+                continue
+            try:
+                note = stage.dry(self, walk)
+            except GatewayError as exc:
+                reports.append(StageReport(stage.name, exc.code, exc.reason, exc.public_message()))
+                return reports
+            if note is not None:
+                reports.append(StageReport(stage.name, None, None, note))
+        return reports
+
+    # --- synchronous database work: `_stages` runs each on a database thread (gateway/db_threads.py),
+    # never on the event loop ---------------------------------------------------------------------
 
     def _log(self, trail: _Trail, *events: EventDraft) -> None:
         """Commit the entry event (once, naming the caller when known) with `events`, in one transaction.
@@ -224,6 +357,28 @@ class Pipeline:
         if pending or events:
             self.s.audit.append(*pending, *events)
         trail.entry_logged = True
+
+    def _logged_reservation(self, trail: _Trail, admitted: Admitted) -> int:
+        """The entry committed (spec section 8: before anything is taken or runs), then the reservation."""
+        self._log(trail)
+        return self.s.budget.reserve(
+            admitted.principal.name,
+            str(trail.entry.run_id),
+            self.s.policy.budget,
+            reservation_ms(admitted.scope.timeout_s),
+        )
+
+    def _give_back(self, trail: _Trail) -> None:
+        """An `input_required` round: its reservation is released and it ends without a code."""
+        if trail.charge_id is not None:
+            self.s.budget.release(trail.charge_id)
+            trail.charge_id = None
+        self._log(trail, trail.terminal(EventType.POLICY_BLOCKED, None, {"status": "input_required"}))
+
+    def _refused(self, trail: _Trail, exc: GatewayError) -> None:
+        self._settle_best_effort(trail)
+        if not _is_audit_failure(exc) and not trail.closed_by_sweep:
+            self._log(trail, trail.refusal(exc))
 
     def _settle(self, trail: _Trail) -> None:
         """Set the call's budget reservation (its whole time limit) to what it spent, once.
@@ -241,7 +396,7 @@ class Pipeline:
         """`_settle` while failing: if the database refuses, the reservation stays at the worst case (the safe side)."""
         try:
             self._settle(trail)
-        except SQLAlchemyError:
+        except StorageUnavailableError:
             log.error("run %s: the budget reservation stays at the time limit (database error)", trail.entry.run_id)  # noqa: TRY400
 
     def _best_effort(self, trail: _Trail, event: EventDraft | None, run_status: str | None = None) -> None:
@@ -251,115 +406,16 @@ class Pipeline:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
             self._log(trail, *(() if event is None else (event,)))
-        except (GatewayError, SQLAlchemyError):
+        except GatewayError:
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
-
-    # --- stages ---------------------------------------------------------------------------
 
     def _read(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
         """A read tool, on a database thread: it reads the runs table and the artifacts, then logs its end."""
-        outcome = self._read_tool(admitted, arguments)
+        read = admitted.spec.read
+        if read is None:
+            raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, admitted.spec.name)
+        outcome = read(self.s.runs, arguments, admitted.scope.visible_workspaces)
         self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
-        return outcome
-
-    def _read_tool(self, admitted: Admitted, arguments: Mapping[str, Any]) -> ToolOutcome:
-        visible = admitted.scope.visible_workspaces
-        name = admitted.spec.name
-        if name == "list_artifacts":
-            return artifacts.list_artifacts(self.s.runs, arguments, visible)
-        if name == "get_evidence":
-            return artifacts.get_evidence(self.s.runs, arguments, visible)
-        if name == "get_artifact_content":
-            return artifacts.get_artifact_content(self.s.runs, arguments, visible)
-        raise InternalError("tool_not_implemented", name)
-
-    async def _consent(
-        self,
-        admitted: Admitted,
-        run_id: str,
-        hashed: str,
-        arguments: Mapping[str, Any],
-        asker: ConsentAsker | RoundTrip | None,
-    ) -> None:
-        spec = admitted.spec
-        risk, destructive, fingerprint = consent_profile(spec)
-        request = ConsentRequest(
-            run_id=run_id,
-            user=admitted.principal.name,
-            workspace=admitted.scope.workspace or "",
-            server_id=self.s.server_id,
-            tool_name=spec.name,
-            args_hash=hashed,
-            arguments=arguments,
-            risk=risk,
-            fingerprint=fingerprint,
-            destructive=destructive,
-            path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
-        )
-        await self.s.consent.require(request, asker)
-
-    async def _execute(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
-        run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
-        principal, scope = admitted.principal, admitted.scope
-        if scope.pinned_root is None or scope.workspace is None:
-            raise InternalError("workspace_missing", "a write tool needs a workspace")
-        now = self.s.clock.now()
-        deadline = now + scope.timeout_s + RUN_GRACE_S  # past it the sandbox's watchdog has ended the run
-        record = RunRecord(run_id, principal.name, scope.workspace, admitted.spec.name, now, "running", None, deadline)
-        common: dict[str, Any] = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
-        started = EventDraft(EventType.TOOL_STARTED, tool_name=admitted.spec.name, args_hash=hashed, **common)
-        await in_db_thread(self._started, record, started)
-        try:
-            run = await run_pytest.run(
-                run_id=run_id,
-                root=scope.pinned_root,
-                allowed_paths=scope.pinned_paths,
-                arguments=arguments,
-                policy=self.s.policy.sandbox,
-                timeout_s=scope.timeout_s,
-                run_dir=self.s.runs.folder(run_id),
-                environ=self.s.environ,
-            )
-        except SandboxStartError as exc:
-            trail.run_ms = 0  # nothing ran
-            await in_db_thread(self.s.runs.finish, run_id, "failed_to_start", None)
-            raise SandboxViolationError("sandbox_start_failed", "the sandbox could not apply its layers") from exc
-        result = run.result
-        trail.run_ms = result.duration_ms
-        # How the run ended is recorded from the RunResult alone, before anything reads a file the
-        # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
-        executed = EventDraft(
-            EventType.SANDBOX_EXEC, tool_name=admitted.spec.name, detail=run_pytest.sandbox_summary(result), **common
-        )
-        usage = await in_db_thread(self._ran, trail, executed, principal.name)
-        governance = run_pytest.Governance(
-            elapsed_ms_total=usage.elapsed_ms,
-            attempts_total=usage.attempts,
-            short_circuited=result.killed_by is not None,
-            policy_timeout_s=self.s.policy.sandbox.timeout_s,
-        )
-        run_pytest.write_evidence(self.s.runs.folder(run_id), governance, run.limits, result)
-        refusal = run_pytest.refusal(result, scope.timeout_s, self.s.policy.sandbox)
-        status = refusal.reason if refusal else ("error" if run_pytest.is_tool_error(result) else "ok")
-        if not await in_db_thread(self.s.runs.finish, run_id, status, result.exit_code):
-            # Its end came so late that a sweep closed the run as abandoned, with its terminal event.
-            log.warning("run %s: ended after a sweep had closed it as abandoned; its record stays so", run_id)
-            trail.closed_by_sweep = True
-        if refusal is not None:
-            raise refusal
-        # Reads the run's files (never raises on their content), off the event loop: a hostile 16 MiB
-        # junit.xml costs seconds of parsing, which other calls of this session need not wait for.
-        outcome = await anyio.to_thread.run_sync(lambda: run.outcome)
-        structured = dict(outcome.structured or {})
-        finished = EventDraft(
-            EventType.TOOL_FINISHED,
-            tool_name=admitted.spec.name,
-            args_hash=hashed,
-            detail={"status": status, **{k: structured[k] for k in _COUNTS if k in structured}},
-            **common,
-        )
-        if not trail.closed_by_sweep:
-            await in_db_thread(self.s.audit.append, finished)
         return outcome
 
     def _started(self, record: RunRecord, started: EventDraft) -> None:
@@ -373,64 +429,123 @@ class Pipeline:
         self._settle(trail)
         return self.s.budget.usage(user, self.s.policy.budget)
 
-    # --- dry run ---------------------------------------------------------------------------
+    # --- a write tool's run --------------------------------------------------------------------
 
-    def explain(self, user: str, tool_name: str, arguments: Mapping[str, Any]) -> list[StageReport]:
-        """Walk the stages for a user (no token) without writing anything."""
-        reports: list[StageReport] = []
-
-        def passed(stage: str, note: str = "") -> None:
-            reports.append(StageReport(stage, None, None, note))
-
-        record = self.s.users.fetch(user)
-        if record is None or record.disabled:
-            reason = "user_unknown" if record is None else "user_disabled"
-            reports.append(StageReport("authenticate", AuthRequiredError.code, reason, ""))
-            return reports
-        principal = Principal(record.name, record.role, record.workspaces, None, "explain")
-        passed("authenticate", f"user {record.name}, role {record.role}")
-        steps: list[tuple[str, Any]] = [
-            (
-                "authorize",
-                lambda: require_permission(self.s.policy.roles, record.role, lookup_tool(tool_name).permission),
-            ),
-            (
-                "policy",
-                lambda: check_call(self.s.policy, lookup_tool(tool_name), arguments, caller_of(principal)),
-            ),
-            ("validate", lambda: check_arguments(lookup_tool(tool_name), arguments)),
-        ]
-        for stage, step in steps:
-            try:
-                step()
-            except GatewayError as exc:
-                reports.append(StageReport(stage, exc.code, exc.reason, exc.public_message()))
-                return reports
-            passed(stage)
-        spec = lookup_tool(tool_name)
-        if not spec.sandboxed:
-            passed("execute", "read tool, runs in process")
-            return reports
-        try:
-            self.s.budget.check(record.name, self.s.policy.budget)
-        except GatewayError as exc:
-            reports.append(StageReport("budget", exc.code, exc.reason, exc.public_message()))
-            return reports
-        passed("budget")
-        try:
-            check_sandbox_ready(self.s.policy.sandbox.enabled, layers().missing(self.s.policy.sandbox.required))
-        except SandboxViolationError as exc:
-            reports.append(StageReport("sandbox", exc.code, exc.reason, exc.public_message()))
-            return reports
-        passed("sandbox")
-        mode = self.s.policy.consent.mode
-        note = (
-            "would use a stored decision, else ask a person (elicitation or `mcp-gateway approvals`)"
-            if mode == "prompt"
-            else "would deny unless a stored decision allows (consent.mode: deny)"
+    def _consent_request(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ConsentRequest:
+        spec = admitted.spec
+        risk, destructive, fingerprint = consent_profile(spec)
+        return ConsentRequest(
+            run_id=str(trail.entry.run_id),
+            user=admitted.principal.name,
+            workspace=admitted.scope.workspace or "",
+            server_id=self.s.server_id,
+            tool_name=spec.name,
+            args_hash=str(trail.entry.args_hash),
+            arguments=arguments,
+            risk=risk,
+            fingerprint=fingerprint,
+            destructive=destructive,
+            path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
         )
-        reports.append(StageReport("consent", None if mode == "prompt" else -32008, None, note))
-        return reports
+
+    async def _run(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
+        """Stages 9-10 for a write tool: its `execute`, then what the pipeline records of any run."""
+        run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
+        principal, scope, spec = admitted.principal, admitted.scope, admitted.spec
+        if scope.pinned_root is None or scope.workspace is None or spec.execute is None:
+            raise InternalError(Reason.WORKSPACE_MISSING, "a write tool needs a workspace")
+        now = self.s.clock.now()
+        deadline = now + scope.timeout_s + RUN_GRACE_S  # past it the sandbox's watchdog has ended the run
+        record = RunRecord(run_id, principal.name, scope.workspace, spec.name, now, "running", None, deadline)
+        common: dict[str, Any] = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
+        started = EventDraft(EventType.TOOL_STARTED, tool_name=spec.name, args_hash=hashed, **common)
+        await in_db_thread(self._started, record, started)
+        request = ExecutionRequest(
+            run_id=run_id,
+            root=scope.pinned_root,
+            allowed_paths=scope.pinned_paths,
+            arguments=arguments,
+            policy=self.s.policy.sandbox,
+            timeout_s=scope.timeout_s,
+            run_dir=self.s.runs.folder(run_id),
+            environ=self.s.environ,
+        )
+        try:
+            run = await spec.execute(request)
+        except SandboxStartError as exc:
+            trail.run_ms = 0  # nothing ran
+            await in_db_thread(self.s.runs.finish, run_id, "failed_to_start", None)
+            raise SandboxViolationError(Reason.SANDBOX_START_FAILED, "the sandbox could not apply its layers") from exc
+        trail.run_ms = run.duration_ms
+        # How the run ended is recorded from the sandbox alone, before anything reads a file the
+        # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
+        executed = EventDraft(EventType.SANDBOX_EXEC, tool_name=spec.name, detail=run.sandbox_detail(), **common)
+        usage = await in_db_thread(self._ran, trail, executed, principal.name)
+        run.write_evidence(
+            Governance(
+                elapsed_ms_total=usage.elapsed_ms,
+                attempts_total=usage.attempts,
+                short_circuited=run.stopped,
+                policy_timeout_s=self.s.policy.sandbox.timeout_s,
+            )
+        )
+        refusal = run.refusal()
+        status = refusal.reason if refusal else run.status()
+        if not await in_db_thread(self.s.runs.finish, run_id, status, run.exit_code):
+            # Its end came so late that a sweep closed the run as abandoned, with its terminal event.
+            log.warning("run %s: ended after a sweep had closed it as abandoned; its record stays so", run_id)
+            trail.closed_by_sweep = True
+        if refusal is not None:
+            raise refusal
+        # Reads the run's files (never raises on their content), off the event loop: a hostile 16 MiB
+        # junit.xml costs seconds of parsing, which other calls of this session need not wait for.
+        outcome = await anyio.to_thread.run_sync(run.read_outcome)
+        finished = EventDraft(
+            EventType.TOOL_FINISHED,
+            tool_name=spec.name,
+            args_hash=hashed,
+            detail={"status": status, **run.finished_detail(outcome)},
+            **common,
+        )
+        if not trail.closed_by_sweep:
+            await in_db_thread(self.s.audit.append, finished)
+        return outcome
+
+
+def _principal(walk: _Walk) -> Principal:
+    if walk.principal is None:
+        raise InternalError(Reason.STAGE_ORDER, "a stage needs the caller before authentication ran")
+    return walk.principal
+
+
+def _spec(walk: _Walk) -> ToolSpec:
+    if walk.spec is None:
+        raise InternalError(Reason.STAGE_ORDER, "a stage needs the tool before authorization ran")
+    return walk.spec
+
+
+def _trail(walk: _Walk) -> _Trail:
+    if walk.trail is None:
+        raise InternalError(Reason.STAGE_ORDER, "a stage that writes ran in a dry run")
+    return walk.trail
+
+
+ADMISSION: tuple[Stage, ...] = (
+    _decision("authorize", Pipeline._authorize),
+    _decision("policy", Pipeline._policy),
+    _decision("validate", Pipeline._validate),
+)
+"""Stages 3-5: pure decisions on an authenticated caller (`Pipeline.admit`)."""
+
+STAGES: tuple[Stage, ...] = (
+    Stage("authenticate", Pipeline._authenticate, Pipeline._authenticate_dry),
+    *ADMISSION,
+    Stage("budget", Pipeline._reserve, Pipeline._budget_dry, writes_only=True),
+    _decision("sandbox", Pipeline._sandbox_ready, writes_only=True),
+    Stage("consent", Pipeline._consent, Pipeline._consent_dry, writes_only=True),
+    Stage("execute", Pipeline._execute, Pipeline._execute_dry),
+)
+"""The order of a tools/call's stages, for the call and its dry run alike (spec section 4)."""
 
 
 def _path_spellings(
@@ -461,6 +576,8 @@ class _Trail:
     """The run's own duration once it ended (0 when the sandbox could not start it)."""
     closed_by_sweep: bool = False
     """A sweep closed the run as abandoned (with its terminal event) before the call recorded its end."""
+    stage: str | None = None
+    """The stage the call is in (STAGES' names)."""
 
     def entry_for_log(self) -> EventDraft:
         """MCP_TOOL_CALL with the caller, once authentication has named one."""
@@ -493,15 +610,4 @@ class _Trail:
 
 def _is_audit_failure(exc: GatewayError) -> bool:
     """The log itself failed: no further event can be written; the caller gets -32603."""
-    return isinstance(exc, InternalError) and exc.reason in ("audit_unavailable", "database_unavailable")
-
-
-@dataclass(frozen=True, slots=True)
-class StageReport:
-    stage: str
-    code: int | None
-    reason: str | None
-    note: str
-
-
-_COUNTS = ("passed", "failed", "errors", "skipped", "exit_code", "duration_ms")
+    return isinstance(exc, StorageUnavailableError)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
-from gateway.errors import PermissionDeniedError
+from gateway.errors import PermissionDeniedError, Reason
 
 
 class Permission(StrEnum):
@@ -23,6 +23,6 @@ def has_permission(roles: Mapping[str, frozenset[Permission]], role: str, permis
 
 def require_permission(roles: Mapping[str, frozenset[Permission]], role: str, permission: Permission) -> None:
     if role not in roles:
-        raise PermissionDeniedError("role_unknown", f"role {role!r} is not defined in the policy")
+        raise PermissionDeniedError(Reason.ROLE_UNKNOWN, f"role {role!r} is not defined in the policy")
     if not has_permission(roles, role, permission):
-        raise PermissionDeniedError("missing_permission", f"role {role} lacks {permission}")
+        raise PermissionDeniedError(Reason.MISSING_PERMISSION, f"role {role} lacks {permission}")

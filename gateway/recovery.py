@@ -34,13 +34,13 @@ from typing import cast
 
 import anyio
 import anyio.to_thread
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.consent import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
 from gateway.consent_store import ConsentStore, PendingRequest
+from gateway.db_errors import cause_name
 from gateway.db_threads import in_db_thread
-from gateway.errors import InternalError
+from gateway.errors import Reason, StorageUnavailableError
 from gateway.liveness import (
     ProcessIdentity,
     SessionRecord,
@@ -188,7 +188,7 @@ def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
                 detail={"status": "abandoned", "reason": reason},
             )
         )
-    except InternalError:
+    except StorageUnavailableError:
         services.runs.reopen(run.run_id)
         log.error("run %s: could not record its closure (audit log unavailable); a later sweep retries", run.run_id)  # noqa: TRY400
         return False
@@ -217,19 +217,19 @@ def _close_question(
     if not questions.abandon(question.id, now):
         return False  # decided or closed first
     nobody = Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "approver", no_answer=GATEWAY_LOST)
-    decided = decision_event(_asked(question), nobody, "consent_no_answer")
+    decided = decision_event(_asked(question), nobody, Reason.CONSENT_NO_ANSWER)
     blocked = {"status": "abandoned", "reason": GATEWAY_LOST}
     try:
         services.audit.append(
             decided, dataclasses.replace(decided, event_type=EventType.POLICY_BLOCKED, detail=blocked)
         )
-    except InternalError:
+    except StorageUnavailableError:
         questions.reopen(question.id)
         log.error("consent question %s: could not record its closure (audit log unavailable)", question.id)  # noqa: TRY400
         return False
     # It waited for consent: nothing of it ran. If the ledger fails (it logs why), the reservation
     # stays at the worst case, the safe side.
-    with contextlib.suppress(SQLAlchemyError):
+    with contextlib.suppress(StorageUnavailableError):
         services.budget.settle_unrun(question.id)
     where = "unknown" if owner is None else f"{owner.identity.host} pid {owner.identity.pid}"
     log.warning(
@@ -271,9 +271,9 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
         while True:
             try:
                 await in_db_thread(_tick, services, sessions, session, here, pace)
-            except (SQLAlchemyError, InternalError) as exc:
+            except StorageUnavailableError as exc:
                 if not failing:
-                    log.error("the sweep failed (%s); it retries every %s s", type(exc).__name__, pace.period_s)  # noqa: TRY400  (the URL may hold a password)
+                    log.error("the sweep failed (%s); it retries every %s s", cause_name(exc), pace.period_s)  # noqa: TRY400  (the URL may hold a password)
                 failing = True
             else:
                 if failing:
@@ -284,8 +284,8 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
         with anyio.CancelScope(shield=True):
             try:
                 await in_db_thread(sessions.close, session, services.clock.now())
-            except SQLAlchemyError as exc:
-                log.warning("could not record this gateway's stop (%s); its lease runs out instead", type(exc).__name__)
+            except StorageUnavailableError as exc:
+                log.warning("could not record this gateway's stop (%s); its lease runs out instead", cause_name(exc))
 
 
 def _tick(services: Services, sessions: SessionStore, session: str, here: ProcessIdentity, pace: Pace) -> None:

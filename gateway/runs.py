@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import Engine, select, update
 
 from gateway import db
-from gateway.logs import database_failure_logged
+from gateway.db_errors import storage_errors
 
 log = logging.getLogger("gateway.runs")
 
@@ -46,7 +46,7 @@ class RunStore:
 
     def insert(self, record: RunRecord) -> None:
         with (
-            database_failure_logged(log, "the run could not be recorded", record.run_id),
+            storage_errors("the run could not be recorded", log=log, run_id=record.run_id),
             self._engine.begin() as connection,
         ):
             connection.execute(
@@ -67,7 +67,7 @@ class RunStore:
         """Runs still `running` past their deadline: every process of theirs is dead (the sandbox's
         watchdog), so only the record is left to close, by its gateway or by gateway/recovery.py."""
         query = select(db.runs).where(db.runs.c.status == "running", db.runs.c.deadline < now)
-        with self._read.connect() as connection:
+        with storage_errors("runs could not be read", log=None), self._read.connect() as connection:
             return [_record(row) for row in connection.execute(query)]
 
     def close(self, run_id: str) -> bool:
@@ -76,7 +76,7 @@ class RunStore:
         Conditional on the status, so of several gateways sweeping at once exactly one closes it
         and writes its terminal event.
         """
-        with self._engine.begin() as connection:
+        with storage_errors("a run could not be closed", log=None), self._engine.begin() as connection:
             changed = connection.execute(
                 update(db.runs)
                 .where(db.runs.c.run_id == run_id, db.runs.c.status == "running")
@@ -86,7 +86,7 @@ class RunStore:
 
     def reopen(self, run_id: str) -> None:
         """Undo `close` when its terminal event could not be written, so that a later sweep closes it again."""
-        with self._engine.begin() as connection:
+        with storage_errors("a run could not be reopened", log=None), self._engine.begin() as connection:
             connection.execute(
                 update(db.runs)
                 .where(db.runs.c.run_id == run_id, db.runs.c.status == ABANDONED)
@@ -96,7 +96,7 @@ class RunStore:
     def finish(self, run_id: str, status: str, exit_code: int | None) -> bool:
         """Record how the run ended; False when it was closed as `abandoned` already (that record stays)."""
         with (
-            database_failure_logged(log, "the run's end could not be recorded", run_id),
+            storage_errors("the run's end could not be recorded", log=log, run_id=run_id),
             self._engine.begin() as connection,
         ):
             changed = connection.execute(
@@ -107,7 +107,7 @@ class RunStore:
         return bool(changed)
 
     def fetch(self, run_id: str) -> RunRecord | None:
-        with database_failure_logged(log, "runs could not be read"), self._read.connect() as connection:
+        with storage_errors("runs could not be read", log=log), self._read.connect() as connection:
             row = connection.execute(select(db.runs).where(db.runs.c.run_id == run_id)).one_or_none()
         return None if row is None else _record(row)
 
@@ -116,7 +116,7 @@ class RunStore:
         query = select(db.runs).order_by(db.runs.c.created_at.desc()).limit(limit)
         if workspaces is not None:
             query = query.where(db.runs.c.workspace.in_(workspaces))
-        with database_failure_logged(log, "runs could not be read"), self._read.connect() as connection:
+        with storage_errors("runs could not be read", log=log), self._read.connect() as connection:
             return [_record(row) for row in connection.execute(query)]
 
 

@@ -16,9 +16,10 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import InvalidParamsError, PolicyBlockedError
+from gateway.errors import InvalidParamsError, PolicyBlockedError, Reason
 from gateway.policy import Policy
-from gateway.tools.registry import PATTERN_HINTS, TOOLS, ToolSpec
+from gateway.tools.base import ToolSpec
+from gateway.tools.schemas import PATTERN_HINTS
 from sandbox.pinned import Pinned, is_intact
 
 if TYPE_CHECKING:
@@ -70,13 +71,13 @@ def check_call(
     resolve: Callable[[Path], Path] = Path.resolve,
 ) -> CallScope:
     if not policy.allowlist:
-        raise PolicyBlockedError("allowlist_empty", "the policy's tools.allowlist is empty")
+        raise PolicyBlockedError(Reason.ALLOWLIST_EMPTY, "the policy's tools.allowlist is empty")
     if spec.name not in policy.allowlist:
-        raise PolicyBlockedError("tool_not_allowlisted", f"{spec.name} is not in the policy's allowlist")
+        raise PolicyBlockedError(Reason.TOOL_NOT_ALLOWLISTED, f"{spec.name} is not in the policy's allowlist")
     timeout_s = policy.sandbox.timeout_s
     requested_timeout = arguments.get("timeout_s")
     if isinstance(requested_timeout, int) and requested_timeout > timeout_s:
-        raise PolicyBlockedError("timeout_over_policy", f"timeout_s is at most {timeout_s}")
+        raise PolicyBlockedError(Reason.TIMEOUT_OVER_POLICY, f"timeout_s is at most {timeout_s}")
     if isinstance(requested_timeout, int) and not isinstance(requested_timeout, bool) and requested_timeout > 0:
         timeout_s = requested_timeout
     if "workspace" not in spec.input_schema["properties"]:
@@ -113,11 +114,11 @@ def check_pins_intact(scope: CallScope) -> None:
 
 def choose_workspace(policy: Policy, requested: str | None, caller: Caller) -> str:
     if caller.token_workspace is not None and requested not in (None, caller.token_workspace):
-        raise PolicyBlockedError("workspace_not_allowed", "the token is limited to another workspace")
+        raise PolicyBlockedError(Reason.WORKSPACE_NOT_ALLOWED, "the token is limited to another workspace")
     name = requested or caller.token_workspace or (caller.workspaces[0] if caller.workspaces else None)
     # Unknown and not-yours read the same, so a caller cannot probe other tenants' names.
     if name is None or name not in policy.workspaces or not (caller.is_admin or name in caller.workspaces):
-        raise PolicyBlockedError("workspace_not_allowed", "no such workspace for this user")
+        raise PolicyBlockedError(Reason.WORKSPACE_NOT_ALLOWED, "no such workspace for this user")
     return name
 
 
@@ -134,13 +135,13 @@ def check_workspace_pinned(name: str, root: Path, pinned: Pinned | None) -> Pinn
     """
     if pinned is None or not pinned.is_dir or pinned.path != root:
         raise PolicyBlockedError(
-            "workspace_not_found",
+            Reason.WORKSPACE_NOT_FOUND,
             f"workspace {name!r} was not a folder when the gateway loaded its policy;"
             " create it, then restart the gateway",
         )
     if not is_intact(pinned):
         raise PolicyBlockedError(
-            "workspace_changed",
+            Reason.WORKSPACE_CHANGED,
             f"workspace {name!r} is no longer the folder the policy named when the gateway loaded it"
             " (moved, replaced or reached through a symlink); restore that folder at its path,"
             " or restart the gateway to load the policy again",
@@ -152,13 +153,13 @@ def check_allowed_path_pinned(path: Path, pinned: Pinned | None) -> Pinned:
     """The pin of a `sandbox.allowed_paths` entry, checked like a workspace's (`allowed_path_not_found`, `_changed`)."""
     if pinned is None or pinned.path != path:
         raise PolicyBlockedError(
-            "allowed_path_not_found",
+            Reason.ALLOWED_PATH_NOT_FOUND,
             f"sandbox.allowed_paths entry {str(path)!r} did not exist when the gateway loaded its policy;"
             " create it, then restart the gateway",
         )
     if not is_intact(pinned):
         raise PolicyBlockedError(
-            "allowed_path_changed",
+            Reason.ALLOWED_PATH_CHANGED,
             f"sandbox.allowed_paths entry {str(path)!r} is no longer what the policy named when the gateway"
             " loaded it (moved, replaced or reached through a symlink); restore it, or restart the gateway",
         )
@@ -173,20 +174,20 @@ def check_relative_path(root: Path, value: str, argument: str, resolve: Callable
     location (after `..` and symlinks) is outside the workspace root.
     """
     if "\x00" in value:
-        raise PolicyBlockedError("path_invalid", f"{argument} contains a NUL byte")
+        raise PolicyBlockedError(Reason.PATH_INVALID, f"{argument} contains a NUL byte")
     if _CONTROL.search(value):
-        raise PolicyBlockedError("path_invalid", f"{argument} contains a control character (newline, CR, ...)")
+        raise PolicyBlockedError(Reason.PATH_INVALID, f"{argument} contains a control character (newline, CR, ...)")
     if value.startswith(("-", "@")):
         raise PolicyBlockedError(
-            "path_looks_like_option",
+            Reason.PATH_LOOKS_LIKE_OPTION,
             f"{argument} must not start with '-' or '@' (pytest would read it as an option or a file of options)",
         )
     if Path(value).is_absolute():
-        raise PolicyBlockedError("path_outside_workspace", f"{argument} must be relative to the workspace")
+        raise PolicyBlockedError(Reason.PATH_OUTSIDE_WORKSPACE, f"{argument} must be relative to the workspace")
     real_root = resolve(root)
     target = resolve(root / value)
     if not is_within(target, real_root):
-        raise PolicyBlockedError("path_outside_workspace", f"{argument} resolves outside the workspace")
+        raise PolicyBlockedError(Reason.PATH_OUTSIDE_WORKSPACE, f"{argument} resolves outside the workspace")
     return target
 
 
@@ -221,14 +222,21 @@ def _full_match_validator() -> Any:
     return validators.extend(Draft202012Validator, {"pattern": _pattern})  # type: ignore[no-untyped-call]
 
 
-@cache
-def _validator(tool_name: str) -> Any:
-    return _full_match_validator()(dict(TOOLS[tool_name].input_schema))
+_VALIDATORS: dict[str, tuple[Mapping[str, Any], Any]] = {}
+"""A tool's validator, built at its first call: (the schema it was built from, the validator)."""
+
+
+def _validator(spec: ToolSpec) -> Any:
+    built = _VALIDATORS.get(spec.name)
+    if built is None or built[0] is not spec.input_schema:
+        built = (spec.input_schema, _full_match_validator()(dict(spec.input_schema)))
+        _VALIDATORS[spec.name] = built
+    return built[1]
 
 
 def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
-    error = next(iter(_validator(spec.name).iter_errors(dict(arguments))), None)
+    error = next(iter(_validator(spec).iter_errors(dict(arguments))), None)
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
         message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
-        raise InvalidParamsError("invalid_arguments", f"{where}: {message}")
+        raise InvalidParamsError(Reason.INVALID_ARGUMENTS, f"{where}: {message}")

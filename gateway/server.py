@@ -24,22 +24,20 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import __version__
 from gateway.consent import Decision, InputRequired, NoAnswer, RoundTrip, decision_from_form, decision_schema
 from gateway.db_file import FileGuard, guard_of
 from gateway.db_threads import in_db_thread
-from gateway.errors import GatewayError, InternalError, InvalidParamsError
-from gateway.logs import log_database_failure
+from gateway.errors import GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.permission_prompt import SPEC as CHECK_PERMISSION
 from gateway.permission_prompt import TOKEN_ENV, PermissionPrompt
 from gateway.pipeline import CallRequest, Pipeline
 from gateway.rbac import has_permission
 from gateway.recovery import keep_sweeping
 from gateway.services import Services
+from gateway.tools.base import ToolSpec
 from gateway.tools.outcome import ToolOutcome
-from gateway.tools.registry import TOOLS, ToolSpec
 from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
 from gateway.transport import CLIENT_GONE, DEFAULT_MAX_MESSAGE_BYTES, ClientGoneError, stdio_transport
 
@@ -56,25 +54,21 @@ def to_mcp_error(exc: GatewayError, run_id: str | None = None) -> MCPError:
 def answered_as_mcp_errors(what: str, new_run_id: Callable[[], str], *, traceback: bool = True) -> Iterator[None]:
     """Every way a handler fails, as the MCPError the client gets (the one place that maps them).
 
-    A refusal keeps its code and reason; the database failing is -32603 `database_unavailable`,
-    logged with its cause but no traceback (it would hold the SQL and its parameters); anything
-    else is -32603 `internal_error`, logged with its traceback unless `traceback` is False (for a
-    handler whose locals hold a token). Never the SDK's `{"code": 0}` with Python's text.
+    A refusal keeps its code and reason, the database failing included (StorageUnavailableError,
+    logged with its cause by the store: gateway/db_errors.py); anything else is -32603
+    `internal_error`, logged with its traceback unless `traceback` is False (for a handler whose
+    locals hold a token). Never the SDK's `{"code": 0}` with Python's text.
     """
     try:
         yield
     except GatewayError as exc:
         raise to_mcp_error(exc, new_run_id()) from None
-    except SQLAlchemyError as exc:
-        log_database_failure(log, f"{what}: the database failed (database_unavailable)", exc)
-        error = InternalError("database_unavailable", "the gateway's database failed; nothing ran")
-        raise to_mcp_error(error, new_run_id()) from None
     except Exception as exc:
         if traceback:
             log.exception("%s failed unexpectedly", what)
         else:
             log.error("%s failed unexpectedly (%s)", what, type(exc).__name__)  # noqa: TRY400
-        raise to_mcp_error(InternalError("internal_error", "the gateway failed"), new_run_id()) from None
+        raise to_mcp_error(InternalError(Reason.INTERNAL_ERROR, "the gateway failed"), new_run_id()) from None
 
 
 def tool_definition(spec: ToolSpec) -> types.Tool:
@@ -185,7 +179,7 @@ def build_server(services: Services) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        allowlisted = [TOOLS[name] for name in services.policy.allowlist if name in TOOLS]
+        allowlisted = [services.tools[name] for name in services.policy.allowlist if name in services.tools]
         token = _token_of(ctx.params)
         if token is None:
             return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted] + extra)
@@ -220,7 +214,7 @@ def build_server(services: Services) -> Server[Any]:
         """A run's artifact by URI: the same call, checks and audit as get_artifact_content."""
         target = parse_artifact_uri(params.uri)
         if target is None:
-            raise to_mcp_error(InvalidParamsError("unknown_resource", "unknown resource"), services.new_run_id())
+            raise to_mcp_error(InvalidParamsError(Reason.UNKNOWN_RESOURCE, "unknown resource"), services.new_run_id())
         run_id, name = target
         arguments = {"run_id": run_id, "name": name}
         request = CallRequest("get_artifact_content", arguments, _token_of(ctx.params))

@@ -19,7 +19,8 @@ from gateway.policy import Policy
 from gateway.policy_trust import policy_for
 from gateway.runs import RunStore
 from gateway.settings import Settings
-from gateway.tools.registry import TOOL_NAMES
+from gateway.tools.base import ToolSpec
+from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.users import UserStore
 
 
@@ -40,6 +41,8 @@ class Services:
     consent: ConsentStage
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     server_id: str = "mcp-write-gateway"
+    tools: Mapping[str, ToolSpec] = field(default_factory=lambda: TOOLS)
+    """The tool catalogue (gateway/tools/registry.py); a test may add one."""
 
 
 def open_services(

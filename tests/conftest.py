@@ -10,6 +10,8 @@ import pytest
 
 from tests.harness import GatewayHome, StdioSession
 
+pytest_plugins = ("tests.pg_cluster",)  # a throwaway PostgreSQL for the `postgres` tests, when one can run
+
 
 @pytest.fixture
 def make_gateway(tmp_path: Path) -> Callable[..., GatewayHome]:

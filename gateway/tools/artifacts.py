@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.clock import iso_utc
-from gateway.errors import InvalidParamsError
+from gateway.errors import InvalidParamsError, Reason
 from gateway.runs import RunRecord, RunStore
 from gateway.tools.outcome import ToolOutcome
 
@@ -23,7 +23,7 @@ DEFAULT_MAX_BYTES = 65536
 def _visible_run(runs: RunStore, run_id: str, visible: tuple[str, ...] | None) -> RunRecord:
     record = runs.fetch(run_id)
     if record is None or (visible is not None and record.workspace not in visible):
-        raise InvalidParamsError("run_not_found", f"no run {run_id}")
+        raise InvalidParamsError(Reason.RUN_NOT_FOUND, f"no run {run_id}")
     return record
 
 
@@ -56,7 +56,7 @@ def get_evidence(runs: RunStore, arguments: Mapping[str, Any], visible: tuple[st
     try:
         evidence = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise InvalidParamsError("evidence_not_found", f"run {record.run_id} has no evidence") from exc
+        raise InvalidParamsError(Reason.EVIDENCE_NOT_FOUND, f"run {record.run_id} has no evidence") from exc
     return ToolOutcome(json.dumps(evidence, indent=2, sort_keys=True), {"run_id": record.run_id, **evidence})
 
 
@@ -66,7 +66,7 @@ def get_artifact_content(runs: RunStore, arguments: Mapping[str, Any], visible: 
     folder = runs.folder(record.run_id).resolve()
     path = (folder / name).resolve()
     if path.parent != folder or not path.is_file() or Path(name).name != name:
-        raise InvalidParamsError("artifact_not_found", f"run {record.run_id} has no artifact {name!r}")
+        raise InvalidParamsError(Reason.ARTIFACT_NOT_FOUND, f"run {record.run_id} has no artifact {name!r}")
     max_bytes = int(arguments.get("max_bytes", DEFAULT_MAX_BYTES))
     with path.open("rb") as handle:
         data = handle.read(max_bytes + 1)

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 from xml.parsers import expat
 
-from gateway.errors import GatewayError, SandboxViolationError, ToolTimeoutError
+from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
+from gateway.tools.base import ExecutionRequest, Governance
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from sandbox import Limits, RunResult, layers, run_sandboxed
+from sandbox.confine import LayerReport
 from sandbox.leftovers import scratch_folder
 from sandbox.pinned import Pinned
 from sandbox.runner import MAX_COLLECTED_BYTES, KilledBy
@@ -75,25 +77,50 @@ class JunitCounts:
 
 @dataclass(frozen=True, slots=True)
 class PytestRun:
+    """One finished pytest run: a ToolRun (gateway/tools/base.py)."""
+
     result: RunResult
     limits: Limits
     run_id: str
     run_dir: Path
+    policy: SandboxPolicy
+    host: LayerReport | None = None
 
     @property
-    def outcome(self) -> ToolOutcome:
+    def duration_ms(self) -> int:
+        return self.result.duration_ms
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.result.exit_code
+
+    @property
+    def stopped(self) -> bool:
+        return self.result.killed_by is not None
+
+    def sandbox_detail(self) -> Mapping[str, Any]:
+        return sandbox_summary(self.result)
+
+    def refusal(self) -> GatewayError | None:
+        return refusal_for(self.result, self.limits.timeout_s, self.policy)
+
+    def status(self) -> str:
+        return "error" if is_tool_error(self.result) else "ok"
+
+    def write_evidence(self, governance: Governance) -> None:
+        write_evidence(self.run_dir, governance, self.limits, self.result, self.host)
+
+    def read_outcome(self) -> ToolOutcome:
         """The answer, read from files the run produced (untrusted): only after SANDBOX_EXEC is recorded."""
         return read_outcome(self.run_id, self.run_dir, self.result)
 
+    def finished_detail(self, outcome: ToolOutcome) -> Mapping[str, Any]:
+        structured = outcome.structured or {}
+        return {key: structured[key] for key in FINISHED_COUNTS if key in structured}
 
-@dataclass(frozen=True, slots=True)
-class Governance:
-    """evidence.json's `governance`: the user's window totals including this run (spec section 5)."""
 
-    elapsed_ms_total: int
-    attempts_total: int
-    short_circuited: bool
-    policy_timeout_s: int
+FINISHED_COUNTS = ("passed", "failed", "errors", "skipped", "exit_code", "duration_ms")
+"""What TOOL_FINISHED records of a run's outcome."""
 
 
 def pytest_argv(root: Path, arguments: Mapping[str, Any], junit_path: Path, plugins: tuple[str, ...] = ()) -> list[str]:
@@ -284,14 +311,16 @@ def read_outcome(run_id: str, run_dir: Path, result: RunResult) -> ToolOutcome:
     return ToolOutcome(text, structured, links, is_error=is_tool_error(result))
 
 
-def refusal(result: RunResult, timeout_s: float, policy: SandboxPolicy) -> GatewayError | None:
+def refusal_for(result: RunResult, timeout_s: float, policy: SandboxPolicy) -> GatewayError | None:
     """The error a run that the sandbox had to stop answers with (spec section 4, stage 9)."""
     if result.killed_by is KilledBy.TIMEOUT:
-        return ToolTimeoutError("timeout", f"killed after {timeout_s:g} s")
+        return ToolTimeoutError(Reason.TIMEOUT, f"killed after {timeout_s:g} s")
     if result.killed_by is KilledBy.OUTPUT:
-        return SandboxViolationError("output_limit", f"output over {policy.max_output_bytes} bytes")
+        return SandboxViolationError(Reason.OUTPUT_LIMIT, f"output over {policy.max_output_bytes} bytes")
     if result.killed_by is KilledBy.MEMORY:
-        return SandboxViolationError("memory_limit", f"the run went over {policy.memory_limit_mb} MiB and was stopped")
+        return SandboxViolationError(
+            Reason.MEMORY_LIMIT, f"the run went over {policy.memory_limit_mb} MiB and was stopped"
+        )
     return None
 
 
@@ -313,6 +342,21 @@ def sandbox_summary(result: RunResult) -> dict[str, Any]:
     }
 
 
+async def execute(request: ExecutionRequest) -> PytestRun:
+    """The registry's `execute` for run_pytest (gateway/tools/base.py)."""
+    return await run(
+        run_id=request.run_id,
+        root=request.root,
+        allowed_paths=request.allowed_paths,
+        arguments=request.arguments,
+        policy=request.policy,
+        timeout_s=request.timeout_s,
+        run_dir=request.run_dir,
+        environ=request.environ,
+        host=request.host,
+    )
+
+
 async def run(
     *,
     run_id: str,
@@ -323,6 +367,7 @@ async def run(
     run_dir: Path,
     environ: Mapping[str, str],
     allowed_paths: tuple[Pinned, ...] = (),
+    host: LayerReport | None = None,
 ) -> PytestRun:
     """Run pytest for one call; nothing the run produced is read here (that is `PytestRun.outcome`).
 
@@ -353,11 +398,14 @@ async def run(
             run_dir / "stderr.txt",
             scratch=scratch,
             collect={"junit.xml": run_dir / "junit.xml"},
+            host=host,
         )
-    return PytestRun(result, limits, run_id, run_dir)
+    return PytestRun(result, limits, run_id, run_dir, policy, host)
 
 
-def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result: RunResult) -> None:
+def write_evidence(
+    run_dir: Path, governance: Governance, limits: Limits, result: RunResult, host: LayerReport | None = None
+) -> None:
     evidence = {
         "governance": asdict(governance),
         "sandbox": {
@@ -372,7 +420,7 @@ def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result
             },
             "confinement": {
                 "backend": limits.backend,
-                "landlock_abi": layers().landlock,
+                "landlock_abi": (host or layers()).landlock,
                 "required_layers": sorted(limits.required),
             },
             **sandbox_summary(result),

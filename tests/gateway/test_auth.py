@@ -28,6 +28,7 @@ from gateway.auth import (
     decode_token,
     ensure_keys,
     issue_token,
+    jti_of,
     load_keyring,
 )
 from gateway.clock import new_token_id
@@ -516,3 +517,20 @@ def test_token_ids_never_look_like_options() -> None:
     ids = {new_token_id() for _ in range(2000)}
     assert len(ids) == 2000
     assert all(re.fullmatch(r"[0-9a-f]{32}", jti) for jti in ids)
+
+
+def test_jti_of_reads_the_jti_without_the_key() -> None:
+    token = jwt.encode({"jti": "j-1", "sub": "alice"}, b"another key " * 4, algorithm="HS256")
+    assert jti_of(token) == "j-1"
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        ("a.b.c", "that is not a readable token"),
+        (jwt.encode({"sub": "x"}, SECRET, algorithm="HS256"), "the token has no jti"),
+    ],
+)
+def test_jti_of_refuses_what_names_no_jti(token: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        jti_of(token)

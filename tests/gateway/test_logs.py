@@ -1,4 +1,4 @@
-"""gateway/logs.py: the rate limit, one line per record, and how a database failure is described."""
+"""gateway/logs.py and gateway/db_errors.py: the rate limit, one line per record, how a database failure is described."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
+from gateway.db_errors import storage_errors
+from gateway.errors import Reason, StorageUnavailableError
 from gateway.logs import (
     CAUSE_CHARS,
     MESSAGE_CHARS,
     GatewayLogHandler,
     RateLimit,
-    database_failure_logged,
     describe_cause,
     one_line,
 )
@@ -155,11 +156,48 @@ def test_a_url_with_a_password_is_not_repeated() -> None:
     assert describe_cause(exc) == "ConnectionError: could not reach postgresql://***@db/gw"
 
 
-def test_database_failure_logged_logs_and_lets_the_error_pass(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_storage_errors_logs_once_and_raises_the_reason_it_was_given(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     log = logging.getLogger("gateway.test")
-    with pytest.raises(SQLAlchemyError), database_failure_logged(log, "runs could not be read", "r1"):
-        raise _sqlite_error(tmp_path, "SELECT * FROM nowhere")
+    driver_error = _sqlite_error(tmp_path, "SELECT * FROM nowhere")
+    with (
+        pytest.raises(StorageUnavailableError) as caught,
+        storage_errors("runs could not be read", log=log, run_id="r1"),
+    ):
+        raise driver_error
     assert caplog.messages == ["run r1: runs could not be read: sqlite3.OperationalError: no such table: nowhere"]
+    assert caught.value.reason == Reason.DATABASE_UNAVAILABLE
+    assert caught.value.code == -32603
+    assert caught.value.__cause__ is driver_error
+    assert "nowhere" not in caught.value.public_message(), "the driver's words stay in the log"
+
+
+def test_storage_errors_without_a_log_only_translates(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    driver_error = _sqlite_error(tmp_path, "SELECT * FROM nowhere")
+    with (
+        pytest.raises(StorageUnavailableError) as caught,
+        storage_errors("quiet", log=None, reason=Reason.AUDIT_UNAVAILABLE, detail="the audit log could not be written"),
+    ):
+        raise driver_error
+    assert caplog.messages == []
+    assert caught.value.reason == Reason.AUDIT_UNAVAILABLE
+    assert caught.value.public_message() == "Internal error: the audit log could not be written"
+
+
+def test_the_innermost_storage_error_is_the_one_logged_and_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = logging.getLogger("gateway.test")
+    driver_error = _sqlite_error(tmp_path, "SELECT * FROM nowhere")
+    with (
+        pytest.raises(StorageUnavailableError) as caught,
+        storage_errors("outer", log=log),
+        storage_errors("inner", log=log, detail="the inner store failed"),
+    ):
+        raise driver_error
+    assert caplog.messages == ["inner: sqlite3.OperationalError: no such table: nowhere"]
+    assert caught.value.detail == "the inner store failed"
 
 
 def test_a_record_whose_arguments_do_not_fit_never_makes_the_filter_raise() -> None:

@@ -20,7 +20,8 @@ from gateway.scope import (
     matches_pattern,
     visible_workspaces,
 )
-from gateway.tools.registry import PATTERN_HINTS, TOOL_NAMES, TOOLS
+from gateway.tools.registry import TOOL_NAMES, TOOLS
+from gateway.tools.schemas import PATTERN_HINTS
 
 RUN_PYTEST = TOOLS["run_pytest"]
 LIST_ARTIFACTS = TOOLS["list_artifacts"]

@@ -1,0 +1,54 @@
+"""The one place a database failure becomes a refusal (spec section 8: fail closed): `storage_errors`.
+
+Every store wraps its database work in `with storage_errors(...)`: a SQLAlchemyError raised
+inside (DatabaseFileChangedError and DatabaseFileUnwritableError from gateway/db_file.py
+included) is logged once with its cause (`describe_cause`: never the SQL, its parameters or the
+URL), then raised again as `StorageUnavailableError` from it, -32603 with the reason it carries.
+Callers branch on that class, never on the driver's exceptions or the reason's text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.errors import Reason, StorageUnavailableError
+from gateway.logs import RATE_KEY, describe_cause
+
+DATABASE_FAILED = "the gateway's database failed; nothing more ran"
+"""The client's detail when the caller names nothing more precise."""
+
+
+@contextmanager
+def storage_errors(
+    what: str,
+    *,
+    log: logging.Logger | None,
+    run_id: str | None = None,
+    reason: Reason = Reason.DATABASE_UNAVAILABLE,
+    detail: str = DATABASE_FAILED,
+) -> Iterator[None]:
+    """Turn a SQLAlchemyError raised inside into StorageUnavailableError(reason, detail), from it.
+
+    `what` failed, for `run_id`: one ERROR line on `log` with the cause, rate-limited per `what`
+    and cause class (gateway/logs.py). `log=None` translates without a line, for a caller that
+    says it itself once per outage (the sweep). A StorageUnavailableError from an inner
+    `storage_errors` passes unchanged: the innermost, most precise one is logged and answered.
+    """
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        if log is not None:
+            subject = what if run_id is None else f"run {run_id}: {what}"
+            cause = type(getattr(exc, "orig", None) or exc).__name__
+            # No traceback: it would hold the SQL and its parameters.
+            log.error("%s: %s", subject, describe_cause(exc), extra={RATE_KEY: (what, cause)})  # noqa: TRY400
+        raise StorageUnavailableError(reason, detail) from exc
+
+
+def cause_name(exc: StorageUnavailableError) -> str:
+    """The driver's exception class behind `exc` (for a one-line message that must not hold its text)."""
+    return type(exc.__cause__ or exc).__name__

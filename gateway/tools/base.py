@@ -1,0 +1,131 @@
+"""What a tool is to the pipeline (spec section 5): a `ToolSpec` that carries its own behaviour.
+
+A read tool has a `read`: a function of the runs the caller may see, run in process. A write
+tool (`sandboxed`) has an `execute`: given one admitted call (`ExecutionRequest`), it runs in
+the sandbox and returns a `ToolRun`. The pipeline never names a tool. For a write tool it
+records how the run ended from the `ToolRun` (SANDBOX_EXEC), settles the budget with its
+duration, hands it the user's totals for its evidence, and answers with its refusal or its
+outcome (TOOL_FINISHED). A new tool is one more entry in gateway/tools/registry.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gateway.errors import GatewayError
+from gateway.rbac import Permission
+from gateway.tools.outcome import ToolOutcome
+
+if TYPE_CHECKING:
+    from gateway.policy import SandboxPolicy
+    from gateway.runs import RunStore
+    from sandbox.confine import LayerReport
+    from sandbox.pinned import Pinned
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRequest:
+    """One admitted write call, as its tool receives it."""
+
+    run_id: str
+    root: Pinned
+    """The workspace, pinned at policy load and found intact after consent."""
+    allowed_paths: tuple[Pinned, ...]
+    arguments: Mapping[str, Any]
+    policy: SandboxPolicy
+    timeout_s: int
+    run_dir: Path
+    """The run's artifacts folder, not yet created: the tool makes it."""
+    environ: Mapping[str, str]
+    host: LayerReport | None = None
+    """What this host can enforce; None: the sandbox probes it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Governance:
+    """evidence.json's `governance`: the user's window totals including this run (spec section 5)."""
+
+    elapsed_ms_total: int
+    attempts_total: int
+    short_circuited: bool
+    policy_timeout_s: int
+
+
+class ToolRun(Protocol):
+    """A finished sandboxed run. How it ended comes from the sandbox (trusted); its answer is read
+    from files the run wrote (untrusted), and only after the pipeline has recorded how it ended."""
+
+    @property
+    def duration_ms(self) -> int:
+        """What the budget is charged."""
+        ...
+
+    @property
+    def exit_code(self) -> int | None:
+        """The run record's exit code (None: it had none, e.g. killed by a signal)."""
+        ...
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the sandbox stopped it (a limit), rather than it ending by itself."""
+        ...
+
+    def sandbox_detail(self) -> Mapping[str, Any]:
+        """SANDBOX_EXEC's detail: how the run ended, from the sandbox alone."""
+        ...
+
+    def refusal(self) -> GatewayError | None:
+        """The error the call answers with when the run was stopped for a limit, else None."""
+        ...
+
+    def status(self) -> str:
+        """The status of the run record and of TOOL_FINISHED when there is no refusal: `ok` or `error`."""
+        ...
+
+    def write_evidence(self, governance: Governance) -> None:
+        """Write the run's evidence file (the gateway writes it, never the run)."""
+        ...
+
+    def read_outcome(self) -> ToolOutcome:
+        """The answer, from the run's files; never raises on their content. Runs on a worker thread."""
+        ...
+
+    def finished_detail(self, outcome: ToolOutcome) -> Mapping[str, Any]:
+        """What TOOL_FINISHED records besides its status (counts, never content)."""
+        ...
+
+
+class Execute(Protocol):
+    async def __call__(self, request: ExecutionRequest, /) -> ToolRun: ...
+
+
+class Read(Protocol):
+    def __call__(
+        self, runs: RunStore, arguments: Mapping[str, Any], visible: tuple[str, ...] | None, /
+    ) -> ToolOutcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    title: str
+    description: str
+    permission: Permission
+    input_schema: Mapping[str, Any]
+    annotations: Mapping[str, Any]
+    path_arguments: tuple[str, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """The tool's `_meta` in tools/list (a declared risk tier: consent.RISK_META_KEY)."""
+    read: Read | None = None
+    """A read tool's behaviour."""
+    execute: Execute | None = None
+    """A write tool's behaviour: it runs in the sandbox, needs consent and is charged to the budget."""
+
+    @property
+    def sandboxed(self) -> bool:
+        """A write tool."""
+        return self.execute is not None
