@@ -36,6 +36,8 @@ log = logging.getLogger("gateway.auth")
 REQUIRED_CLAIMS = ("sub", "iss", "aud", "iat", "exp", "jti")
 MAX_TOKEN_BYTES = 8192
 WORKSPACE_CLAIM = "ws"
+SIGNING_KEY_FILE = "signing.key"
+"""The HMAC secret in the state folder (every policy's HS* algorithms; `init` creates it)."""
 _ASYMMETRIC_FILES = {"RS256": "signing-rs256.pem", "EdDSA": "signing-eddsa.pem"}
 
 
@@ -88,7 +90,7 @@ def _create_exclusive(path: Path, data: bytes) -> None:
 def ensure_keys(home: Path, algorithms: tuple[str, ...]) -> list[Path]:
     """Create the signing keys the policy's algorithms need; existing keys are kept. Returns new files."""
     created: list[Path] = []
-    secret_path = home / "signing.key"
+    secret_path = home / SIGNING_KEY_FILE
     if not secret_path.exists():
         _create_exclusive(secret_path, secrets.token_hex(64).encode("ascii") + b"\n")
         created.append(secret_path)
@@ -105,7 +107,7 @@ def ensure_keys(home: Path, algorithms: tuple[str, ...]) -> list[Path]:
 
 
 def load_keyring(home: Path) -> KeyRing:
-    secret_path = home / "signing.key"
+    secret_path = home / SIGNING_KEY_FILE
     try:
         secret = bytes.fromhex(secret_path.read_text(encoding="ascii").strip())
     except (OSError, ValueError) as exc:

@@ -40,10 +40,6 @@ class Usage:
     elapsed_ms: int
 
 
-def usage_of(charges: Sequence[Charge]) -> Usage:
-    return Usage(len(charges), sum(c.elapsed_ms for c in charges))
-
-
 def reservation_ms(timeout_s: int) -> int:
     """The worst case a call reserves: its whole time limit (the run is killed there)."""
     return max(0, timeout_s) * 1000

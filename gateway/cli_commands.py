@@ -28,8 +28,9 @@ from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_ne
 from gateway.errors import CommandError, ConfigError, Reason, StorageUnavailableError
 from gateway.permission_prompt import explain as explain_agent_tool
 from gateway.pipeline import Pipeline
-from gateway.policy import SandboxPolicy, load_policy, risky_settings
+from gateway.policy import SandboxPolicy, load_policy
 from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
+from gateway.policy_warnings import risky_settings
 from gateway.rbac import ADMIN_ROLE
 from gateway.recovery import close_abandoned_runs
 from gateway.services import Services, open_services, open_stores

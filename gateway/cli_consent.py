@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
-from typing import Any
 
 from gateway.approvals import approver_name, run_approvals
 from gateway.audit import EventDraft, EventType
@@ -13,18 +13,20 @@ from gateway.canonical import args_hash
 from gateway.clock import iso_utc
 from gateway.consent import (
     CLI_CHANNEL,
-    RISK_META_KEY,
     UNKNOWN_CHANNEL,
+    Answer,
+    ConsentProfile,
+    ConsentRequest,
     Decision,
-    RiskTier,
+    Origin,
+    consent_profile,
+    decision_event,
+    grant_decision,
     grant_expiry,
-    is_destructive,
     lasting_allow_channels,
     parse_duration,
-    risk_tier,
-    tool_fingerprint,
 )
-from gateway.consent_store import Grant
+from gateway.consent_store import Grant, GrantDecision
 from gateway.errors import CommandError
 from gateway.grant_scope import normal_grant_arguments
 from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_path_arguments, agent_tool_consent
@@ -47,7 +49,7 @@ def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
             else "expired"
             if g.expires_at is not None and g.expires_at <= now
             else "ignored"
-            if g.decision == "ALLOW" and (g.channel or UNKNOWN_CHANNEL) not in counted
+            if g.decision == GrantDecision.ALLOW and (g.channel or UNKNOWN_CHANNEL) not in counted
             else "active"
         )
         expires = iso_utc(g.expires_at) if g.expires_at is not None else "never"
@@ -74,7 +76,7 @@ def _path_names(grant: Grant) -> tuple[str, ...]:
 
 def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
     s = open_services(settings)
-    server_id, tier, destructive, fingerprint = _grant_target(s, args.tool, args.agent)
+    server_id, (tier, destructive, fingerprint) = _grant_target(s, args.tool, args.agent)
     record = s.users.fetch(args.user)
     if record is None:
         raise CommandError(f"unknown user {args.user!r}")
@@ -102,6 +104,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
             covered = normal_grant_arguments(arguments, names, agent_root)
         except ValueError as exc:
             raise CommandError(f"--args: {exc}") from exc
+    decision = Decision.ALLOW_ALWAYS if args.always else Decision.DENY_ALWAYS
     grant = Grant(
         id=0,
         user=record.name,
@@ -109,7 +112,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         server_id=server_id,
         tool_name=args.tool,
         args_hash=hashed,
-        decision="ALLOW" if args.always else "DENY",
+        decision=grant_decision(decision),
         fingerprint=fingerprint,
         granted_at=now,
         expires_at=expires_at,
@@ -118,43 +121,31 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         arguments=covered,
     )
     grant_id = s.consent_store.insert_grant(grant)
-    decision = Decision.ALLOW_ALWAYS if args.always else Decision.DENY_ALWAYS
-    detail: dict[str, Any] = {
-        "decision": str(decision),
-        "risk_tier": tier,
-        "origin": "policy",
-        "server_id": server_id,
-    }
-    detail |= {"channel": "cli", "grant_id": grant_id, "expires_at": expires_at, "decided_by": grant.granted_by}
-    s.audit.append(
-        EventDraft(
-            EventType.PERMISSION_DECISION,
-            user=record.name,
-            workspace=workspace,
-            tool_name=args.tool,
-            args_hash=hashed,
-            detail=detail,
-        )
-    )
+    # Made at the terminal, the decision answers no call: its event has no run_id, and an args_hash only
+    # when it is for particular arguments.
+    about = ConsentRequest(
+        run_id="", user=record.name, workspace=workspace, server_id=server_id, tool_name=args.tool,
+        args_hash="", arguments={}, risk=tier,
+    )  # fmt: skip
+    answer = Answer(decision, Origin.POLICY, CLI_CHANNEL, decided_by=grant.granted_by)
+    event = decision_event(about, answer, extra={"grant_id": grant_id, "expires_at": expires_at})
+    s.audit.append(dataclasses.replace(event, run_id=None, args_hash=hashed))
     until = iso_utc(expires_at) if expires_at is not None else "revoked"
     print(f"stored {decision} for {record.name} / {workspace} / {args.tool} until {until}", file=sys.stderr)
     print(grant_id)
     return 0
 
 
-def _grant_target(s: Services, tool: str, agent: bool) -> tuple[str, RiskTier, bool, str]:
-    """(server_id, risk tier, destructive, fingerprint) of the tool a grant is for."""
+def _grant_target(s: Services, tool: str, agent: bool) -> tuple[str, ConsentProfile]:
+    """The server_id and the consent profile of the tool a grant is for."""
     if agent:
         if not AGENT_TOOL_NAME.fullmatch(tool):
             raise CommandError(f"{tool!r} is not a tool name")
-        tier, destructive, fingerprint = agent_tool_consent(tool)
-        return AGENT_SERVER_ID, tier, destructive, fingerprint
+        return AGENT_SERVER_ID, agent_tool_consent(tool)
     spec = TOOLS.get(tool)
     if spec is None:
         raise CommandError(f"unknown tool {tool!r} (known: {', '.join(sorted(TOOLS))}; Claude Code's: --agent)")
-    tier = risk_tier(spec.annotations, trusted=True, declared=spec.meta.get(RISK_META_KEY))
-    fingerprint = tool_fingerprint(spec.name, spec.input_schema, spec.annotations)
-    return s.server_id, tier, is_destructive(spec.annotations), fingerprint
+    return s.server_id, consent_profile(spec)
 
 
 def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:

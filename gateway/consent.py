@@ -16,8 +16,8 @@ sessions use (docs/decisions.md). A stored Allow counts only when its channel ma
 a stored Deny always counts. A Deny made for particular arguments covers them by meaning
 (gateway/grant_scope.py); an Allow, only those very arguments.
 
-The decisions themselves are pure functions of values and `now` (`risk_tier`, `choices_for`,
-`pick_grant`, `grant_for`); the stage only does the I/O around them.
+The decisions themselves are pure functions of values and `now` (`consent_profile`, `choices_for`,
+`pick_grant`, `decision_event`); the stage only does the I/O around them.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import anyio
 
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
-from gateway.consent_store import ConsentStore, Grant, PendingRequest
+from gateway.consent_store import ConsentStore, Grant, GrantDecision, PendingRequest
 from gateway.consent_text import prompt_for, redacted_preview
 from gateway.db_threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason
@@ -108,6 +108,38 @@ def tool_fingerprint(name: str, input_schema: Mapping[str, Any], annotations: Ma
     return hashlib.sha256(canonical_json(document).encode()).hexdigest()
 
 
+class DescribedTool(Protocol):
+    """A tool as its server describes it (gateway/tools/registry.py `ToolSpec` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def input_schema(self) -> Mapping[str, Any]: ...
+    @property
+    def annotations(self) -> Mapping[str, Any]: ...
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
+
+
+class ConsentProfile(NamedTuple):
+    """What consent needs to know of a tool, whoever asks about it."""
+
+    risk: RiskTier
+    destructive: bool
+    """No Allow always (`choices_for`)."""
+    fingerprint: str
+    """A stored decision counts only for this very definition (`pick_grant`)."""
+
+
+def consent_profile(tool: DescribedTool, *, trusted: bool = True) -> ConsentProfile:
+    """The tool's risk tier (its declared `_meta` tier first), whether it is destructive, and its fingerprint."""
+    return ConsentProfile(
+        risk_tier(tool.annotations, trusted, declared=tool.meta.get(RISK_META_KEY)),
+        is_destructive(tool.annotations),
+        tool_fingerprint(tool.name, tool.input_schema, tool.annotations),
+    )
+
+
 def choices_for(destructive: bool, permitted: Collection[str] | None = None) -> tuple[Decision, ...]:
     """What a person may answer on a channel: what the policy lets it answer (`consent.channels`; None:
     everything), in the spec's order; Allow always is never offered for a destructive tool."""
@@ -142,11 +174,11 @@ def pick_grant(
         and (g.expires_at is None or g.expires_at > now)
         and g.fingerprint == request.fingerprint
     ]
-    denies = [g for g in live if g.decision == "DENY" and _deny_applies(g, request)]
+    denies = [g for g in live if g.decision == GrantDecision.DENY and _deny_applies(g, request)]
     allows = [
         g
         for g in live
-        if g.decision == "ALLOW"
+        if g.decision == GrantDecision.ALLOW
         and g.args_hash in (None, request.args_hash)
         and (g.channel or UNKNOWN_CHANNEL) in allow_from
     ]
@@ -160,6 +192,16 @@ def _deny_applies(grant: Grant, request: ConsentRequest) -> bool:
     if grant.arguments is not None:
         return deny_covers(grant.arguments, request.arguments, request.path_spellings)
     return grant.args_hash in (None, request.args_hash)
+
+
+def grant_decision(decision: Decision) -> GrantDecision:
+    """How a lasting decision (Allow always, Deny always) is stored."""
+    return GrantDecision.ALLOW if decision.allows else GrantDecision.DENY
+
+
+def lasting_decision(stored: GrantDecision) -> Decision:
+    """What a stored decision answers: Allow always or Deny always."""
+    return Decision.ALLOW_ALWAYS if stored == GrantDecision.ALLOW else Decision.DENY_ALWAYS
 
 
 def grant_expiry(tier: RiskTier, policy: ConsentPolicy, now: float) -> float:
@@ -267,6 +309,37 @@ class Answer:
     """With Origin.NO_ANSWER: why nobody answered (NoAnswer.why)."""
 
 
+def decision_event(
+    request: ConsentRequest, answer: Answer, reason: str | None = None, extra: Mapping[str, Any] | None = None
+) -> EventDraft:
+    """`mcp.permission.decision`: what was decided about the call, how, through which channel, by whom
+    (or why nobody), and for a deny why (`reason`); `extra` adds what the decision left (a grant's id,
+    its expiry, the rule that decided)."""
+    detail: dict[str, Any] = {
+        "decision": str(answer.decision),
+        "risk_tier": request.risk,
+        "origin": str(answer.origin),
+        "server_id": request.server_id,
+        "channel": answer.channel,
+        **(extra or {}),
+    }
+    if answer.decided_by:
+        detail["decided_by"] = answer.decided_by
+    if answer.no_answer:
+        detail["no_answer"] = answer.no_answer
+    if reason:
+        detail["reason"] = reason
+    return EventDraft(
+        EventType.PERMISSION_DECISION,
+        run_id=request.run_id,
+        user=request.user,
+        workspace=request.workspace,
+        tool_name=request.tool_name,
+        args_hash=request.args_hash,
+        detail=detail,
+    )
+
+
 # --- the stage -----------------------------------------------------------------------------------
 
 
@@ -299,8 +372,8 @@ class ConsentStage:
         grants = self._store.fetch_grants(request.user, request.workspace, request.server_id, request.tool_name)
         grant = pick_grant(grants, self._clock.now(), request, self._allow_from)
         if grant is not None:
-            decision = Decision.ALLOW_ALWAYS if grant.decision == "ALLOW" else Decision.DENY_ALWAYS
-            return self._conclude(request, Answer(decision, Origin.CACHE_HIT, "stored", grant.granted_by), grant)
+            answer = Answer(lasting_decision(grant.decision), Origin.CACHE_HIT, "stored", grant.granted_by)
+            return self._conclude(request, answer, grant)
         if self._session_key(request) in self._session_allows:
             return self._conclude(request, Answer(Decision.ALLOW_SESSION, Origin.CACHE_HIT, "session"), None)
         if self._policy.mode == "deny":
@@ -315,7 +388,7 @@ class ConsentStage:
     def _concluded(self, request: ConsentRequest, answer: Answer | None, in_band: bool) -> Decision:
         """What a person's answer (or its absence) decides, recorded."""
         if answer is not None and answer.origin is Origin.NO_ANSWER:
-            self._record(request, answer, reason=Reason.CONSENT_NO_ANSWER, extra={"no_answer": answer.no_answer})
+            self._record(request, answer, reason=Reason.CONSENT_NO_ANSWER)
             raise ConsentDeniedError(Reason.CONSENT_NO_ANSWER, _NO_ANSWER)
         if answer is None:
             channel = "elicitation" if in_band else "approver"
@@ -455,7 +528,7 @@ class ConsentStage:
                     server_id=request.server_id,
                     tool_name=request.tool_name,
                     args_hash=None,
-                    decision="ALLOW" if allow else "DENY",
+                    decision=grant_decision(answer.decision),
                     fingerprint=request.fingerprint,
                     granted_at=now,
                     expires_at=expires_at,
@@ -466,8 +539,6 @@ class ConsentStage:
             detail["expires_at"] = expires_at
         elif answer.decision is Decision.ALLOW_SESSION:
             self._session_allows.add(self._session_key(request))
-        if answer.decided_by:
-            detail["decided_by"] = answer.decided_by
         reason = None if answer.decision.allows else _DENY_REASONS[answer.decision]
         self._record(request, answer, reason=reason, extra=detail)
         if answer.decision.allows:
@@ -481,27 +552,7 @@ class ConsentStage:
     def _record(
         self, request: ConsentRequest, answer: Answer, *, reason: str | None, extra: Mapping[str, Any] | None = None
     ) -> None:
-        detail: dict[str, Any] = {
-            "decision": str(answer.decision),
-            "risk_tier": request.risk,
-            "origin": str(answer.origin),
-            "server_id": request.server_id,
-            "channel": answer.channel,
-            **(extra or {}),
-        }
-        if reason:
-            detail["reason"] = reason
-        self._audit.append(
-            EventDraft(
-                EventType.PERMISSION_DECISION,
-                run_id=request.run_id,
-                user=request.user,
-                workspace=request.workspace,
-                tool_name=request.tool_name,
-                args_hash=request.args_hash,
-                detail=detail,
-            )
-        )
+        self._audit.append(decision_event(request, answer, reason, extra))
 
 
 _DENY_REASONS = {Decision.DENY_ONCE: Reason.CONSENT_DENIED, Decision.DENY_ALWAYS: Reason.CONSENT_DENIED_ALWAYS}

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, true, update
 
@@ -33,7 +34,14 @@ from gateway.visible import storable
 
 log = logging.getLogger("gateway.consent_store")
 
-GrantDecision = Literal["ALLOW", "DENY"]
+
+class GrantDecision(StrEnum):
+    """A stored decision as `consent_grants.decision` holds it: what an Allow always or a Deny always
+    leaves (consent.lasting_decision reads it back). `consent_requests.decision` holds consent.Decision."""
+
+    ALLOW = "ALLOW"
+    DENY = "DENY"
+
 
 MAX_OPEN_QUESTIONS = 16
 """Open questions (`pending` + `awaiting_client`, unexpired) a user may have at once: a person
@@ -318,7 +326,6 @@ def check_open_questions(open_count: int, max_open: int, first_expiry: float | N
 
 def _grant(row: object) -> Grant:
     m = row._mapping  # type: ignore[attr-defined]
-    decision: GrantDecision = "DENY" if m["decision"] == "DENY" else "ALLOW"
     return Grant(
         id=m["id"],
         user=m["user_name"],
@@ -326,7 +333,7 @@ def _grant(row: object) -> Grant:
         server_id=m["server_id"],
         tool_name=m["tool_name"],
         args_hash=m["args_hash"],
-        decision=decision,
+        decision=GrantDecision(m["decision"]),
         fingerprint=m["fingerprint"],
         granted_at=m["granted_at"],
         expires_at=m["expires_at"],
@@ -358,7 +365,3 @@ def _request(row: object) -> PendingRequest:
         preview=m["preview"],
         choices=None if m["choices"] is None else tuple(c for c in m["choices"].split(",") if c),
     )
-
-
-def newest_first(grants: Sequence[Grant]) -> list[Grant]:
-    return sorted(grants, key=lambda g: (g.granted_at, g.id), reverse=True)

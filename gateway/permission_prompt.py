@@ -28,7 +28,7 @@ import logging
 import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -38,13 +38,13 @@ from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
 from gateway.canonical import args_hash
 from gateway.consent import (
+    Answer,
+    ConsentProfile,
     ConsentRequest,
     Decision,
     Origin,
-    RiskTier,
-    is_destructive,
-    risk_tier,
-    tool_fingerprint,
+    consent_profile,
+    decision_event,
 )
 from gateway.db_threads import in_db_thread
 from gateway.errors import ConsentDeniedError, GatewayError, InternalError, InvalidParamsError, Reason
@@ -52,10 +52,9 @@ from gateway.file_rules import PATH_ARGUMENT
 from gateway.grant_scope import absolute_spellings
 from gateway.permission_rules import Judgement, RuleSet, bash_parts, bash_programs, judge
 from gateway.pipeline import caller_of
-from gateway.policy import check_workspace_pinned
 from gateway.previews import preview
 from gateway.rbac import Permission, require_permission
-from gateway.scope import choose_workspace
+from gateway.scope import check_workspace_pinned, choose_workspace
 from gateway.services import Services
 from gateway.tools.base import ToolSpec
 from gateway.visible import visible
@@ -119,15 +118,20 @@ AGENT_TOOLS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 )
 
 
-def agent_tool_consent(tool: str) -> tuple[RiskTier, bool, str]:
-    """(risk tier, destructive, fingerprint) of an agent tool; open-world reads are not trusted."""
+@dataclass(frozen=True, slots=True)
+class AgentTool:
+    """One of the agent's own tools, described as an MCP tool is: no schema, no declared tier."""
+
+    name: str
+    annotations: Mapping[str, Any]
+    input_schema: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    meta: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def agent_tool_consent(tool: str) -> ConsentProfile:
+    """The consent profile of an agent tool; open-world reads are not trusted."""
     annotations = AGENT_TOOLS.get(tool, MappingProxyType({}))
-    trusted = annotations.get("openWorldHint") is False
-    return (
-        risk_tier(annotations, trusted=trusted),
-        is_destructive(annotations),
-        tool_fingerprint(tool, {}, annotations),
-    )
+    return consent_profile(AgentTool(tool, annotations), trusted=annotations.get("openWorldHint") is False)
 
 
 def agent_path_arguments(tool: str) -> tuple[str, ...]:
@@ -338,17 +342,11 @@ class PermissionPrompt:
 
     def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
         allow = judged.verdict == "allow"
-        tier, _, _ = agent_tool_consent(use.tool)
-        decision = Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE
-        detail = {"decision": str(decision), "risk_tier": tier, "origin": str(Origin.POLICY),
-                  "server_id": AGENT_SERVER_ID, "channel": "rules", "rule": judged.rule}  # fmt: skip
-        if not allow:
-            detail["reason"] = "rule_denied"
+        request = _request(entry, asker, use)
+        answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, "rules")
         self.s.audit.append(
             _named(entry, asker),
-            self._event(
-                EventType.PERMISSION_DECISION, entry, asker, tool=use.tool, hashed=use.input_hash, detail=detail
-            ),
+            decision_event(request, answer, None if allow else "rule_denied", {"rule": judged.rule}),
             self._finished(entry, asker, use, "allow" if allow else "deny", rule=judged.rule),
         )
         if allow:
@@ -357,18 +355,8 @@ class PermissionPrompt:
 
     async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Pinned) -> str:
         """Ask consent; the preview reads the current file beneath the pinned workspace `root`."""
-        tier, destructive, fingerprint = agent_tool_consent(use.tool)
-        request = ConsentRequest(
-            run_id=str(entry.run_id),
-            user=asker.user,
-            workspace=asker.workspace,
-            server_id=AGENT_SERVER_ID,
-            tool_name=use.tool,
-            args_hash=use.input_hash,
-            arguments=use.tool_input,
-            risk=tier,
-            fingerprint=fingerprint,
-            destructive=destructive,
+        request = dataclasses.replace(
+            _request(entry, asker, use),
             preview=preview(use.tool, use.tool_input, root),
             path_spellings=agent_path_spellings(use.tool, use.tool_input, str(root.path)),
         )
@@ -486,6 +474,23 @@ def _entry(question: _Question) -> EventDraft:
     if question.entry is None:
         raise InternalError(Reason.STAGE_ORDER, "a step that writes ran in a dry run")
     return question.entry
+
+
+def _request(entry: EventDraft, asker: _Asker, use: ToolUse) -> ConsentRequest:
+    """The question about the agent's tool use, for consent and its audit event."""
+    tier, destructive, fingerprint = agent_tool_consent(use.tool)
+    return ConsentRequest(
+        run_id=str(entry.run_id),
+        user=asker.user,
+        workspace=asker.workspace,
+        server_id=AGENT_SERVER_ID,
+        tool_name=use.tool,
+        args_hash=use.input_hash,
+        arguments=use.tool_input,
+        risk=tier,
+        fingerprint=fingerprint,
+        destructive=destructive,
+    )
 
 
 def _named(entry: EventDraft, asker: _Asker) -> EventDraft:

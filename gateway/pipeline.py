@@ -36,14 +36,11 @@ from gateway.auth import Principal
 from gateway.budget import Usage, reservation_ms, spent_ms
 from gateway.canonical import args_hash, is_text
 from gateway.consent import (
-    RISK_META_KEY,
     ConsentAsker,
     ConsentRequest,
     InputRequired,
     RoundTrip,
-    is_destructive,
-    risk_tier,
-    tool_fingerprint,
+    consent_profile,
 )
 from gateway.db_threads import in_db_thread
 from gateway.errors import (
@@ -436,6 +433,7 @@ class Pipeline:
 
     def _consent_request(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ConsentRequest:
         spec = admitted.spec
+        risk, destructive, fingerprint = consent_profile(spec)
         return ConsentRequest(
             run_id=str(trail.entry.run_id),
             user=admitted.principal.name,
@@ -444,9 +442,9 @@ class Pipeline:
             tool_name=spec.name,
             args_hash=str(trail.entry.args_hash),
             arguments=arguments,
-            risk=risk_tier(spec.annotations, trusted=True, declared=spec.meta.get(RISK_META_KEY)),
-            fingerprint=tool_fingerprint(spec.name, spec.input_schema, spec.annotations),
-            destructive=is_destructive(spec.annotations),
+            risk=risk,
+            fingerprint=fingerprint,
+            destructive=destructive,
             path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
         )
 

@@ -1,8 +1,9 @@
-"""policy.yaml (spec section 6): strict loading with file:line errors, and the risky-setting warnings.
+"""policy.yaml (spec section 6): strict loading with file:line errors, into frozen values.
 
 The loader walks PyYAML's node tree rather than the loaded dict so that every error can
 name the line it is about, and so that a duplicated key (which plain `yaml.safe_load`
-silently resolves to the last value) is an error a reviewer cannot be fooled by.
+silently resolves to the last value) is an error a reviewer cannot be fooled by. What is valid but
+risky is warned about in gateway/policy_warnings.py; stage 4 (gateway/scope.py) checks calls against it.
 """
 
 from __future__ import annotations
@@ -13,16 +14,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
-from gateway.code_runners import program_wide_code_runner
-from gateway.errors import ConfigError, PolicyBlockedError, Reason
+from gateway.errors import ConfigError
 from gateway.permission_rules import parse_rule
 from gateway.rbac import Permission
 from sandbox.limits import ALWAYS_REQUIRED, BACKEND_LAYERS, BACKENDS, Backend, required_layers
-from sandbox.pinned import Pinned, is_intact, pin
+from sandbox.pinned import Pinned, pin
 
 SUPPORTED_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "EdDSA")
 LOCALES = ("en-US", "pt-BR")
@@ -32,10 +32,7 @@ CONSENT_ANSWERS = ("allow_once", "allow_session", "allow_always", "deny_once", "
 """What a channel may answer (consent.channels), spelled as in the elicitation form; stored upper-case."""
 RISK_TIERS = ("low", "medium", "high")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-_SECRET_LIKE = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|CERT", re.IGNORECASE)
-_NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_", "MCP_GATEWAY")
 _PLUGIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")  # a module or a pytest11 entry point name
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,15 +120,6 @@ class Policy:
     its path still leads to the same inode, and the sandbox uses the fd, never the path again."""
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyWarning:
-    where: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.where}: warning: {self.message}"
-
-
 # --- the node walker -----------------------------------------------------------------
 
 
@@ -191,6 +179,14 @@ class _Reader:
         if value < minimum:
             raise self.fail(node, f"{what} must be at least {minimum}")
         return value
+
+    def count(self, node: yaml.Node, what: str) -> int:
+        """An integer that may be 0."""
+        return self.integer(node, what, 0)
+
+    def one_of(self, choices: tuple[str, ...]) -> Callable[[yaml.Node, str], str]:
+        """`choice` among `choices`, as a reader for `_optional`."""
+        return lambda node, what: self.choice(node, what, choices)
 
     def choice(self, node: yaml.Node, what: str, choices: tuple[str, ...]) -> str:
         value = self.string(node, what)
@@ -276,6 +272,18 @@ def _section(r: _Reader, node: yaml.Node | None, name: str, keys: tuple[str, ...
     return {} if node is None else r.mapping(node, name, keys)
 
 
+_Read = TypeVar("_Read")
+_Default = TypeVar("_Default")
+
+
+def _optional(
+    d: Mapping[str, yaml.Node], what: str, read: Callable[[yaml.Node, str], _Read], default: _Default
+) -> _Read | _Default:
+    """The setting `what` (`section.key`) as `read` reads it when the policy sets it, else `default`."""
+    key = what.rpartition(".")[2]
+    return read(d[key], what) if key in d else default
+
+
 def _auth(r: _Reader, node: yaml.Node | None) -> AuthPolicy:
     d = _section(r, node, "auth", ("issuer", "audience", "algorithms", "leeway_s", "max_ttl_s"))
     default = AuthPolicy()
@@ -291,11 +299,11 @@ def _auth(r: _Reader, node: yaml.Node | None) -> AuthPolicy:
                 raise r.fail(item, f"unsupported algorithm {name!r} (supported: {', '.join(SUPPORTED_ALGORITHMS)})")
         algorithms = tuple(name for name, _ in items)
     return AuthPolicy(
-        issuer=r.string(d["issuer"], "auth.issuer") if "issuer" in d else default.issuer,
-        audience=r.string(d["audience"], "auth.audience") if "audience" in d else default.audience,
+        issuer=_optional(d, "auth.issuer", r.string, default.issuer),
+        audience=_optional(d, "auth.audience", r.string, default.audience),
         algorithms=algorithms,
-        leeway_s=r.integer(d["leeway_s"], "auth.leeway_s", 0) if "leeway_s" in d else default.leeway_s,
-        max_ttl_s=r.integer(d["max_ttl_s"], "auth.max_ttl_s") if "max_ttl_s" in d else default.max_ttl_s,
+        leeway_s=_optional(d, "auth.leeway_s", r.count, default.leeway_s),
+        max_ttl_s=_optional(d, "auth.max_ttl_s", r.integer, default.max_ttl_s),
     )
 
 
@@ -348,17 +356,9 @@ def _budget(r: _Reader, node: yaml.Node | None) -> BudgetPolicy:
     d = _section(r, node, "budget", ("window_s", "attempts_total", "elapsed_ms_total"))
     default = BudgetPolicy()
     return BudgetPolicy(
-        window_s=r.integer(d["window_s"], "budget.window_s") if "window_s" in d else default.window_s,
-        attempts_total=(
-            r.integer(d["attempts_total"], "budget.attempts_total", 0)
-            if "attempts_total" in d
-            else default.attempts_total
-        ),
-        elapsed_ms_total=(
-            r.integer(d["elapsed_ms_total"], "budget.elapsed_ms_total", 0)
-            if "elapsed_ms_total" in d
-            else default.elapsed_ms_total
-        ),
+        window_s=_optional(d, "budget.window_s", r.integer, default.window_s),
+        attempts_total=_optional(d, "budget.attempts_total", r.count, default.attempts_total),
+        elapsed_ms_total=_optional(d, "budget.elapsed_ms_total", r.count, default.elapsed_ms_total),
     )
 
 
@@ -371,10 +371,6 @@ _SANDBOX_KEYS = (
 def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
     d = _section(r, node, "sandbox", _SANDBOX_KEYS)
     default = SandboxPolicy()
-
-    def integer(key: str, fallback: int) -> int:
-        return r.integer(d[key], f"sandbox.{key}") if key in d else fallback
-
     allowed_paths = default.allowed_paths
     if "allowed_paths" in d:
         allowed_paths = tuple((base / p).resolve() for p, _ in r.strings(d["allowed_paths"], "sandbox.allowed_paths"))
@@ -385,9 +381,8 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise r.fail(item, f"{name!r} in sandbox.env_whitelist is not an environment variable name")
         env_whitelist = tuple(name for name, _ in items)
-    backend: Backend = default.backend
-    if "backend" in d:
-        backend = "bubblewrap" if r.choice(d["backend"], "sandbox.backend", BACKENDS) == "bubblewrap" else "native"
+    chosen = _optional(d, "sandbox.backend", r.one_of(BACKENDS), default.backend)
+    backend: Backend = "bubblewrap" if chosen == "bubblewrap" else "native"
     layers = BACKEND_LAYERS[backend]
     required = default.required_layers
     if "required_layers" in d:
@@ -407,15 +402,15 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
                 raise r.fail(item, f"{name!r} in sandbox.pytest_plugins is not a plugin (module or entry point) name")
         plugins = tuple(name for name, _ in items)
     return SandboxPolicy(
-        enabled=r.boolean(d["enabled"], "sandbox.enabled") if "enabled" in d else default.enabled,
-        timeout_s=integer("timeout_s", default.timeout_s),
-        memory_limit_mb=integer("memory_limit_mb", default.memory_limit_mb),
-        max_processes=integer("max_processes", default.max_processes),
-        max_output_bytes=integer("max_output_bytes", default.max_output_bytes),
-        network=r.boolean(d["network"], "sandbox.network") if "network" in d else default.network,
+        enabled=_optional(d, "sandbox.enabled", r.boolean, default.enabled),
+        timeout_s=_optional(d, "sandbox.timeout_s", r.integer, default.timeout_s),
+        memory_limit_mb=_optional(d, "sandbox.memory_limit_mb", r.integer, default.memory_limit_mb),
+        max_processes=_optional(d, "sandbox.max_processes", r.integer, default.max_processes),
+        max_output_bytes=_optional(d, "sandbox.max_output_bytes", r.integer, default.max_output_bytes),
+        network=_optional(d, "sandbox.network", r.boolean, default.network),
         allowed_paths=allowed_paths,
         env_whitelist=env_whitelist,
-        scratch_limit_mb=integer("scratch_limit_mb", default.scratch_limit_mb),
+        scratch_limit_mb=_optional(d, "sandbox.scratch_limit_mb", r.integer, default.scratch_limit_mb),
         backend=backend,
         required_layers=required,
         pytest_plugins=plugins,
@@ -433,11 +428,11 @@ def _consent(r: _Reader, node: yaml.Node | None) -> ConsentPolicy:
     if "channels" in d:
         for name, value in r.mapping(d["channels"], "consent.channels", CONSENT_CHANNELS).items():
             channels[name] = _channel(r, value, name)
-    mode = r.choice(d["mode"], "consent.mode", CONSENT_MODES) if "mode" in d else default.mode
-    locale = r.choice(d["locale"], "consent.locale", LOCALES) if "locale" in d else default.locale
+    mode = _optional(d, "consent.mode", r.one_of(CONSENT_MODES), default.mode)
+    locale = _optional(d, "consent.locale", r.one_of(LOCALES), default.locale)
     return ConsentPolicy(
         mode="deny" if mode == "deny" else "prompt",
-        timeout_s=r.integer(d["timeout_s"], "consent.timeout_s") if "timeout_s" in d else default.timeout_s,
+        timeout_s=_optional(d, "consent.timeout_s", r.integer, default.timeout_s),
         expiry_days=MappingProxyType(expiry),
         locale="pt-BR" if locale == "pt-BR" else "en-US",
         channels=MappingProxyType(channels),
@@ -476,142 +471,5 @@ def _permission_prompt(r: _Reader, node: yaml.Node | None) -> PermissionPromptPo
                 raise r.fail(item, f"permission_prompt.{key}: {exc}") from None
         return tuple(text for text, _ in items)
 
-    enabled = r.boolean(d["enabled"], "permission_prompt.enabled") if "enabled" in d else False
+    enabled = _optional(d, "permission_prompt.enabled", r.boolean, PermissionPromptPolicy().enabled)
     return PermissionPromptPolicy(enabled=enabled, deny=rules("deny"), ask=rules("ask"), allow=rules("allow"))
-
-
-# --- warnings for settings that are valid but risky ----------------------------------------
-
-
-def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarning]:
-    """What `policy check` warns about: valid settings a security reviewer should look at twice."""
-    where = str(policy.source)
-    out: list[PolicyWarning] = []
-
-    def warn(message: str) -> None:
-        out.append(PolicyWarning(where, message))
-
-    sandbox = policy.sandbox
-    if not sandbox.enabled:
-        warn("sandbox.enabled is false: every write tool (run_pytest) will be refused with -32006")
-    if not policy.allowlist:
-        warn("tools.allowlist is empty: every tool call will be refused with -32004")
-    if sandbox.network:
-        warn("sandbox.network is true: sandboxed test suites can reach the network")
-    home = state_home.resolve() if state_home else None
-    for path in sandbox.allowed_paths:
-        if not path.exists():
-            warn(f"sandbox.allowed_paths contains {path}, which does not exist: every run would fail to start")
-        if path == Path("/"):
-            warn("sandbox.allowed_paths contains '/': the whole filesystem becomes readable inside the sandbox")
-        elif home is not None and (_is_within(home, path) or _is_within(path, home)):
-            warn(f"sandbox.allowed_paths contains {path}, which overlaps the gateway's state folder {home}")
-    optional = [name for name in BACKEND_LAYERS[sandbox.backend] if name not in sandbox.required]
-    if optional:
-        warn(f"sandbox.required_layers leaves out {', '.join(optional)}: on a host without it, runs go on without it")
-    if sandbox.scratch_limit_mb > sandbox.memory_limit_mb:
-        warn("sandbox.scratch_limit_mb is above memory_limit_mb: the scratch's pages count as the run's memory")
-    for name in sandbox.env_whitelist:
-        prefix = next((p for p in _NEVER_PASSED if name.startswith(p)), None)
-        if prefix is not None:
-            warn(f"sandbox.env_whitelist names {name}: variables starting with {prefix} are never passed")
-        elif _SECRET_LIKE.search(name):
-            warn(f"sandbox.env_whitelist names {name}, which looks like a secret; it would reach the tool")
-    for name, root in policy.workspaces.items():
-        if not root.is_dir():
-            warn(f"workspace {name!r} points at {root}, which is not a directory")
-        if home is not None and (_is_within(home, root) or _is_within(root, home)):
-            warn(f"workspace {name!r} ({root}) overlaps the gateway's state folder {home}")
-    if policy.consent.mode == "prompt" and policy.consent.timeout_s > sandbox.timeout_s * 4:
-        warn("consent.timeout_s is long: an unattended prompt holds the agent's call that long")
-    hmac = any(a.startswith("HS") for a in policy.auth.algorithms)
-    public = any(not a.startswith("HS") for a in policy.auth.algorithms)
-    if hmac and public:
-        warn("auth.algorithms mixes HMAC and public-key algorithms; each verifies only with its own key")
-    if policy.budget.attempts_total == 0 or policy.budget.elapsed_ms_total == 0:
-        warn("a budget total is 0: every write call will be refused with -32005")
-    for rule in policy.permission_prompt.allow:
-        tool, _, spec = rule.partition("(")
-        if tool in _AGENT_WRITERS and (not spec or spec.rstrip(")").strip() in ("*", "**", ":*")):
-            warn(f"permission_prompt.allow has {rule!r}: every use of {tool} is allowed without a person")
-        runner = program_wide_code_runner(spec.removesuffix(")")) if tool == "Bash" else None
-        if runner is not None:
-            program, lets_through = runner
-            warn(f"permission_prompt.allow has {rule!r}: every argument of {program} is allowed, and it runs, "
-                 f"outside any sandbox, {lets_through}; allow exact commands instead")  # fmt: skip
-    return out
-
-
-_AGENT_WRITERS = ("Bash", "Edit", "MultiEdit", "Write", "NotebookEdit")
-"""Claude Code's tools that change things: a bare allow rule for one of them allows everything."""
-
-
-def _is_within(child: Path, parent: Path) -> bool:
-    return child == parent or parent in child.parents
-
-
-# --- stage 4: arguments that must stay inside the policy --------------------------------
-
-
-def check_workspace_pinned(name: str, root: Path, pinned: Pinned | None) -> Pinned:
-    """The workspace's pin, when its root still leads (no link in any component) to the folder pinned at load.
-
-    Raises PolicyBlockedError: `workspace_not_found` when it was not a folder at load,
-    `workspace_changed` when the path now leads elsewhere or nowhere (renamed, replaced, a link).
-    """
-    if pinned is None or not pinned.is_dir or pinned.path != root:
-        raise PolicyBlockedError(
-            Reason.WORKSPACE_NOT_FOUND,
-            f"workspace {name!r} was not a folder when the gateway loaded its policy;"
-            " create it, then restart the gateway",
-        )
-    if not is_intact(pinned):
-        raise PolicyBlockedError(
-            Reason.WORKSPACE_CHANGED,
-            f"workspace {name!r} is no longer the folder the policy named when the gateway loaded it"
-            " (moved, replaced or reached through a symlink); restore that folder at its path,"
-            " or restart the gateway to load the policy again",
-        )
-    return pinned
-
-
-def check_allowed_path_pinned(path: Path, pinned: Pinned | None) -> Pinned:
-    """The pin of a `sandbox.allowed_paths` entry, checked like a workspace's (`allowed_path_not_found`, `_changed`)."""
-    if pinned is None or pinned.path != path:
-        raise PolicyBlockedError(
-            Reason.ALLOWED_PATH_NOT_FOUND,
-            f"sandbox.allowed_paths entry {str(path)!r} did not exist when the gateway loaded its policy;"
-            " create it, then restart the gateway",
-        )
-    if not is_intact(pinned):
-        raise PolicyBlockedError(
-            Reason.ALLOWED_PATH_CHANGED,
-            f"sandbox.allowed_paths entry {str(path)!r} is no longer what the policy named when the gateway"
-            " loaded it (moved, replaced or reached through a symlink); restore it, or restart the gateway",
-        )
-    return pinned
-
-
-def check_relative_path(root: Path, value: str, argument: str, resolve: Callable[[Path], Path] = Path.resolve) -> Path:
-    """Return the resolved path of `value` under `root`, or raise PolicyBlockedError.
-
-    Rejects absolute paths, option-looking values ('-', and '@', which pytest's argparse reads
-    as a file of options), control characters (NUL, newline, ...), and anything whose resolved
-    location (after `..` and symlinks) is outside the workspace root.
-    """
-    if "\x00" in value:
-        raise PolicyBlockedError(Reason.PATH_INVALID, f"{argument} contains a NUL byte")
-    if _CONTROL.search(value):
-        raise PolicyBlockedError(Reason.PATH_INVALID, f"{argument} contains a control character (newline, CR, ...)")
-    if value.startswith(("-", "@")):
-        raise PolicyBlockedError(
-            Reason.PATH_LOOKS_LIKE_OPTION,
-            f"{argument} must not start with '-' or '@' (pytest would read it as an option or a file of options)",
-        )
-    if Path(value).is_absolute():
-        raise PolicyBlockedError(Reason.PATH_OUTSIDE_WORKSPACE, f"{argument} must be relative to the workspace")
-    real_root = resolve(root)
-    target = resolve(root / value)
-    if not _is_within(target, real_root):
-        raise PolicyBlockedError(Reason.PATH_OUTSIDE_WORKSPACE, f"{argument} resolves outside the workspace")
-    return target

@@ -25,19 +25,22 @@ sweep. Each is logged once on stderr.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import cast
 
 import anyio
 import anyio.to_thread
 
 from gateway.audit import EventDraft, EventType
+from gateway.consent import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
 from gateway.consent_store import ConsentStore, PendingRequest
 from gateway.db_errors import cause_name
 from gateway.db_threads import in_db_thread
-from gateway.errors import StorageUnavailableError
+from gateway.errors import Reason, StorageUnavailableError
 from gateway.liveness import (
     ProcessIdentity,
     SessionRecord,
@@ -213,26 +216,12 @@ def _close_question(
 ) -> bool:
     if not questions.abandon(question.id, now):
         return False  # decided or closed first
-    common: dict[str, Any] = {
-        "run_id": question.id,  # an out-of-band question's id is its call's run_id
-        "user": question.user,
-        "workspace": question.workspace,
-        "tool_name": question.tool_name,
-        "args_hash": question.args_hash,
-    }
-    decision = {
-        "decision": "DENY_ONCE",
-        "risk_tier": question.risk_tier,
-        "origin": "no_answer",
-        "server_id": question.server_id,
-        "channel": "approver",
-        "no_answer": GATEWAY_LOST,
-        "reason": "consent_no_answer",
-    }
+    nobody = Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "approver", no_answer=GATEWAY_LOST)
+    decided = decision_event(_asked(question), nobody, Reason.CONSENT_NO_ANSWER)
+    blocked = {"status": "abandoned", "reason": GATEWAY_LOST}
     try:
         services.audit.append(
-            EventDraft(EventType.PERMISSION_DECISION, detail=decision, **common),
-            EventDraft(EventType.POLICY_BLOCKED, detail={"status": "abandoned", "reason": GATEWAY_LOST}, **common),
+            decided, dataclasses.replace(decided, event_type=EventType.POLICY_BLOCKED, detail=blocked)
         )
     except StorageUnavailableError:
         questions.reopen(question.id)
@@ -253,6 +242,20 @@ def _close_question(
         where,
     )
     return True
+
+
+def _asked(question: PendingRequest) -> ConsentRequest:
+    """The call an out-of-band question is about, as far as the question recorded it."""
+    return ConsentRequest(
+        run_id=question.id,  # an out-of-band question's id is its call's run_id
+        user=question.user,
+        workspace=question.workspace,
+        server_id=question.server_id,
+        tool_name=question.tool_name,
+        args_hash=question.args_hash,
+        arguments=MappingProxyType({}),  # not stored, and not needed to record the decision
+        risk=cast(RiskTier, question.risk_tier),  # written from a RiskTier by ConsentStage
+    )
 
 
 async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:

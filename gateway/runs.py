@@ -13,8 +13,6 @@ from gateway.db_errors import storage_errors
 
 log = logging.getLogger("gateway.runs")
 
-ARTIFACT_FILES = ("stdout.txt", "stderr.txt", "junit.xml", "evidence.json")
-
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import InvalidParamsError, PolicyBlockedError, Reason
-from gateway.policy import Policy, check_allowed_path_pinned, check_relative_path, check_workspace_pinned
+from gateway.policy import Policy
 from gateway.tools.base import ToolSpec
 from gateway.tools.schemas import PATTERN_HINTS
-from sandbox.pinned import Pinned
+from sandbox.pinned import Pinned, is_intact
 
 if TYPE_CHECKING:
     from jsonschema import ValidationError
@@ -120,6 +120,79 @@ def choose_workspace(policy: Policy, requested: str | None, caller: Caller) -> s
     if name is None or name not in policy.workspaces or not (caller.is_admin or name in caller.workspaces):
         raise PolicyBlockedError(Reason.WORKSPACE_NOT_ALLOWED, "no such workspace for this user")
     return name
+
+
+# --- arguments and folders that must stay inside the policy ----------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def check_workspace_pinned(name: str, root: Path, pinned: Pinned | None) -> Pinned:
+    """The workspace's pin, when its root still leads (no link in any component) to the folder pinned at load.
+
+    Raises PolicyBlockedError: `workspace_not_found` when it was not a folder at load,
+    `workspace_changed` when the path now leads elsewhere or nowhere (renamed, replaced, a link).
+    """
+    if pinned is None or not pinned.is_dir or pinned.path != root:
+        raise PolicyBlockedError(
+            Reason.WORKSPACE_NOT_FOUND,
+            f"workspace {name!r} was not a folder when the gateway loaded its policy;"
+            " create it, then restart the gateway",
+        )
+    if not is_intact(pinned):
+        raise PolicyBlockedError(
+            Reason.WORKSPACE_CHANGED,
+            f"workspace {name!r} is no longer the folder the policy named when the gateway loaded it"
+            " (moved, replaced or reached through a symlink); restore that folder at its path,"
+            " or restart the gateway to load the policy again",
+        )
+    return pinned
+
+
+def check_allowed_path_pinned(path: Path, pinned: Pinned | None) -> Pinned:
+    """The pin of a `sandbox.allowed_paths` entry, checked like a workspace's (`allowed_path_not_found`, `_changed`)."""
+    if pinned is None or pinned.path != path:
+        raise PolicyBlockedError(
+            Reason.ALLOWED_PATH_NOT_FOUND,
+            f"sandbox.allowed_paths entry {str(path)!r} did not exist when the gateway loaded its policy;"
+            " create it, then restart the gateway",
+        )
+    if not is_intact(pinned):
+        raise PolicyBlockedError(
+            Reason.ALLOWED_PATH_CHANGED,
+            f"sandbox.allowed_paths entry {str(path)!r} is no longer what the policy named when the gateway"
+            " loaded it (moved, replaced or reached through a symlink); restore it, or restart the gateway",
+        )
+    return pinned
+
+
+def check_relative_path(root: Path, value: str, argument: str, resolve: Callable[[Path], Path] = Path.resolve) -> Path:
+    """Return the resolved path of `value` under `root`, or raise PolicyBlockedError.
+
+    Rejects absolute paths, option-looking values ('-', and '@', which pytest's argparse reads
+    as a file of options), control characters (NUL, newline, ...), and anything whose resolved
+    location (after `..` and symlinks) is outside the workspace root.
+    """
+    if "\x00" in value:
+        raise PolicyBlockedError(Reason.PATH_INVALID, f"{argument} contains a NUL byte")
+    if _CONTROL.search(value):
+        raise PolicyBlockedError(Reason.PATH_INVALID, f"{argument} contains a control character (newline, CR, ...)")
+    if value.startswith(("-", "@")):
+        raise PolicyBlockedError(
+            Reason.PATH_LOOKS_LIKE_OPTION,
+            f"{argument} must not start with '-' or '@' (pytest would read it as an option or a file of options)",
+        )
+    if Path(value).is_absolute():
+        raise PolicyBlockedError(Reason.PATH_OUTSIDE_WORKSPACE, f"{argument} must be relative to the workspace")
+    real_root = resolve(root)
+    target = resolve(root / value)
+    if not is_within(target, real_root):
+        raise PolicyBlockedError(Reason.PATH_OUTSIDE_WORKSPACE, f"{argument} resolves outside the workspace")
+    return target
+
+
+def is_within(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
 
 
 def matches_pattern(pattern: str, value: str) -> bool:

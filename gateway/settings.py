@@ -28,10 +28,6 @@ class Settings:
     """The policy as given by `--policy` or `MCP_GATEWAY_POLICY`, unresolved; None: the default, `<home>/policy.yaml`."""
 
     @property
-    def signing_key_path(self) -> Path:
-        return self.home / "signing.key"
-
-    @property
     def artifacts_dir(self) -> Path:
         return self.home / "artifacts"
 

@@ -50,7 +50,6 @@ class KilledBy(StrEnum):
     OUTPUT = "output"
     MEMORY = "memory"
     """The kernel's OOM killer killed a process of the run: the run as a whole hit its memory limit."""
-    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)

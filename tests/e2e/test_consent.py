@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.consent_store import ConsentStore, Grant
+from gateway.consent_store import ConsentStore, Grant, GrantDecision
 from tests.harness import GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
@@ -417,7 +417,7 @@ def test_2026_the_input_required_message_is_escaped_too(gateway: GatewayHome, st
 def test_consent_list_escapes_every_field(gateway: GatewayHome) -> None:
     # A grant row as a hand-edited or foreign database could hold it: nothing may reach the terminal raw.
     ConsentStore(gateway.engine).insert_grant(
-        Grant(0, "al\u202eice", "default\tfake", "mcp-write-gateway", "run_pytest", None, "DENY", "f" * 64,
+        Grant(0, "al\u202eice", "default\tfake", "mcp-write-gateway", "run_pytest", None, GrantDecision.DENY, "f" * 64,
               time.time(), None, "cli:x\x1b[2J\u2028y")
     )  # fmt: skip
     listed = gateway.cli("consent", "list").stdout

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from gateway.budget import BudgetLedger, Charge, Usage, evaluate, reservation_ms, spent_ms, usage_of
+from gateway.budget import BudgetLedger, Charge, Usage, evaluate, reservation_ms, spent_ms
 from gateway.clock import SystemClock
 from gateway.db import make_engine, migrate
 from gateway.errors import BudgetExceededError
@@ -185,11 +185,6 @@ def test_a_run_in_progress_counts_at_its_worst_case() -> None:
         evaluate([Charge(T0 - 1, reservation_ms(3))], limits, T0)
     assert caught.value.reason == "elapsed_exhausted"
     evaluate([Charge(T0 - 1, 1999)], limits, T0)  # once settled below the budget, there is room again
-
-
-def test_usage_of_counts_and_sums() -> None:
-    assert usage_of([]) == Usage(0, 0)
-    assert usage_of(charges((1, 5), (2, 7))) == Usage(2, 12)
 
 
 # --- BudgetLedger --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import MappingProxyType
 from typing import Any
 
@@ -9,21 +10,30 @@ import anyio
 import pytest
 from sqlalchemy import Engine, event
 
-from gateway.audit import AuditLog
+from gateway.audit import AuditLog, EventType
 from gateway.consent import (
+    RISK_META_KEY,
+    Answer,
     ConsentRequest,
     ConsentStage,
     Decision,
+    Origin,
     choices_for,
+    consent_profile,
+    decision_event,
+    grant_decision,
     is_destructive,
+    lasting_decision,
     parse_duration,
     pick_grant,
     risk_tier,
     tool_fingerprint,
 )
-from gateway.consent_store import ConsentStore, Grant
+from gateway.consent_store import ConsentStore, Grant, GrantDecision
 from gateway.errors import ConsentDeniedError
+from gateway.permission_prompt import AGENT_TOOLS, agent_tool_consent
 from gateway.policy import ConsentPolicy
+from gateway.tools.registry import TOOLS
 from tests.fakes import T0, FakeClock, SequentialRunIds
 
 RUN_PYTEST = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
@@ -81,6 +91,91 @@ def test_the_fingerprint_changes_with_the_schema_or_the_annotations() -> None:
     assert base == tool_fingerprint("run_pytest", {"type": "object"}, dict(reversed(list(RUN_PYTEST.items()))))
     assert base != tool_fingerprint("run_pytest", {"type": "object", "required": ["x"]}, RUN_PYTEST)
     assert base != tool_fingerprint("run_pytest", {"type": "object"}, {**RUN_PYTEST, "destructiveHint": True})
+
+
+def test_consent_profile_of_a_gateway_tool_reads_its_annotations_and_declared_tier() -> None:
+    spec = TOOLS["run_pytest"]
+    profile = consent_profile(spec)
+    assert profile == (
+        risk_tier(spec.annotations, True, spec.meta.get(RISK_META_KEY)),
+        is_destructive(spec.annotations),
+        tool_fingerprint(spec.name, spec.input_schema, spec.annotations),
+    )
+    assert (profile.risk, profile.destructive) == ("medium", False)
+    declared = dataclasses.replace(spec, meta=MappingProxyType({RISK_META_KEY: "high"}))
+    assert consent_profile(declared).risk == "high"
+    assert consent_profile(declared).fingerprint == profile.fingerprint, "the tier is not part of the definition"
+
+
+@pytest.mark.parametrize(
+    ("tool", "risk", "destructive"),
+    [
+        ("Bash", "high", True),
+        ("Edit", "high", True),
+        ("Read", "low", False),  # a closed-world read is trusted
+        ("WebFetch", "medium", False),  # an open-world read is not
+        ("Task", "high", True),  # not described: the MCP defaults
+    ],
+)
+def test_consent_profile_of_an_agent_tool(tool: str, risk: str, destructive: bool) -> None:
+    profile = agent_tool_consent(tool)
+    assert (profile.risk, profile.destructive) == (risk, destructive)
+    assert profile.fingerprint == tool_fingerprint(tool, {}, AGENT_TOOLS.get(tool, {}))
+
+
+@pytest.mark.parametrize("decision", [Decision.ALLOW_ALWAYS, Decision.DENY_ALWAYS])
+def test_a_lasting_decision_is_stored_as_allow_or_deny_and_read_back(decision: Decision) -> None:
+    stored = grant_decision(decision)
+    assert stored == ("ALLOW" if decision.allows else "DENY"), "the strings the table has always held"
+    assert lasting_decision(stored) is decision
+    assert lasting_decision(GrantDecision(str(stored))) is decision
+
+
+DECISION_EVENTS = [
+    pytest.param(
+        Answer(Decision.ALLOW_ALWAYS, Origin.CACHE_HIT, "stored", "approvals:bob"),
+        None,
+        {"grant_id": 7, "grant_channel": "approver"},
+        {"decision": "ALLOW_ALWAYS", "origin": "cache_hit", "channel": "stored", "grant_id": 7,
+         "grant_channel": "approver", "decided_by": "approvals:bob"},
+        id="a stored grant",
+    ),
+    pytest.param(
+        Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "elicitation", no_answer="client_gone"),
+        "consent_no_answer",
+        None,
+        {"decision": "DENY_ONCE", "origin": "no_answer", "channel": "elicitation", "no_answer": "client_gone",
+         "reason": "consent_no_answer"},
+        id="nobody answered",
+    ),
+    pytest.param(
+        Answer(Decision.ALLOW_ONCE, Origin.POLICY, "rules"),
+        None,
+        {"rule": "Bash(pytest -q)"},
+        {"decision": "ALLOW_ONCE", "origin": "policy", "channel": "rules", "rule": "Bash(pytest -q)"},
+        id="an agent's rule",
+    ),
+    pytest.param(
+        Answer(Decision.DENY_ALWAYS, Origin.POLICY, "cli", "cli:root"),
+        None,
+        {"grant_id": 3, "expires_at": None},
+        {"decision": "DENY_ALWAYS", "origin": "policy", "channel": "cli", "grant_id": 3, "expires_at": None,
+         "decided_by": "cli:root"},
+        id="consent grant at the terminal",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("answer", "reason", "extra", "detail"), DECISION_EVENTS)
+def test_decision_event(
+    answer: Answer, reason: str | None, extra: dict[str, Any] | None, detail: dict[str, Any]
+) -> None:
+    drafted = decision_event(request("r9"), answer, reason, extra)
+    assert drafted.event_type is EventType.PERMISSION_DECISION
+    assert (drafted.run_id, drafted.user, drafted.workspace, drafted.tool_name, drafted.args_hash, drafted.code) == (
+        "r9", "alice", "default", "run_pytest", "a" * 64, None,
+    )  # fmt: skip
+    assert drafted.detail == {"risk_tier": "medium", "server_id": "mcp-write-gateway", **detail}
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("8h", 28800), ("7d", 604800)])

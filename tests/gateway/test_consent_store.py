@@ -18,6 +18,8 @@ from gateway.clock import SystemClock
 from gateway.consent_store import (
     MAX_OPEN_QUESTIONS,
     ConsentStore,
+    Grant,
+    GrantDecision,
     PendingRequest,
     check_open_questions,
     is_question_id,
@@ -139,6 +141,18 @@ def race_inserts(engine: Engine, attempts: int) -> tuple[int, int]:
         thread.join(timeout=60)
     del store
     return outcomes.count(True), outcomes.count(False)
+
+
+@pytest.mark.parametrize("decision", list(GrantDecision))
+def test_a_grant_is_stored_as_allow_or_deny_and_read_back_as_the_enum(engine: Engine, decision: GrantDecision) -> None:
+    store = ConsentStore(engine)
+    grant = Grant(0, "alice", "default", "mcp-write-gateway", "run_pytest", None, decision, "f" * 64, T0, None, "test")
+    grant_id = store.insert_grant(grant)
+    with engine.connect() as connection:
+        stored = connection.execute(select(db.consent_grants.c.decision)).scalar_one()
+    assert type(stored) is str and stored == decision.value, "the column holds the strings it always held"
+    (read,) = store.fetch_grants("alice", "default", "mcp-write-gateway", "run_pytest")
+    assert read == dataclasses.replace(grant, id=grant_id) and read.decision is decision
 
 
 def test_racing_inserts_stop_exactly_at_the_cap_on_sqlite(engine: Engine) -> None:

@@ -17,12 +17,12 @@ from gateway.policy import (
     PermissionPromptPolicy,
     Policy,
     SandboxPolicy,
-    check_relative_path,
     load_policy,
     parse_policy,
-    risky_settings,
 )
+from gateway.policy_warnings import risky_settings
 from gateway.rbac import Permission
+from gateway.scope import check_relative_path
 from gateway.tools.registry import TOOL_NAMES
 from sandbox.limits import BACKEND_LAYERS
 

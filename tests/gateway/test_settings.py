@@ -85,5 +85,4 @@ def test_policy_path(flag: str | None, env: str | None, home_has_policy: bool, e
 def test_derived_paths_live_in_the_home(tmp_path: Path) -> None:
     settings = resolve_settings(home=str(tmp_path), environ={}, cwd=tmp_path)
 
-    assert settings.signing_key_path == tmp_path / "signing.key"
     assert settings.artifacts_dir == tmp_path / "artifacts"

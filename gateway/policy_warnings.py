@@ -1,0 +1,91 @@
+"""What `policy check` warns about (spec section 6): settings that are valid but risky.
+
+Each warning names the policy file and says what the setting lets happen; none of them stops the
+gateway, whose policy loader (gateway/policy.py) refuses only what is invalid.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.code_runners import program_wide_code_runner
+from gateway.policy import Policy
+from gateway.scope import is_within
+from sandbox.limits import BACKEND_LAYERS
+
+_SECRET_LIKE = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|CERT", re.IGNORECASE)
+_NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_", "MCP_GATEWAY")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyWarning:
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: warning: {self.message}"
+
+
+def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarning]:
+    """What `policy check` warns about: valid settings a security reviewer should look at twice."""
+    where = str(policy.source)
+    out: list[PolicyWarning] = []
+
+    def warn(message: str) -> None:
+        out.append(PolicyWarning(where, message))
+
+    sandbox = policy.sandbox
+    if not sandbox.enabled:
+        warn("sandbox.enabled is false: every write tool (run_pytest) will be refused with -32006")
+    if not policy.allowlist:
+        warn("tools.allowlist is empty: every tool call will be refused with -32004")
+    if sandbox.network:
+        warn("sandbox.network is true: sandboxed test suites can reach the network")
+    home = state_home.resolve() if state_home else None
+    for path in sandbox.allowed_paths:
+        if not path.exists():
+            warn(f"sandbox.allowed_paths contains {path}, which does not exist: every run would fail to start")
+        if path == Path("/"):
+            warn("sandbox.allowed_paths contains '/': the whole filesystem becomes readable inside the sandbox")
+        elif home is not None and (is_within(home, path) or is_within(path, home)):
+            warn(f"sandbox.allowed_paths contains {path}, which overlaps the gateway's state folder {home}")
+    optional = [name for name in BACKEND_LAYERS[sandbox.backend] if name not in sandbox.required]
+    if optional:
+        warn(f"sandbox.required_layers leaves out {', '.join(optional)}: on a host without it, runs go on without it")
+    if sandbox.scratch_limit_mb > sandbox.memory_limit_mb:
+        warn("sandbox.scratch_limit_mb is above memory_limit_mb: the scratch's pages count as the run's memory")
+    for name in sandbox.env_whitelist:
+        prefix = next((p for p in _NEVER_PASSED if name.startswith(p)), None)
+        if prefix is not None:
+            warn(f"sandbox.env_whitelist names {name}: variables starting with {prefix} are never passed")
+        elif _SECRET_LIKE.search(name):
+            warn(f"sandbox.env_whitelist names {name}, which looks like a secret; it would reach the tool")
+    for name, root in policy.workspaces.items():
+        if not root.is_dir():
+            warn(f"workspace {name!r} points at {root}, which is not a directory")
+        if home is not None and (is_within(home, root) or is_within(root, home)):
+            warn(f"workspace {name!r} ({root}) overlaps the gateway's state folder {home}")
+    if policy.consent.mode == "prompt" and policy.consent.timeout_s > sandbox.timeout_s * 4:
+        warn("consent.timeout_s is long: an unattended prompt holds the agent's call that long")
+    hmac = any(a.startswith("HS") for a in policy.auth.algorithms)
+    public = any(not a.startswith("HS") for a in policy.auth.algorithms)
+    if hmac and public:
+        warn("auth.algorithms mixes HMAC and public-key algorithms; each verifies only with its own key")
+    if policy.budget.attempts_total == 0 or policy.budget.elapsed_ms_total == 0:
+        warn("a budget total is 0: every write call will be refused with -32005")
+    for rule in policy.permission_prompt.allow:
+        tool, _, spec = rule.partition("(")
+        if tool in _AGENT_WRITERS and (not spec or spec.rstrip(")").strip() in ("*", "**", ":*")):
+            warn(f"permission_prompt.allow has {rule!r}: every use of {tool} is allowed without a person")
+        runner = program_wide_code_runner(spec.removesuffix(")")) if tool == "Bash" else None
+        if runner is not None:
+            program, lets_through = runner
+            warn(f"permission_prompt.allow has {rule!r}: every argument of {program} is allowed, and it runs, "
+                 f"outside any sandbox, {lets_through}; allow exact commands instead")  # fmt: skip
+    return out
+
+
+_AGENT_WRITERS = ("Bash", "Edit", "MultiEdit", "Write", "NotebookEdit")
+"""Claude Code's tools that change things: a bare allow rule for one of them allows everything."""
