@@ -28,6 +28,7 @@ from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.tools.schemas import WORKSPACE, object_schema
+from tests.fakes import FAKE_HOST
 from tests.harness import GatewayHome
 
 RUN = ("run_pytest", {"test_path": "tests"})
@@ -95,7 +96,7 @@ def services_of(home: GatewayHome, *extra: ToolSpec) -> Services:
     """The gateway's own composition of `home`, with `extra` tools in its catalogue and allowlist."""
     tools = {**TOOLS, **{spec.name: spec for spec in extra}}
     policy = load_policy(home.policy_path, TOOL_NAMES | frozenset(tools))
-    return dataclasses.replace(open_services(home.settings, policy=policy), tools=tools)
+    return dataclasses.replace(open_services(home.settings, policy=policy, host=FAKE_HOST), tools=tools)
 
 
 def call(services: Services, token: str, tool: str, arguments: Mapping[str, Any]) -> tuple[str, ToolOutcome]:
@@ -109,10 +110,7 @@ def kinds(home: GatewayHome, run_id: str) -> list[str]:
 
 @pytest.fixture
 def echo_home(make_gateway: Any) -> GatewayHome:
-    # The echo tool is confined by nothing: this host's layers are not what is being shown here.
-    home: GatewayHome = make_gateway(
-        {"tools": {"allowlist": [*TOOL_NAMES, "run_echo"]}, "sandbox": {"required_layers": ["uid_drop"]}}
-    )
+    home: GatewayHome = make_gateway({"tools": {"allowlist": [*TOOL_NAMES, "run_echo"]}})
     home.add_user("alice")
     return home
 
@@ -187,8 +185,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize("refusal", REFUSALS, ids=[r.case for r in REFUSALS])
 def test_explain_and_a_call_refuse_at_the_same_stage(make_gateway: Any, refusal: Refusal) -> None:
-    # Only the case's own setting may refuse at the sandbox stage: the one layer required is there as root.
-    home: GatewayHome = make_gateway({"sandbox": {"required_layers": ["uid_drop"]}} | dict(refusal.overrides))
+    home: GatewayHome = make_gateway(dict(refusal.overrides))
     for name, role in (("alice", "USER"), ("vic", "VIEWER"), ("dora", "USER")):
         home.add_user(name, role)
     home.users.disable("dora")
