@@ -31,6 +31,7 @@ from gateway.pipeline import Pipeline
 from gateway.policy import SandboxPolicy, load_policy
 from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
 from gateway.policy_warnings import risky_settings
+from gateway.preflight import unreachable_run_paths
 from gateway.rbac import ADMIN_ROLE
 from gateway.recovery import close_abandoned_runs
 from gateway.services import Services, open_services, open_stores
@@ -40,6 +41,7 @@ from gateway.users import UserError
 from sandbox import probe_host
 from sandbox.confine import LayerReport
 from sandbox.limits import BACKEND_LAYERS, LAYERS
+from sandbox.reachable import run_access
 
 log = logging.getLogger("gateway")
 
@@ -242,6 +244,8 @@ def cmd_serve(settings: Settings, _args: argparse.Namespace) -> int:
             log.warning("database unreachable at start-up (%s); calls will fail with -32603", cause_name(exc))
     for warning in risky_settings(s.policy, settings.home):
         log.warning("%s", warning)
+    for finding in unreachable_run_paths(s.policy, run_access(s.host.uid_drop)):
+        log.warning("%s: warning: %s; run_pytest will be refused (-32006)", settings.policy_path, finding.message())
     log.info("%s", describe_layers(s.host, s.policy.sandbox))
     log.info("serving on stdio (policy %s)", settings.policy_path)
     run_stdio(s)
@@ -271,6 +275,8 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
             f"{path}: warning: this host lacks required sandbox layers ({', '.join(missing)});"
             " write tools will be refused (-32006)"
         )
+    for finding in unreachable_run_paths(policy, run_access(report.uid_drop)):
+        warnings.append(f"{path}: warning: {finding.message()}; run_pytest will be refused (-32006)")
     for warning in warnings:
         print(warning, file=sys.stderr)
     print(describe_layers(report, policy.sandbox), file=sys.stderr)

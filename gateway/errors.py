@@ -66,6 +66,7 @@ class Reason(StrEnum):
     SANDBOX_DISABLED = "sandbox_disabled"
     SANDBOX_LAYER_MISSING = "sandbox_layer_missing"
     SANDBOX_START_FAILED = "sandbox_start_failed"
+    RUN_PATH_UNREACHABLE = "run_path_unreachable"
     OUTPUT_LIMIT = "output_limit"
     MEMORY_LIMIT = "memory_limit"
     # -32007

@@ -1,7 +1,8 @@
 """The ordered stages of a tools/call (spec section 4): the only place that knows their order.
 
     1 audit MCP_TOOL_CALL   2 authenticate   3 authorize   4 policy   5 validate
-    6 budget   7 sandbox precondition   8 consent   9 execute   10 audit + charge
+    5b preflight (the run's paths reachable, issue 14)   6 budget   7 sandbox precondition
+    8 consent   9 execute   10 audit + charge
 
 The order is the tuple `STAGES`, walked by `Pipeline.call` (each stage's `run`) and by
 `Pipeline.explain`, the dry run of `policy explain` (each stage's `dry`, which writes nothing):
@@ -54,15 +55,18 @@ from gateway.errors import (
     StorageUnavailableError,
 )
 from gateway.grant_scope import workspace_spellings
+from gateway.preflight import check_run_paths
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
 from gateway.services import Services
+from gateway.start_failures import describe_start_failure, start_step
 from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
 from sandbox import RUN_GRACE_S
 from sandbox.errors import SandboxStartError
+from sandbox.reachable import run_access
 
 log = logging.getLogger("gateway.pipeline")
 
@@ -288,6 +292,14 @@ class Pipeline:
     def _validate(self, walk: _Walk) -> None:
         check_arguments(_spec(walk), walk.arguments)
 
+    def _preflight(self, walk: _Walk) -> None:
+        """Before the budget and consent: every path the run needs is reachable by its uid (gateway/preflight.py)."""
+        scope = walk.admitted.scope
+        if not self.s.policy.sandbox.enabled or scope.pinned_root is None or scope.workspace is None:
+            return  # stage 7 refuses (sandbox off), or a tool without a workspace: nothing to reach
+        who = run_access(self.s.host.uid_drop)
+        check_run_paths((scope.workspace, scope.pinned_root.path), tuple(p.path for p in scope.pinned_paths), who)
+
     async def _reserve(self, walk: _Walk) -> None:
         trail = _trail(walk)
         trail.charge_id = await in_db_thread(self._logged_reservation, trail, walk.admitted)
@@ -476,7 +488,9 @@ class Pipeline:
         except SandboxStartError as exc:
             trail.run_ms = 0  # nothing ran
             await in_db_thread(self.s.runs.finish, run_id, "failed_to_start", None)
-            raise SandboxViolationError(Reason.SANDBOX_START_FAILED, "the sandbox could not apply its layers") from exc
+            message = describe_start_failure(exc.reason)
+            log.error("run %s: the sandbox could not start: %s", run_id, message)  # noqa: TRY400
+            raise SandboxViolationError(Reason.SANDBOX_START_FAILED, message, step=start_step(exc.reason)) from exc
         trail.run_ms = run.duration_ms
         # How the run ended is recorded from the sandbox alone, before anything reads a file the
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
@@ -541,6 +555,7 @@ ADMISSION: tuple[Stage, ...] = (
 STAGES: tuple[Stage, ...] = (
     Stage("authenticate", Pipeline._authenticate, Pipeline._authenticate_dry),
     *ADMISSION,
+    _decision("preflight", Pipeline._preflight, writes_only=True),
     Stage("budget", Pipeline._reserve, Pipeline._budget_dry, writes_only=True),
     _decision("sandbox", Pipeline._sandbox_ready, writes_only=True),
     Stage("consent", Pipeline._consent, Pipeline._consent_dry, writes_only=True),

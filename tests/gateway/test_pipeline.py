@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOL_NAMES
 from sandbox.confine import LayerReport
 from tests.fakes import FAKE_HOST, FakeClock, SequentialRunIds
-from tests.harness import DEFAULT_POLICY, deep_merge
+from tests.harness import DEFAULT_POLICY, deep_merge, reachable_by_everyone
 
 
 @pytest.mark.parametrize(
@@ -106,10 +107,15 @@ def migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def in_process(tmp_path: Path, migrated: Path) -> Iterator[Callable[..., InProcess]]:
     engines: list[Engine] = []
 
+    # Outside pytest's 0700 temp folder, open to everyone: the preflight stage checks the run's uid reaches them.
+    outside = Path(tempfile.mkdtemp(prefix="mcp-gw-test-"))
+
     def make(overrides: Mapping[str, Any] | None = None, host: LayerReport = FAKE_HOST) -> InProcess:
-        workspace, other = tmp_path / "workspace", tmp_path / "other"
+        workspace, other = outside / "workspace", outside / "other"
         for folder in (workspace / "tests", other):
             folder.mkdir(parents=True, exist_ok=True)
+        reachable_by_everyone(workspace)
+        reachable_by_everyone(other)
         document = deep_merge(DEFAULT_POLICY, {"workspaces": {"default": str(workspace), "other": str(other)}})
         document = deep_merge(document, overrides or {})
         policy = parse_policy(yaml.safe_dump(document), tmp_path / "policy.yaml", TOOL_NAMES)
@@ -131,6 +137,7 @@ def in_process(tmp_path: Path, migrated: Path) -> Iterator[Callable[..., InProce
     yield make
     for engine in engines:
         engine.dispose()
+    shutil.rmtree(outside, ignore_errors=True)
 
 
 ALL_PASS = {"test_path": "tests"}

@@ -216,6 +216,7 @@ def test_a_call_that_would_run_is_explained_through_every_stage_it_passes(make_g
         "authorize",
         "policy",
         "validate",
+        "preflight",
         "budget",
         "sandbox",
         "consent",

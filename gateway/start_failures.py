@@ -1,0 +1,101 @@
+"""What a `sandbox_start_failed` says (issue 14, item 4): the sandbox's step slug -> what failed and the fix.
+
+The sandbox raises `SandboxStartError(slug)` when a run could not start (sandbox/errors.py); the
+slug names the step. The client's message and the gateway's log line say which step failed and
+what the operator can do, from this table; `data.step` carries the slug, `data.reason` stays
+`sandbox_start_failed`. An unknown slug still names itself: the message is never empty.
+docs/error-codes.md lists the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICY_CHECK = "run `mcp-gateway policy check` on this host"
+OPERATIONS = "see docs/operations.md"
+
+
+@dataclass(frozen=True, slots=True)
+class StartStep:
+    what: str
+    fix: str
+
+
+START_STEPS: dict[str, StartStep] = {
+    "uid_pool_exhausted": StartStep(
+        "no run uid is free in the pool (61000-61999: each is busy, held by another gateway or has a process left)",
+        "wait for runs to end, or end leftover processes of pool uids",
+    ),
+    "run_uid_privileged": StartStep("the run's uid is below 1000", "report it: the pool must hold only uids >= 1000"),
+    "no_new_privs_failed": StartStep(
+        "no_new_privs could not be set on the run", f"the kernel or a security module refused it; {OPERATIONS}"
+    ),
+    "privilege_drop_unverified": StartStep(
+        "the drop to the run's uid could not be verified", f"the kernel or a security module interfered; {OPERATIONS}"
+    ),
+    "privilege_drop_reversible": StartStep(
+        "the run could regain root after the uid drop", f"the gateway's capabilities are unusual; {OPERATIONS}"
+    ),
+    "layer_unavailable": StartStep(
+        "a required sandbox layer is missing on this host",
+        f"{POLICY_CHECK} (it lists the layers), or drop the layer from sandbox.required_layers",
+    ),
+    "bubblewrap_failed": StartStep(
+        "bubblewrap could not build the run's mount tree",
+        "read the run's stderr.txt (get_artifact_content); check bwrap is installed and may create namespaces",
+    ),
+    "spawn_failed": StartStep(
+        "the interpreter could not be started as the run's uid",
+        f"{POLICY_CHECK}: it names the first folder the run cannot reach; "
+        f"use a venv the run can reach, e.g. under /opt; {OPERATIONS}",
+    ),
+    "cgroup_unavailable": StartStep(
+        "no cgroup hierarchy with the memory and pids controllers was found",
+        "mount them (cgroup v1), or leave cgroup out of sandbox.required_layers",
+    ),
+    "cgroup_failed": StartStep(
+        "the run's cgroup could not be created",
+        "check the gateway may create groups under the memory and pids hierarchies",
+    ),
+    "layer_failed": StartStep(
+        "a confinement step failed in the run's process before pytest started",
+        f"{POLICY_CHECK}; the gateway's log has the step if the sandbox could name it",
+    ),
+    "rlimit_not_applied": StartStep("a resource limit could not be applied", f"{POLICY_CHECK}; {OPERATIONS}"),
+    "seccomp_no_new_privs_failed": StartStep(
+        "no_new_privs, which the seccomp filter needs, could not be set", f"{OPERATIONS}"
+    ),
+    "seccomp_filter_failed": StartStep(
+        "the kernel refused the seccomp filter", "check the kernel has seccomp (CONFIG_SECCOMP_FILTER)"
+    ),
+    "seccomp_unsupported_platform": StartStep(
+        "the seccomp filter exists only for Linux x86_64", "leave seccomp out of sandbox.required_layers"
+    ),
+    "landlock_unavailable": StartStep(
+        "the kernel has no Landlock", "boot a kernel with Landlock, or leave landlock out of sandbox.required_layers"
+    ),
+    "landlock_path_unopenable": StartStep(
+        "a folder the run is granted (the interpreter's, the workspace, sandbox.allowed_paths) could not be opened",
+        f"check those folders still exist; {POLICY_CHECK}",
+    ),
+    "scratch_unavailable": StartStep(
+        "the run's scratch tmpfs could not be mounted",
+        "the gateway needs CAP_SYS_ADMIN for it, or leave scratch_tmpfs out of sandbox.required_layers",
+    ),
+}
+
+
+def start_step(slug: str) -> str:
+    """The step's name: the slug up to any `:` detail (`layer_unavailable:cgroup` -> `layer_unavailable`)."""
+    return slug.partition(":")[0] or "unknown"
+
+
+def describe_start_failure(slug: str) -> str:
+    """One sentence for the client and the log: the step, what failed, the fix."""
+    step = start_step(slug)
+    detail = slug.partition(":")[2]
+    known = START_STEPS.get(step)
+    if known is None:
+        return f"the sandbox could not start the run (step {step}); {POLICY_CHECK} and report it"
+    what = f"{known.what} ({detail})" if detail else known.what
+    return f"step {step}: {what}; fix: {known.fix}"
