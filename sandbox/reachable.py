@@ -95,7 +95,14 @@ def _refusal(path: Path, component: Path, info: os.stat_result, who: Access, nee
     mode = stat.S_IMODE(info.st_mode)
     why = f"{component} is {mode:04o}, owned by {_owner(info.st_uid)}: the run's {who.describe()} cannot {verbs} it"
     letters = "".join(_CHMOD[n] for n in (Need.READ, Need.WRITE, Need.SEARCH) if n & lacking)
-    return Unreachable(path, component, why, f"chmod o+{letters} {component}")
+    return Unreachable(path, component, why, f"chmod {_bits_class(info, who)}+{letters} {component}")
+
+
+def _bits_class(info: os.stat_result, who: Access) -> str:
+    """Which of the file's permission classes applies to `who`: the one a chmod must widen."""
+    if info.st_uid == who.uid:
+        return "u"
+    return "g" if info.st_gid == who.gid or info.st_gid in who.groups else "o"
 
 
 def _walk(path: str, who: Access, last: Need) -> Unreachable | None:

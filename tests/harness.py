@@ -177,15 +177,17 @@ class StdioSession:
         extra_args: tuple[str, ...] = (),
         db_url: str | None = None,
         env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
     ) -> None:
-        """`env` adds to the environment `serve` inherits, which never carries the tests' MCP_GATEWAY_TOKEN."""
+        """`env` adds to the environment `serve` inherits, which never carries the tests' MCP_GATEWAY_TOKEN;
+        `python` is the interpreter `serve` runs on (and so the one its runs execute)."""
         environment = {k: v for k, v in os.environ.items() if k != "MCP_GATEWAY_TOKEN"} | dict(env or {})
         self.stderr_path = gateway.root / f"serve-stderr-{id(self)}.log"
         self._stderr = self.stderr_path.open("wb")
         url = db_url or gateway.url
         self.process = subprocess.Popen(
             [
-                sys.executable,
+                python,
                 "-m",
                 "gateway",
                 "--home",

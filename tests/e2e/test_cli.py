@@ -146,5 +146,5 @@ def test_policy_explain_walks_the_stages(tmp_path: Path) -> None:
     fine = gw(home, "policy", "explain", "--user", "alice", "--tool", "run_pytest", "--args", '{"test_path":"tests"}')
     assert fine.stdout.strip().endswith("would run")
     assert [line.split()[0] for line in fine.stdout.splitlines()[:-1]] == [
-        "authenticate", "authorize", "policy", "validate", "budget", "sandbox", "consent",
+        "authenticate", "authorize", "policy", "validate", "preflight", "budget", "sandbox", "consent",
     ]  # fmt: skip
