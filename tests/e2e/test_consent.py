@@ -7,6 +7,8 @@ see), the answer on the wire and the `mcp.permission.decision` events in the aud
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 import unicodedata
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from gateway.consent_store import ConsentStore, Grant, GrantDecision
-from tests.harness import GatewayHome, StdioSession
+from tests.harness import GatewayHome, StdioSession, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
 ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
@@ -180,10 +182,12 @@ def test_t7_an_expired_allow_always_prompts_again(gateway: GatewayHome, elicit: 
 
 
 def test_t8_another_user_or_workspace_is_asked_again(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, tmp_path: Path
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, request: pytest.FixtureRequest
 ) -> None:
-    second = tmp_path / "second-ws"
-    second.mkdir()
+    # Outside pytest's 0700 temp folder: the run's uid must reach it, or preflight refuses before consent.
+    second = Path(tempfile.mkdtemp(prefix="mcp-gw-second-"))
+    request.addfinalizer(lambda: shutil.rmtree(second, ignore_errors=True))
+    reachable_by_everyone(second)
     gateway = make_gateway({"workspaces": {"second": str(second)}, **IN_BAND_ALWAYS})
     gateway.add_user("alice", "USER", ("default", "second"))
     gateway.add_user("bob", "USER", ("default",))

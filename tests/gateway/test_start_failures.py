@@ -1,0 +1,45 @@
+"""gateway/start_failures.py: every step the sandbox can fail at has words and a fix; none is ever empty."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from gateway.start_failures import START_STEPS, describe_start_failure, start_step
+
+SANDBOX = Path(__file__).resolve().parents[2] / "sandbox"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "error-codes.md"
+
+
+def raised_slugs() -> set[str]:
+    """Every `SandboxStartError("slug")` in the sandbox's source, up to any `:` detail."""
+    pattern = re.compile(r'SandboxStartError\(f?"([a-z_]+)')
+    return {slug for path in SANDBOX.rglob("*.py") for slug in pattern.findall(path.read_text(encoding="utf-8"))}
+
+
+def test_every_step_the_sandbox_raises_has_words_a_fix_and_a_doc_row() -> None:
+    slugs = raised_slugs()
+    assert "spawn_failed" in slugs and "uid_pool_exhausted" in slugs  # the scan sees the sandbox
+    assert sorted(slugs - set(START_STEPS)) == []
+    documented = DOC.read_text(encoding="utf-8")
+    assert sorted(s for s in START_STEPS if f"`{s}`" not in documented) == []
+
+
+@pytest.mark.parametrize(
+    ("slug", "step", "words"),
+    [
+        (
+            "spawn_failed",
+            "spawn_failed",
+            "the interpreter could not be started as the run's uid; fix: run `mcp-gateway",
+        ),
+        ("layer_unavailable:cgroup,seccomp", "layer_unavailable", "missing on this host (cgroup,seccomp); fix:"),
+        ("something_new", "something_new", "the sandbox could not start the run (step something_new)"),
+        ("", "unknown", "(step unknown)"),
+    ],
+)
+def test_a_start_failure_names_its_step_and_what_to_do(slug: str, step: str, words: str) -> None:
+    assert start_step(slug) == step
+    assert words in describe_start_failure(slug)
