@@ -7,7 +7,7 @@
 The order is the tuple `STAGES`, walked by `Pipeline.call` (each stage's `run`) and by
 `Pipeline.explain`, the dry run of `policy explain` (each stage's `dry`, which writes nothing):
 the two cannot disagree on the order, and a stage's refusal is the same error in both. The
-budget, sandbox and consent stages apply to write tools only. A tool's own behaviour comes from
+preflight, budget, sandbox and consent stages apply to write tools only. A tool's own behaviour comes from
 its registry entry (gateway/tools/base.py): this module never names a tool.
 
 The first stage that fails ends the call with its GatewayError, after the terminal audit
