@@ -14,7 +14,7 @@ import math
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ log = logging.getLogger("gateway.auth")
 REQUIRED_CLAIMS = ("sub", "iss", "aud", "iat", "exp", "jti")
 MAX_TOKEN_BYTES = 8192
 WORKSPACE_CLAIM = "ws"
+TOKEN_ENV = "MCP_GATEWAY_TOKEN"  # noqa: S105  (the variable's name, not a secret)
+"""The server's own token: check_permission's, and a call's without `params.auth` under `auth.env_token`."""
 SIGNING_KEY_FILE = "signing.key"
 """The HMAC secret in the state folder (every policy's HS* algorithms; `init` creates it)."""
 _ASYMMETRIC_FILES = {"RS256": "signing-rs256.pem", "EdDSA": "signing-eddsa.pem"}
@@ -186,8 +188,27 @@ _PYJWT_REASONS: tuple[tuple[type[Exception], Reason], ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class EnvToken:
+    """The server's MCP_GATEWAY_TOKEN standing in for a call's missing `params.auth` (policy `auth.env_token`).
+
+    Verified like any token at every call; only its absence is told apart, so that the refusal
+    names the variable rather than `params.auth`. Its value never shows in a repr.
+    """
+
+    value: str | None = field(repr=False)
+
+
+def env_token(environ: Mapping[str, str]) -> EnvToken:
+    return EnvToken(environ.get(TOKEN_ENV, "").strip() or None)
+
+
 def decode_token(token: object, keys: KeyRing, auth: AuthPolicy) -> dict[str, Any]:
     """Signature, algorithm, issuer, audience and required claims; lifetime is `check_lifetime`'s."""
+    if isinstance(token, EnvToken):
+        if token.value is None:
+            raise AuthRequiredError(Reason.TOKEN_MISSING, f"{TOKEN_ENV} is not set for the gateway")
+        token = token.value
     if not isinstance(token, str) or not token:
         raise AuthRequiredError(Reason.TOKEN_MISSING, "params.auth.token is required")
     if len(token) > MAX_TOKEN_BYTES:

@@ -13,9 +13,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gateway import __version__
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mcp-gateway", description="A security gateway for MCP write tools.")
+    parser.add_argument("--version", action="version", version=__version__)
     parser.add_argument("--home", help="state folder (env MCP_GATEWAY_HOME, default ~/.mcp-gateway)")
     parser.add_argument("--db", help="SQLAlchemy database URL (env MCP_GATEWAY_DB)")
     parser.add_argument("--policy", help="policy file (env MCP_GATEWAY_POLICY)")

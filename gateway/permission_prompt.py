@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 
 from gateway.audit import EventDraft, EventType
-from gateway.auth import Principal
+from gateway.auth import TOKEN_ENV, Principal
 from gateway.canonical import args_hash
 from gateway.consent import (
     Answer,
@@ -63,7 +63,6 @@ from sandbox.pinned import Pinned
 log = logging.getLogger("gateway.permission_prompt")
 
 TOOL_NAME = "check_permission"
-TOKEN_ENV = "MCP_GATEWAY_TOKEN"  # noqa: S105  (the variable's name, not a secret)
 AGENT_SERVER_ID = "claude-code"
 """The `server_id` of stored decisions about the agent's own tools (the gateway's are its own name)."""
 AGENT_TOOL_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,127}$")

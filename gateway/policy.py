@@ -42,6 +42,8 @@ class AuthPolicy:
     algorithms: tuple[str, ...] = ("HS256",)
     leeway_s: int = 30
     max_ttl_s: int = 86400
+    env_token: bool = False
+    """A call without `params.auth` authenticates with the server's MCP_GATEWAY_TOKEN (hosts that cannot send it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +287,7 @@ def _optional(
 
 
 def _auth(r: _Reader, node: yaml.Node | None) -> AuthPolicy:
-    d = _section(r, node, "auth", ("issuer", "audience", "algorithms", "leeway_s", "max_ttl_s"))
+    d = _section(r, node, "auth", ("issuer", "audience", "algorithms", "leeway_s", "max_ttl_s", "env_token"))
     default = AuthPolicy()
     algorithms = default.algorithms
     if "algorithms" in d:
@@ -304,6 +306,7 @@ def _auth(r: _Reader, node: yaml.Node | None) -> AuthPolicy:
         algorithms=algorithms,
         leeway_s=_optional(d, "auth.leeway_s", r.count, default.leeway_s),
         max_ttl_s=_optional(d, "auth.max_ttl_s", r.integer, default.max_ttl_s),
+        env_token=_optional(d, "auth.env_token", r.boolean, default.env_token),
     )
 
 

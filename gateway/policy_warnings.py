@@ -73,6 +73,9 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
     public = any(not a.startswith("HS") for a in policy.auth.algorithms)
     if hmac and public:
         warn("auth.algorithms mixes HMAC and public-key algorithms; each verifies only with its own key")
+    if policy.auth.env_token:
+        warn("auth.env_token is true: a call without params.auth acts as the user of the server's "
+             "MCP_GATEWAY_TOKEN; any process that can start the gateway with that variable acts as that user")  # fmt: skip
     if policy.budget.attempts_total == 0 or policy.budget.elapsed_ms_total == 0:
         warn("a budget total is 0: every write call will be refused with -32005")
     for rule in policy.permission_prompt.allow:

@@ -26,12 +26,13 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
+from gateway.auth import TOKEN_ENV, EnvToken, env_token
 from gateway.consent import Decision, InputRequired, NoAnswer, RoundTrip, decision_from_form, decision_schema
 from gateway.db_file import FileGuard, guard_of
 from gateway.db_threads import in_db_thread
 from gateway.errors import GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.permission_prompt import SPEC as CHECK_PERMISSION
-from gateway.permission_prompt import TOKEN_ENV, PermissionPrompt
+from gateway.permission_prompt import PermissionPrompt
 from gateway.pipeline import CallRequest, Pipeline
 from gateway.rbac import has_permission
 from gateway.recovery import keep_sweeping
@@ -115,9 +116,18 @@ def to_call_result(outcome: ToolOutcome, run_id: str) -> types.CallToolResult:
     )
 
 
-def _token_of(params: Mapping[str, Any] | None) -> object:
-    auth = (params or {}).get("auth")
-    return auth.get("token") if isinstance(auth, Mapping) else None
+def _token_of(params: Mapping[str, Any] | None, services: Services) -> object:
+    """`params.auth.token` whenever the request carries `params.auth` (a bad one is refused, never
+    replaced); without it, under the policy's `auth.env_token`, the server's MCP_GATEWAY_TOKEN."""
+    params = params or {}
+    if "auth" in params or not services.policy.auth.env_token:
+        auth = params.get("auth")
+        return auth.get("token") if isinstance(auth, Mapping) else None
+    return env_token(services.environ)
+
+
+def _is_missing(token: object) -> bool:
+    return token is None or token == EnvToken(None)
 
 
 _CONNECTION_CLOSED = -32000
@@ -180,8 +190,8 @@ def build_server(services: Services) -> Server[Any]:
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         allowlisted = [services.tools[name] for name in services.policy.allowlist if name in services.tools]
-        token = _token_of(ctx.params)
-        if token is None:
+        token = _token_of(ctx.params, services)
+        if _is_missing(token):
             return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted] + extra)
         with answered_as_mcp_errors("tools/list", services.new_run_id, traceback=False):  # no token in the log
             principal = await in_db_thread(services.authenticator.authenticate, token)
@@ -197,7 +207,7 @@ def build_server(services: Services) -> Server[Any]:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=answer)], _meta={RUN_ID_META: run_id}
             )
-        request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params))
+        request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params, services))
         with answered_as_mcp_errors("tools/call", services.new_run_id):
             try:
                 run_id, outcome = await pipeline.call(request, asker_for(ctx, params))
@@ -217,7 +227,7 @@ def build_server(services: Services) -> Server[Any]:
             raise to_mcp_error(InvalidParamsError(Reason.UNKNOWN_RESOURCE, "unknown resource"), services.new_run_id())
         run_id, name = target
         arguments = {"run_id": run_id, "name": name}
-        request = CallRequest("get_artifact_content", arguments, _token_of(ctx.params))
+        request = CallRequest("get_artifact_content", arguments, _token_of(ctx.params, services))
         with answered_as_mcp_errors("resources/read", services.new_run_id):
             _call_id, outcome = await pipeline.call(request)
         mime = ARTIFACT_MIME_TYPES.get(name, "text/plain")
@@ -234,14 +244,24 @@ def build_server(services: Services) -> Server[Any]:
     return Server(
         "mcp-write-gateway",
         version=__version__,
-        instructions=(
-            "Every tools/call needs a per-call JWT in params.auth.token. Write tools (run_pytest) also pass "
-            "RBAC, the policy allowlist, a budget and a person's consent, and run as a supervised subprocess."
-        ),
+        instructions=_instructions(services.policy.auth.env_token),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_resources=list_resources,
         on_read_resource=read_resource,
+    )
+
+
+def _instructions(env_token_on: bool) -> str:
+    needs = (
+        "Every tools/call needs a per-call JWT in params.auth.token, or, without params.auth, uses the token "
+        "this server was started with (auth.env_token)."
+        if env_token_on
+        else "Every tools/call needs a per-call JWT in params.auth.token."
+    )
+    return needs + (
+        " Write tools (run_pytest) also pass RBAC, the policy allowlist, a budget and a person's consent,"
+        " and run as a supervised subprocess."
     )
 
 
@@ -261,6 +281,7 @@ async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE
     if services.policy.permission_prompt.enabled:
         found = "set" if services.environ.get(TOKEN_ENV, "").strip() else "NOT set: every answer will be deny"
         log.warning("check_permission is offered (permission_prompt.enabled); %s is %s", TOKEN_ENV, found)
+    _log_env_token(services)
     # A fatal signal the guard below could not prevent (a -shm made immutable in the microseconds
     # between its check and SQLite's write: SIGBUS) at least names itself on stderr.
     faulthandler.enable()
@@ -282,6 +303,16 @@ async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE
         log.error("%s: stopped; calls in flight were cancelled and their runs killed", CLIENT_GONE)
         return 1
     return stopped.status
+
+
+def _log_env_token(services: Services) -> None:
+    """One line: whether calls without params.auth act as the server's MCP_GATEWAY_TOKEN (never its value)."""
+    is_set = bool(services.environ.get(TOKEN_ENV, "").strip())
+    if services.policy.auth.env_token:
+        found = "set" if is_set else "NOT set: every call without params.auth is refused (-32001 token_missing)"
+        log.warning("auth.env_token is on: calls without params.auth use %s, which is %s", TOKEN_ENV, found)
+    elif is_set and not services.policy.permission_prompt.enabled:
+        log.info("%s is set but auth.env_token is off: calls without params.auth are refused", TOKEN_ENV)
 
 
 @dataclass(slots=True)
