@@ -148,3 +148,18 @@ def test_policy_explain_walks_the_stages(tmp_path: Path) -> None:
     assert [line.split()[0] for line in fine.stdout.splitlines()[:-1]] == [
         "authenticate", "authorize", "policy", "validate", "preflight", "budget", "sandbox", "consent",
     ]  # fmt: skip
+
+
+def test_version_prints_the_version_without_loading_the_commands(tmp_path: Path) -> None:
+    from gateway import __version__
+
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gateway", "--version"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{__version__}\n"
+    imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if "|" in line}
+    heavy = {"gateway.cli_commands", "sqlalchemy", "mcp", "yaml", "jwt"} & imported
+    assert not heavy, f"--version imported {heavy}"

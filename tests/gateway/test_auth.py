@@ -21,12 +21,14 @@ from gateway.auth import (
     MAX_TOKEN_BYTES,
     REQUIRED_CLAIMS,
     Authenticator,
+    EnvToken,
     KeyRing,
     Principal,
     TokenStore,
     check_lifetime,
     decode_token,
     ensure_keys,
+    env_token,
     issue_token,
     jti_of,
     load_keyring,
@@ -212,6 +214,29 @@ def test_required_claims_are_the_spec_list() -> None:
 )
 def test_unusable_token_values_are_rejected(keys: KeyRing, token: object, reason: str) -> None:
     assert reason_of(token, keys) == reason
+
+
+def test_env_token_decodes_like_the_same_token_sent_in_params(keys: KeyRing) -> None:
+    token = jwt.encode(payload(), SECRET, algorithm="HS256")
+
+    assert decode_token(EnvToken(token), keys, AUTH) == decode_token(token, keys, AUTH)
+    assert reason_of(EnvToken("not a jwt"), keys) == reason_of("not a jwt", keys) == "token_malformed"
+
+
+@pytest.mark.parametrize("value", [None, "", "   "])
+def test_unset_env_token_is_missing_and_names_the_variable(keys: KeyRing, value: str | None) -> None:
+    environ = {} if value is None else {"MCP_GATEWAY_TOKEN": value}
+
+    with pytest.raises(AuthRequiredError) as caught:
+        decode_token(env_token(environ), keys, AUTH)
+    assert caught.value.reason == "token_missing"
+    assert caught.value.public_message() == "Authentication required: MCP_GATEWAY_TOKEN is not set for the gateway"
+
+
+def test_env_token_never_shows_its_value() -> None:
+    token = jwt.encode(payload(), SECRET, algorithm="HS256")
+
+    assert token not in repr(EnvToken(token)) and token not in str(EnvToken(token))
 
 
 def test_oversized_but_otherwise_valid_token_is_rejected(keys: KeyRing) -> None:

@@ -76,6 +76,28 @@ def test_shipped_policy_loads_with_the_documented_values() -> None:
     )
 
 
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("false", False)])
+def test_env_token_reads_a_bool(value: str, expected: bool, tmp_path: Path) -> None:
+    policy = parse(f"version: 1\nauth:\n  env_token: {value}\n", tmp_path)
+
+    assert policy.auth.env_token is expected
+
+
+def test_env_token_is_off_by_default(tmp_path: Path) -> None:
+    assert parse("version: 1\n", tmp_path).auth.env_token is False
+    assert load_policy(SHIPPED, TOOL_NAMES).auth.env_token is False
+
+
+def test_env_token_on_warns_who_may_act_as_that_user(shipped: Policy, tmp_path: Path) -> None:
+    policy = dataclasses.replace(shipped, auth=dataclasses.replace(shipped.auth, env_token=True))
+
+    warnings = risky_settings(policy, tmp_path / "state")
+
+    assert len(warnings) == 1, warnings
+    assert "auth.env_token is true" in warnings[0].message
+    assert "any process that can start the gateway with that variable acts as that user" in warnings[0].message
+
+
 def test_shipped_policy_has_no_risky_settings(tmp_path: Path) -> None:
     policy = load_policy(SHIPPED, TOOL_NAMES)
 
@@ -179,6 +201,25 @@ REJECTED = [
         """,
         "sandbox.network must be true or false",
         id="string-where-bool",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          issuer: mcp-gateway
+          env_token: "yes"  # <-
+        """,
+        "auth.env_token must be true or false",
+        id="env-token-not-a-bool",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        auth:
+          env_token:  # <-
+        """,
+        "auth.env_token must be true or false",
+        id="env-token-empty",
     ),
     pytest.param(
         """\
