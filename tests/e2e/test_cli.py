@@ -127,7 +127,8 @@ def test_policy_check_valid_warnings_and_invalid(tmp_path: Path) -> None:
     )
     bad = gw(tmp_path, "policy", "check", str(broken))
     assert bad.returncode == 1
-    assert bad.stderr.startswith(f"{broken}:12: ") and "DELETE_ALL" in bad.stderr
+    line = broken.read_text().splitlines().index("  VIEWER: [ARTIFACT_READ, DELETE_ALL]") + 1
+    assert bad.stderr.startswith(f"{broken}:{line}: ") and "DELETE_ALL" in bad.stderr
 
 
 def test_policy_explain_walks_the_stages(tmp_path: Path) -> None:
