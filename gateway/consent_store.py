@@ -183,7 +183,13 @@ class ConsentStore:
                     r.c.expires_at > request.created_at,
                 )
             ).one()
-            check_open_questions(int(open_count), self._max_open, first_expiry, request.created_at)
+            check_open_questions(
+                int(open_count),
+                self._max_open,
+                first_expiry,
+                request.created_at,
+                request.expires_at - request.created_at,
+            )
             connection.execute(
                 r.insert().values(
                     id=storable(request.id),
@@ -311,11 +317,20 @@ def is_question_id(text: str) -> bool:
     return 0 < len(text) <= _ID_CHARS and storable(text) == text
 
 
-def check_open_questions(open_count: int, max_open: int, first_expiry: float | None, now: float) -> None:
-    """Raise ConsentDeniedError when a user with `open_count` open questions may not ask another."""
+def check_open_questions(
+    open_count: int, max_open: int, first_expiry: float | None, now: float, lifetime_s: float | None = None
+) -> None:
+    """Raise ConsentDeniedError when a user with `open_count` open questions may not ask another.
+
+    `retry_after_s` is when the first of them expires, at most `lifetime_s` (consent.timeout_s): a
+    question another call stored while this one waited for the lock is younger than `now` says.
+    """
     if open_count < max_open:
         return
-    retry = max(1, math.ceil((first_expiry if first_expiry is not None else now) - now))
+    wait = (first_expiry if first_expiry is not None else now) - now
+    if lifetime_s is not None:
+        wait = min(wait, lifetime_s)
+    retry = max(1, math.ceil(wait))
     raise ConsentDeniedError(
         Reason.CONSENT_QUESTIONS_LIMIT,
         f"{open_count} consent questions of this user already wait for an answer (at most {max_open}); "

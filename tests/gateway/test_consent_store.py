@@ -101,6 +101,14 @@ def test_check_open_questions_at_the_cap(open_count: int, refused: bool) -> None
     assert "answer them or let them expire" in caught.value.public_message()
 
 
+def test_retry_after_is_never_past_a_questions_lifetime() -> None:
+    # A question another call stored while this one waited for the lock expires 300.4 s after `now`:
+    # still at most consent.timeout_s from when it could be answered.
+    with pytest.raises(ConsentDeniedError) as caught:
+        check_open_questions(16, 16, T0 + 300.4, T0, lifetime_s=300)
+    assert caught.value.data == {"retry_after_s": 300}
+
+
 # --- the cap, on the database -------------------------------------------------------------------------
 
 
