@@ -40,7 +40,8 @@ from gateway.tools.registry import TOOL_NAMES
 from gateway.users import UserError
 from sandbox import probe_host
 from sandbox.confine import LayerReport
-from sandbox.limits import BACKEND_LAYERS, LAYERS
+from sandbox.diagnose import why_missing
+from sandbox.guarantees import Guarantee
 from sandbox.reachable import run_access
 
 log = logging.getLogger("gateway")
@@ -269,11 +270,12 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
             why = exc.bare_message.removeprefix("refusing this policy: ")
             warnings.append(f"{path}: warning: serve would refuse this file: {why}")
     report = probe_host()  # a draft needs no keys nor database: no Services here, only the host
-    missing = report.missing(policy.sandbox.required)
+    missing = report.missing(policy.sandbox.backend, policy.sandbox.required)
     if policy.sandbox.enabled and missing:
+        causes = "; ".join(why_missing(g, report, policy.sandbox.backend) for g in missing)
         warnings.append(
-            f"{path}: warning: this host lacks required sandbox layers ({', '.join(missing)});"
-            " write tools will be refused (-32006)"
+            f"{path}: warning: this host cannot keep the guarantees sandbox.require asks for ({causes});"
+            " write tools will be refused (-32006); `mcp-gateway doctor` lists every guarantee"
         )
     for finding in unreachable_run_paths(policy, run_access(report.uid_drop)):
         warnings.append(f"{path}: warning: {finding.message()}; run_pytest will be refused (-32006)")
@@ -285,12 +287,15 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def describe_layers(report: LayerReport, sandbox: SandboxPolicy) -> str:
-    """One line: the layers this host has, and of the policy's backend those it lacks, required or not."""
-    active = [name for name in LAYERS if getattr(report, name)]
-    text = f"sandbox layers on this host: {', '.join(active) or 'none'} (Landlock ABI {report.landlock})"
-    text += f"; backend {sandbox.backend}"
-    missing = report.missing(sandbox.required)
-    skipped = [name for name in report.missing(frozenset(BACKEND_LAYERS[sandbox.backend])) if name not in missing]
+    """One line: how runs are confined here, the guarantees kept (by which layers), those missing, required or not."""
+    mode = "rootless (a user namespace per run)" if report.rootless else "root (a pool uid per run)"
+    if not report.uid_drop and not report.user_namespace:
+        mode = "none (not root, and no user namespace)"
+    kept = report.guarantees(sandbox.backend)
+    text = f"sandbox on this host: {mode}, backend {sandbox.backend}, Landlock ABI {report.landlock}; "
+    text += "guarantees kept: " + (", ".join(f"{g} ({'+'.join(layers)})" for g, layers in kept.items()) or "none")
+    missing = report.missing(sandbox.backend, sandbox.required)
+    skipped = [g for g in Guarantee if g not in kept and g not in missing]
     if missing:
         text += f"; MISSING (required): {', '.join(missing)}"
     if skipped:

@@ -65,7 +65,11 @@ from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
 from sandbox import RUN_GRACE_S
+from sandbox.confine import LayerReport
+from sandbox.diagnose import why_missing
 from sandbox.errors import SandboxStartError
+from sandbox.guarantees import Guarantee
+from sandbox.limits import Backend
 from sandbox.reachable import run_access
 
 log = logging.getLogger("gateway.pipeline")
@@ -98,13 +102,19 @@ class StageReport:
     note: str
 
 
-def check_sandbox_ready(enabled: bool, missing_layers: list[str]) -> None:
-    """Stage 7: a write tool runs only in a sandbox that is on and has every layer the policy requires (fail closed)."""
+def check_sandbox_ready(
+    enabled: bool, missing: list[Guarantee], host: LayerReport | None = None, backend: Backend = "native"
+) -> None:
+    """Stage 7: a write tool runs only in a sandbox that is on and keeps every guarantee the policy requires (fail closed)."""
     if not enabled:
         raise SandboxViolationError(Reason.SANDBOX_DISABLED, "write tools need sandbox.enabled: true")
-    if missing_layers:
+    if missing:
+        causes = "; ".join(why_missing(g, host, backend) for g in missing) if host is not None else ""
         raise SandboxViolationError(
-            Reason.SANDBOX_LAYER_MISSING, f"this host cannot enforce: {', '.join(missing_layers)}"
+            Reason.SANDBOX_LAYER_MISSING,
+            f"this host cannot keep the guarantees sandbox.require asks for: {', '.join(missing)}"
+            + (f" ({causes})" if causes else "")
+            + "; run `mcp-gateway doctor` for the fix of each, or leave them out of sandbox.require",
         )
 
 
@@ -309,7 +319,9 @@ class Pipeline:
         return ""
 
     def _sandbox_ready(self, walk: _Walk) -> None:
-        check_sandbox_ready(self.s.policy.sandbox.enabled, self.s.host.missing(self.s.policy.sandbox.required))
+        sandbox = self.s.policy.sandbox
+        missing = self.s.host.missing(sandbox.backend, sandbox.required)
+        check_sandbox_ready(sandbox.enabled, missing, self.s.host, sandbox.backend)
 
     async def _consent(self, walk: _Walk) -> None:
         admitted = walk.admitted

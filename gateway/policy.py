@@ -21,7 +21,8 @@ import yaml
 from gateway.errors import ConfigError
 from gateway.permission_rules import parse_rule
 from gateway.rbac import Permission
-from sandbox.limits import ALWAYS_REQUIRED, BACKEND_LAYERS, BACKENDS, Backend, required_layers
+from sandbox.guarantees import ALWAYS_REQUIRED, LAYER_GUARANTEES, Guarantee, from_layers
+from sandbox.limits import BACKENDS, Backend, required_guarantees
 from sandbox.pinned import Pinned, pin
 
 SUPPORTED_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "EdDSA")
@@ -65,14 +66,16 @@ class SandboxPolicy:
     env_whitelist: tuple[str, ...] = ("PATH", "LANG", "LC_ALL")
     scratch_limit_mb: int = 256
     backend: Backend = "native"
-    required_layers: tuple[str, ...] | None = None
-    """As listed in the policy; None: every layer of the backend (see `required`)."""
+    require: tuple[Guarantee, ...] | None = None
+    """As listed in the policy; None: sandbox.guarantees.DEFAULT_REQUIRED (see `required`)."""
     pytest_plugins: tuple[str, ...] = ()
+    migrated_layers: tuple[str, ...] = ()
+    """The old `required_layers` list this policy still has, read as `require` (a warning says so)."""
 
     @property
-    def required(self) -> frozenset[str]:
-        """The layers without which no write tool runs (the backend's unwaivable ones included)."""
-        return required_layers(self.backend, self.required_layers)
+    def required(self) -> frozenset[Guarantee]:
+        """The guarantees without which no write tool runs (the unwaivable ones included)."""
+        return required_guarantees(self.require, network=self.network)
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,7 +370,7 @@ def _budget(r: _Reader, node: yaml.Node | None) -> BudgetPolicy:
 
 _SANDBOX_KEYS = (
     "enabled", "timeout_s", "memory_limit_mb", "max_processes", "max_output_bytes", "network",
-    "allowed_paths", "env_whitelist", "scratch_limit_mb", "backend", "required_layers", "pytest_plugins",
+    "allowed_paths", "env_whitelist", "scratch_limit_mb", "backend", "require", "required_layers", "pytest_plugins",
 )  # fmt: skip
 
 
@@ -386,17 +389,8 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
         env_whitelist = tuple(name for name, _ in items)
     chosen = _optional(d, "sandbox.backend", r.one_of(BACKENDS), default.backend)
     backend: Backend = "bubblewrap" if chosen == "bubblewrap" else "native"
-    layers = BACKEND_LAYERS[backend]
-    required = default.required_layers
-    if "required_layers" in d:
-        items = r.strings(d["required_layers"], "sandbox.required_layers")
-        for name, item in items:
-            if name not in layers:
-                raise r.fail(item, f"{name!r} is not a layer of the {backend} backend ({', '.join(layers)})")
-        listed = {name for name, _ in items}
-        for name in sorted(ALWAYS_REQUIRED[backend] - listed):
-            raise r.fail(d["required_layers"], f"sandbox.required_layers must list {name} with the {backend} backend")
-        required = tuple(name for name in layers if name in listed)
+    network = _optional(d, "sandbox.network", r.boolean, default.network)
+    require, migrated = _require(r, d, network=network)
     plugins = default.pytest_plugins
     if "pytest_plugins" in d:
         items = r.strings(d["pytest_plugins"], "sandbox.pytest_plugins")
@@ -410,14 +404,52 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
         memory_limit_mb=_optional(d, "sandbox.memory_limit_mb", r.integer, default.memory_limit_mb),
         max_processes=_optional(d, "sandbox.max_processes", r.integer, default.max_processes),
         max_output_bytes=_optional(d, "sandbox.max_output_bytes", r.integer, default.max_output_bytes),
-        network=_optional(d, "sandbox.network", r.boolean, default.network),
+        network=network,
         allowed_paths=allowed_paths,
         env_whitelist=env_whitelist,
         scratch_limit_mb=_optional(d, "sandbox.scratch_limit_mb", r.integer, default.scratch_limit_mb),
         backend=backend,
-        required_layers=required,
+        require=require,
         pytest_plugins=plugins,
+        migrated_layers=migrated,
     )
+
+
+def _require(
+    r: _Reader, d: dict[str, yaml.Node], *, network: bool
+) -> tuple[tuple[Guarantee, ...] | None, tuple[str, ...]]:
+    """`sandbox.require` (guarantees), or the old `sandbox.required_layers` read as the guarantees it stood for.
+
+    With `sandbox.network: true`, no_network stays listed but is not required (SandboxPolicy.required):
+    turning the network on is one edit, and `policy check` warns about it."""
+    names = ", ".join(Guarantee)
+    if "require" in d and "required_layers" in d:
+        raise r.fail(
+            d["required_layers"], "sandbox.required_layers is the old form of sandbox.require: keep only require"
+        )
+    if "required_layers" in d:
+        items = r.strings(d["required_layers"], "sandbox.required_layers")
+        for name, item in items:
+            if name not in LAYER_GUARANTEES:
+                raise r.fail(
+                    item, f"{name!r} is not a layer (sandbox.required_layers is replaced by sandbox.require: {names})"
+                )
+        layers = tuple(name for name, _ in items)
+        chosen = from_layers(layers) | ALWAYS_REQUIRED
+        if network:
+            chosen -= {Guarantee.NO_NETWORK}
+        return tuple(g for g in Guarantee if g in chosen), layers
+    if "require" not in d:
+        return None, ()
+    items = r.strings(d["require"], "sandbox.require")
+    listed: set[Guarantee] = set()
+    for name, item in items:
+        if name not in Guarantee.__members__.values():
+            raise r.fail(item, f"{name!r} is not a guarantee ({names})")
+        listed.add(Guarantee(name))
+    for guarantee in sorted(ALWAYS_REQUIRED - listed):
+        raise r.fail(d["require"], f"sandbox.require must list {guarantee}: no policy may waive it")
+    return tuple(g for g in Guarantee if g in listed), ()
 
 
 def _consent(r: _Reader, node: yaml.Node | None) -> ConsentPolicy:

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.code_runners import program_wide_code_runner
-from gateway.policy import Policy
+from gateway.policy import Policy, SandboxPolicy
 from gateway.scope import is_within
-from sandbox.limits import BACKEND_LAYERS
+from sandbox.guarantees import DEFAULT_REQUIRED, Guarantee
+
+NO_NETWORK = Guarantee.NO_NETWORK
 
 _SECRET_LIKE = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE|CERT", re.IGNORECASE)
 _NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_", "MCP_GATEWAY")
@@ -26,6 +28,25 @@ class PolicyWarning:
 
     def __str__(self) -> str:
         return f"{self.where}: warning: {self.message}"
+
+
+def _requirement_warnings(sandbox: SandboxPolicy) -> list[str]:
+    """Guarantees required by default that the policy waives, and the old `required_layers` form."""
+    out = []
+    waived = [
+        g
+        for g in Guarantee
+        if g in DEFAULT_REQUIRED and g not in sandbox.required and not (g is NO_NETWORK and sandbox.network)
+    ]
+    if waived:
+        out.append(
+            f"sandbox.require leaves out {', '.join(waived)}: on a host that cannot keep it, runs go on without it"
+        )
+    if sandbox.migrated_layers:
+        listed = ", ".join(sandbox.require or ())
+        out.append(f"sandbox.required_layers is the old form of sandbox.require; it was read as `require: [{listed}]`: "
+                   "write that line in its place")  # fmt: skip
+    return out
 
 
 def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarning]:
@@ -51,9 +72,7 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
             warn("sandbox.allowed_paths contains '/': the whole filesystem becomes readable inside the sandbox")
         elif home is not None and (is_within(home, path) or is_within(path, home)):
             warn(f"sandbox.allowed_paths contains {path}, which overlaps the gateway's state folder {home}")
-    optional = [name for name in BACKEND_LAYERS[sandbox.backend] if name not in sandbox.required]
-    if optional:
-        warn(f"sandbox.required_layers leaves out {', '.join(optional)}: on a host without it, runs go on without it")
+    out.extend(PolicyWarning(where, message) for message in _requirement_warnings(sandbox))
     if sandbox.scratch_limit_mb > sandbox.memory_limit_mb:
         warn("sandbox.scratch_limit_mb is above memory_limit_mb: the scratch's pages count as the run's memory")
     for name in sandbox.env_whitelist:

@@ -36,9 +36,9 @@ START_STEPS: dict[str, StartStep] = {
     "privilege_drop_reversible": StartStep(
         "the run could regain root after the uid drop", f"the gateway's capabilities are unusual; {OPERATIONS}"
     ),
-    "layer_unavailable": StartStep(
-        "a required sandbox layer is missing on this host",
-        f"{POLICY_CHECK} (it lists the layers), or drop the layer from sandbox.required_layers",
+    "guarantee_unavailable": StartStep(
+        "no layer of this host keeps a guarantee sandbox.require asks for",
+        "run `mcp-gateway doctor` (it names the cause and the fix of each), or leave it out of sandbox.require",
     ),
     "bubblewrap_failed": StartStep(
         "bubblewrap could not build the run's mount tree",
@@ -51,7 +51,7 @@ START_STEPS: dict[str, StartStep] = {
     ),
     "cgroup_unavailable": StartStep(
         "no cgroup hierarchy with the memory and pids controllers was found",
-        "mount them (cgroup v1), or leave cgroup out of sandbox.required_layers",
+        "run `mcp-gateway doctor`; or leave memory_total out of sandbox.require",
     ),
     "cgroup_failed": StartStep(
         "the run's cgroup could not be created",
@@ -69,10 +69,10 @@ START_STEPS: dict[str, StartStep] = {
         "the kernel refused the seccomp filter", "check the kernel has seccomp (CONFIG_SECCOMP_FILTER)"
     ),
     "seccomp_unsupported_platform": StartStep(
-        "the seccomp filter exists only for Linux x86_64", "leave seccomp out of sandbox.required_layers"
+        "the seccomp filter exists only for Linux x86_64", "leave syscall_filter out of sandbox.require"
     ),
     "landlock_unavailable": StartStep(
-        "the kernel has no Landlock", "boot a kernel with Landlock, or leave landlock out of sandbox.required_layers"
+        "the kernel has no Landlock", "boot a kernel with Landlock, or use sandbox.backend: bubblewrap"
     ),
     "landlock_path_unopenable": StartStep(
         "a folder the run is granted (the interpreter's, the workspace, sandbox.allowed_paths) could not be opened",
@@ -80,7 +80,7 @@ START_STEPS: dict[str, StartStep] = {
     ),
     "scratch_unavailable": StartStep(
         "the run's scratch tmpfs could not be mounted",
-        "the gateway needs CAP_SYS_ADMIN for it, or leave scratch_tmpfs out of sandbox.required_layers",
+        "run `mcp-gateway doctor`; or leave bounded_scratch out of sandbox.require",
     ),
 }
 

@@ -1,23 +1,29 @@
-"""Which isolation layers a run gets, and the child-side plan that applies them in order (issue 3).
+"""Which isolation layers a run gets, and the child-side plan that applies them in order (issues 3, 14).
 
 Everything that allocates (Landlock rule fds, the seccomp program, the tmpfs, the cgroup
 files, ctypes pointers) is prepared in the parent; the child's `preexec_fn` only makes system
-calls, in the one order that works as root: join the cgroup (first, so that everything after
-is counted) -> `fchdir` to the workspace's pinned fd (sandbox/pinned.py; before the mount
-namespace, which takes the cwd along) -> network and IPC namespaces -> mount namespace with
-the scratch tmpfs -> PID namespace (all four need root) -> rlimits -> drop to the run's uid ->
-Landlock -> seccomp (it denies unshare/mount, and Landlock's calls must still pass) -> the
-fork into the supervisors (sandbox/backends/pidns.py), last, so that they are as confined as
-the command.
+calls. Two orders, by what the gateway may do:
+
+- as root with CAP_SYS_ADMIN: join the cgroup (first, so that everything after is counted) ->
+  `fchdir` to the workspace's pinned fd (sandbox/pinned.py; before the mount namespace, which
+  takes the cwd along) -> network and IPC namespaces -> mount namespace with the scratch tmpfs
+  -> PID namespace (all four need root) -> rlimits -> drop to the run's pool uid;
+- rootless (an ordinary user; or root without CAP_SYS_ADMIN, after the drop to the pool uid):
+  join the cgroup -> `fchdir` -> the run's own user namespace with its network, IPC, UTS, mount
+  and cgroup namespaces (backends/userns.py) -> the scratch tmpfs, made inside it -> PID
+  namespace -> rlimits (after the user namespace: RLIMIT_NPROC then counts the run alone) ->
+  seal: every capability dropped, undumpable;
+
+then, both: Landlock -> seccomp (it denies unshare/mount, and Landlock's calls must still
+pass) -> the fork into the supervisors (sandbox/backends/pidns.py), last, so that they are as
+confined as the command.
 
 With the bubblewrap backend the child skips Landlock and seccomp, and its supervisor's child
 execs bubblewrap (sandbox/backends/bubblewrap.py), which adds a PID namespace and a minimal
 mount tree in place of Landlock, and installs the same seccomp program just before the command.
 
-A layer the host lacks is left out of a run only when the policy does not require it
-(`sandbox.required_layers`, every layer of the backend by default); `plan_layers` decides,
-and the runner refuses to start otherwise. `uid_drop` can never be left out (without it a
-run would be root), nor, with bubblewrap, `mount_tree`.
+A policy requires guarantees, not layers (sandbox/guarantees.py): every layer the host has is
+applied, and `plan_layers` refuses a run when a required guarantee has no layer to keep it.
 
 `preexec_fn` is a deliberate choice (docs/decisions.md): it is the cheapest way to apply the
 layers (+1-2 ms a spawn against +15-30 ms for a second Python interpreter), and the steps it
@@ -33,21 +39,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from sandbox.backends import cgroup, landlock, namespaces, netns, pidns, rlimits, seccomp
+from sandbox import guarantees
+from sandbox.backends import capabilities, cgroup, landlock, namespaces, netns, pidns, rlimits, seccomp, userns
 from sandbox.backends.bubblewrap import bubblewrap_available
 from sandbox.backends.cgroup import RunCgroup
-from sandbox.backends.identity import RunIdentity, drop_privileges
-from sandbox.backends.scratch import ScratchSpace, scratch_available
+from sandbox.backends.identity import DEFAULT_POOL, RunIdentity, drop_privileges
+from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, namespaced_scratch_available, scratch_available
 from sandbox.errors import SandboxStartError
-from sandbox.limits import BACKEND_LAYERS, LAYERS, Limits
+from sandbox.guarantees import Guarantee
+from sandbox.limits import BACKEND_LAYERS, LAYERS, Backend, Limits
 from sandbox.pinned import Pinned
 
 
 @dataclass(frozen=True, slots=True)
 class LayerReport:
-    """What this kernel and process can enforce, for start-up logs and `policy check`."""
+    """What this kernel and process can enforce, for start-up logs, `policy check` and `doctor`."""
 
     uid_drop: bool
+    """A pool uid of its own for each run (the gateway runs as root, with CAP_SETUID)."""
     cgroup: bool
     """cgroup v1 memory, pids and freezer groups the gateway may create."""
     network_namespace: bool
@@ -63,38 +72,78 @@ class LayerReport:
     """A PID namespace whose pid 1 takes the run down with it (native: pidns.py; bubblewrap: its own)."""
     ipc_namespace: bool = False
     """A new IPC namespace: the run's SysV and POSIX IPC objects are its own and die with it."""
+    user_namespace: bool = False
+    """Each run in a user namespace of its own, which makes the other namespaces without root
+    (backends/userns.py); used when the gateway lacks CAP_SYS_ADMIN."""
 
-    def available(self) -> frozenset[str]:
-        return frozenset(name for name in LAYERS if getattr(self, name))
+    def available(self, backend: Backend | None = None) -> frozenset[str]:
+        """The layers this host has (of `backend`, when given)."""
+        names = LAYERS if backend is None else BACKEND_LAYERS[backend]
+        return frozenset(name for name in names if getattr(self, name))
 
-    def missing(self, required: Set[str] = frozenset(LAYERS)) -> list[str]:
-        """The required layers this host lacks, in LAYERS order."""
-        return [name for name in LAYERS if name in required and not getattr(self, name)]
+    def guarantees(self, backend: Backend) -> dict[Guarantee, tuple[str, ...]]:
+        """Each guarantee a run of `backend` gets here -> the layers keeping it."""
+        return guarantees.held(self.available(backend))
+
+    def missing(self, backend: Backend, required: Set[Guarantee]) -> list[Guarantee]:
+        """The required guarantees no layer of `backend` keeps on this host."""
+        return guarantees.missing(self.available(backend), required)
+
+    @property
+    def rootless(self) -> bool:
+        """Runs get their identity from a user namespace, not from a pool uid made by root."""
+        return self.user_namespace and not self.uid_drop
 
 
 def probe_layers() -> LayerReport:
-    root = os.geteuid() == 0
-    bubblewrap = root and bubblewrap_available()
+    """Try each layer's real step in a throwaway child, as the runs here would get it.
+
+    As root with CAP_SYS_ADMIN, the namespaces and the tmpfs are made as root before the drop to
+    the pool uid. Without it (an ordinary user, or root in a container without CAP_SYS_ADMIN),
+    they are made inside a user namespace of the run's own, when the kernel allows one.
+    """
+    can_drop = os.geteuid() == 0 and capabilities.has(capabilities.CAP_SETUID, capabilities.CAP_SETGID)
+    if os.geteuid() == 0 and capabilities.has(capabilities.CAP_SYS_ADMIN) and can_drop:
+        bubblewrap = bubblewrap_available()
+        return LayerReport(
+            uid_drop=True,
+            cgroup=cgroup.discover() is not None,
+            network_namespace=netns.network_namespace_available(),
+            scratch_tmpfs=scratch_available(),
+            rlimits=True,
+            landlock=landlock.abi_version(),
+            seccomp=_seccomp_platform(),
+            mount_tree=bubblewrap,
+            pid_namespace=pidns.pid_namespace_available(),
+            ipc_namespace=namespaces.ipc_namespace_available(),
+        )
+    run_uid, run_gid = (DEFAULT_POOL.start, DEFAULT_POOL.start) if can_drop else (os.getuid(), os.getgid())
+    user_ns = userns.user_namespace_available(run_uid, run_gid)
     return LayerReport(
-        uid_drop=root,
-        cgroup=root and cgroup.discover() is not None,
-        network_namespace=root and netns.network_namespace_available(),
-        scratch_tmpfs=root and scratch_available(),
+        uid_drop=can_drop,
+        cgroup=can_drop and cgroup.discover() is not None,
+        network_namespace=user_ns,
+        scratch_tmpfs=user_ns and namespaced_scratch_available(run_uid, run_gid),
         rlimits=True,
         landlock=landlock.abi_version(),
-        seccomp=platform.system() == "Linux" and platform.machine() == "x86_64",
-        mount_tree=bubblewrap,
-        pid_namespace=root and pidns.pid_namespace_available(),
-        ipc_namespace=root and namespaces.ipc_namespace_available(),
+        seccomp=_seccomp_platform(),
+        mount_tree=user_ns and bubblewrap_available(run_uid, run_gid),
+        pid_namespace=user_ns and pidns.pid_namespace_available(userns.probe_entry(run_uid, run_gid)),
+        ipc_namespace=user_ns,
+        user_namespace=user_ns,
     )
 
 
+def _seccomp_platform() -> bool:
+    return platform.system() == "Linux" and platform.machine() == "x86_64"
+
+
 def plan_layers(report: LayerReport, limits: Limits) -> frozenset[str]:
-    """The layers a run gets: every layer of its backend the host has; raises if a required one is missing."""
-    missing = report.missing(limits.required)
-    if missing:
-        raise SandboxStartError(f"layer_unavailable:{','.join(missing)}")
-    return report.available() & frozenset(BACKEND_LAYERS[limits.backend])
+    """The layers a run gets: every layer of its backend the host has; raises if a required guarantee is missing."""
+    gaps = report.missing(limits.backend, limits.required)
+    if gaps:
+        raise SandboxStartError(f"guarantee_unavailable:{','.join(gaps)}")
+    return report.available(limits.backend)
 
 
 class ChildPlan:
@@ -106,28 +155,37 @@ class ChildPlan:
     def __init__(
         self,
         limits: Limits,
-        identity: RunIdentity,
+        identity: RunIdentity | None,
         read_only: tuple[Path | Pinned, ...],
         read_write: tuple[Path, ...],
         *,
         active: Set[str] = frozenset(LAYERS),
         group: RunCgroup | None = None,
         scratch: ScratchSpace | None = None,
+        child_scratch: NamespacedScratch | None = None,
         status_fd: int = -1,
         cwd_fd: int | None = None,
     ) -> None:
-        if "uid_drop" not in active:
-            raise SandboxStartError("layer_unavailable:uid_drop")
+        """`identity`: the run's pool uid (root), None for a rootless run (the gateway's own uid, in a user namespace).
+        `scratch`: a tmpfs the gateway made (root); `child_scratch`: one the child makes in its user namespace."""
+        rootless = "user_namespace" in active
+        if not rootless and (identity is None or "uid_drop" not in active):
+            raise SandboxStartError("guarantee_unavailable:own_identity")
         # With bubblewrap, Landlock and seccomp are not applied here: Landlock would forbid
         # bubblewrap's mounts, and the filter its namespaces; bubblewrap installs the filter.
         native = limits.backend == "native"
-        self._identity = identity
+        self._identity = identity if "uid_drop" in active else None
         self._group = group
         # The run's cwd by fd (a pinned workspace), not by path: Popen(cwd=path) would resolve the
         # path again, and before preexec_fn runs (sandbox/pinned.py).
         self._cwd_fd = cwd_fd
-        self._unshare_network = "network_namespace" in active and not limits.network
-        self._unshare_ipc = "ipc_namespace" in active
+        self._namespace: userns.UserNamespace | None = None
+        if rootless:
+            uid, gid = (identity.uid, identity.gid) if identity is not None else (os.getuid(), os.getgid())
+            self._namespace = userns.UserNamespace(uid, gid, network=limits.network)
+        # Rootless, the user namespace's own unshare makes the network and IPC namespaces.
+        self._unshare_network = not rootless and "network_namespace" in active and not limits.network
+        self._unshare_ipc = not rootless and "ipc_namespace" in active
         # Natively the supervisors make the PID namespace (`status_fd` gets the command's status);
         # bubblewrap makes its own, and one supervisor outside it is the watchdog (pidns.py).
         self._supervisor = (
@@ -136,6 +194,7 @@ class ChildPlan:
             else None
         )
         self._scratch = scratch
+        self._child_scratch = child_scratch
         self._rlimits = rlimits.ResourceLimits.from_limits(limits) if "rlimits" in active else None
         self._landlock: landlock.PreparedLandlock | None = None
         self._seccomp: seccomp.SeccompProgram | None = None
@@ -145,6 +204,7 @@ class ChildPlan:
                 read_write=read_write,
                 allow_tcp=limits.network,
                 read_write_fds=() if scratch is None else (scratch.mount_fd,),
+                late_read_write=child_scratch is not None,
             )
             self._landlock = landlock.prepare_landlock(rules)
         if native and "seccomp" in active:
@@ -159,6 +219,19 @@ class ChildPlan:
             self._group.join()
         if self._cwd_fd is not None:
             os.fchdir(self._cwd_fd)  # before the mount namespace: unshare moves the cwd into its copy
+        if self._namespace is not None:
+            self._rootless_steps(self._namespace)
+        else:
+            self._root_steps()
+        if self._landlock is not None:
+            self._landlock.apply()
+        if self._seccomp is not None:
+            self._seccomp.apply()
+        if self._supervisor is not None:
+            self._supervisor.fork()  # returns only in the command's process
+
+    def _root_steps(self) -> None:
+        """As root: the namespaces and the tmpfs, the limits, then the drop to the pool uid."""
         if self._unshare_network:
             netns.unshare_network()
         if self._unshare_ipc:
@@ -169,13 +242,24 @@ class ChildPlan:
             self._supervisor.enter()
         if self._rlimits is not None:
             rlimits.apply(self._rlimits)
+        if self._identity is None:
+            raise SandboxStartError("guarantee_unavailable:own_identity")
         drop_privileges(self._identity.uid, self._identity.gid)
-        if self._landlock is not None:
-            self._landlock.apply()
-        if self._seccomp is not None:
-            self._seccomp.apply()
+
+    def _rootless_steps(self, namespace: userns.UserNamespace) -> None:
+        """In the run's own user namespace (after the drop to a pool uid, when root): the same steps, then sealed."""
+        if self._identity is not None:
+            drop_privileges(self._identity.uid, self._identity.gid)
+        namespace.enter()
+        if self._child_scratch is not None:
+            mount_fd = self._child_scratch.apply()
+            if self._landlock is not None:
+                self._landlock.set_late_fd(mount_fd)
         if self._supervisor is not None:
-            self._supervisor.fork()  # returns only in the command's process
+            self._supervisor.enter()
+        if self._rlimits is not None:
+            rlimits.apply(self._rlimits)  # after enter: RLIMIT_NPROC then counts this namespace's processes
+        namespace.seal()
 
     def close(self) -> None:
         if self._landlock is not None:

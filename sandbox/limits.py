@@ -1,4 +1,4 @@
-"""The limits a run is held to, and the isolation layers it must have, as one frozen value."""
+"""The limits a run is held to, and the guarantees it requires, as one frozen value."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from sandbox.guarantees import ALWAYS_REQUIRED, DEFAULT_REQUIRED, Guarantee
 from sandbox.pinned import Pinned
 
 MIB = 1024 * 1024
@@ -22,32 +23,20 @@ BACKEND_LAYERS: Mapping[Backend, tuple[str, ...]] = MappingProxyType(
     {
         # Every layer applied by the gateway itself, in the child between fork and exec.
         "native": (
-            "uid_drop", "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "landlock",
-            "seccomp", "pid_namespace",
+            "uid_drop", "user_namespace", "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits",
+            "landlock", "seccomp", "pid_namespace",
         ),
-        # The same root-only steps, then bubblewrap, started after the uid drop: its mount tree
-        # stands in for Landlock (which would forbid bubblewrap's own mounts) and it installs
+        # The same steps up to the uid drop (or the user namespace), then bubblewrap: its mount
+        # tree stands in for Landlock (which would forbid bubblewrap's own mounts) and it installs
         # the seccomp program just before the command.
         "bubblewrap": (
-            "uid_drop", "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "mount_tree",
-            "pid_namespace", "seccomp",
+            "uid_drop", "user_namespace", "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits",
+            "mount_tree", "pid_namespace", "seccomp",
         ),
     }
 )  # fmt: skip
-"""The layers each backend applies (sandbox/confine.py; docs/security-model.md)."""
-
-ALWAYS_REQUIRED: Mapping[Backend, frozenset[str]] = MappingProxyType(
-    {"native": frozenset({"uid_drop"}), "bubblewrap": frozenset({"uid_drop", "mount_tree"})}
-)
-"""Layers no policy may waive: without the uid drop a run is root; bubblewrap without its mount
-tree would confine no file at all (it has no Landlock)."""
-
-
-def required_layers(backend: Backend, listed: Iterable[str] | None) -> frozenset[str]:
-    """The layers a run of `backend` requires: those `listed` (None: all of the backend's), plus the unwaivable."""
-    chosen = BACKEND_LAYERS[backend] if listed is None else listed
-    return frozenset(chosen) | ALWAYS_REQUIRED[backend]
-
+"""The layers (mechanisms) each backend applies where the host has them (sandbox/confine.py;
+sandbox/guarantees.py maps them to what a policy requires)."""
 
 LAYERS: tuple[str, ...] = tuple(dict.fromkeys(name for names in BACKEND_LAYERS.values() for name in names))
 """Every layer the sandbox knows, of either backend."""
@@ -66,16 +55,13 @@ class Limits:
     scratch_bytes: int = 256 * MIB
     """Size of the scratch tmpfs, the run's only writable place (its inode count follows the size)."""
     backend: Backend = "native"
-    required_layers: frozenset[str] | None = None
-    """Layers without which the run must not start (None: every layer of the backend); any
-    other layer of the backend is applied where the host has it."""
+    require: frozenset[Guarantee] | None = None
+    """Guarantees without which the run must not start (None: guarantees.DEFAULT_REQUIRED); every
+    layer of the backend the host has is applied anyway."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend: {self.backend!r}")
-        unknown = self.required - set(BACKEND_LAYERS[self.backend])
-        if unknown:
-            raise ValueError(f"layers the {self.backend} backend does not have: {sorted(unknown)}")
 
     @property
     def process_limit(self) -> int:
@@ -83,6 +69,13 @@ class Limits:
         return self.max_processes + SUPERVISOR_PROCESSES[self.backend]
 
     @property
-    def required(self) -> frozenset[str]:
-        """The layers this run requires, the backend's never-waived ones included."""
-        return required_layers(self.backend, self.required_layers)
+    def required(self) -> frozenset[Guarantee]:
+        """The guarantees this run requires, the never-waived ones included."""
+        return required_guarantees(self.require, network=self.network)
+
+
+def required_guarantees(listed: Iterable[Guarantee] | None, *, network: bool) -> frozenset[Guarantee]:
+    """Those `listed` (None: the default set), plus the unwaivable; no_network only for a run without network."""
+    chosen = DEFAULT_REQUIRED if listed is None else frozenset(listed)
+    required = chosen | ALWAYS_REQUIRED
+    return required - {Guarantee.NO_NETWORK} if network else required

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import os
 import signal
 import stat
@@ -32,7 +33,7 @@ from sandbox.backends.cgroup import RunCgroup, discover
 from sandbox.backends.containment import sweep
 from sandbox.backends.identity import RunIdentity, UidPool
 from sandbox.backends.landlock import runtime_read_only_paths
-from sandbox.backends.scratch import ScratchSpace, files_for
+from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, files_for
 from sandbox.capture import OutputCapture
 from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers
 from sandbox.errors import SandboxStartError
@@ -106,20 +107,24 @@ async def run_sandboxed(
     layer is missing or cannot be applied: nothing ran.
     """
     active = plan_layers(host or probe_host(), limits)
-    identity = _POOL.acquire()
+    identity = _POOL.acquire() if "uid_drop" in active else None
+    owner = (identity.uid, identity.gid) if identity is not None else (os.getuid(), os.getgid())
     group: RunCgroup | None = None
     try:
         with contextlib.ExitStack() as stack:
             if "cgroup" in active:
                 group = stack.enter_context(_run_cgroup(identity, limits))
-            space = None
-            if "scratch_tmpfs" in active:
-                space = stack.enter_context(
-                    ScratchSpace(
-                        scratch, limits.scratch_bytes, files_for(limits.scratch_bytes), identity.uid, identity.gid
-                    )
+            space, child_scratch = None, None
+            if "scratch_tmpfs" in active and "user_namespace" in active:
+                child_scratch = NamespacedScratch(
+                    scratch, limits.scratch_bytes, files_for(limits.scratch_bytes), *owner
                 )
-            else:
+                stack.callback(child_scratch.close)
+            elif "scratch_tmpfs" in active:
+                space = stack.enter_context(
+                    ScratchSpace(scratch, limits.scratch_bytes, files_for(limits.scratch_bytes), *owner)
+                )
+            elif identity is not None:
                 os.chown(scratch, identity.uid, identity.gid)
             os.chmod(scratch, 0o700)
             read_only = tuple(dict.fromkeys((*runtime_read_only_paths(), cwd, *limits.allowed_paths)))
@@ -137,11 +142,14 @@ async def run_sandboxed(
                 active=active,
                 group=group,
                 scratch=space,
+                child_scratch=child_scratch,
                 status_fd=status_fd,
                 cwd_fd=cwd_fd,
             ) as preexec:
                 started = time.monotonic()
                 process = _spawn(command, None, limits, capture.child_fds, preexec=preexec, pass_fds=pass_fds)
+            if child_scratch is not None:
+                space = _received(child_scratch, process, stack)
             result, survivors = await _supervise(
                 process,
                 limits,
@@ -167,9 +175,10 @@ async def run_sandboxed(
                     killed_by=result.killed_by or (KilledBy.MEMORY if usage.oom_kills else None),
                 )
     finally:
-        if group is None:
-            sweep(identity.uid)  # without a cgroup, the uid is the run: nothing of it outlives the call
-        _POOL.release(identity)
+        if identity is not None:
+            if group is None:
+                sweep(identity.uid)  # without a cgroup, the uid is the run: nothing of it outlives the call
+            _POOL.release(identity)
     applied = tuple(name for name in _APPLY_ORDER if name in active)
     return dataclasses.replace(result, survivors_killed=len(survivors), layers=applied, collected=collected)
 
@@ -196,8 +205,8 @@ def probe_host() -> LayerReport:
 
 _POOL = UidPool()
 _APPLY_ORDER = (
-    "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock", "mount_tree",
-    "pid_namespace", "seccomp",
+    "cgroup", "user_namespace", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock",
+    "mount_tree", "pid_namespace", "seccomp",
 )  # fmt: skip
 
 
@@ -285,14 +294,31 @@ def _seccomp_memfd(limits: Limits) -> Iterator[int]:
         os.close(fd)
 
 
+def _received(
+    child_scratch: NamespacedScratch, process: subprocess.Popen[bytes], stack: contextlib.ExitStack
+) -> ScratchSpace:
+    """The tmpfs a rootless run's child made; none sent means the child failed before: kill it, nothing ran."""
+    try:
+        return stack.enter_context(child_scratch.receive())
+    except SandboxStartError:
+        _kill_group(process.pid)
+        _reap(process.pid)
+        raise
+
+
+_group_serial = itertools.count()
+
+
 @contextlib.contextmanager
-def _run_cgroup(identity: RunIdentity, limits: Limits) -> Iterator[RunCgroup]:
+def _run_cgroup(identity: RunIdentity | None, limits: Limits) -> Iterator[RunCgroup]:
     roots = discover()
     if roots is None:
         raise SandboxStartError("cgroup_unavailable")
+    # A pool uid is the run's alone (held host-wide); without one, this process's pid and a serial are.
+    name = f"run-{identity.uid}" if identity is not None else f"run-p{os.getpid()}-{next(_group_serial)}"
     try:
         processes = limits.process_limit
-        group = RunCgroup(roots, f"run-{identity.uid}", limits.memory_limit_mb * 1024 * 1024, processes)
+        group = RunCgroup(roots, name, limits.memory_limit_mb * 1024 * 1024, processes)
     except OSError as exc:
         raise SandboxStartError("cgroup_failed") from exc
     try:
@@ -302,11 +328,16 @@ def _run_cgroup(identity: RunIdentity, limits: Limits) -> Iterator[RunCgroup]:
         group.close()
 
 
-def _kill_leftovers(group: RunCgroup | None, identity: RunIdentity) -> list[int]:
-    """Kill every process the run left: its whole cgroup when it has one, every process of its uid otherwise."""
+def _kill_leftovers(group: RunCgroup | None, identity: RunIdentity | None) -> list[int]:
+    """Kill every process the run left: its whole cgroup when it has one, every process of its pool uid otherwise.
+
+    A rootless run without a cgroup shares the gateway's uid, which is never swept: its PID
+    namespace ended with its pid 1 (the `whole_run_kill` guarantee), daemons included."""
     if group is not None:
         return group.kill_all()
-    return sweep(identity.uid)
+    if identity is not None:
+        return sweep(identity.uid)
+    return []
 
 
 def _collect(space: ScratchSpace | None, scratch: Path, wanted: Mapping[str, Path]) -> Mapping[str, Path]:

@@ -26,7 +26,7 @@ from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTime
 from gateway.policy import SandboxPolicy
 from gateway.tools.base import ExecutionRequest, Governance
 from gateway.tools.outcome import ResourceLink, ToolOutcome
-from sandbox import Limits, RunResult, run_sandboxed
+from sandbox import Limits, RunResult, guarantees, run_sandboxed
 from sandbox.confine import LayerReport
 from sandbox.leftovers import scratch_folder
 from sandbox.pinned import Pinned
@@ -388,7 +388,7 @@ async def run(
             env=sandbox_environment(policy, scratch, environ),
             scratch_bytes=policy.scratch_limit_mb * MIB,
             backend=policy.backend,
-            required_layers=None if policy.required_layers is None else frozenset(policy.required_layers),
+            require=None if policy.require is None else frozenset(policy.require),
         )
         result = await run_sandboxed(
             pytest_argv(root.path, arguments, scratch / "junit.xml", policy.pytest_plugins),
@@ -419,7 +419,9 @@ def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result
             "confinement": {
                 "backend": limits.backend,
                 "landlock_abi": host.landlock,
-                "required_layers": sorted(limits.required),
+                "rootless": "user_namespace" in result.layers,
+                "required": sorted(limits.required),
+                "guarantees": {str(g): list(layers) for g, layers in guarantees.held(frozenset(result.layers)).items()},
             },
             **sandbox_summary(result),
         },

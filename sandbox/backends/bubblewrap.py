@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sandbox.backends.probe import child_succeeds
+from sandbox.backends.userns import UserNamespace, probe_entry
 from sandbox.pinned import Pinned
 
 BWRAP = Path("/usr/bin/bwrap")
@@ -91,12 +92,28 @@ def command_ran(status: bytes) -> bool:
     return b'"exit-code"' in status
 
 
-def bubblewrap_available(bwrap: Path = BWRAP) -> bool:
-    """Whether bwrap runs here as an unprivileged uid (it needs unprivileged user namespaces)."""
-    if os.geteuid() != 0 or not bwrap.is_file():
-        return False
+def bubblewrap_available(uid: int | None = None, gid: int | None = None, bwrap: Path = BWRAP) -> bool:
+    """Whether bwrap runs here as a run would start it.
 
-    def unprivileged() -> None:
+    As root (no `uid`): after the drop to an unprivileged uid. Rootless (the run's `uid`/`gid`): inside
+    the run's own sealed user namespace (backends/userns.py), where bwrap nests one of its own.
+    """
+    if not bwrap.is_file():
+        return False
+    if uid is None or gid is None:
+        if os.geteuid() != 0:
+            return False
+        uid, gid, rootless = _PROBE_UID, _PROBE_UID, False
+    else:
+        rootless = True
+    enter = probe_entry(uid, gid) if rootless else None
+    seal = UserNamespace(uid, gid, network=False).seal if rootless else None
+
+    def as_a_run() -> None:
+        if enter is not None and seal is not None:
+            enter()
+            seal()
+            return
         os.setgroups([])
         os.setresgid(_PROBE_UID, _PROBE_UID, _PROBE_UID)
         os.setresuid(_PROBE_UID, _PROBE_UID, _PROBE_UID)
@@ -106,7 +123,6 @@ def bubblewrap_available(bwrap: Path = BWRAP) -> bool:
             os.chmod(folder, 0o711)  # noqa: S103  (empty; bwrap, run as nobody, must reach it to bind it)
             runtime = tuple(p for p in (Path("/usr"), Path("/lib"), Path("/lib64")) if p.exists())
             argv = bubblewrap_argv(read_only=runtime, scratch=Path(folder), cwd=Path("/"), seccomp_fd=None)
-            # The backend's own condition: bwrap started after the uid drop.
-            return child_succeeds([*argv, "/usr/bin/true"], unprivileged, env={"PATH": "/usr/bin:/bin"})
+            return child_succeeds([*argv, "/usr/bin/true"], as_a_run, env={"PATH": "/usr/bin:/bin"})
     except OSError:
         return False

@@ -92,6 +92,9 @@ class LandlockRules:
     """Granted by an open fd rather than a path: a mount the child will attach (scratch.ScratchSpace).
     A rule on a mount point does not reach the mount on top of it: Landlock skips mount points
     when it walks up, so the mount's own root must carry the rule."""
+    late_read_write: bool = False
+    """One more read-write rule whose fd the child supplies (`PreparedLandlock.set_late_fd`): the
+    scratch tmpfs a run in its own user namespace mounts itself (scratch.NamespacedScratch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +136,17 @@ def runtime_read_only_paths() -> tuple[Path, ...]:
 class PreparedLandlock:
     """A ruleset ready to apply in a forked child; holds O_PATH fds until `close()`."""
 
-    __slots__ = ("_args", "_attr", "_fds", "_rule_attrs", "_ruleset_fd", "handled")
+    __slots__ = ("_args", "_attr", "_fds", "_late", "_rule_attrs", "_ruleset_fd", "handled")
 
-    def __init__(self, handled: HandledAccess, grants: list[tuple[int, int]]) -> None:
+    def __init__(self, handled: HandledAccess, grants: list[tuple[int, int]], *, late: bool = False) -> None:
         self.handled = handled
         self._fds = tuple(fd for fd, _ in grants)
         self._attr = _RulesetAttr(handled.fs, handled.net, handled.scoped)
+        # The late rule's fd is -1 until the child sets it: applied unset, the rule fails (EBADF), closed.
+        self._late = _PathBeneathAttr(handled.fs, -1) if late else None
         self._rule_attrs = tuple(_PathBeneathAttr(access, fd) for fd, access in grants)
+        if self._late is not None:
+            self._rule_attrs += (self._late,)
         self._ruleset_fd = ctypes.c_long(-1)
         # Every argument is a ctypes object built now, so apply() converts nothing.
         self._args = (
@@ -155,6 +162,12 @@ class PreparedLandlock:
             ctypes.c_ulong(0),
             ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF),
         )
+
+    def set_late_fd(self, fd: int) -> None:
+        """In the child, before `apply`: the fd of the late read-write rule (LandlockRules.late_read_write)."""
+        if self._late is None:
+            raise OSError(0, "this ruleset has no late rule")
+        self._late.parent_fd = fd
 
     def apply(self) -> None:
         """Restrict the calling process for good; raises OSError(errno) at the first failing call.
@@ -210,7 +223,7 @@ def prepare_landlock(rules: LandlockRules, abi: int | None = None) -> PreparedLa
         for fd, _ in grants:
             os.close(fd)
         raise SandboxStartError("landlock_path_unopenable") from exc
-    return PreparedLandlock(handled, grants)
+    return PreparedLandlock(handled, grants, late=rules.late_read_write)
 
 
 def _open_grant(path: Path | Pinned) -> int:

@@ -41,6 +41,7 @@ import select
 import signal
 import struct
 import time
+from collections.abc import Callable
 
 from sandbox.backends.namespaces import CLONE_NEWPID, unshare
 from sandbox.backends.probe import child_succeeds
@@ -58,11 +59,15 @@ _prctl = ctypes.CDLL(None, use_errno=True).prctl
 _prctl.restype = ctypes.c_int
 
 
-def pid_namespace_available() -> bool:
-    """Whether a child here can make a PID namespace and run a command as its pid 1's child."""
+def pid_namespace_available(before: Callable[[], None] | None = None) -> bool:
+    """Whether a child here can make a PID namespace and run a command as its pid 1's child.
+
+    `before`: the step a run takes first (entering its user namespace, when rootless)."""
     supervisor = RunSupervisor(timeout_s=10, status_fd=-1)
 
     def enter_and_fork() -> None:
+        if before is not None:
+            before()
         supervisor.enter()
         supervisor.fork()
 

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
+import struct
 import tempfile
 from pathlib import Path
 
 from sandbox.backends.probe import child_succeeds
+from sandbox.backends.userns import probe_entry
 from sandbox.errors import SandboxStartError
 
 MIB = 1024 * 1024
@@ -114,6 +117,14 @@ class ScratchSpace:
             ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
         )
 
+    @classmethod
+    def adopt(cls, target: Path, mount_fd: int, size_bytes: int, max_files: int) -> ScratchSpace:
+        """A scratch space whose tmpfs a run's child made (NamespacedScratch), held by its mount fd."""
+        space = cls.__new__(cls)
+        space.target, space.size_bytes, space.max_files = target, size_bytes, max_files
+        space._mount_fd = mount_fd  # no `_args`: its tmpfs is already mounted, apply() is never called
+        return space
+
     def apply(self) -> None:
         """In the child, as root: a private mount namespace with the tmpfs on the target. Raises OSError."""
         newns, root, private, nr_move, mount_fd, empty, cwd, target, empty_path = self._args
@@ -147,6 +158,65 @@ class ScratchSpace:
         self.close()
 
 
+class NamespacedScratch:
+    """The scratch tmpfs of a run in a user namespace of its own (backends/userns.py), made by the child.
+
+    Without root the gateway cannot make a tmpfs; the run's child can, in the mount namespace
+    its user namespace owns. `apply()` (in the child, after `UserNamespace.enter`) makes every
+    mount private, makes the tmpfs with the same size, inode cap, mode and owner as ScratchSpace,
+    moves it onto the scratch folder, and sends its mount fd to the gateway over a socket pair
+    made here; it returns that fd, for Landlock's rule on the tmpfs root. `receive()` (in the
+    gateway, once the child is spawned) takes the fd: the gateway reads the run's files through
+    it after the namespace is gone, exactly as with a ScratchSpace it made itself.
+    """
+
+    __slots__ = ("_child_end", "_gateway_end", "_options", "files", "size", "target")
+
+    def __init__(self, target: Path, size_bytes: int, max_files: int, uid: int, gid: int) -> None:
+        if size_bytes < MIB or max_files < 16:
+            raise ValueError("a scratch space needs at least 1 MiB and 16 files")
+        self.target, self.size, self.files = target, size_bytes, max_files
+        options = {"size": size_bytes, "nr_inodes": max_files, "mode": "0700", "uid": uid, "gid": gid}
+        self._options = tuple((key.encode(), str(value).encode()) for key, value in options.items())
+        self._gateway_end, self._child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def apply(self) -> int:
+        """In the child, inside its user and mount namespaces: the tmpfs on the target; its mount fd. Raises OSError."""
+        if _mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount(MS_REC|MS_PRIVATE)")
+        context = _checked(_syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC), "fsopen")
+        for key, value in self._options:
+            _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_SET_STRING, key, value, 0), "fsconfig")
+        _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_CMD_CREATE, None, None, 0), "fsconfig create")
+        mount_fd = _checked(
+            _syscall(_SYS_FSMOUNT, context, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV), "fsmount"
+        )
+        os.close(context)
+        target = os.fsencode(self.target)
+        _checked(_syscall(_SYS_MOVE_MOUNT, mount_fd, b"", _AT_FDCWD, target, _MOVE_MOUNT_F_EMPTY_PATH), "move_mount")
+        rights = struct.pack("i", mount_fd)
+        self._child_end.sendmsg([b"m"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+        return mount_fd
+
+    def receive(self) -> ScratchSpace:
+        """In the gateway, after the spawn: the tmpfs the child made. Raises SandboxStartError if it sent none."""
+        self._child_end.close()
+        try:
+            _, fds, _, _ = socket.recv_fds(self._gateway_end, 1, 1, socket.MSG_DONTWAIT)
+        except OSError as exc:
+            raise SandboxStartError("scratch_unavailable") from exc
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxStartError("scratch_unavailable")
+        os.set_inheritable(fds[0], False)
+        return ScratchSpace.adopt(self.target, fds[0], self.size, self.files)
+
+    def close(self) -> None:
+        self._gateway_end.close()
+        self._child_end.close()
+
+
 def files_for(size_bytes: int) -> int:
     """The inode count that goes with a scratch size (FILES_PER_MIB per MiB)."""
     return max(16, size_bytes // MIB * FILES_PER_MIB)
@@ -161,4 +231,30 @@ def scratch_available() -> bool:
         ):
             return child_succeeds(("/bin/true",), space.apply)
     except (OSError, SandboxStartError):
+        return False
+
+
+def namespaced_scratch_available(uid: int, gid: int) -> bool:
+    """Whether a run's child in its own user namespace (as `uid`) can mount its scratch tmpfs here."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="mcp-scratch-probe-") as folder:
+            if os.geteuid() == 0:
+                os.chown(folder, uid, gid)
+            space = NamespacedScratch(Path(folder), MIB, 16, uid, gid)
+            enter = probe_entry(uid, gid)
+
+            def step() -> None:
+                enter()
+                space.apply()
+
+            try:
+                if not child_succeeds(("/bin/true",), step):
+                    return False
+                space.receive().close()
+                return True
+            except SandboxStartError:
+                return False
+            finally:
+                space.close()
+    except OSError:
         return False

@@ -30,7 +30,8 @@ import psutil
 import pytest
 
 from sandbox import probe_host
-from sandbox.limits import BACKEND_LAYERS, BACKENDS
+from sandbox.guarantees import Guarantee
+from sandbox.limits import BACKENDS
 from tests.harness import GatewayHome, StdioSession, deep_merge, reachable_by_everyone
 
 ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
@@ -308,7 +309,7 @@ def arena(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     backend = request.param
     if backend == "bubblewrap" and not probe_host().mount_tree:
         pytest.fail("bubblewrap does not run here: `make test` installs Debian's bubblewrap")
-    policy = {"sandbox": {"backend": backend, "required_layers": list(BACKEND_LAYERS[backend])}}
+    policy = {"sandbox": {"backend": backend, "require": [g.value for g in Guarantee]}}
     with open_arena(tmp_path_factory.mktemp(f"arena-{backend}"), policy) as shared:
         yield shared
 

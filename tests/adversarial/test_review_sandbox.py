@@ -24,8 +24,9 @@ import pytest
 
 from sandbox import RUN_GRACE_S
 from sandbox.backends.pidns import WATCHDOG_GRACE_S
+from sandbox.guarantees import Guarantee
 from sandbox.leftovers import SCRATCH_PREFIX
-from sandbox.limits import BACKEND_LAYERS, BACKENDS, Backend
+from sandbox.limits import BACKENDS, Backend
 from tests.adversarial.conftest import RUN_UIDS, Arena, answer_allow_once, open_arena
 from tests.harness import StdioSession
 
@@ -314,7 +315,7 @@ def sleepers_running(
     """An arena of its own (the test kills or stops its gateway) with SLEEPERS running: (arena, call id)."""
     if os.geteuid() != 0:
         pytest.skip("the sandbox confines only when the gateway runs as root (as CI runs it)")
-    policy = {"sandbox": {"backend": backend, "required_layers": list(BACKEND_LAYERS[backend])}}
+    policy = {"sandbox": {"backend": backend, "require": [g.value for g in Guarantee]}}
     with open_arena(factory.mktemp(f"{name}-{backend}"), policy) as arena:
         arena.write(f"adv/{name}.py", SLEEPERS)
         session = arena.session

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from sandbox import probe_host
-from sandbox.limits import BACKEND_LAYERS, BACKENDS, Backend
+from sandbox.guarantees import Guarantee
+from sandbox.limits import BACKENDS, Backend
 from tests.adversarial.conftest import Arena, Run, answer_allow_once, open_arena
 from tests.harness import GatewayHome
 
@@ -105,7 +106,7 @@ def tenants(root: Path, backend: Backend) -> Iterator[Tenants]:
         "workspaces": {"other": "other"},  # relative to the policy file: beside the workspace
         "sandbox": {
             "backend": backend,
-            "required_layers": list(BACKEND_LAYERS[backend]),
+            "require": [g.value for g in Guarantee],
             "allowed_paths": ["shared"],
         },
     }

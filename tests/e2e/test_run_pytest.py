@@ -18,6 +18,7 @@ import pytest
 from gateway.budget import BudgetLedger
 from gateway.clock import SystemClock
 from gateway.policy import BudgetPolicy
+from sandbox.guarantees import Guarantee
 from tests.harness import SAMPLE_PROJECT, GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
@@ -375,7 +376,7 @@ APPLIED = {
 def test_each_backend_gives_bare_pytests_counts_and_names_its_layers(
     make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, backend: str
 ) -> None:
-    gateway = make_gateway({"sandbox": {"backend": backend, "required_layers": APPLIED[backend]}})
+    gateway = make_gateway({"sandbox": {"backend": backend, "require": [g.value for g in Guarantee]}})
     gateway.add_user("alice", "USER")
     session = open_session(gateway, capabilities=ELICITATION)
     session.responder = answer("allow_once")
@@ -388,7 +389,12 @@ def test_each_backend_gives_bare_pytests_counts_and_names_its_layers(
     sandbox = evidence["sandbox"]
     assert sandbox["layers"] == APPLIED[backend]
     assert sandbox["confinement"]["backend"] == backend
-    assert sandbox["confinement"]["required_layers"] == sorted(sandbox["layers"])
+    assert sandbox["confinement"]["required"] == sorted(g.value for g in Guarantee)
+    assert sandbox["confinement"]["rootless"] is False
+    kept = sandbox["confinement"]["guarantees"]
+    assert set(kept) == {g.value for g in Guarantee}  # as root on this host: every guarantee, each by its layers
+    assert kept["own_identity"] == ["uid_drop"] and kept["memory_total"] == ["cgroup"]
+    assert kept["file_grants"] == ["landlock" if backend == "native" else "mount_tree"]
     assert sandbox["limits"]["scratch_bytes"] == 256 * 1024 * 1024
     assert 0 < sandbox["peak_memory_kb"] <= 1024 * 1024
     assert sandbox["oom_kills"] == 0 and sandbox["survivors_killed"] == 0

@@ -32,6 +32,7 @@ from gateway.settings import Settings
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOL_NAMES
 from sandbox.confine import LayerReport
+from sandbox.guarantees import Guarantee
 from tests.fakes import FAKE_HOST, FakeClock, SequentialRunIds
 from tests.harness import DEFAULT_POLICY, deep_merge, reachable_by_everyone
 
@@ -41,12 +42,12 @@ from tests.harness import DEFAULT_POLICY, deep_merge, reachable_by_everyone
     [
         (True, [], None),
         (False, [], "sandbox_disabled"),
-        (False, ["landlock"], "sandbox_disabled"),
-        (True, ["landlock"], "sandbox_layer_missing"),
-        (True, ["uid_drop", "seccomp"], "sandbox_layer_missing"),
+        (False, [Guarantee.FILE_GRANTS], "sandbox_disabled"),
+        (True, [Guarantee.FILE_GRANTS], "sandbox_layer_missing"),
+        (True, [Guarantee.OWN_IDENTITY, Guarantee.SYSCALL_FILTER], "sandbox_layer_missing"),
     ],
 )
-def test_check_sandbox_ready(enabled: bool, missing: list[str], reason: str | None) -> None:
+def test_check_sandbox_ready(enabled: bool, missing: list[Guarantee], reason: str | None) -> None:
     if reason is None:
         check_sandbox_ready(enabled, missing)
         return
@@ -54,8 +55,17 @@ def test_check_sandbox_ready(enabled: bool, missing: list[str], reason: str | No
         check_sandbox_ready(enabled, missing)
     assert caught.value.reason == reason
     assert caught.value.code == -32006
-    for layer in missing if reason == "sandbox_layer_missing" else []:
-        assert layer in caught.value.public_message()
+    for guarantee in missing if reason == "sandbox_layer_missing" else []:
+        assert guarantee in caught.value.public_message()
+    if reason == "sandbox_layer_missing":
+        assert "mcp-gateway doctor" in caught.value.public_message()
+
+
+def test_a_missing_guarantee_names_its_cause_and_fix() -> None:
+    with pytest.raises(SandboxViolationError) as caught:
+        check_sandbox_ready(True, [Guarantee.FILE_GRANTS], dataclasses.replace(FAKE_HOST, landlock=0))
+    message = caught.value.public_message()
+    assert "file_grants: the kernel has no Landlock; fix: boot a kernel with CONFIG_SECURITY_LANDLOCK" in message
 
 
 # --- the pipeline in process: a real SQLite file, fakes for the clock, the ids and the host ---------------

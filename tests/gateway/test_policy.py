@@ -24,9 +24,9 @@ from gateway.policy_warnings import risky_settings
 from gateway.rbac import Permission
 from gateway.scope import check_relative_path
 from gateway.tools.registry import TOOL_NAMES
-from sandbox.limits import BACKEND_LAYERS
+from sandbox.guarantees import DEFAULT_REQUIRED, Guarantee
 
-NATIVE = BACKEND_LAYERS["native"]
+DEFAULTS = tuple(g for g in Guarantee if g in DEFAULT_REQUIRED)
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "policy.yaml"
@@ -62,9 +62,9 @@ def test_shipped_policy_loads_with_the_documented_values() -> None:
     assert policy.allowlist == ("run_pytest", "list_artifacts", "get_evidence", "get_artifact_content")
     assert policy.budget == BudgetPolicy(3600, 30, 900000)
     assert policy.sandbox == SandboxPolicy(
-        True, 300, 1024, 64, 4194304, False, (), ("PATH", "LANG", "LC_ALL"), 256, "native", NATIVE, ()
+        True, 300, 1024, 64, 4194304, False, (), ("PATH", "LANG", "LC_ALL"), 256, "native", DEFAULTS, ()
     )
-    assert policy.sandbox.required == frozenset(NATIVE)
+    assert policy.sandbox.required == DEFAULT_REQUIRED  # the shipped list is the default, spelled out
     assert policy.consent.mode == "prompt"
     assert policy.consent.timeout_s == 300
     assert dict(policy.consent.expiry_days) == {"low": 90, "medium": 30, "high": 7}
@@ -591,39 +591,47 @@ REJECTED = [
         """\
         version: 1
         sandbox:
+          require: [own_identity, file_grants, landlock]  # <-
+        """,
+        "'landlock' is not a guarantee (own_identity, file_grants, no_network,",
+        id="require-a-layer",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          require: [no_network, file_grants]  # <-
+        """,
+        "sandbox.require must list own_identity: no policy may waive it",
+        id="require-without-identity",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          require: [own_identity, syscall_filter]  # <-
+        """,
+        "sandbox.require must list file_grants: no policy may waive it",
+        id="require-without-file-grants",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
+          require: [own_identity, file_grants]
+          required_layers: [uid_drop]  # <-
+        """,
+        "sandbox.required_layers is the old form of sandbox.require: keep only require",
+        id="require-and-required-layers",
+    ),
+    pytest.param(
+        """\
+        version: 1
+        sandbox:
           required_layers: [uid_drop, landlock, bubblewrap]  # <-
         """,
-        "'bubblewrap' is not a layer of the native backend",
-        id="required-layer-unknown",
-    ),
-    pytest.param(
-        """\
-        version: 1
-        sandbox:
-          required_layers: [landlock, seccomp]  # <-
-        """,
-        "sandbox.required_layers must list uid_drop with the native backend",
-        id="required-layers-without-uid-drop",
-    ),
-    pytest.param(
-        """\
-        version: 1
-        sandbox:
-          backend: bubblewrap
-          required_layers: [uid_drop, landlock]  # <-
-        """,
-        "'landlock' is not a layer of the bubblewrap backend",
-        id="bubblewrap-has-no-landlock",
-    ),
-    pytest.param(
-        """\
-        version: 1
-        sandbox:
-          backend: bubblewrap
-          required_layers: [uid_drop, seccomp, pid_namespace]  # <-
-        """,
-        "sandbox.required_layers must list mount_tree with the bubblewrap backend",
-        id="bubblewrap-without-mount-tree",
+        "'bubblewrap' is not a layer (sandbox.required_layers is replaced by sandbox.require:",
+        id="old-required-layer-unknown",
     ),
     pytest.param(
         """\
@@ -649,10 +657,10 @@ REJECTED = [
         """\
         version: 1
         sandbox:
-          required_layers: all  # <-
+          require: all  # <-
         """,
-        "sandbox.required_layers must be a list",
-        id="required-layers-not-a-list",
+        "sandbox.require must be a list",
+        id="require-not-a-list",
     ),
     pytest.param(
         """\
@@ -777,36 +785,62 @@ def test_paths_are_relative_to_the_policy_file(tmp_path: Path) -> None:
     assert policy.sandbox.allowed_paths == ((tmp_path / "shared" / "data").resolve(),)
 
 
-def test_sandbox_layers_plugins_and_scratch_are_read(tmp_path: Path) -> None:
+def test_sandbox_requirements_plugins_and_scratch_are_read(tmp_path: Path) -> None:
     policy = parse(
         """\
         version: 1
         sandbox:
           scratch_limit_mb: 64
-          required_layers: [seccomp, uid_drop, landlock]
+          require: [syscall_filter, own_identity, file_grants]
           pytest_plugins: [timeout, pytest_asyncio.plugin, xdist.looponfail]
         """,
         tmp_path,
     )
     assert policy.sandbox.scratch_limit_mb == 64
     assert policy.sandbox.backend == "native"
-    assert policy.sandbox.required_layers == ("uid_drop", "landlock", "seccomp")  # in the order they apply
-    assert policy.sandbox.required == {"uid_drop", "landlock", "seccomp"}
+    assert policy.sandbox.require == ("own_identity", "file_grants", "syscall_filter")  # in declaration order
+    assert policy.sandbox.required == {"own_identity", "file_grants", "syscall_filter"}
     assert policy.sandbox.pytest_plugins == ("timeout", "pytest_asyncio.plugin", "xdist.looponfail")
 
 
-def test_the_bubblewrap_backend_requires_its_own_layers_by_default(tmp_path: Path) -> None:
+def test_no_network_listed_is_not_required_once_the_network_is_on(tmp_path: Path) -> None:
     policy = parse(
-        """\
-        version: 1
-        sandbox:
-          backend: bubblewrap
-        """,
-        tmp_path,
+        "version: 1\nsandbox:\n  network: true\n  require: [own_identity, file_grants, no_network]\n", tmp_path
     )
-    assert policy.sandbox.required_layers is None
-    assert policy.sandbox.required == frozenset(BACKEND_LAYERS["bubblewrap"])
-    assert "mount_tree" in policy.sandbox.required and "landlock" not in policy.sandbox.required
+    assert "no_network" in (policy.sandbox.require or ())
+    assert policy.sandbox.required == {"own_identity", "file_grants"}
+
+
+def test_without_require_the_default_guarantees_apply_to_either_backend(tmp_path: Path) -> None:
+    policy = parse("version: 1\nsandbox:\n  backend: bubblewrap\n", tmp_path)
+    assert policy.sandbox.require is None
+    assert policy.sandbox.required == DEFAULT_REQUIRED
+    assert Guarantee.MEMORY_TOTAL not in policy.sandbox.required  # root or a delegated cgroup: docs/operations.md
+
+
+@pytest.mark.parametrize(
+    ("layers", "network", "expected"),
+    [
+        (
+            "[uid_drop, cgroup, network_namespace, ipc_namespace, scratch_tmpfs, rlimits, landlock, seccomp, pid_namespace]",
+            False,
+            list(Guarantee),
+        ),
+        ("[uid_drop, landlock]", False, ["own_identity", "file_grants"]),
+        ("[uid_drop, mount_tree, network_namespace]", True, ["own_identity", "file_grants"]),
+        ("[seccomp]", False, ["own_identity", "file_grants", "syscall_filter"]),  # the unwaivable come along
+    ],
+    ids=["every-old-layer", "two", "network-allowed", "unwaivable-added"],
+)
+def test_an_old_required_layers_list_is_read_as_the_guarantees_it_stood_for_with_a_warning(
+    tmp_path: Path, layers: str, network: bool, expected: list[str]
+) -> None:
+    text = f"version: 1\nsandbox:\n  network: {str(network).lower()}\n  required_layers: {layers}\n"
+    policy = parse(text, tmp_path)
+    assert list(policy.sandbox.require or ()) == expected
+    warnings = [str(w) for w in risky_settings(policy, None)]
+    replacement = f"it was read as `require: [{', '.join(expected)}]`: write that line in its place"
+    assert any("sandbox.required_layers is the old form of sandbox.require" in w and replacement in w for w in warnings)
 
 
 def test_custom_roles_replace_the_default_roles(tmp_path: Path) -> None:
@@ -849,9 +883,17 @@ def with_sandbox(policy: Policy, **changes: Any) -> Policy:
             {"env_whitelist": ("MCP_GATEWAY_TOKEN",)}, "starting with MCP_GATEWAY are never passed", id="gateway-token"
         ),
         pytest.param(
-            {"required_layers": ("uid_drop", "network_namespace", "rlimits", "landlock", "seccomp")},
-            "leaves out cgroup, ipc_namespace, scratch_tmpfs, pid_namespace: on a host without it, runs go on",
-            id="optional-layers",
+            {
+                "require": (
+                    Guarantee.OWN_IDENTITY,
+                    Guarantee.FILE_GRANTS,
+                    Guarantee.NO_NETWORK,
+                    Guarantee.SYSCALL_FILTER,
+                )
+            },
+            "leaves out bounded_scratch, process_total, process_limits, whole_run_kill, process_isolation, "
+            "ipc_isolation: on a host that cannot keep it, runs go on",
+            id="waived-guarantees",
         ),
         pytest.param(
             {"scratch_limit_mb": 2048}, "scratch_limit_mb is above memory_limit_mb", id="scratch-above-memory"

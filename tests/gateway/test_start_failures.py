@@ -35,7 +35,11 @@ def test_every_step_the_sandbox_raises_has_words_a_fix_and_a_doc_row() -> None:
             "spawn_failed",
             "the interpreter could not be started as the run's uid; fix: run `mcp-gateway",
         ),
-        ("layer_unavailable:cgroup,seccomp", "layer_unavailable", "missing on this host (cgroup,seccomp); fix:"),
+        (
+            "guarantee_unavailable:memory_total,syscall_filter",
+            "guarantee_unavailable",
+            "asks for (memory_total,syscall_filter); fix: run `mcp-gateway doctor`",
+        ),
         ("something_new", "something_new", "the sandbox could not start the run (step something_new)"),
         ("", "unknown", "(step unknown)"),
     ],

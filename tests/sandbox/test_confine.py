@@ -1,4 +1,4 @@
-"""Which layers a run gets: the host's, unless the policy requires one it lacks; and the runner without a cgroup."""
+"""Which layers a run gets: the host's, unless the policy requires a guarantee none keeps; and the runner without a cgroup."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from sandbox import Limits, RunResult, probe_host, run_sandboxed
 from sandbox.confine import LayerReport, plan_layers
 from sandbox.errors import SandboxStartError
+from sandbox.guarantees import Guarantee
 from sandbox.limits import BACKEND_LAYERS, Backend
 from tests.sandbox.confined_child import DAEMONIZE, PYTHON, requires_root, shared_dir
 
@@ -28,36 +29,50 @@ EVERYTHING = LayerReport(
     pid_namespace=True,
     ipc_namespace=True,
 )
-NATIVE, BUBBLEWRAP = set(BACKEND_LAYERS["native"]), set(BACKEND_LAYERS["bubblewrap"])
+ROOTLESS = dataclasses.replace(EVERYTHING, uid_drop=False, cgroup=False, user_namespace=True)
+NATIVE = set(BACKEND_LAYERS["native"]) - {"user_namespace"}
+BUBBLEWRAP = set(BACKEND_LAYERS["bubblewrap"]) - {"user_namespace"}
+G = Guarantee
 
 
 @pytest.mark.parametrize(
-    ("backend", "lacking", "required", "expected"),
+    ("backend", "host", "lacking", "require", "expected"),
     [
-        ("native", (), None, NATIVE),
-        ("native", ("cgroup",), ("uid_drop", "landlock"), NATIVE - {"cgroup"}),
-        ("native", ("cgroup", "scratch_tmpfs"), ("uid_drop",), NATIVE - {"cgroup", "scratch_tmpfs"}),
-        ("native", ("mount_tree",), None, NATIVE),  # not the native backend's layer
-        ("native", ("pid_namespace",), None, "layer_unavailable:pid_namespace"),
-        ("native", ("ipc_namespace",), ("uid_drop",), NATIVE - {"ipc_namespace"}),
-        ("native", ("cgroup",), None, "layer_unavailable:cgroup"),
-        ("native", ("landlock", "seccomp"), ("uid_drop", "seccomp", "landlock"), "layer_unavailable:landlock,seccomp"),
-        ("native", ("uid_drop",), ("landlock",), "layer_unavailable:uid_drop"),  # never optional, listed or not
-        ("bubblewrap", (), None, BUBBLEWRAP),
-        ("bubblewrap", ("landlock",), None, BUBBLEWRAP),  # bubblewrap has no Landlock to miss
-        ("bubblewrap", ("pid_namespace",), ("uid_drop", "mount_tree"), BUBBLEWRAP - {"pid_namespace"}),
-        ("bubblewrap", ("mount_tree",), ("uid_drop",), "layer_unavailable:mount_tree"),  # never optional either
+        ("native", EVERYTHING, (), None, NATIVE),
+        ("native", EVERYTHING, ("cgroup",), None, NATIVE - {"cgroup"}),  # memory_total is not required by default
+        ("native", EVERYTHING, ("cgroup",), list(G), "guarantee_unavailable:memory_total"),
+        ("native", EVERYTHING, ("cgroup", "scratch_tmpfs"), [G.OWN_IDENTITY, G.FILE_GRANTS], NATIVE - {"cgroup", "scratch_tmpfs"}),
+        ("native", EVERYTHING, ("mount_tree",), None, NATIVE - {"mount_tree"}),  # not the native backend's layer
+        ("native", EVERYTHING, ("pid_namespace",), None, "guarantee_unavailable:process_isolation"),
+        ("native", EVERYTHING, ("pid_namespace", "cgroup"), None, "guarantee_unavailable:whole_run_kill,process_isolation"),
+        ("native", EVERYTHING, ("ipc_namespace",), [G.OWN_IDENTITY, G.FILE_GRANTS], NATIVE - {"ipc_namespace"}),
+        ("native", EVERYTHING, ("landlock", "seccomp"), [G.OWN_IDENTITY, G.FILE_GRANTS], "guarantee_unavailable:file_grants"),
+        ("native", EVERYTHING, ("uid_drop",), [G.FILE_GRANTS, G.OWN_IDENTITY], "guarantee_unavailable:own_identity"),
+        ("native", EVERYTHING, ("cgroup", "uid_drop"), None, "guarantee_unavailable:own_identity,process_total"),
+        ("native", ROOTLESS, (), None, NATIVE - {"cgroup", "uid_drop"} | {"user_namespace"}),
+        ("native", ROOTLESS, (), [*G], "guarantee_unavailable:memory_total"),
+        ("native", ROOTLESS, ("user_namespace",), None, "guarantee_unavailable:own_identity,process_total"),
+        ("bubblewrap", EVERYTHING, (), None, BUBBLEWRAP),
+        ("bubblewrap", EVERYTHING, ("landlock",), None, BUBBLEWRAP),  # bubblewrap has no Landlock to miss
+        ("bubblewrap", EVERYTHING, ("pid_namespace",), [G.OWN_IDENTITY, G.FILE_GRANTS], BUBBLEWRAP - {"pid_namespace"}),
+        ("bubblewrap", EVERYTHING, ("mount_tree",), [G.OWN_IDENTITY, G.FILE_GRANTS], "guarantee_unavailable:file_grants"),
+        ("bubblewrap", ROOTLESS, (), None, BUBBLEWRAP - {"cgroup", "uid_drop"} | {"user_namespace"}),
     ],
     ids=[
-        "all", "cgroup-optional", "two-optional", "bwrap-layers-irrelevant", "pidns-required", "ipcns-optional",
-        "cgroup-required", "two-required",
-        "uid-drop-always", "bwrap-all", "bwrap-no-landlock", "bwrap-pidns-optional", "bwrap-mount-tree-always",
+        "all", "memory-total-optional", "memory-total-required", "two-optional", "bwrap-layers-irrelevant",
+        "pidns-required", "no-kill-at-all", "ipcns-optional", "no-file-grants", "no-identity", "no-identity-default",
+        "rootless", "rootless-all-required", "rootless-no-userns", "bwrap-all", "bwrap-no-landlock",
+        "bwrap-pidns-optional", "bwrap-mount-tree-required", "bwrap-rootless",
     ],
 )  # fmt: skip
 def test_plan_layers(
-    backend: Backend, lacking: tuple[str, ...], required: tuple[str, ...] | None, expected: set[str] | str
+    backend: Backend,
+    host: LayerReport,
+    lacking: tuple[str, ...],
+    require: list[Guarantee] | None,
+    expected: set[str] | str,
 ) -> None:
-    host = dataclasses.replace(EVERYTHING, **dict.fromkeys(set(lacking) - {"landlock"}, False))
+    host = dataclasses.replace(host, **dict.fromkeys(set(lacking) - {"landlock"}, False))
     if "landlock" in lacking:
         host = dataclasses.replace(host, landlock=0)
     limits = Limits(
@@ -66,7 +81,7 @@ def test_plan_layers(
         max_processes=8,
         max_output_bytes=1024,
         backend=backend,
-        required_layers=None if required is None else frozenset(required),
+        require=None if require is None else frozenset(require),
     )
     if isinstance(expected, str):
         with pytest.raises(SandboxStartError) as caught:
@@ -76,22 +91,28 @@ def test_plan_layers(
         assert plan_layers(host, limits) == expected
 
 
-def test_limits_refuse_a_layer_the_backend_does_not_have() -> None:
-    with pytest.raises(ValueError, match="landlock"):
-        Limits(1, 64, 8, 1024, backend="bubblewrap", required_layers=frozenset({"uid_drop", "landlock"}))
+def test_the_unwaivable_guarantees_are_required_whatever_the_list() -> None:
+    assert Limits(1, 64, 8, 1024, require=frozenset()).required == {G.OWN_IDENTITY, G.FILE_GRANTS}
 
 
-def test_the_missing_layers_follow_the_required_set() -> None:
+def test_no_network_is_not_required_of_a_run_with_network() -> None:
+    assert G.NO_NETWORK not in Limits(1, 64, 8, 1024, network=True).required
+    assert G.NO_NETWORK not in Limits(1, 64, 8, 1024, network=True, require=frozenset({G.NO_NETWORK})).required
+
+
+def test_the_missing_guarantees_follow_the_required_set() -> None:
     host = dataclasses.replace(EVERYTHING, cgroup=False, landlock=0)
-    assert host.missing() == ["cgroup", "landlock"]
-    assert host.missing(frozenset({"uid_drop", "landlock"})) == ["landlock"]
-    assert host.missing(frozenset({"uid_drop"})) == []
+    assert host.missing("native", frozenset(G)) == [G.FILE_GRANTS, G.MEMORY_TOTAL]
+    assert host.missing("bubblewrap", frozenset(G)) == [G.MEMORY_TOTAL]  # its mount tree keeps file_grants
+    assert host.missing("native", frozenset({G.OWN_IDENTITY})) == []
 
 
 @requires_root
-def test_this_host_has_every_layer() -> None:
+def test_this_host_keeps_every_guarantee() -> None:
     # CI runs as root on the same kind of machine: a layer lost there must fail loudly, not silently go missing.
-    assert probe_host().missing() == [], probe_host()
+    report = probe_host()
+    assert report.missing("native", frozenset(G)) == [] and report.missing("bubblewrap", frozenset(G)) == [], report
+    assert report.available() >= NATIVE | BUBBLEWRAP and not report.rootless
 
 
 def run(folder: Path, code: str, limits: Limits, host: LayerReport) -> tuple[RunResult, int | None]:
@@ -106,7 +127,7 @@ def run(folder: Path, code: str, limits: Limits, host: LayerReport) -> tuple[Run
     return result, int(out) if out else None
 
 
-def limits(required: tuple[str, ...] | None = None) -> Limits:
+def limits(required: tuple[Guarantee, ...] | None = None) -> Limits:
     return Limits(
         timeout_s=20,
         memory_limit_mb=256,
@@ -114,7 +135,7 @@ def limits(required: tuple[str, ...] | None = None) -> Limits:
         max_output_bytes=100_000,
         env={"PATH": "/usr/bin:/bin"},
         scratch_bytes=8 << 20,
-        required_layers=None if required is None else frozenset(required),
+        require=None if required is None else frozenset(required),
     )
 
 
@@ -131,7 +152,7 @@ def assert_gone(pid: int | None) -> None:
 def test_without_the_cgroup_and_pid_namespace_layers_the_uid_sweep_still_kills_a_daemon() -> None:
     host = dataclasses.replace(probe_host(), cgroup=False, pid_namespace=False)
     with shared_dir() as folder:
-        result, daemon_pid = run(folder, DAEMONIZE, limits(("uid_drop", "landlock", "seccomp")), host)
+        result, daemon_pid = run(folder, DAEMONIZE, limits((G.OWN_IDENTITY, G.FILE_GRANTS, G.SYSCALL_FILTER)), host)
     assert "cgroup" not in result.layers and "pid_namespace" not in result.layers and "landlock" in result.layers
     assert result.survivors_killed >= 1
     assert_gone(daemon_pid)
@@ -141,7 +162,7 @@ def test_without_the_cgroup_and_pid_namespace_layers_the_uid_sweep_still_kills_a
 def test_without_the_cgroup_layer_the_pid_namespace_takes_a_daemon_down_with_the_run() -> None:
     host = dataclasses.replace(probe_host(), cgroup=False)
     with shared_dir() as folder:
-        result, daemon_pid = run(folder, DAEMONIZE, limits(("uid_drop", "pid_namespace")), host)
+        result, daemon_pid = run(folder, DAEMONIZE, limits((G.OWN_IDENTITY, G.WHOLE_RUN_KILL)), host)
     assert "cgroup" not in result.layers and "pid_namespace" in result.layers
     assert daemon_pid is not None and daemon_pid < 10, "the daemon saw its pid in the run's own namespace"
     # The same uid sweep that finds the daemon without the namespace (above) found nothing left.
@@ -154,5 +175,5 @@ def test_a_required_layer_the_host_lacks_stops_the_run_before_it_starts() -> Non
     marker = Path(f"/tmp/mcp-confine-ran-{os.getpid()}")
     with shared_dir() as folder, pytest.raises(SandboxStartError) as caught:
         run(folder, f"open({str(marker)!r}, 'w')", limits(), host)
-    assert caught.value.reason == "layer_unavailable:scratch_tmpfs"
+    assert caught.value.reason == "guarantee_unavailable:bounded_scratch"
     assert not marker.exists()
