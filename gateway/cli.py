@@ -100,6 +100,10 @@ def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     withdraw = consent.add_parser("revoke", help="revoke a stored decision by its id (see consent list)")
     withdraw.add_argument("grant_id", type=int)
     sub.add_parser("approvals", help="terminal approver for pending consent requests")
+    doctor = sub.add_parser(
+        "doctor", help="probe this host as this user: each sandbox guarantee, held or missing, why, and the fix"
+    )
+    doctor.add_argument("--format", choices=("text", "json"), default="text")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,7 +40,7 @@ from gateway.tools.registry import TOOL_NAMES
 from gateway.users import UserError
 from sandbox import probe_host
 from sandbox.confine import LayerReport
-from sandbox.diagnose import why_missing
+from sandbox.diagnose import host_facts, why_missing
 from sandbox.guarantees import Guarantee
 from sandbox.reachable import run_access
 
@@ -351,6 +351,23 @@ def cmd_demo(settings: Settings, _args: argparse.Namespace) -> int:
     return run_demo(settings, os.environ)
 
 
+def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
+    """Probe this host as this user; judge it against the policy (the shipped default when there is none yet)."""
+    from gateway.doctor import as_json, as_text, run_doctor  # noqa: PLC0415
+
+    if settings.policy_given is None and not os.path.lexists(settings.policy_path):
+        print(
+            f"mcp-gateway: no policy at {settings.policy_path}: judging this host against the shipped default",
+            file=sys.stderr,
+        )
+        policy = load_policy(SHIPPED_POLICY, TOOL_NAMES)
+    else:
+        policy = policy_for(settings, TOOL_NAMES)
+    diagnosis = run_doctor(policy, probe_host(), host_facts())
+    print(as_json(diagnosis) if args.format == "json" else as_text(diagnosis))
+    return 0 if diagnosis.ok else 1
+
+
 _Handler = Callable[[Settings, argparse.Namespace], int]
 _HANDLERS: dict[tuple[str, str | None], _Handler] = {
     ("init", None): cmd_init,
@@ -370,4 +387,5 @@ _HANDLERS: dict[tuple[str, str | None], _Handler] = {
     ("consent", "revoke"): cmd_consent_revoke,
     ("approvals", None): cmd_approvals,
     ("demo", None): cmd_demo,
+    ("doctor", None): cmd_doctor,
 }

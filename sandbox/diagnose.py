@@ -175,6 +175,8 @@ class Line:
     guarantee: Guarantee
     required: bool
     layers: tuple[str, ...]
+    options: tuple[str, ...] = ()
+    """Each way it is kept here, for humans: `cgroup`, `rlimits + uid_drop`."""
     why: str = ""
     fix: str = ""
 
@@ -185,12 +187,14 @@ class Line:
 
 def diagnose(report: LayerReport, backend: Backend, required: frozenset[Guarantee], facts: HostFacts) -> list[Line]:
     """Every guarantee, in declaration order, as this host keeps it for a run of `backend`."""
-    kept = held(report.available(backend))
+    available = report.available(backend)
+    kept = held(available)
     lines = []
     for guarantee in Guarantee:
         layers = kept.get(guarantee, ())
+        options = tuple(" + ".join(sorted(o)) for o in mechanisms_for(guarantee) if o <= available)
         why, fix = ("", "") if layers else cause(guarantee, report, backend, facts)
-        lines.append(Line(guarantee, guarantee in required, layers, why, fix))
+        lines.append(Line(guarantee, guarantee in required, layers, options, why, fix))
     return lines
 
 

@@ -87,7 +87,12 @@ class UserNamespace:
         self._cap_data = (_CapData * 2)()
 
     def enter(self) -> None:
-        """New user, network (unless the policy allows it), IPC, UTS, mount and cgroup namespaces; our ids mapped."""
+        """New user, network (unless the policy allows it), IPC, UTS, mount and cgroup namespaces; our ids mapped.
+
+        After a drop from root the process is undumpable, which makes its /proc/self files root's: the
+        maps could not be written. It is dumpable until `seal`, which is this code's, not the run's."""
+        if _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "dumpable")
         unshare(self._flags)
         for path, line in self._maps:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
