@@ -5,6 +5,9 @@
     - `sandbox.run_sandboxed`: a uid from the pool, its own session and cgroup, rlimits,
       network and mount namespaces with the scratch tmpfs, Landlock, seccomp, watched on a
       pidfd, then the cgroup emptied;
+    - the same as an ordinary user's gateway runs it (rootless: a user namespace per run, made
+      by the child; issue 14), through a worker process of an ordinary uid, one pipe round trip
+      a run; and as root without CAP_SYS_ADMIN (a pool uid, then the rootless steps);
     - `sandbox.run_unsafe_unconfined`: the same supervision (session, pidfd wait, output
       cap) with no confinement;
     - diagnostics, to see where the difference goes: `subprocess.run(timeout=...)` (CPython
@@ -70,7 +73,7 @@ from sandbox.backends.containment import sweep  # noqa: E402
 from sandbox.backends.identity import RunIdentity, UidPool  # noqa: E402
 from sandbox.backends.landlock import runtime_read_only_paths  # noqa: E402
 from sandbox.backends.scratch import ScratchSpace, files_for  # noqa: E402
-from sandbox.confine import ChildPlan  # noqa: E402
+from sandbox.confine import ChildPlan, LayerReport  # noqa: E402
 from sandbox.errors import SandboxStartError  # noqa: E402
 from sandbox.limits import LAYERS  # noqa: E402
 from sandbox.pinned import pin  # noqa: E402
@@ -86,6 +89,12 @@ SUITE_ARGUMENTS = {"test_path": "tests"}
 # diagnostic kills whatever runs as its uid, so that uid must never be a live gateway's run's.
 BENCH_POOL = range(62500, 62600)
 EXPECTED_EVENTS = ["MCP_TOOL_CALL", "mcp.permission.decision", "TOOL_STARTED", "SANDBOX_EXEC", "TOOL_FINISHED"]
+
+
+def outputs(folder: Path) -> tuple[Path, Path]:
+    """New stdout and stderr paths for one run (the capture creates its files, never reuses one)."""
+    name = uuid.uuid4().hex
+    return folder / f"{name}.stdout", folder / f"{name}.stderr"
 
 
 class BenchError(Exception):
@@ -192,6 +201,80 @@ def layers_alone(alone: LayersAlone, group_roots: CgroupRoots | None) -> Callabl
     return once
 
 
+ROOTLESS_UID = 64090
+"""The ordinary uid of the rootless side (no account needed): not root, not a pool uid."""
+
+_ROOTLESS_WORKER = """
+import pathlib, shutil, sys, tempfile
+import anyio
+from sandbox import Limits, run_sandboxed
+cwd, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+argv = sys.argv[3:]
+limits = Limits(timeout_s=30, memory_limit_mb=1024, max_processes=64, max_output_bytes=1 << 22,
+                env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+for line in sys.stdin:
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="scratch-", dir=out))
+    name = scratch.name
+    result = anyio.run(lambda: run_sandboxed(argv, cwd, limits, out / f"{name}.out", out / f"{name}.err", scratch=scratch))
+    shutil.rmtree(scratch, ignore_errors=True)
+    ok = result.exit_code == 0 and "user_namespace" in result.layers and "uid_drop" not in result.layers
+    print("ok" if ok else f"bad {result}", flush=True)
+"""
+
+
+class RootlessWorker:
+    """A process of an ordinary uid that runs `run_sandboxed` on request: the rootless side, interleaved with the others.
+
+    Its runs take the rootless path because the worker is not root; each request is one line
+    on a pipe and one answer back, a round trip of tens of microseconds next to the spawn.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir()
+        for sub in ("cwd", "out"):
+            (folder / sub).mkdir()
+        os.chown(folder / "out", ROOTLESS_UID, ROOTLESS_UID)
+        reachable_by_everyone(folder)
+        command = ["setpriv", f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}", "--clear-groups", "--"]
+        command += [sys.executable, "-c", _ROOTLESS_WORKER, str(folder / "cwd"), str(folder / "out"), *TRIVIAL]
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/")
+
+    async def once(self) -> None:
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._process.stdin.write(b"go\n")
+        self._process.stdin.flush()
+        answer = self._process.stdout.readline().decode().strip()
+        if answer != "ok":
+            raise BenchError(f"rootless run_sandboxed: {answer or 'the worker died'}")
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        self._process.wait(timeout=CALL_TIMEOUT_S)
+
+
+def confined(
+    root: Path,
+    cwd: Path,
+    out: Path,
+    limits: Limits,
+    *,
+    host: LayerReport | None = None,
+    layers: frozenset[str] = frozenset(),
+) -> Callable[[], Awaitable[None]]:
+    """`run_sandboxed` of the trivial command, as `host` says this host is (default: probed); it must get `layers`."""
+
+    async def once() -> None:
+        scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=root))
+        result = await run_sandboxed(TRIVIAL, cwd, limits, *outputs(out), scratch=scratch, host=host)
+        if result.exit_code != 0 or result.killed_by is not None or not layers <= set(result.layers):
+            raise BenchError(f"run_sandboxed ({limits.backend}): {result}")
+
+    return once
+
+
 def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], None]]:
     """The sides of (a), and what to call afterwards to give back the diagnostic's uid."""
     cwd = root / "cwd"
@@ -215,21 +298,19 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
         done = subprocess.run(TRIVIAL, cwd=cwd, env=env, check=False, timeout=CALL_TIMEOUT_S, **quiet)
         check("bare with a timeout", done.returncode)
 
-    async def sandboxed() -> None:
-        scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=root))
-        result = await run_sandboxed(TRIVIAL, cwd, limits, out / "stdout", out / "stderr", scratch=scratch)
-        check("run_sandboxed", result.exit_code, result.killed_by)
-
-    bubblewrap_limits = dataclasses.replace(limits, backend="bubblewrap")
-
-    async def sandboxed_bubblewrap() -> None:
-        scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=root))
-        result = await run_sandboxed(TRIVIAL, cwd, bubblewrap_limits, out / "stdout", out / "stderr", scratch=scratch)
-        check("run_sandboxed, bubblewrap backend", result.exit_code, result.killed_by)
+    sandboxed = confined(root, cwd, out, limits)
+    sandboxed_bubblewrap = confined(root, cwd, out, dataclasses.replace(limits, backend="bubblewrap"))
 
     async def unconfined() -> None:
-        result = await run_unsafe_unconfined(TRIVIAL, cwd, limits, out / "stdout", out / "stderr")
+        result = await run_unsafe_unconfined(TRIVIAL, cwd, limits, *outputs(out))
         check("run_unsafe_unconfined", result.exit_code, result.killed_by)
+
+    # Root without CAP_SYS_ADMIN (a default container): a pool uid, then the rootless steps.
+    no_sys_admin = dataclasses.replace(probe_host(), user_namespace=True)
+    sandboxed_pool_userns = confined(
+        root, cwd, out, limits, host=no_sys_admin, layers=frozenset({"uid_drop", "user_namespace"})
+    )
+    rootless = RootlessWorker(root / "rootless")
 
     # The layers alone: one uid for the whole run, the Landlock grants run_sandboxed gives.
     identity = pool.acquire()
@@ -252,6 +333,7 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
             raise BenchError("the sweep found a survivor of the layers-alone runs")
 
     def give_back() -> None:
+        rootless.close()
         sweep(identity.uid)
         pool.release(identity)
 
@@ -259,6 +341,8 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
         Side("subprocess.run (bare; blocking wait)", bare),
         Side("sandbox.run_sandboxed", sandboxed),
         Side("sandbox.run_sandboxed, bubblewrap backend", sandboxed_bubblewrap),
+        Side("sandbox.run_sandboxed, rootless (ordinary user)", rootless.once),
+        Side("sandbox.run_sandboxed, root w/o CAP_SYS_ADMIN", sandboxed_pool_userns),
         Side("sandbox.run_unsafe_unconfined (supervision, no layers)", unconfined),
         Side(f"diagnostic: subprocess.run(timeout={CALL_TIMEOUT_S})", bare_timeout),
         Side("diagnostic: preexec_fn=int (fork, not vfork), blocking", fork_only),
@@ -276,7 +360,20 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
         await measure(sides, rounds, warmup, deadline)
     finally:
         give_back()
-    bare, sandboxed, bubblewrap, unconfined, bare_timeout, forked, layers_alone, no_cgroup, pool, swept = sides
+    (
+        bare,
+        sandboxed,
+        bubblewrap,
+        rootless,
+        pool_userns,
+        unconfined,
+        bare_timeout,
+        forked,
+        layers_alone,
+        no_cgroup,
+        pool,
+        swept,
+    ) = sides
     print(f"(a) a trivial command, `{' '.join(TRIVIAL)}`: {rounds} rounds interleaved, {warmup} warm-up not measured")
     print_rows(sides, bare, "bare")
     ratio = sandboxed.p50_ms() / bare.p50_ms()
@@ -284,6 +381,11 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
     note(
         f"the bubblewrap backend: {bubblewrap.p50_ms() / bare.p50_ms():.2f}x bare,"
         f" {bubblewrap.p50_ms() - sandboxed.p50_ms():+.1f} ms over the native backend at p50"
+    )
+    note(
+        f"rootless, as an ordinary user: {rootless.p50_ms() / bare.p50_ms():.2f}x bare,"
+        f" {rootless.p50_ms() - sandboxed.p50_ms():+.1f} ms over root at p50 (its worker's pipe round trip included);"
+        f" root without CAP_SYS_ADMIN: {pool_userns.p50_ms() / bare.p50_ms():.2f}x bare"
     )
     note(f"against subprocess.run with a timeout, which polls too: {sandboxed.p50_ms() / bare_timeout.p50_ms():.2f}x")
     note(

@@ -146,6 +146,10 @@ def plan_layers(report: LayerReport, limits: Limits) -> frozenset[str]:
     return report.available(limits.backend)
 
 
+ROOT_LAYERS = frozenset(LAYERS) - {"user_namespace"}
+"""Every layer but the user namespace: a root gateway's runs (ChildPlan's default)."""
+
+
 class ChildPlan:
     """The prepared layers for one spawn; `preexec` runs in the child, `close` in the parent after.
 
@@ -159,7 +163,7 @@ class ChildPlan:
         read_only: tuple[Path | Pinned, ...],
         read_write: tuple[Path, ...],
         *,
-        active: Set[str] = frozenset(LAYERS),
+        active: Set[str] = ROOT_LAYERS,
         group: RunCgroup | None = None,
         scratch: ScratchSpace | None = None,
         child_scratch: NamespacedScratch | None = None,
