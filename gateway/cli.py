@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--role", required=True)
     add.add_argument("--workspace", action="append", default=[], help="a workspace the user may use (repeatable)")
     add.add_argument("--password-stdin", action="store_true", help="read a password (for the web console) on stdin")
-    user.add_parser("list", help="list users")
+    _format(user.add_parser("list", help="list users"))
     disable = user.add_parser("disable", help="disable a user; their tokens stop working at once")
     disable.add_argument("name")
     set_role = user.add_parser("set-role", help="change a user's role")
@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     policy = sub.add_parser("policy", help="check or explain the policy").add_subparsers(dest="action", required=True)
     check = policy.add_parser("check", help="validate a policy file and warn about risky settings")
     check.add_argument("file", nargs="?")
+    check.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
+    _format(check)
     explain = policy.add_parser("explain", help="dry run of the pipeline for a user and a tool")
     explain.add_argument("--user", required=True)
     explain.add_argument("--tool", required=True)
@@ -65,14 +67,19 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--agent", action="store_true", help="TOOL is one of Claude Code's tools: how check_permission would answer"
     )
+    _format(explain)
 
     audit = sub.add_parser("audit", help="read the audit log").add_subparsers(dest="action", required=True)
     export = audit.add_parser("export", help="print the audit log as JSON Lines")
     export.add_argument("--since", help="only events at or after this ISO 8601 time")
-    audit.add_parser("verify", help="check the hash chain")
+    _format(audit.add_parser("verify", help="check the hash chain"))
 
     add_consent_commands(sub)
     sub.add_parser("demo", help="what `make demo` runs: a real MCP client session against the gateway")
+    doctor = sub.add_parser(
+        "doctor", help="probe this host as this user: each sandbox guarantee, held or missing, why, and the fix"
+    )
+    _format(doctor)
     return parser
 
 
@@ -81,6 +88,7 @@ def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     listing = consent.add_parser("list", help="list stored decisions")
     listing.add_argument("--user", help="only this user's")
     listing.add_argument("--all", action="store_true", help="revoked ones too")
+    _format(listing)
     grant = consent.add_parser("grant", help="store a decision ahead of the call (allow always or deny always)")
     grant.add_argument("user")
     grant.add_argument("tool")
@@ -100,10 +108,10 @@ def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     withdraw = consent.add_parser("revoke", help="revoke a stored decision by its id (see consent list)")
     withdraw.add_argument("grant_id", type=int)
     sub.add_parser("approvals", help="terminal approver for pending consent requests")
-    doctor = sub.add_parser(
-        "doctor", help="probe this host as this user: each sandbox guarantee, held or missing, why, and the fix"
-    )
-    doctor.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="json: one JSON document on stdout")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,6 +47,15 @@ from sandbox.reachable import run_access
 log = logging.getLogger("gateway")
 
 
+EXPLAIN_REFUSED = 3
+"""`policy explain`'s exit status when the call would be refused (0: it would run): a CI gate."""
+
+
+def print_json(document: object) -> None:
+    """One JSON document on stdout (`--format json`)."""
+    print(json.dumps(document, indent=2, ensure_ascii=False))
+
+
 def dispatch(args: argparse.Namespace) -> int:
     """Run the command `args` names; refusals and database errors become a message and exit 1."""
     settings = resolve_settings(home=args.home, db=args.db, policy=args.policy)
@@ -158,10 +167,22 @@ def cmd_user_add(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_user_list(settings: Settings, _args: argparse.Namespace) -> int:
-    for record in _services(settings).users.list():
-        state = "disabled" if record.disabled else "active"
-        print(f"{record.name}\t{record.role}\t{state}\t{','.join(record.workspaces)}")
+def cmd_user_list(settings: Settings, args: argparse.Namespace) -> int:
+    rows = [
+        {
+            "name": r.name,
+            "role": r.role,
+            "state": "disabled" if r.disabled else "active",
+            "workspaces": list(r.workspaces),
+        }
+        for r in _services(settings).users.list()
+    ]
+    if args.format == "json":
+        print_json({"users": rows})
+        return 0
+    print("name\trole\tstate\tworkspaces", file=sys.stderr)  # the header for a person; stdout stays rows only
+    for row in rows:
+        print(f"{row['name']}\t{row['role']}\t{row['state']}\t{','.join(row['workspaces'])}")
     return 0
 
 
@@ -257,32 +278,54 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
     """FILE: that file, and where it lies is a warning (it may be a draft); no FILE: the policy every
     command would act on, so a place that `serve` would refuse is an error, as it is for `serve`."""
     path = Path(args.file) if args.file else settings.policy_path
+    as_json = args.format == "json"
     try:
         policy = load_policy(path, TOOL_NAMES) if args.file else policy_for(settings, TOOL_NAMES)
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        if as_json:
+            error = {"where": exc.where, "message": exc.bare_message}
+            print_json({"file": str(path), "valid": False, "errors": [error], "warnings": []})
+        else:
+            print(str(exc), file=sys.stderr)
         return 1
-    warnings = [str(w) for w in risky_settings(policy, settings.home)]
+    warnings = [(w.where, w.message) for w in risky_settings(policy, settings.home)]
     if args.file:
         try:
             check_outside_workspaces(policy, check_policy_location(Path.cwd() / path))
         except ConfigError as exc:
             why = exc.bare_message.removeprefix("refusing this policy: ")
-            warnings.append(f"{path}: warning: serve would refuse this file: {why}")
+            warnings.append((str(path), f"serve would refuse this file: {why}"))
     report = probe_host()  # a draft needs no keys nor database: no Services here, only the host
     missing = report.missing(policy.sandbox.backend, policy.sandbox.required)
     if policy.sandbox.enabled and missing:
         causes = "; ".join(why_missing(g, report, policy.sandbox.backend) for g in missing)
-        warnings.append(
-            f"{path}: warning: this host cannot keep the guarantees sandbox.require asks for ({causes});"
-            " write tools will be refused (-32006); `mcp-gateway doctor` lists every guarantee"
-        )
+        warnings.append((
+            str(path),
+            f"this host cannot keep the guarantees sandbox.require asks for ({causes});"
+            " write tools will be refused (-32006); `mcp-gateway doctor` lists every guarantee",
+        ))  # fmt: skip
     for finding in unreachable_run_paths(policy, run_access(report.uid_drop)):
-        warnings.append(f"{path}: warning: {finding.message()}; run_pytest will be refused (-32006)")
-    for warning in warnings:
-        print(warning, file=sys.stderr)
+        warnings.append((str(path), f"{finding.message()}; run_pytest will be refused (-32006)"))
+    failed = args.strict and bool(warnings)
+    if as_json:
+        print_json({
+            "file": str(path),
+            "valid": not failed,
+            "strict": args.strict,
+            "errors": [],
+            "warnings": [{"where": where, "message": message} for where, message in warnings],
+            "sandbox": describe_layers(report, policy.sandbox),
+            "guarantees_missing": [str(g) for g in missing],
+        })  # fmt: skip
+        return 1 if failed else 0
+    for where, message in warnings:
+        print(f"{where}: warning: {message}", file=sys.stderr)
     print(describe_layers(report, policy.sandbox), file=sys.stderr)
-    print(f"{path}: valid ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})")
+    count = f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
+    if failed:
+        print(f"{path}: invalid under --strict ({count})")
+        return 1
+    print(f"{path}: valid ({count})")
     return 0
 
 
@@ -311,16 +354,35 @@ def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
     if not isinstance(arguments, dict):
         raise CommandError("--args must be a JSON object")
     if args.agent:
-        for step, verdict in explain_agent_tool(_services(settings), args.user, args.tool, arguments):
-            print(f"{step:<13}{verdict}")
-        return 0
+        steps = explain_agent_tool(_services(settings), args.user, args.tool, arguments)
+        outcome = steps[-1][1].split()[0] if steps else "deny"
+        if args.format == "json":
+            print_json({"user": args.user, "tool": args.tool, "steps": [list(s) for s in steps], "result": outcome})
+        else:
+            for step, verdict in steps:
+                print(f"{step:<13}{verdict}")
+        return EXPLAIN_REFUSED if outcome == "deny" else 0
     reports = Pipeline(_services(settings)).explain(args.user, args.tool, arguments)
-    for report in reports:
-        verdict = "pass" if report.code is None else f"{report.code} {report.reason or ''}".strip()
-        print(f"{report.stage:<13}{verdict}{'  (' + report.note + ')' if report.note else ''}")
     refused = next((r for r in reports if r.code is not None), None)
-    print(f"result: {'would run' if refused is None else f'refused with {refused.code}'}")
-    return 0
+    if args.format == "json":
+        stages = [
+            {
+                "stage": r.stage,
+                "result": "pass" if r.code is None else "refused",
+                "code": r.code,
+                "reason": r.reason,
+                "note": r.note,
+            }
+            for r in reports
+        ]
+        verdict_fields = {"would_run": refused is None, "code": None if refused is None else refused.code}
+        print_json({"user": args.user, "tool": args.tool, "stages": stages, **verdict_fields})
+    else:
+        for report in reports:
+            verdict_text = "pass" if report.code is None else f"{report.code} {report.reason or ''}".strip()
+            print(f"{report.stage:<13}{verdict_text}{'  (' + report.note + ')' if report.note else ''}")
+        print(f"result: {'would run' if refused is None else f'refused with {refused.code}'}")
+    return 0 if refused is None else EXPLAIN_REFUSED
 
 
 def cmd_audit_export(settings: Settings, args: argparse.Namespace) -> int:
@@ -336,8 +398,13 @@ def cmd_audit_export(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_audit_verify(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_audit_verify(settings: Settings, args: argparse.Namespace) -> int:
     report = open_stores(settings).audit.verify()
+    if args.format == "json":
+        print_json({
+            "ok": report.ok, "checked": report.checked, "first_bad_id": report.first_bad_id, "problem": report.problem
+        })  # fmt: skip
+        return 0 if report.ok else 1
     if report.ok:
         print(f"ok: {report.checked} events, hash chain intact")
         return 0

@@ -42,6 +42,9 @@ def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
     counted = lasting_allow_channels(policy_for(settings, TOOL_NAMES).consent.channels)
     stores = open_stores(settings)
     now = stores.clock.now()
+    rows: list[dict[str, object]] = []
+    if args.format == "text":
+        print("\t".join(LIST_COLUMNS), file=sys.stderr)  # the header for a person; stdout stays rows only
     for g in stores.consent_store.list_grants(args.user, include_revoked=args.all):
         state = (
             "revoked"
@@ -55,8 +58,17 @@ def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
         expires = iso_utc(g.expires_at) if g.expires_at is not None else "never"
         channel = g.channel or "unknown"
         fields = (g.id, g.user, g.workspace, g.tool_name, g.decision, _scope(g), expires, state, g.granted_by, channel)
-        print("\t".join(visible(str(field)) for field in fields))  # escaped as on every channel: no fake column
+        if args.format == "json":
+            rows.append(dict(zip(LIST_COLUMNS, (g.id, *(str(f) for f in fields[1:])), strict=True)))
+        else:
+            print("\t".join(visible(str(field)) for field in fields))  # escaped as on every channel: no fake column
+    if args.format == "json":
+        print(json.dumps({"decisions": rows}, indent=2, ensure_ascii=False))
     return 0
+
+
+LIST_COLUMNS = ("id", "user", "workspace", "tool", "decision", "scope", "expires", "state", "granted_by", "channel")
+"""`consent list`'s columns: the text header line, and the JSON keys."""
 
 
 def _scope(grant: Grant) -> str:

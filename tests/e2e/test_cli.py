@@ -137,15 +137,17 @@ def test_policy_explain_walks_the_stages(tmp_path: Path) -> None:
     assert gw(home, "user", "add", "vic", "--role", "VIEWER").returncode == 0
     assert gw(home, "user", "add", "alice", "--role", "USER").returncode == 0
     viewer = gw(home, "policy", "explain", "--user", "vic", "--tool", "run_pytest", "--args", '{"test_path":"tests"}')
-    assert viewer.returncode == 0
+    assert viewer.returncode == 3, "refused: exit 3, for a CI gate"
     assert "authorize    -32003 missing_permission" in viewer.stdout
     assert viewer.stdout.strip().endswith("refused with -32003")
     escaping = gw(
         home, "policy", "explain", "--user", "alice", "--tool", "run_pytest", "--args", '{"test_path":"../x"}'
     )
     assert "policy       -32004 path_outside_workspace" in escaping.stdout
+    assert escaping.returncode == 3
     fine = gw(home, "policy", "explain", "--user", "alice", "--tool", "run_pytest", "--args", '{"test_path":"tests"}')
     assert fine.stdout.strip().endswith("would run")
+    assert fine.returncode == 0
     assert [line.split()[0] for line in fine.stdout.splitlines()[:-1]] == [
         "authenticate", "authorize", "policy", "validate", "preflight", "budget", "sandbox", "consent",
     ]  # fmt: skip
