@@ -55,19 +55,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("serve", help="run the stdio MCP server")
 
-    policy = sub.add_parser("policy", help="check or explain the policy").add_subparsers(dest="action", required=True)
-    check = policy.add_parser("check", help="validate a policy file and warn about risky settings")
-    check.add_argument("file", nargs="?")
-    check.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
-    _format(check)
-    explain = policy.add_parser("explain", help="dry run of the pipeline for a user and a tool")
-    explain.add_argument("--user", required=True)
-    explain.add_argument("--tool", required=True)
-    explain.add_argument("--args", default="{}", help="the tool's arguments as JSON")
-    explain.add_argument(
-        "--agent", action="store_true", help="TOOL is one of Claude Code's tools: how check_permission would answer"
-    )
-    _format(explain)
+    add_policy_commands(sub)
 
     audit = sub.add_parser("audit", help="read the audit log").add_subparsers(dest="action", required=True)
     export = audit.add_parser("export", help="print the audit log as JSON Lines")
@@ -81,6 +69,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     _format(doctor)
     return parser
+
+
+def add_policy_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    policy = sub.add_parser("policy", help="check or explain the policy").add_subparsers(dest="action", required=True)
+    check = policy.add_parser("check", help="validate a policy file and warn about risky settings")
+    check.add_argument("file", nargs="?")
+    check.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
+    _format(check)
+    explain = policy.add_parser("explain", help="dry run of the pipeline for a user (or a role) and a tool")
+    who = explain.add_mutually_exclusive_group(required=True)
+    who.add_argument("--user", help="a user of the gateway's database")
+    who.add_argument("--role", help="a role of the policy instead of a user: no database needed")
+    explain.add_argument("--workspace", help="with --role: the workspace (default: the policy's first)")
+    explain.add_argument("--tool", required=True)
+    explain.add_argument("--args", default="{}", help="the tool's arguments as JSON")
+    explain.add_argument(
+        "--agent", action="store_true", help="TOOL is one of Claude Code's tools: how check_permission would answer"
+    )
+    _format(explain)
 
 
 def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

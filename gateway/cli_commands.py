@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
-from gateway.auth import ensure_keys, issue_token, jti_of
+from gateway.auth import KeyRing, Principal, ensure_keys, issue_token, jti_of
 from gateway.cli_consent import (
     cmd_approvals,
     cmd_consent_grant,
@@ -21,13 +22,13 @@ from gateway.cli_consent import (
     cmd_consent_revoke,
 )
 from gateway.clock import iso_utc, new_token_id, parse_iso
-from gateway.db import migrate, schema_is_current
+from gateway.db import make_engine, migrate, schema_is_current
 from gateway.db_errors import cause_name
 from gateway.db_file import DatabaseFileUnwritableError
 from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
 from gateway.errors import CommandError, ConfigError, Reason, StorageUnavailableError
 from gateway.permission_prompt import explain as explain_agent_tool
-from gateway.pipeline import Pipeline
+from gateway.pipeline import Pipeline, StageReport
 from gateway.policy import SandboxPolicy, load_policy
 from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
 from gateway.policy_warnings import risky_settings
@@ -353,6 +354,14 @@ def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
         raise CommandError("--args is not valid JSON") from exc
     if not isinstance(arguments, dict):
         raise CommandError("--args must be a JSON object")
+    if args.role is not None:
+        if args.agent:
+            raise CommandError("--agent needs --user (check_permission reads the user's stored decisions)")
+        services, given = _dry_services(settings, args.role, args.workspace)
+        reports = Pipeline(services).explain(None, args.tool, arguments, given=given)
+        return _print_explained(args, reports)
+    if args.workspace is not None:
+        raise CommandError("--workspace goes with --role (a user's workspaces come from the database)")
     if args.agent:
         steps = explain_agent_tool(_services(settings), args.user, args.tool, arguments)
         outcome = steps[-1][1].split()[0] if steps else "deny"
@@ -362,7 +371,25 @@ def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
             for step, verdict in steps:
                 print(f"{step:<13}{verdict}")
         return EXPLAIN_REFUSED if outcome == "deny" else 0
-    reports = Pipeline(_services(settings)).explain(args.user, args.tool, arguments)
+    return _print_explained(args, Pipeline(_services(settings)).explain(args.user, args.tool, arguments))
+
+
+def _dry_services(settings: Settings, role: str, workspace: str | None) -> tuple[Services, Principal]:
+    """Services for `policy explain --role`: the policy and the host, an empty in-memory database, a throwaway key.
+
+    No state folder is needed; the dry run with a given principal reads nothing from the database."""
+    policy = policy_for(settings, TOOL_NAMES)
+    if role not in policy.roles:
+        raise CommandError(f"unknown role {role!r} (the policy defines: {', '.join(policy.roles)})")
+    chosen = workspace or next(iter(policy.workspaces), None)
+    if chosen is None or chosen not in policy.workspaces:
+        raise CommandError(f"unknown workspace {chosen!r} (the policy defines: {', '.join(policy.workspaces)})")
+    keys = KeyRing(secrets.token_bytes(32), {})
+    services = open_services(settings, policy=policy, engine=make_engine("sqlite://"), keys=keys)
+    return services, Principal(f"(role {role})", role, (chosen,), None, "explain")
+
+
+def _print_explained(args: argparse.Namespace, reports: list[StageReport]) -> int:
     refused = next((r for r in reports if r.code is not None), None)
     if args.format == "json":
         stages = [

@@ -164,6 +164,8 @@ class _Walk:
     user: str | None = None
     """A dry run's user (no token is involved)."""
     principal: Principal | None = None
+    given: bool = False
+    """A dry run for a role and workspace given on the command line: no user, no database read."""
     spec: ToolSpec | None = None
     scope: CallScope | None = None
     outcome: ToolOutcome | None = None
@@ -282,6 +284,9 @@ class Pipeline:
 
     def _authenticate_dry(self, walk: _Walk) -> str:
         """The dry run has a user, not a token: the same user checks, from the database."""
+        if walk.given:
+            principal = _principal(walk)
+            return f"role {principal.role} on workspace {', '.join(principal.workspaces)} (given; no user read)"
         record = self.s.users.fetch(str(walk.user))
         if record is None:
             raise AuthRequiredError(Reason.USER_UNKNOWN, f"no user {walk.user!r} in the gateway's database")
@@ -315,6 +320,8 @@ class Pipeline:
         trail.charge_id = await in_db_thread(self._logged_reservation, trail, walk.admitted)
 
     def _budget_dry(self, walk: _Walk) -> str:
+        if walk.given:
+            return "not checked: no user's usage without a database (--role)"
         self.s.budget.check(_principal(walk).name, self.s.policy.budget)
         return ""
 
@@ -350,10 +357,12 @@ class Pipeline:
 
     # --- the dry run ---------------------------------------------------------------------------
 
-    def explain(self, user: str, tool_name: str, arguments: Mapping[str, Any]) -> list[StageReport]:
+    def explain(
+        self, user: str | None, tool_name: str, arguments: Mapping[str, Any], *, given: Principal | None = None
+    ) -> list[StageReport]:
         """Walk STAGES as a dry run for a user (no token): each stage's note, up to the first refusal.
-        Writes nothing."""
-        walk = _Walk(tool_name, arguments, user=user)
+        With `given` (a role and workspace, no user), nothing is read from the database. Writes nothing."""
+        walk = _Walk(tool_name, arguments, user=user, principal=given, given=given is not None)
         reports: list[StageReport] = []
         for stage in STAGES:
             if not stage.applies(walk):

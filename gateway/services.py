@@ -91,6 +91,7 @@ def open_services(
     new_id: IdFactory = new_run_id,
     engine: Engine | None = None,
     host: LayerReport | None = None,
+    keys: KeyRing | None = None,
 ) -> Services:
     """Load the policy and keys, probe the host and connect the stores. Raises ConfigError on bad configuration,
     or on a policy file someone other than the gateway's user could have written (gateway/policy_trust.py).
@@ -100,7 +101,7 @@ def open_services(
     policy = policy or policy_for(settings, TOOL_NAMES)
     host = host or probe_host()
     stores = open_stores(settings, clock, engine=engine)
-    keys = load_keyring(settings.home)
+    keys = keys or load_keyring(settings.home)
     return Services(
         engine=stores.engine,
         clock=stores.clock,

@@ -126,3 +126,49 @@ def test_policy_explain_as_json_and_its_exit_status(home: Path) -> None:
         "stage": "authorize", "result": "refused", "code": -32003, "reason": "missing_permission",
         "note": walked["stages"][-1]["note"],
     }  # fmt: skip
+
+
+def test_policy_explain_for_a_role_needs_no_state_folder(tmp_path: Path) -> None:
+    nowhere = tmp_path / "never-initialised"
+    arguments = '{"test_path":"tests"}'
+    user = gw(
+        nowhere, "policy", "explain", "--role", "USER", "--tool", "run_pytest", "--args", arguments, "--format", "json"
+    )
+    assert user.returncode == 0, user.stderr
+    walked = document(user)
+    assert walked["would_run"] is True
+    assert walked["stages"][0]["note"] == "role USER on workspace default (given; no user read)"
+    assert "without a database" in next(s["note"] for s in walked["stages"] if s["stage"] == "budget")
+    viewer = gw(nowhere, "policy", "explain", "--role", "VIEWER", "--tool", "run_pytest", "--args", arguments)
+    assert viewer.returncode == 3 and "-32003 missing_permission" in viewer.stdout
+    outside = gw(
+        nowhere, "policy", "explain", "--role", "USER", "--tool", "run_pytest", "--args", '{"test_path":"../x"}'
+    )
+    assert outside.returncode == 3 and "-32004 path_outside_workspace" in outside.stdout
+    assert not nowhere.exists(), "nothing was created: no state folder, no database"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--role", "AUDITOR"), "unknown role 'AUDITOR' (the policy defines: ADMIN, USER, VIEWER)"),
+        (("--role", "USER", "--workspace", "elsewhere"), "unknown workspace 'elsewhere' (the policy defines: default)"),
+        (("--user", "alice", "--workspace", "default"), "--workspace goes with --role"),
+        (("--role", "USER", "--agent"), "--agent needs --user"),
+    ],
+    ids=["unknown-role", "unknown-workspace", "workspace-without-role", "agent-without-user"],
+)
+def test_policy_explain_refuses_a_bad_role_or_workspace_in_one_line(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    done = gw(tmp_path / "state", "policy", "explain", *args, "--tool", "run_pytest")
+    assert done.returncode == 1
+    assert message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_policy_explain_needs_a_user_or_a_role(tmp_path: Path) -> None:
+    neither = gw(tmp_path, "policy", "explain", "--tool", "run_pytest")
+    both = gw(tmp_path, "policy", "explain", "--user", "a", "--role", "USER", "--tool", "run_pytest")
+    assert neither.returncode == 2 and "one of the arguments --user --role is required" in neither.stderr
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
