@@ -17,8 +17,10 @@ import yaml
 
 from gateway.errors import ConfigError
 
-SHIPPED_POLICY = Path(__file__).resolve().parent.parent / "policy.yaml"
-"""The documented default at the root of the repository (a checkout or an editable install)."""
+SHIPPED_POLICY = Path(__file__).resolve().parent / "shipped" / "policy.yaml"
+"""The documented default: in a checkout a link to the repository's `policy.yaml`, next to a link to its
+`examples/`; a wheel carries copies of both (package data), so its relative workspace
+(`examples/sample_project`) resolves to the sample project wherever the package is installed."""
 _PLAIN = re.compile(r"^/[A-Za-z0-9_./-]*$")
 
 
@@ -39,7 +41,9 @@ def default_policy_text(shipped: Path, workspace: Path | None = None) -> str:
         if key.value == "default" and workspace is not None:
             folder = workspace
         else:
-            folder = Path(os.path.normpath(shipped.parent / value.value))
+            # Real path: in a checkout the shipped folder is a link to the repository's (a pinned
+            # workspace may hold no link); in a wheel it is already one.
+            folder = (shipped.parent / value.value).resolve()
         edits.append((value.start_mark.index, value.end_mark.index, _scalar(str(folder))))
     for start, end, replacement in sorted(edits, reverse=True):
         text = text[:start] + replacement + text[end:]

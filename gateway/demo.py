@@ -9,6 +9,7 @@ the decision and code, and the audit trail each call left.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -152,7 +153,12 @@ def run_demo(settings: Settings, environ: Mapping[str, str], out: TextIO = sys.s
     _line(out, "  users: alice (USER), vic (VIEWER); each call carries its own JWT in params.auth.token")
     _line(out)
     log_path = home / "serve.log"
-    run_ids = anyio.run(_session, home, policy_path, tokens, out, log_path)
+    try:
+        run_ids = anyio.run(_session, home, policy_path, tokens, out, log_path)
+    except Exception as exc:
+        # The session broke (serve died, the client failed): say so in one line, keep what explains it.
+        _line(out, f"the demo's session failed ({type(exc).__name__}: {exc}); kept {home}, serve's log: {log_path}")
+        return 1
 
     _line(out)
     _line(out, "audit trail (one MCP_TOOL_CALL and one terminal event per call, hash-chained):")
@@ -168,7 +174,12 @@ def run_demo(settings: Settings, environ: Mapping[str, str], out: TextIO = sys.s
             f"  #{event.id:<3} {event.event_type:<24} run={event.run_id[:8] if event.run_id else '-'} user={who}{code} {detail}",
         )
     report = audit.verify()
+    stores.engine.dispose()
     _line(out)
     _line(out, f"audit verify: {'ok' if report.ok else 'BROKEN'} ({report.checked} events)")
-    _line(out, f"server log (stderr of serve): {log_path}")
+    if report.ok and "MCP_GATEWAY_DEMO_KEEP" not in environ:
+        shutil.rmtree(home, ignore_errors=True)  # a throw-away state folder: nothing of the demo stays behind
+        _line(out, f"removed the demo's state folder {home} (set MCP_GATEWAY_DEMO_KEEP=1 to keep it and serve's log)")
+        return 0
+    _line(out, f"kept the demo's state folder {home}; server log (stderr of serve): {log_path}")
     return 0 if report.ok else 1

@@ -214,9 +214,10 @@ def policy_for(settings: Settings, known_tools: frozenset[str]) -> Policy:
     path = settings.policy_path
     if settings.policy_given is None and not os.path.lexists(path):
         raise ConfigError(
-            "no policy here (and none is read from the working folder); run"
-            f" `mcp-gateway --home {settings.home} init [--workspace PATH]` to write one from the shipped"
-            " default, or pass --policy FILE",
+            f"no policy found; looked at {path} (the state folder's, from --home, MCP_GATEWAY_HOME or"
+            " ~/.mcp-gateway); --policy and MCP_GATEWAY_POLICY are not set, and the working folder is never"
+            f" read; run `mcp-gateway --home {settings.home} init [--workspace PATH]` to write one from the"
+            " shipped default, or pass --policy FILE",
             str(path),
         )
     return load_trusted_policy(path, known_tools)

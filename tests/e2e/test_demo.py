@@ -52,3 +52,6 @@ def test_the_demo_runs_the_sample_suite_through_the_gateway(as_uid: int | None) 
             for layer in ("network_namespace", "scratch_tmpfs", "landlock", "seccomp", "pid_namespace")
         )
     assert re.search(r"audit verify: ok \(\d+ events\)", done.stdout)
+    removed = re.search(r"removed the demo's state folder (\S+) ", done.stdout)
+    assert removed, done.stdout[-500:]
+    assert not Path(removed.group(1)).exists(), "the demo cleans up after itself"

@@ -78,8 +78,9 @@ def test_serve_without_a_home_policy_refuses_to_start_and_never_reads_the_workin
 
     assert served.returncode == 1 and served.stdout == "", "no answer to any request"
     (line,) = served.stderr.strip().splitlines()
-    assert line.startswith(f"mcp-gateway: {home / 'policy.yaml'}: no policy here")
-    assert "none is read from the working folder" in line and f"--home {home} init" in line and "--policy" in line
+    assert line.startswith(f"mcp-gateway: {home / 'policy.yaml'}: no policy found; looked at {home / 'policy.yaml'}")
+    assert "--policy and MCP_GATEWAY_POLICY are not set" in line, "every place looked, named"
+    assert "the working folder is never read" in line and f"--home {home} init" in line and "--policy FILE" in line
 
 
 def test_serve_with_the_home_policy_init_wrote_ignores_the_agents_policy(tmp_path: Path, project: Path) -> None:
