@@ -24,10 +24,10 @@ stay root's.
 The child joins its group first thing in `preexec_fn` by writing "0" into the group's
 `cgroup.procs`, opened by the gateway (the kernel checks the opener's credentials, so the
 write needs none of the child's). v2 has no per-thread `tasks` file: the move takes the
-threadgroup lock for writing, which waits for an RCU grace period: +6 ms median, +9-15 ms p90 a
-spawn measured here (kernel 6.18, the same as v1's `cgroup.procs`; v1's `tasks` costs nothing).
-`clone3(CLONE_INTO_CGROUP)` avoids the move (no cost over a fork), but needs a spawn without
-`subprocess`.
+threadgroup lock for writing, which waits for an RCU grace period: +6-8 ms p50, up to +15 ms p90
+a spawn (bench/cgroup_join.py, kernel 6.18, spawns 50 ms apart; as much as v1's `cgroup.procs`,
+while v1's `tasks` costs nothing). `clone3(CLONE_INTO_CGROUP)` avoids the move (no cost over a
+fork) but needs a spawn without `subprocess`.
 
 When the gateway runs as its run's uid (rootless), the run owns its group's files like the
 gateway does: it could raise its own `memory.max` or move itself out to G. The run must not
@@ -195,7 +195,7 @@ def judge_v2(facts: V2Facts) -> tuple[bool, frozenset[str], str, str]:
         reasons.append(f"the {_and(withheld)} controllers are not enabled for the gateway's cgroup {facts.own}")
         fixes.append(
             "systemd gives them with Delegate=yes; otherwise, as root: "
-            f"`echo {' '.join('+' + name for name in withheld)} > <parent of {facts.own}>/cgroup.subtree_control`"
+            f"`echo {' '.join('+' + name for name in withheld)} > {facts.folder.parent}/cgroup.subtree_control`"
         )
     if usable and facts.others and not facts.real_root:
         listed = ", ".join(str(pid) for pid in facts.others[:5])
@@ -304,6 +304,11 @@ class RunCgroup2:
         if "pids" in self.controls:
             _write(self._path / "pids.max", str(max_processes))
         self._join_fd = os.open(self._path / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+
+    @property
+    def path(self) -> Path:
+        """The group's folder (for a spawn by `clone3(CLONE_INTO_CGROUP)`, which takes its fd)."""
+        return self._path
 
     def join(self) -> None:
         """In the child (between fork and exec), first: move it into the group; one write, no allocation."""

@@ -142,10 +142,6 @@ def spawn(group: RunCgroup2, code: str) -> subprocess.Popen[str]:
     )
 
 
-def folder(group: RunCgroup2) -> Path:
-    return group._path
-
-
 def test_discovery_finds_every_control_and_says_nothing_is_missing(runs: V2Root) -> None:
     found = discover_v2()  # a second time: the gateway is in its leaf already, nothing moves
     assert found.root == runs
@@ -175,12 +171,12 @@ def test_the_memory_limit_holds_for_the_processes_together(group: RunCgroup2) ->
 
 
 def test_swap_cannot_extend_the_limit(group: RunCgroup2) -> None:
-    assert (folder(group) / "memory.swap.max").read_text() == "0\n"
+    assert (group.path / "memory.swap.max").read_text() == "0\n"
     child = spawn(group, HOG)
     child.communicate(timeout=60)
     assert child.returncode == -9
-    swap_peak = folder(group) / "memory.swap.peak"
-    used = swap_peak if swap_peak.exists() else folder(group) / "memory.swap.current"
+    swap_peak = group.path / "memory.swap.peak"
+    used = swap_peak if swap_peak.exists() else group.path / "memory.swap.current"
     assert int(used.read_text()) == 0, "pages went to swap past the memory limit"
 
 
@@ -221,4 +217,4 @@ def test_the_kernel_kill_reaches_a_daemonized_grandchild(group: RunCgroup2) -> N
     assert group.members() == [daemon]
     assert group.kill_all() == [daemon]
     assert not Path(f"/proc/{daemon}").exists() or "zombie" in Path(f"/proc/{daemon}/status").read_text()
-    assert "populated 0" in (folder(group) / "cgroup.events").read_text()
+    assert "populated 0" in (group.path / "cgroup.events").read_text()

@@ -146,7 +146,7 @@ def test_discovery_refuses_with_the_reason_and_the_fix(changes: dict[str, Any], 
             {"controllers": frozenset({"memory"})},
             frozenset({"memory"}),
             "the pids controllers are not enabled for the gateway's cgroup /user.slice/",
-            "`echo +pids > <parent of /user.slice/",
+            "`echo +pids > /sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/cgroup.subtree_control`",
         ),
         (
             {"others": (4242, 4243)},
