@@ -30,8 +30,11 @@ while v1's `tasks` costs nothing). `clone3(CLONE_INTO_CGROUP)` avoids the move (
 fork) but needs a spawn without `subprocess`.
 
 When the gateway runs as its run's uid (rootless), the run owns its group's files like the
-gateway does: it could raise its own `memory.max` or move itself out to G. The run must not
-reach the cgroup filesystem (Landlock grants nothing under it; a mount namespace hides it).
+gateway does: it could raise its own `memory.max` or move itself out to G. Two things close
+that: the run reaches no cgroup filesystem (Landlock grants nothing under it; a mount namespace
+hides it), and, on a mount with `nsdelegate` (systemd mounts it so; controls has "nsdelegate"),
+`enter_cgroup_namespace` after the join: the kernel then refuses the run any write to its
+group's limits (EPERM) and any move out of it (ENOENT), whatever its uid.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.backends.cgroup import CgroupUsage
+from sandbox.backends.namespaces import unshare
 
+CLONE_NEWCGROUP = 0x02000000
 GATEWAY_LEAF = "gateway"
 RUNS_FOLDER = "mcp-write-gateway"
 CONTROLLERS = ("memory", "pids")
@@ -58,8 +63,9 @@ class V2Root:
     """The folder runs are made in, and what a run group there enforces.
 
     `controls` names what holds: "memory" (memory.max), "swap" (memory.swap.max), "pids"
-    (pids.max), "kill" (cgroup.kill), "freeze" (cgroup.freeze). A run's whole-run kill is
-    complete with either of the last two.
+    (pids.max), "kill" (cgroup.kill), "freeze" (cgroup.freeze); a run's whole-run kill is
+    complete with either of those two. "nsdelegate": the mount makes a cgroup namespace a
+    delegation boundary (`enter_cgroup_namespace`).
     """
 
     folder: Path
@@ -105,6 +111,8 @@ class V2Facts:
     held_by_v1: frozenset[str] = frozenset()
     others: tuple[int, ...] = ()
     """Processes in the group other than this one."""
+    nsdelegate: bool = False
+    """The mount has `nsdelegate`: a cgroup namespace is a delegation boundary."""
 
 
 def parse_v2_mount(mountinfo: str) -> tuple[Path, str] | None:
@@ -115,6 +123,16 @@ def parse_v2_mount(mountinfo: str) -> tuple[Path, str] | None:
         if len(parts) >= 5 and tail_parts[:1] == ["cgroup2"]:
             return Path(parts[4]), parts[3]
     return None
+
+
+def parse_v2_options(mountinfo: str) -> frozenset[str]:
+    """The first cgroup2 mount's options, per mount and of the hierarchy (`ro`, `nsdelegate`...)."""
+    for line in mountinfo.splitlines():
+        fields, _, tail = line.partition(" - ")
+        parts, tail_parts = fields.split(), tail.split()
+        if len(parts) >= 6 and len(tail_parts) >= 3 and tail_parts[0] == "cgroup2":
+            return frozenset({*parts[5].split(","), *tail_parts[2].split(",")})
+    return frozenset()
 
 
 def parse_v2_path(self_cgroup: str) -> str | None:
@@ -219,17 +237,19 @@ def read_v2_facts(mountinfo: str, self_cgroup: str) -> V2Facts:
     real_root = not (folder / "cgroup.type").exists()  # the root has none (nor cgroup.kill, cgroup.freeze)
     files = (folder, folder / "cgroup.procs", folder / "cgroup.subtree_control")
     procs = [int(pid) for pid in _read(folder / "cgroup.procs").split()]
+    options = parse_v2_options(mountinfo)
     return V2Facts(
         mount=mount,
         own=own,
         folder=folder,
         euid=facts.euid,
         owner=os.stat(folder / "cgroup.procs").st_uid,
-        writable=all(os.access(path, os.W_OK) for path in files) and not _read_only(mountinfo, mount),
+        writable=all(os.access(path, os.W_OK) for path in files) and "ro" not in options,
         real_root=real_root,
         controllers=frozenset(_read(folder / "cgroup.controllers").split()),
         held_by_v1=facts.held_by_v1,
         others=tuple(pid for pid in procs if pid != os.getpid()),
+        nsdelegate="nsdelegate" in options,
     )
 
 
@@ -247,7 +267,7 @@ def discover_v2() -> V2Availability:
     if not usable or facts.folder is None:
         return V2Availability(None, reason, fix)
     try:
-        root = _settle(facts.folder, controllers, move=not facts.real_root)
+        root = _settle(facts.folder, controllers, move=not facts.real_root, nsdelegate=facts.nsdelegate)
     except OSError as exc:
         return V2Availability(
             None,
@@ -263,7 +283,7 @@ def discover_v2() -> V2Availability:
     return V2Availability(root, reason, fix)
 
 
-def _settle(folder: Path, controllers: frozenset[str], *, move: bool) -> V2Root:
+def _settle(folder: Path, controllers: frozenset[str], *, move: bool, nsdelegate: bool) -> V2Root:
     """Make the layout (module docstring) and return where runs go; each step is skipped when done."""
     runs = folder / RUNS_FOLDER
     if move:
@@ -281,6 +301,8 @@ def _settle(folder: Path, controllers: frozenset[str], *, move: bool) -> V2Root:
     if "memory" in controls and (runs / "memory.swap.max").exists():
         controls.add("swap")
     controls.update(name for name in ("kill", "freeze") if (runs / f"cgroup.{name}").exists())
+    if nsdelegate:
+        controls.add("nsdelegate")
     return V2Root(runs, frozenset(controls))
 
 
@@ -313,6 +335,12 @@ class RunCgroup2:
     def join(self) -> None:
         """In the child (between fork and exec), first: move it into the group; one write, no allocation."""
         os.write(self._join_fd, b"0")
+
+    def enter_cgroup_namespace(self) -> None:
+        """In the child, right after `join` (CAP_SYS_ADMIN: root, or in its user namespace): a cgroup
+        namespace rooted at the run's group. With "nsdelegate" in `controls`, the kernel refuses the
+        run writes to its group's limits and any move out of it, even when the run owns the files."""
+        unshare(CLONE_NEWCGROUP)
 
     def members(self) -> list[int]:
         """The group's processes, those of any group below it included (a rootless run owns its group)."""
@@ -412,15 +440,6 @@ def _boot_v2() -> str:
 
 def _and(names: list[str]) -> str:
     return " and ".join(names)
-
-
-def _read_only(mountinfo: str, mount: Path | None) -> bool:
-    for line in mountinfo.splitlines():
-        fields, _, tail = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) >= 6 and tail.split()[:1] == ["cgroup2"] and Path(parts[4]) == mount:
-            return "ro" in parts[5].split(",")
-    return False
 
 
 def _keyed(path: Path, key: str) -> int:

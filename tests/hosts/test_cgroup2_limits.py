@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.cgroup2 import RunCgroup2, V2Root, discover_v2
+from sandbox.backends.namespaces import unshare
 
 MIB = 1 << 20
 DELEGATED = os.environ.get("MCP_GATEWAY_TEST_DELEGATED") == "1"
-NEEDED = frozenset({"memory", "swap", "pids", "kill", "freeze"})
+NEEDED = frozenset({"memory", "swap", "pids", "kill", "freeze", "nsdelegate"})
 ZRAM_SWAP = 'modprobe zram && dev=$(zramctl --find --size 256M) && mkswap "$dev" && swapon "$dev"'
 
 # Touches up to 256 MiB in 8 MiB blocks, printing MiB held after each: the limit must stop it.
@@ -247,3 +248,47 @@ def test_the_kernel_kill_reaches_a_daemonized_grandchild(group: RunCgroup2) -> N
     assert group.kill_all() == [daemon]
     assert not Path(f"/proc/{daemon}").exists() or "zombie" in Path(f"/proc/{daemon}/status").read_text()
     assert "populated 0" in (group.path / "cgroup.events").read_text()
+
+
+# Tries, from inside the run, to lift its own memory limit and to move itself out of its group.
+ESCAPE = """
+import errno, os, sys
+tried = []
+for path, value in ((sys.argv[1] + "/memory.max", "max"), (sys.argv[2] + "/cgroup.procs", "0")):
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, value.encode())
+            tried.append("done")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        tried.append(errno.errorcode[exc.errno])
+print(" ".join(tried))
+"""
+CLONE_NEWUSER = 0x10000000
+
+
+def test_in_its_cgroup_namespace_the_run_can_neither_lift_its_limit_nor_leave(group: RunCgroup2) -> None:
+    """As the owner of every file in reach (a delegated user's run, or root): refused by the kernel, not by modes."""
+    user = os.geteuid()
+
+    def preexec() -> None:
+        group.join()
+        if user != 0:
+            unshare(CLONE_NEWUSER)  # CAP_SYS_ADMIN for the cgroup namespace, in a namespace of its own
+        group.enter_cgroup_namespace()
+
+    outside = group.path.parent.parent / "gateway"  # where the gateway itself is: writable by this uid
+    child = subprocess.run(
+        [sys.executable, "-I", "-c", ESCAPE, str(group.path), str(outside)],
+        preexec_fn=preexec,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.stdout.split() == ["EPERM", "ENOENT"], child.stderr
+    assert (group.path / "memory.max").read_text() == f"{64 * MIB}\n"

@@ -27,6 +27,7 @@ from sandbox.backends.cgroup2 import (
     locate_v2,
     parse_v1_controllers,
     parse_v2_mount,
+    parse_v2_options,
 )
 from sandbox.backends.identity import RunIdentity
 from sandbox.backends.rlimits import MIB
@@ -65,6 +66,13 @@ def test_a_v2_only_host_has_its_hierarchy_at_sys_fs_cgroup_and_nothing_on_v1() -
 def test_a_hybrid_host_has_it_at_unified_and_v1_holds_memory_and_pids() -> None:
     assert locate_v2(HYBRID, HYBRID_SELF) == (Path("/sys/fs/cgroup/unified"), "/", Path("/sys/fs/cgroup/unified"))
     assert parse_v1_controllers(HYBRID) == {"memory", "pids"}
+
+
+def test_the_mount_options_say_read_only_and_nsdelegate() -> None:
+    assert {"rw", "nsdelegate"} <= parse_v2_options(V2_ONLY)
+    assert "nsdelegate" not in parse_v2_options(HYBRID)
+    assert {"ro", "nsdelegate"} <= parse_v2_options(CONTAINER)
+    assert parse_v2_options(HYBRID.replace("cgroup2 cgroup2", "tmpfs tmpfs")) == frozenset()
 
 
 def test_a_systemd_user_scope_is_a_folder_deep_in_user_slice() -> None:
@@ -248,7 +256,7 @@ def package() -> Iterator[Path]:
         backends.mkdir(parents=True)
         (folder / "sandbox" / "__init__.py").write_text("")
         (backends / "__init__.py").write_text("")
-        for name in ("cgroup.py", "cgroup2.py"):  # cgroup2 takes CgroupUsage from cgroup
+        for name in ("cgroup.py", "cgroup2.py", "namespaces.py", "probe.py"):  # cgroup2 and what it imports
             shutil.copy(Path(cgroup2.__file__).parent / name, backends)
         for path in folder.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)
