@@ -223,6 +223,12 @@ def judge_v2(facts: V2Facts) -> tuple[bool, frozenset[str], str, str]:
         )
         fixes.append(f"start the gateway alone in its own scope: `{_SCOPE}`")
         usable = frozenset()
+    if facts.euid != 0 and not facts.nsdelegate:
+        reasons.append(
+            f"the cgroup2 mount at {facts.mount} has no nsdelegate: a run of uid {facts.euid} that reached the "
+            "cgroup filesystem could lift its own limits or leave its group"
+        )
+        fixes.append(f"as root, `mount -o remount,nsdelegate {facts.mount}` (systemd mounts it so)")
     return True, usable, "; ".join(reasons), "; ".join(fixes)
 
 
@@ -256,7 +262,7 @@ def read_v2_facts(mountinfo: str, self_cgroup: str) -> V2Facts:
 def discover_v2() -> V2Availability:
     """Where this process may make run groups, set up on first use: the gateway moves into its leaf.
 
-    Call it while the gateway has one thread or more: the move takes them all. Idempotent.
+    The move takes every thread of the gateway along; a second call finds the layout and moves nothing.
     """
     try:
         mountinfo, self_cgroup = Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text()

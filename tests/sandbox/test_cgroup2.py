@@ -109,6 +109,7 @@ def facts(**changes: Any) -> V2Facts:
         "owner": 1000,
         "writable": True,
         "controllers": frozenset({"cpu", "memory", "pids"}),
+        "nsdelegate": True,
     }
     values.update(changes)
     return V2Facts(**values)
@@ -162,8 +163,15 @@ def test_discovery_refuses_with_the_reason_and_the_fix(changes: dict[str, Any], 
             "also holds other processes (4242, 4243)",
             "start the gateway alone in its own scope",
         ),
+        (
+            {"nsdelegate": False},
+            frozenset({"memory", "pids"}),
+            "the cgroup2 mount at /sys/fs/cgroup has no nsdelegate: a run of uid 1000 that reached the cgroup "
+            "filesystem could lift its own limits or leave its group",
+            "`mount -o remount,nsdelegate /sys/fs/cgroup`",
+        ),
     ],
-    ids=["held-by-v1", "pids-withheld-by-the-parent", "other-processes-in-the-group"],
+    ids=["held-by-v1", "pids-withheld-by-the-parent", "other-processes-in-the-group", "no-nsdelegate-for-a-user"],
 )
 def test_discovery_is_partial_with_the_reason_and_the_fix(
     changes: dict[str, Any], controllers: frozenset[str], reason: str, fix: str
