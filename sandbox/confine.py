@@ -36,13 +36,15 @@ import os
 import platform
 from collections.abc import Callable, Set
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from types import TracebackType
 
 from sandbox import guarantees
-from sandbox.backends import capabilities, cgroup, landlock, namespaces, netns, pidns, rlimits, seccomp, userns
+from sandbox.backends import capabilities, cgroup, cgroup2, landlock, namespaces, netns, pidns, rlimits, seccomp, userns
 from sandbox.backends.bubblewrap import bubblewrap_available
 from sandbox.backends.cgroup import RunCgroup
+from sandbox.backends.cgroup2 import RunCgroup2
 from sandbox.backends.identity import DEFAULT_POOL, RunIdentity, drop_privileges
 from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, namespaced_scratch_available, scratch_available
 from sandbox.errors import SandboxStartError
@@ -58,7 +60,8 @@ class LayerReport:
     uid_drop: bool
     """A pool uid of its own for each run (the gateway runs as root, with CAP_SETUID)."""
     cgroup: bool
-    """cgroup v1 memory, pids and freezer groups the gateway may create."""
+    """Groups the gateway may create with a memory and a process limit and a whole-group kill:
+    cgroup v1 (memory, pids, freezer hierarchies) or cgroup v2 (backends/cgroup2.py)."""
     network_namespace: bool
     scratch_tmpfs: bool
     """A private mount namespace with a size-limited tmpfs as the scratch folder."""
@@ -75,6 +78,11 @@ class LayerReport:
     user_namespace: bool = False
     """Each run in a user namespace of its own, which makes the other namespaces without root
     (backends/userns.py); used when the gateway lacks CAP_SYS_ADMIN."""
+    cgroup_version: int = 1
+    """Which hierarchy `cgroup` uses: 1 or 2."""
+    cgroup_why: str = ""
+    """Without `cgroup`: why not, and the fix (`cgroup_fix`), as discovery found them."""
+    cgroup_fix: str = ""
 
     def available(self, backend: Backend | None = None) -> frozenset[str]:
         """The layers this host has (of `backend`, when given)."""
@@ -103,11 +111,15 @@ def probe_layers() -> LayerReport:
     they are made inside a user namespace of the run's own, when the kernel allows one.
     """
     can_drop = os.geteuid() == 0 and capabilities.has(capabilities.CAP_SETUID, capabilities.CAP_SETGID)
+    groups = run_groups()
     if os.geteuid() == 0 and capabilities.has(capabilities.CAP_SYS_ADMIN) and can_drop:
         bubblewrap = bubblewrap_available()
         return LayerReport(
             uid_drop=True,
-            cgroup=cgroup.discover() is not None,
+            cgroup=groups.version > 0,
+            cgroup_version=groups.version,
+            cgroup_why=groups.why,
+            cgroup_fix=groups.fix,
             network_namespace=netns.network_namespace_available(),
             scratch_tmpfs=scratch_available(),
             rlimits=True,
@@ -121,7 +133,10 @@ def probe_layers() -> LayerReport:
     user_ns = userns.user_namespace_available(run_uid, run_gid)
     return LayerReport(
         uid_drop=can_drop,
-        cgroup=can_drop and cgroup.discover() is not None,
+        cgroup=groups.version > 0,
+        cgroup_version=groups.version,
+        cgroup_why=groups.why,
+        cgroup_fix=groups.fix,
         network_namespace=user_ns,
         scratch_tmpfs=user_ns and namespaced_scratch_available(run_uid, run_gid),
         rlimits=True,
@@ -132,6 +147,31 @@ def probe_layers() -> LayerReport:
         ipc_namespace=user_ns,
         user_namespace=user_ns,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RunGroups:
+    """Where run groups are made here: cgroup `version` 1 or 2 (0: nowhere, and why not, and the fix)."""
+
+    version: int
+    v2: cgroup2.V2Root | None = None
+    why: str = ""
+    fix: str = ""
+
+
+@cache
+def run_groups() -> RunGroups:
+    """cgroup v1 where it has memory, pids and freezer and the gateway may write there (root); else cgroup v2
+    with memory, pids and a whole-group kill (root, or a delegated subtree). Found once per process:
+    v2 discovery moves the gateway into its leaf group (backends/cgroup2.py), so call it before threads."""
+    if os.geteuid() == 0 and cgroup.discover() is not None:
+        return RunGroups(1)
+    found = cgroup2.discover_v2()
+    controls = found.controls
+    if found.root is not None and {"memory", "pids"} <= controls and controls & {"kill", "freeze"}:
+        return RunGroups(2, found.root)
+    why = found.reason or "cgroup v2 here lacks the memory or pids controller, or a whole-group kill"
+    return RunGroups(0, None, why, found.fix)
 
 
 def _seccomp_platform() -> bool:
@@ -164,7 +204,7 @@ class ChildPlan:
         read_write: tuple[Path, ...],
         *,
         active: Set[str] = ROOT_LAYERS,
-        group: RunCgroup | None = None,
+        group: RunCgroup | RunCgroup2 | None = None,
         scratch: ScratchSpace | None = None,
         child_scratch: NamespacedScratch | None = None,
         status_fd: int = -1,
@@ -180,6 +220,7 @@ class ChildPlan:
         native = limits.backend == "native"
         self._identity = identity if "uid_drop" in active else None
         self._group = group
+        self._cgroup_namespace = isinstance(group, RunCgroup2) and "nsdelegate" in group.controls
         # The run's cwd by fd (a pinned workspace), not by path: Popen(cwd=path) would resolve the
         # path again, and before preexec_fn runs (sandbox/pinned.py).
         self._cwd_fd = cwd_fd
@@ -236,6 +277,8 @@ class ChildPlan:
 
     def _root_steps(self) -> None:
         """As root: the namespaces and the tmpfs, the limits, then the drop to the pool uid."""
+        if self._cgroup_namespace and isinstance(self._group, RunCgroup2):
+            self._group.enter_cgroup_namespace()  # rooted at the run's group (its user namespace does this rootless)
         if self._unshare_network:
             netns.unshare_network()
         if self._unshare_ipc:

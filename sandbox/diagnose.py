@@ -109,7 +109,7 @@ def _namespaces(facts: HostFacts, report: LayerReport) -> tuple[str, str]:
     )
 
 
-def _cgroup(facts: HostFacts) -> tuple[str, str]:
+def _cgroup(facts: HostFacts, report: LayerReport) -> tuple[str, str]:
     if facts.root and facts.cgroup_v1:
         return (
             "the gateway may not create groups under the v1 memory and pids hierarchies",
@@ -120,6 +120,8 @@ def _cgroup(facts: HostFacts) -> tuple[str, str]:
             "memory and pids are on cgroup v1 here, where only root may create groups",
             "run the gateway as root, or boot with cgroup v2 only (systemd.unified_cgroup_hierarchy=1) and delegate it",
         )
+    if report.cgroup_why:
+        return report.cgroup_why, report.cgroup_fix or f"see {OPERATIONS}"
     if facts.cgroup2_mounted:
         return (
             "the gateway's cgroup v2 group is not delegated to it",
@@ -159,9 +161,9 @@ def cause(guarantee: Guarantee, report: LayerReport, backend: Backend, facts: Ho
             "leave syscall_filter out of sandbox.require",
         )
     if guarantee is Guarantee.MEMORY_TOTAL:
-        return _cgroup(facts)
+        return _cgroup(facts, report)
     if guarantee is Guarantee.PROCESS_TOTAL:
-        why, fix = _cgroup(facts)
+        why, fix = _cgroup(facts, report)
         return f"{why}, and the run has no uid or user namespace of its own for RLIMIT_NPROC", fix
     if guarantee is Guarantee.PROCESS_LIMITS:
         return "setrlimit failed in a probe", f"see {OPERATIONS}"

@@ -30,12 +30,13 @@ import anyio
 from sandbox.backends import pidns, seccomp
 from sandbox.backends.bubblewrap import bubblewrap_argv, command_ran
 from sandbox.backends.cgroup import RunCgroup, discover
+from sandbox.backends.cgroup2 import RunCgroup2
 from sandbox.backends.containment import sweep
 from sandbox.backends.identity import RunIdentity, UidPool
 from sandbox.backends.landlock import runtime_read_only_paths
 from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, files_for
 from sandbox.capture import OutputCapture
-from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers
+from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers, run_groups
 from sandbox.errors import SandboxStartError
 from sandbox.limits import Limits
 from sandbox.pinned import Pinned
@@ -106,14 +107,15 @@ async def run_sandboxed(
     left out unless `limits.required_layers` names it. Raises SandboxStartError when a required
     layer is missing or cannot be applied: nothing ran.
     """
-    active = plan_layers(host or probe_host(), limits)
+    report = host or probe_host()
+    active = plan_layers(report, limits)
     identity = _POOL.acquire() if "uid_drop" in active else None
     owner = (identity.uid, identity.gid) if identity is not None else (os.getuid(), os.getgid())
-    group: RunCgroup | None = None
+    group: RunCgroup | RunCgroup2 | None = None
     try:
         with contextlib.ExitStack() as stack:
             if "cgroup" in active:
-                group = stack.enter_context(_run_cgroup(identity, limits))
+                group = stack.enter_context(_run_cgroup(identity, limits, report.cgroup_version))
             space, child_scratch = None, None
             if "scratch_tmpfs" in active and "user_namespace" in active:
                 child_scratch = NamespacedScratch(
@@ -310,15 +312,23 @@ _group_serial = itertools.count()
 
 
 @contextlib.contextmanager
-def _run_cgroup(identity: RunIdentity | None, limits: Limits) -> Iterator[RunCgroup]:
-    roots = discover()
-    if roots is None:
-        raise SandboxStartError("cgroup_unavailable")
+def _run_cgroup(identity: RunIdentity | None, limits: Limits, version: int) -> Iterator[RunCgroup | RunCgroup2]:
+    """The run's group in the hierarchy the probe chose (`LayerReport.cgroup_version`)."""
     # A pool uid is the run's alone (held host-wide); without one, this process's pid and a serial are.
     name = f"run-{identity.uid}" if identity is not None else f"run-p{os.getpid()}-{next(_group_serial)}"
+    memory, processes = limits.memory_limit_mb * 1024 * 1024, limits.process_limit
+    group: RunCgroup | RunCgroup2
     try:
-        processes = limits.process_limit
-        group = RunCgroup(roots, name, limits.memory_limit_mb * 1024 * 1024, processes)
+        if version == 2:
+            v2 = run_groups().v2
+            if v2 is None:
+                raise SandboxStartError("cgroup_unavailable")
+            group = RunCgroup2(v2, name, memory, processes)
+        else:
+            roots = discover()
+            if roots is None:
+                raise SandboxStartError("cgroup_unavailable")
+            group = RunCgroup(roots, name, memory, processes)
     except OSError as exc:
         raise SandboxStartError("cgroup_failed") from exc
     try:
@@ -328,7 +338,7 @@ def _run_cgroup(identity: RunIdentity | None, limits: Limits) -> Iterator[RunCgr
         group.close()
 
 
-def _kill_leftovers(group: RunCgroup | None, identity: RunIdentity | None) -> list[int]:
+def _kill_leftovers(group: RunCgroup | RunCgroup2 | None, identity: RunIdentity | None) -> list[int]:
     """Kill every process the run left: its whole cgroup when it has one, every process of its pool uid otherwise.
 
     A rootless run without a cgroup shares the gateway's uid, which is never swept: its PID

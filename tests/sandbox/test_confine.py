@@ -6,6 +6,7 @@ import dataclasses
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -72,7 +73,8 @@ def test_plan_layers(
     require: list[Guarantee] | None,
     expected: set[str] | str,
 ) -> None:
-    host = dataclasses.replace(host, **dict.fromkeys(set(lacking) - {"landlock"}, False))
+    off: dict[str, Any] = dict.fromkeys(set(lacking) - {"landlock"}, False)
+    host = dataclasses.replace(host, **off)
     if "landlock" in lacking:
         host = dataclasses.replace(host, landlock=0)
     limits = Limits(
