@@ -12,7 +12,9 @@ The run's kernel uid is the gateway's (a root gateway drops to a pool uid first,
 that one: decision 56). What a process of that uid could otherwise reach, and what closes it:
 
 - the gateway's files (state folder, keys, database): Landlock's grants or bubblewrap's mount
-  tree (`file_grants`, which no policy may waive);
+  tree (`file_grants`, which no policy may waive); their modes, times and extended attributes,
+  which Landlock does not see (chmod would make the signing key every local user's): every
+  mount of a native run's namespace is read-only but its scratch (scratch.NamespacedScratch);
 - the gateway's `/proc/<pid>` (environ, mem, fd): not in the run's PID namespace, `/proc` not
   granted by Landlock (bubblewrap mounts the namespace's own), ptrace and process_vm_* refused
   by seccomp, Landlock's ptrace rule (no access out of the domain);
