@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -456,3 +458,66 @@ def test_each_process_stays_under_the_memory_limit(rootless_arena: Arena) -> Non
     run = arena.run("adv/test_memory_hog.py")
     assert run.report()["allocated_mib"] < 512, "RLIMIT_AS (memory_limit_mb 512) did not hold"
     assert "memory_total" not in run.evidence()["sandbox"]["confinement"]["guarantees"]
+
+
+INOTIFY_HOG = """
+import ctypes, os, time
+from _kit import attempt, report
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+def raise_quota():
+    with open("/proc/sys/user/max_inotify_instances", "w") as handle:
+        handle.write("100000")
+
+def test_take_every_inotify_instance():
+    raised = attempt(raise_quota)
+    fds, error = [], None
+    for _ in range(400):
+        fd = libc.inotify_init1(os.O_CLOEXEC)
+        if fd < 0:
+            error = ctypes.get_errno()
+            break
+        fds.append(fd)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(PARAMS["release"]) and time.monotonic() < deadline:  # held while the test looks
+        time.sleep(0.05)
+    report(instances=len(fds), errno=error, raised=raised)
+"""
+
+USERS_OWN_INOTIFY = (
+    "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); fd = libc.inotify_init1(0);"
+    " print(fd, ctypes.get_errno())"
+)
+
+
+def inotify_fds(pid: int) -> int:
+    return sum(1 for fd in os.listdir(f"/proc/{pid}/fd") if "inotify" in os.readlink(f"/proc/{pid}/fd/{fd}"))
+
+
+def test_a_run_takes_only_its_share_of_the_users_inotify_instances(rootless_arena: Arena) -> None:
+    arena, marker = rootless_arena, "adv/test_inotify_hog.py"
+    release = arena.workspace / "adv" / "inotify-release"
+    release.unlink(missing_ok=True)
+    arena.write(marker, INOTIFY_HOG, release=str(release))
+    call = arena.session.send_call("run_pytest", {"test_path": marker, "timeout_s": 30}, arena.token)
+    deadline, held = time.monotonic() + 30, [-1]
+    while time.monotonic() < deadline:
+        arena.session.pump()
+        with contextlib.suppress(OSError, psutil.Error):
+            held.append(max((inotify_fds(pid) for pid in arena.leftovers(marker)), default=0))
+        if held[-1] > 0 and held[-1] == held[-2]:
+            break
+    assert held[-1] > 0, "the run never took an inotify instance"
+    users_own = subprocess.run(
+        as_uid_argv(USER_UID, [sys.executable, "-c", USERS_OWN_INOTIFY]), capture_output=True, text=True, check=False
+    )
+    release.write_bytes(b"")
+    response = arena.session.wait_response(call, timeout=60)
+    fd, error = users_own.stdout.split()
+    assert int(fd) >= 0, f"while the run held its instances, the user's own program got errno {error}"
+    host_quota = int(Path("/proc/sys/user/max_inotify_instances").read_text())
+    stdout = arena.gateway.home / "artifacts" / response["result"]["structuredContent"]["run_id"] / "stdout.txt"
+    found = json.loads(re.findall(r"REPORT (\{.*\})", stdout.read_text())[0])
+    assert found.pop("raised").startswith("blocked:"), "the run raised its own share"
+    assert found == {"instances": host_quota // 8, "errno": errno.EMFILE}, found
