@@ -119,7 +119,12 @@ async def run_sandboxed(
             space, child_scratch = None, None
             if "scratch_tmpfs" in active and "user_namespace" in active:
                 child_scratch = NamespacedScratch(
-                    scratch, limits.scratch_bytes, files_for(limits.scratch_bytes), *owner
+                    scratch,
+                    limits.scratch_bytes,
+                    files_for(limits.scratch_bytes),
+                    *owner,
+                    # bubblewrap builds its own tree of read-only binds, and writes its maps in /proc
+                    read_only_tree=limits.backend == "native",
                 )
                 stack.callback(child_scratch.close)
             elif "scratch_tmpfs" in active:

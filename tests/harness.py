@@ -70,6 +70,20 @@ def reachable_by_everyone(folder: Path) -> None:
         path.chmod(path.stat().st_mode | (0o055 if path.is_dir() else 0o044))
 
 
+def as_uid_argv(uid: int, argv: list[str]) -> list[str]:
+    """`argv` run as the ordinary `uid` (gid the same, no supplementary groups): how a user's client starts it."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
+
+
+def hand_over(uid: int, *paths: Path) -> None:
+    """Give `paths` (each with everything beneath it, links themselves not followed) to `uid`:`uid`."""
+    for top in paths:
+        os.chown(top, uid, uid, follow_symlinks=False)
+        if top.is_dir() and not top.is_symlink():
+            for path in top.rglob("*"):
+                os.chown(path, uid, uid, follow_symlinks=False)
+
+
 def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():
@@ -135,6 +149,15 @@ class GatewayHome:
             load_keyring(self.home), auth, user, now=issued_at, ttl_s=ttl_s, jti=new_token_id(), workspace=workspace
         )
 
+    def hand_to(self, uid: int) -> None:
+        """Make the state folder, the workspace and the policy `uid`'s, as `mcp-gateway init` run by that user leaves them.
+
+        The harness builds them as root, in process (faster than the CLI as `uid`); a gateway
+        started as `uid` (StdioSession(run_as=uid)) then owns everything it reads and writes,
+        the database's WAL files included (SQLite, when root opens the database later, gives the
+        files it makes the database file's owner)."""
+        hand_over(uid, self.home, self.workspace, self.policy_path)
+
     def cli_argv(self, *args: str) -> list[str]:
         """`mcp-gateway` with this state folder, database and policy, then `args`."""
         return [
@@ -178,27 +201,25 @@ class StdioSession:
         db_url: str | None = None,
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
+        *,
+        run_as: int | None = None,
     ) -> None:
         """`env` adds to the environment `serve` inherits, which never carries the tests' MCP_GATEWAY_TOKEN;
-        `python` is the interpreter `serve` runs on (and so the one its runs execute)."""
+        `python` is the interpreter `serve` runs on (and so the one its runs execute); `run_as`, an
+        ordinary uid `serve` runs as (setpriv), as a user's MCP client starts it: the rootless mode.
+        Its state folder must be that uid's (GatewayHome.hand_to), and `env` should give it a HOME it owns."""
         environment = {k: v for k, v in os.environ.items() if k != "MCP_GATEWAY_TOKEN"} | dict(env or {})
         self.stderr_path = gateway.root / f"serve-stderr-{id(self)}.log"
         self._stderr = self.stderr_path.open("wb")
         url = db_url or gateway.url
+        argv = [
+            python, "-m", "gateway",
+            "--home", str(gateway.home), "--db", url, "--policy", str(gateway.policy_path),
+            *extra_args, "serve",
+        ]  # fmt: skip
+        self.run_as = run_as
         self.process = subprocess.Popen(
-            [
-                python,
-                "-m",
-                "gateway",
-                "--home",
-                str(gateway.home),
-                "--db",
-                url,
-                "--policy",
-                str(gateway.policy_path),
-                *extra_args,
-                "serve",
-            ],
+            argv if run_as is None else as_uid_argv(run_as, argv),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -238,14 +259,30 @@ class StdioSession:
             return self._pending.pop(request_id)
         while True:
             message = self.read_message(timeout)
-            if "method" in message:
-                self.unsolicited.append(message)
-                if "id" in message and self.responder is not None:
-                    self.send({"jsonrpc": "2.0", "id": message["id"], "result": self.responder(message)})
+            if self._handled(message):
                 continue
             if message.get("id") == request_id:
                 return message
             self._pending[message.get("id")] = message
+
+    def pump(self, timeout: float = 0.1) -> None:
+        """Handle what arrives within `timeout`, if anything: answer the gateway's requests, keep responses for
+        `wait_response`. For a test that waits on something else (a run's processes) while calls are in flight."""
+        try:
+            message = self.read_message(timeout)
+        except queue.Empty:
+            return
+        if not self._handled(message):
+            self._pending[message.get("id")] = message
+
+    def _handled(self, message: dict[str, Any]) -> bool:
+        """A message from the gateway that is not a response: noted, and answered when it is a request."""
+        if "method" not in message:
+            return False
+        self.unsolicited.append(message)
+        if "id" in message and self.responder is not None:
+            self.send({"jsonrpc": "2.0", "id": message["id"], "result": self.responder(message)})
+        return True
 
     def request(self, method: str, params: Mapping[str, Any] | None = None, timeout: float = 60) -> dict[str, Any]:
         self._next_id += 1

@@ -37,6 +37,7 @@ _SYS_MOVE_MOUNT = 429
 _SYS_FSOPEN = 430
 _SYS_FSCONFIG = 431
 _SYS_FSMOUNT = 432
+_SYS_MOUNT_SETATTR = 442
 _FSOPEN_CLOEXEC = 0x1
 _FSCONFIG_SET_STRING = 1
 _FSCONFIG_CMD_CREATE = 6
@@ -45,6 +46,8 @@ _MOUNT_ATTR_NOSUID = 0x2
 _MOUNT_ATTR_NODEV = 0x4
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _AT_FDCWD = -100
+_AT_RECURSIVE = 0x8000
+_MOUNT_ATTR_RDONLY = 0x1
 _CLONE_NEWNS = 0x00020000
 _MS_REC = 0x4000
 _MS_PRIVATE = 1 << 18
@@ -59,6 +62,17 @@ _unshare.restype = ctypes.c_int
 _mount = _libc.mount
 _mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 _mount.restype = ctypes.c_int
+
+
+class _MountAttr(ctypes.Structure):
+    """struct mount_attr (linux/mount.h), for mount_setattr(2)."""
+
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 def _checked(result: int, what: str) -> int:
@@ -163,27 +177,47 @@ class NamespacedScratch:
 
     Without root the gateway cannot make a tmpfs; the run's child can, in the mount namespace
     its user namespace owns. `apply()` (in the child, after `UserNamespace.enter`) makes every
-    mount private, makes the tmpfs with the same size, inode cap, mode and owner as ScratchSpace,
-    moves it onto the scratch folder, and sends its mount fd to the gateway over a socket pair
-    made here; it returns that fd, for Landlock's rule on the tmpfs root. `receive()` (in the
-    gateway, once the child is spawned) takes the fd: the gateway reads the run's files through
-    it after the namespace is gone, exactly as with a ScratchSpace it made itself.
+    mount private and read-only, makes the tmpfs with the same size, inode cap, mode and owner as
+    ScratchSpace, moves it onto the scratch folder, and sends its mount fd to the gateway over a
+    socket pair made here; it returns that fd, for Landlock's rule on the tmpfs root. `receive()`
+    (in the gateway, once the child is spawned) takes the fd: the gateway reads the run's files
+    through it after the namespace is gone, exactly as with a ScratchSpace it made itself.
+
+    Read-only, because such a run has the gateway's kernel uid, which owns the state folder
+    (signing.key, the database, the policy) and the user's files: Landlock refuses writing
+    them, but not chmod, chown, utime or setxattr, which it does not see. Through those a run
+    could make the signing key and its folder readable and writable by every local user
+    (measured: tests/rootless/test_contained.py). On a read-only mount each fails with EROFS;
+    the scratch tmpfs, mounted afterwards, stays writable, and so do device nodes (/dev/null).
+    Only the run's own mount namespace changes, never the host's. bubblewrap's runs skip it:
+    their tree holds only the grants, bound read-only, and bwrap must write its maps in /proc.
     """
 
-    __slots__ = ("_child_end", "_gateway_end", "_options", "files", "size", "target")
+    __slots__ = ("_child_end", "_gateway_end", "_options", "_read_only", "files", "size", "target")
 
-    def __init__(self, target: Path, size_bytes: int, max_files: int, uid: int, gid: int) -> None:
+    def __init__(
+        self, target: Path, size_bytes: int, max_files: int, uid: int, gid: int, *, read_only_tree: bool = True
+    ) -> None:
+        """`read_only_tree=False` leaves the other mounts writable (to Landlock's and DAC's judgement): only for a
+        command that builds a mount tree of its own, as bubblewrap does (its maps are written through /proc)."""
         if size_bytes < MIB or max_files < 16:
             raise ValueError("a scratch space needs at least 1 MiB and 16 files")
         self.target, self.size, self.files = target, size_bytes, max_files
         options = {"size": size_bytes, "nr_inodes": max_files, "mode": "0700", "uid": uid, "gid": gid}
         self._options = tuple((key.encode(), str(value).encode()) for key, value in options.items())
+        # Built now (as apply()'s other arguments are), so the child only makes the call.
+        read_only = ctypes.pointer(_MountAttr(attr_set=_MOUNT_ATTR_RDONLY))
+        self._read_only = (read_only, ctypes.sizeof(_MountAttr)) if read_only_tree else None
         self._gateway_end, self._child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 
     def apply(self) -> int:
-        """In the child, inside its user and mount namespaces: the tmpfs on the target; its mount fd. Raises OSError."""
+        """In the child, inside its user and mount namespaces: every mount read-only, the tmpfs on the target;
+        its mount fd. Raises OSError."""
         if _mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "mount(MS_REC|MS_PRIVATE)")
+        if self._read_only is not None:
+            attributes, size = self._read_only
+            _checked(_syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, attributes, size), "mount_setattr")
         context = _checked(_syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC), "fsopen")
         for key, value in self._options:
             _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_SET_STRING, key, value, 0), "fsconfig")

@@ -12,7 +12,9 @@ The run's kernel uid is the gateway's (a root gateway drops to a pool uid first,
 that one: decision 56). What a process of that uid could otherwise reach, and what closes it:
 
 - the gateway's files (state folder, keys, database): Landlock's grants or bubblewrap's mount
-  tree (`file_grants`, which no policy may waive);
+  tree (`file_grants`, which no policy may waive); their modes, times and extended attributes,
+  which Landlock does not see (chmod would make the signing key every local user's): every
+  mount of a native run's namespace is read-only but its scratch (scratch.NamespacedScratch);
 - the gateway's `/proc/<pid>` (environ, mem, fd): not in the run's PID namespace, `/proc` not
   granted by Landlock (bubblewrap mounts the namespace's own), ptrace and process_vm_* refused
   by seccomp, Landlock's ptrace rule (no access out of the domain);
@@ -22,6 +24,8 @@ that one: decision 56). What a process of that uid could otherwise reach, and wh
   network namespace, Landlock's abstract-socket scope;
 - the supervisors (`P`, `I`, which keep the gateway's memory image): undumpable, so neither
   `/proc/1/mem` nor ptrace reaches them, and `I` ignores every signal a pid 1 may ignore;
+- the user's per-user kernel quotas (inotify and fanotify instances and watches, which the user's
+  editor needs too): the run's namespace gets an eighth of each (`USER_QUOTAS`);
 - its limits: RLIMIT_NPROC counts the processes of a uid within one user namespace (Linux
   5.14+), so the run's limit counts the run's processes, not the user's; `rlimits.apply` runs
   after `enter` for that reason.
@@ -82,12 +86,14 @@ class UserNamespace:
             (b"/proc/self/setgroups", b"deny"),
             (b"/proc/self/uid_map", b"%d %d 1" % (uid, uid)),
             (b"/proc/self/gid_map", b"%d %d 1" % (gid, gid)),
+            *_share_of_user_quotas(),
         )
         self._cap_header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
         self._cap_data = (_CapData * 2)()
 
     def enter(self) -> None:
-        """New user, network (unless the policy allows it), IPC, UTS, mount and cgroup namespaces; our ids mapped.
+        """New user, network (unless the policy allows it), IPC, UTS, mount and cgroup namespaces; our ids mapped;
+        the namespace's share of the user's kernel quotas (`USER_QUOTAS`) set.
 
         After a drop from root the process is undumpable, which makes its /proc/self files root's: the
         maps could not be written. It is dumpable until `seal`, which is this code's, not the run's."""
@@ -111,6 +117,30 @@ class UserNamespace:
             raise OSError(ctypes.get_errno(), "undumpable")
         if _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "no_new_privs")
+
+
+USER_QUOTAS = ("max_inotify_instances", "max_inotify_watches", "max_fanotify_groups", "max_fanotify_marks")
+"""Kernel objects counted per user, across the user's namespaces (/proc/sys/user): a run that has the
+user's kernel uid would take them from the user's own programs (measured: a run held all 128 inotify
+instances, and the user's own programs got EMFILE until it ended). Each run's namespace gets an eighth."""
+QUOTA_SHARE = 8
+
+
+def _share_of_user_quotas() -> tuple[tuple[bytes, bytes], ...]:
+    """(file, value) for each quota this kernel has: 1/QUOTA_SHARE of its value here (read in the parent).
+
+    Written in the run's namespace, where its creator may (CAP_SYS_RESOURCE there): the kernel counts
+    each object in every namespace up to the host's, so the run stops at its share, the user keeps the rest."""
+    out = []
+    for name in USER_QUOTAS:
+        path = f"/proc/sys/user/{name}"
+        try:
+            with open(path, "rb") as handle:
+                value = int(handle.read())
+        except (OSError, ValueError):
+            continue  # an older kernel (fanotify's are 5.13+): the object has no per-user quota to share
+        out.append((path.encode(), b"%d" % max(1, value // QUOTA_SHARE)))
+    return tuple(out)
 
 
 def probe_entry(uid: int, gid: int) -> Callable[[], None]:

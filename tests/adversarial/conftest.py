@@ -21,7 +21,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ import pytest
 from sandbox import probe_host
 from sandbox.guarantees import Guarantee
 from sandbox.limits import BACKENDS
-from tests.harness import GatewayHome, StdioSession, deep_merge, reachable_by_everyone
+from tests.harness import GatewayHome, StdioSession, deep_merge, hand_over, reachable_by_everyone
 
 ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
 RUN_UIDS = range(61000, 62000)
@@ -91,21 +91,6 @@ def answer_allow_once(message: dict[str, Any]) -> dict[str, Any]:
     return {"action": "accept", "content": {"decision": "allow_once"}}
 
 
-@contextlib.contextmanager
-def environment(extra: Mapping[str, str]) -> Iterator[None]:
-    """`os.environ` plus `extra` while a serve process starts (StdioSession has no env parameter)."""
-    saved = {name: os.environ.get(name) for name in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def open_to_everyone(path: Path) -> Path:
     """A 0777 folder the run uid may reach: it shows what Landlock (not DAC) stops."""
     path.mkdir(parents=True, exist_ok=True)
@@ -114,21 +99,22 @@ def open_to_everyone(path: Path) -> Path:
     return path
 
 
-def pid_is_ours_and_alive(pid: int) -> bool:
+def pid_is_ours_and_alive(pid: int, uids: Container[int] = RUN_UIDS) -> bool:
     """True while `pid` is a live, non-zombie process of a run uid (a reused pid is someone else)."""
     try:
         proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and any(u in RUN_UIDS for u in proc.uids())
+        return proc.status() != psutil.STATUS_ZOMBIE and any(u in uids for u in proc.uids())
     except psutil.NoSuchProcess:
         return False
 
 
-def wait_gone(pids: list[int], timeout: float = 5) -> list[int]:
+def wait_gone(pids: list[int], timeout: float = 5, uids: Container[int] = RUN_UIDS) -> list[int]:
+    """The `pids` (host pids, of a run uid in `uids`) still alive after `timeout`."""
     deadline = time.monotonic() + timeout
-    alive = [p for p in pids if pid_is_ours_and_alive(p)]
+    alive = [p for p in pids if pid_is_ours_and_alive(p, uids)]
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
-        alive = [p for p in alive if pid_is_ours_and_alive(p)]
+        alive = [p for p in alive if pid_is_ours_and_alive(p, uids)]
     return alive
 
 
@@ -214,6 +200,8 @@ class Arena:
     backend: str = "native"
     """The sandbox backend. Under bubblewrap the run has a PID namespace of its own: pid 1 is
     bubblewrap's reaper, part of the run, and a death by signal N comes back as exit code 128+N."""
+    run_uids: Container[int] = RUN_UIDS
+    """The kernel uids a run's processes have: the pool (a root gateway), or the gateway's own (rootless)."""
 
     @property
     def workspace(self) -> Path:
@@ -256,7 +244,7 @@ class Arena:
             uids, cmdline = proc.info["uids"], proc.info["cmdline"] or []
             if uids is None or proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if any(u in RUN_UIDS for u in uids) and any(marker in part for part in cmdline):
+            if any(u in self.run_uids for u in uids) and any(marker in part for part in cmdline):
                 found.append(proc.pid)
         return found
 
@@ -268,8 +256,15 @@ def open_arena(
     serve_env: Mapping[str, str] | None = None,
     keep_sample_config: bool = True,
     prepare: Callable[[GatewayHome], None] | None = None,
+    *,
+    run_as: int | None = None,
 ) -> Iterator[Arena]:
-    """`prepare` runs after the state folder, workspace and policy are made, before `serve` loads them."""
+    """`prepare` runs after the state folder, workspace and policy are made, before `serve` loads them.
+
+    `run_as`: the ordinary uid `serve` runs as (the rootless mode). The state folder, the
+    workspace, the policy and the 0777 `outside` folder are then that user's, as they are on a
+    user's machine: DAC lets the run (the same kernel uid) at all of them, only the sandbox not.
+    `root` must be enterable by that uid, and outside pytest's temp folder (tests/harness.py)."""
     root.mkdir(parents=True, exist_ok=True)
     gateway = GatewayHome(root, deep_merge(dict(POLICY), policy or {}))
     gateway.add_user("alice", "USER")
@@ -277,16 +272,23 @@ def open_arena(
         (gateway.workspace / "pyproject.toml").unlink()
     if prepare is not None:
         prepare(gateway)
+    env = dict(serve_env or {})
+    if run_as is not None:
+        gateway.hand_to(run_as)
+        env.setdefault("HOME", str(root))
     canary = f"canary-{secrets.token_hex(16)}"
-    with environment({CANARY_VAR: canary, **(serve_env or {})}):
-        session = StdioSession(gateway)
+    session = StdioSession(gateway, env={CANARY_VAR: canary, **env}, run_as=run_as)
     try:
         if "result" not in session.initialize(ELICITATION):
             raise AssertionError(session.stderr_text())
         session.responder = answer_allow_once
         outside = open_to_everyone(Path(tempfile.mkdtemp(prefix="mcp-adv-outside-")))
+        if run_as is not None:
+            hand_over(run_as, outside)
         backend = str((policy or {}).get("sandbox", {}).get("backend", "native"))
         arena = Arena(gateway, session, gateway.token("alice", ttl_s=3600), outside, backend=backend)
+        if run_as is not None:
+            arena.run_uids = frozenset({run_as})
         arena.secrets = {
             "signing.key": (gateway.home / "signing.key").read_bytes().strip(),
             "gateway.db": b"SQLite format 3\x00",
