@@ -503,6 +503,7 @@ class Pipeline:
             run_dir=self.s.runs.folder(run_id),
             environ=self.s.environ,
             host=self.s.host,
+            hidden=(self.s.settings.home,),
         )
         try:
             run = await spec.execute(request)

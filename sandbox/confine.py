@@ -46,7 +46,14 @@ from sandbox.backends.bubblewrap import bubblewrap_available
 from sandbox.backends.cgroup import RunCgroup
 from sandbox.backends.cgroup2 import RunCgroup2
 from sandbox.backends.identity import DEFAULT_POOL, RunIdentity, drop_privileges
-from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, namespaced_scratch_available, scratch_available
+from sandbox.backends.scratch import (
+    NamespacedScratch,
+    NamespacedTree,
+    ScratchSpace,
+    namespaced_scratch_available,
+    namespaced_tree_available,
+    scratch_available,
+)
 from sandbox.errors import SandboxStartError
 from sandbox.guarantees import Guarantee
 from sandbox.limits import BACKEND_LAYERS, LAYERS, Backend, Limits
@@ -130,7 +137,8 @@ def probe_layers() -> LayerReport:
             ipc_namespace=namespaces.ipc_namespace_available(),
         )
     run_uid, run_gid = (DEFAULT_POOL.start, DEFAULT_POOL.start) if can_drop else (os.getuid(), os.getgid())
-    user_ns = userns.user_namespace_available(run_uid, run_gid)
+    # The read-only tree (and the hidden state folder) is part of a rootless run's file grants: without it, no mode.
+    user_ns = userns.user_namespace_available(run_uid, run_gid) and namespaced_tree_available(run_uid, run_gid)
     return LayerReport(
         uid_drop=can_drop,
         cgroup=groups.version > 0,
@@ -240,6 +248,11 @@ class ChildPlan:
         )
         self._scratch = scratch
         self._child_scratch = child_scratch
+        # bubblewrap builds its own tree of read-only binds (and writes its maps through /proc).
+        # Hidden only when the run has the gateway's uid: a pool uid is kept out of the state folder by
+        # its permissions already (and may not even reach it to mount over it).
+        hidden = limits.hidden if identity is None else ()
+        self._tree = NamespacedTree(hidden) if rootless and native else None
         self._rlimits = rlimits.ResourceLimits.from_limits(limits) if "rlimits" in active else None
         self._landlock: landlock.PreparedLandlock | None = None
         self._seccomp: seccomp.SeccompProgram | None = None
@@ -298,6 +311,8 @@ class ChildPlan:
         if self._identity is not None:
             drop_privileges(self._identity.uid, self._identity.gid)
         namespace.enter()
+        if self._tree is not None:
+            self._tree.apply()  # before the scratch tmpfs, which then stays writable
         if self._child_scratch is not None:
             mount_fd = self._child_scratch.apply()
             if self._landlock is not None:

@@ -55,6 +55,9 @@ class Limits:
     scratch_bytes: int = 256 * MIB
     """Size of the scratch tmpfs, the run's only writable place (its inode count follows the size)."""
     backend: Backend = "native"
+    hidden: tuple[Path, ...] = ()
+    """Folders the run must not even see (the gateway's state folder): a rootless native run, which
+    has the gateway's uid, finds an empty read-only tmpfs there (backends/scratch.py NamespacedTree)."""
     require: frozenset[Guarantee] | None = None
     """Guarantees without which the run must not start (None: guarantees.DEFAULT_REQUIRED); every
     layer of the backend the host has is applied anyway."""

@@ -123,8 +123,6 @@ async def run_sandboxed(
                     limits.scratch_bytes,
                     files_for(limits.scratch_bytes),
                     *owner,
-                    # bubblewrap builds its own tree of read-only binds, and writes its maps in /proc
-                    read_only_tree=limits.backend == "native",
                 )
                 stack.callback(child_scratch.close)
             elif "scratch_tmpfs" in active:

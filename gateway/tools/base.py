@@ -43,6 +43,8 @@ class ExecutionRequest:
     environ: Mapping[str, str]
     host: LayerReport
     """What this host can enforce (`Services.host`, probed once by `open_services`)."""
+    hidden: tuple[Path, ...] = ()
+    """Folders the run must not even see (the gateway's state folder): sandbox.Limits.hidden."""
 
 
 @dataclass(frozen=True, slots=True)

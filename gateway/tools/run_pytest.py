@@ -354,6 +354,7 @@ async def execute(request: ExecutionRequest) -> PytestRun:
         run_dir=request.run_dir,
         environ=request.environ,
         host=request.host,
+        hidden=request.hidden,
     )
 
 
@@ -368,6 +369,7 @@ async def run(
     environ: Mapping[str, str],
     allowed_paths: tuple[Pinned, ...] = (),
     host: LayerReport,
+    hidden: tuple[Path, ...] = (),
 ) -> PytestRun:
     """Run pytest for one call; nothing the run produced is read here (that is `PytestRun.outcome`).
 
@@ -389,6 +391,7 @@ async def run(
             scratch_bytes=policy.scratch_limit_mb * MIB,
             backend=policy.backend,
             require=None if policy.require is None else frozenset(policy.require),
+            hidden=hidden,
         )
         result = await run_sandboxed(
             pytest_argv(root.path, arguments, scratch / "junit.xml", policy.pytest_plugins),

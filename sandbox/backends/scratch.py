@@ -172,6 +172,58 @@ class ScratchSpace:
         self.close()
 
 
+def _tmpfs_onto(options: tuple[tuple[bytes, bytes], ...], target: bytes, attributes: int) -> int:
+    """In the child: a new tmpfs with `options` and mount `attributes`, moved onto `target`; its mount fd."""
+    context = _checked(_syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC), "fsopen")
+    try:
+        for key, value in options:
+            _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_SET_STRING, key, value, 0), "fsconfig")
+        _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_CMD_CREATE, None, None, 0), "fsconfig create")
+        mount_fd = _checked(_syscall(_SYS_FSMOUNT, context, _FSMOUNT_CLOEXEC, attributes), "fsmount")
+    finally:
+        os.close(context)
+    _checked(_syscall(_SYS_MOVE_MOUNT, mount_fd, b"", _AT_FDCWD, target, _MOVE_MOUNT_F_EMPTY_PATH), "move_mount")
+    return mount_fd
+
+
+class NamespacedTree:
+    """A rootless native run's view of the host's files, in its own mount namespace: read-only, the state folder hidden.
+
+    Such a run has the gateway's kernel uid, which owns the state folder (signing.key, the
+    database, the policy) and the user's files. Landlock refuses reading and writing them, but
+    not chmod, chown, utime or setxattr, nor stat and inotify, which it does not see: through the
+    first a run could make the signing key readable and writable by every local user, through the
+    second learn the names made in the state folder and when the database changes (measured:
+    tests/rootless/). `apply()` (in the child, after `UserNamespace.enter`, before the scratch
+    tmpfs) makes every mount private and read-only (each of those calls then fails with EROFS;
+    the scratch tmpfs, mounted afterwards, stays writable, and so do device nodes such as
+    /dev/null), then mounts an empty read-only tmpfs over each `hidden` folder: the run finds
+    nothing there to read, measure or watch. Only the run's own mount namespace changes, never
+    the host's. bubblewrap's runs skip it: their tree holds only the grants, read-only, and bwrap
+    writes its own maps through /proc. Needs mount_setattr (Linux 5.12).
+    """
+
+    __slots__ = ("_hidden", "_read_only")
+
+    def __init__(self, hidden: tuple[Path, ...] = ()) -> None:
+        # Built now (as every argument of apply()), so the child only makes the calls.
+        self._read_only = (ctypes.pointer(_MountAttr(attr_set=_MOUNT_ATTR_RDONLY)), ctypes.sizeof(_MountAttr))
+        self._hidden = tuple(os.fsencode(path) for path in hidden if path.is_dir())
+
+    def apply(self) -> None:
+        """In the child, inside its user and mount namespaces. Raises OSError."""
+        if _mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount(MS_REC|MS_PRIVATE)")
+        attributes, size = self._read_only
+        _checked(_syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, attributes, size), "mount_setattr")
+        for folder in self._hidden:
+            flags = _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+            os.close(_tmpfs_onto(_HIDING, folder, flags))
+
+
+_HIDING = ((b"size", b"4096"), (b"nr_inodes", b"16"), (b"mode", b"0500"))
+
+
 class NamespacedScratch:
     """The scratch tmpfs of a run in a user namespace of its own (backends/userns.py), made by the child.
 
@@ -182,52 +234,24 @@ class NamespacedScratch:
     socket pair made here; it returns that fd, for Landlock's rule on the tmpfs root. `receive()`
     (in the gateway, once the child is spawned) takes the fd: the gateway reads the run's files
     through it after the namespace is gone, exactly as with a ScratchSpace it made itself.
-
-    Read-only, because such a run has the gateway's kernel uid, which owns the state folder
-    (signing.key, the database, the policy) and the user's files: Landlock refuses writing
-    them, but not chmod, chown, utime or setxattr, which it does not see. Through those a run
-    could make the signing key and its folder readable and writable by every local user
-    (measured: tests/rootless/test_contained.py). On a read-only mount each fails with EROFS;
-    the scratch tmpfs, mounted afterwards, stays writable, and so do device nodes (/dev/null).
-    Only the run's own mount namespace changes, never the host's. bubblewrap's runs skip it:
-    their tree holds only the grants, bound read-only, and bwrap must write its maps in /proc.
+    Mounted after NamespacedTree's read-only step, it stays writable.
     """
 
-    __slots__ = ("_child_end", "_gateway_end", "_options", "_read_only", "files", "size", "target")
+    __slots__ = ("_child_end", "_gateway_end", "_options", "files", "size", "target")
 
-    def __init__(
-        self, target: Path, size_bytes: int, max_files: int, uid: int, gid: int, *, read_only_tree: bool = True
-    ) -> None:
-        """`read_only_tree=False` leaves the other mounts writable (to Landlock's and DAC's judgement): only for a
-        command that builds a mount tree of its own, as bubblewrap does (its maps are written through /proc)."""
+    def __init__(self, target: Path, size_bytes: int, max_files: int, uid: int, gid: int) -> None:
         if size_bytes < MIB or max_files < 16:
             raise ValueError("a scratch space needs at least 1 MiB and 16 files")
         self.target, self.size, self.files = target, size_bytes, max_files
         options = {"size": size_bytes, "nr_inodes": max_files, "mode": "0700", "uid": uid, "gid": gid}
         self._options = tuple((key.encode(), str(value).encode()) for key, value in options.items())
-        # Built now (as apply()'s other arguments are), so the child only makes the call.
-        read_only = ctypes.pointer(_MountAttr(attr_set=_MOUNT_ATTR_RDONLY))
-        self._read_only = (read_only, ctypes.sizeof(_MountAttr)) if read_only_tree else None
         self._gateway_end, self._child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
 
     def apply(self) -> int:
-        """In the child, inside its user and mount namespaces: every mount read-only, the tmpfs on the target;
-        its mount fd. Raises OSError."""
+        """In the child, inside its user and mount namespaces: the tmpfs on the target; its mount fd. Raises OSError."""
         if _mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "mount(MS_REC|MS_PRIVATE)")
-        if self._read_only is not None:
-            attributes, size = self._read_only
-            _checked(_syscall(_SYS_MOUNT_SETATTR, _AT_FDCWD, b"/", _AT_RECURSIVE, attributes, size), "mount_setattr")
-        context = _checked(_syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC), "fsopen")
-        for key, value in self._options:
-            _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_SET_STRING, key, value, 0), "fsconfig")
-        _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_CMD_CREATE, None, None, 0), "fsconfig create")
-        mount_fd = _checked(
-            _syscall(_SYS_FSMOUNT, context, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV), "fsmount"
-        )
-        os.close(context)
-        target = os.fsencode(self.target)
-        _checked(_syscall(_SYS_MOVE_MOUNT, mount_fd, b"", _AT_FDCWD, target, _MOVE_MOUNT_F_EMPTY_PATH), "move_mount")
+        mount_fd = _tmpfs_onto(self._options, os.fsencode(self.target), _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV)
         rights = struct.pack("i", mount_fd)
         self._child_end.sendmsg([b"m"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
         return mount_fd
@@ -275,10 +299,11 @@ def namespaced_scratch_available(uid: int, gid: int) -> bool:
             if os.geteuid() == 0:
                 os.chown(folder, uid, gid)
             space = NamespacedScratch(Path(folder), MIB, 16, uid, gid)
-            enter = probe_entry(uid, gid)
+            enter, tree = probe_entry(uid, gid), NamespacedTree()
 
             def step() -> None:
                 enter()
+                tree.apply()
                 space.apply()
 
             try:
@@ -290,5 +315,21 @@ def namespaced_scratch_available(uid: int, gid: int) -> bool:
                 return False
             finally:
                 space.close()
+    except OSError:
+        return False
+
+
+def namespaced_tree_available(uid: int, gid: int) -> bool:
+    """Whether a run's child in its own user namespace (as `uid`) can make its tree read-only and hide a folder."""
+    try:
+        with tempfile.TemporaryDirectory(prefix="mcp-tree-probe-") as folder:
+            os.chmod(folder, 0o711)  # noqa: S103  (empty; the probe, as `uid`, must reach the folder it hides)
+            enter, tree = probe_entry(uid, gid), NamespacedTree((Path(folder),))
+
+            def step() -> None:
+                enter()
+                tree.apply()
+
+            return child_succeeds(("/bin/true",), step)
     except OSError:
         return False
