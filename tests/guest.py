@@ -1,0 +1,374 @@
+"""A KVM guest with another kernel and a cgroup-v2-only hierarchy, for the host matrix (issue 14).
+
+`Guest.boot(checkout)` starts QEMU/KVM on Debian's distribution kernel (`linux-image-amd64`,
+6.1: Landlock ABI 2) with `cgroup_no_v1=all`, 2 vCPUs, 3 GiB of RAM and no network device.
+A tiny initramfs built here (busybox-static, the virtio/9p modules of that kernel, an /init
+script) mounts the host's `/` over 9p read-only, puts the guest's own proc, sysfs, cgroup2 (at
+/sys/fs/cgroup, memory and pids enabled), devtmpfs and a 1 GiB tmpfs at /tmp on top (the
+checkout and the venv stay visible at their host paths even when they live under /tmp), then
+`switch_root`s to the host's Python running tests/guest_agent.py as pid 1. The agent answers
+one JSON line per command over a virtio-serial port backed by a unix socket on the host.
+
+    result = guest.run([guest.python, "-m", "pytest", "tests/hosts/x.py"], user=4242, delegated=True, timeout_s=300)
+
+runs in the checkout with PYTHONPATH=<checkout> (the venv's editable install may name another
+checkout) and a small environment (`Guest.env`; `env=` adds to it). `user=U` runs as uid U
+(no passwd entry needed); `delegated=True` first hands U a cgroup of its own as systemd's
+`Delegate=` does and starts the command in it. Each command's processes end with it
+(`cgroup.kill`); `timeout_s` raises `subprocess.TimeoutExpired`. A guest that does not boot
+or stops answering raises `GuestError` with QEMU's stderr and the console's tail; it is killed
+at `close()`.
+
+Needs `make guest-deps` (as root: qemu-system-x86, linux-image-amd64, busybox-static) and
+/dev/kvm (root-only here). Measured on the CI machine (2 cores, Linux 6.18 host): boot to the
+agent's first answer BOOT_MEDIAN; the guest adds SUITE_COST to the suite.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import lzma
+import os
+import re
+import select
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, Self
+
+MODULES = ("virtio_pci", "9pnet_virtio", "9p", "virtio_console")
+"""Loaded in this order with their dependencies (modules.dep): the disk, the agent's port."""
+SCRATCH = Path("/tmp")
+MEMORY_MIB = 3072
+BOOT_TIMEOUT_S = 120.0
+ANSWER_MARGIN_S = 30.0
+"""How much longer than a command's own timeout the host waits before declaring the guest dead."""
+CONSOLE_TAIL = 3000
+FIX = "install the guest's packages with `make guest-deps` (as root)"
+
+INIT = """#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+. /config
+fail() { echo "guest-init: $*"; sleep 1; exit 1; }
+for module in $MODULES; do insmod /modules/$module.ko || fail "insmod $module"; done
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 root /newroot || fail "mount the host's root over 9p"
+mkdir -p /keep
+i=0; for path in $KEEP; do mkdir /keep/$i; mount --bind /newroot$path /keep/$i || fail "bind $path"; i=$((i+1)); done
+mount -t tmpfs -o mode=1777,size=1g scratch /newroot/tmp || fail "tmpfs /tmp"
+i=0; for path in $KEEP; do mkdir -p /newroot$path; mount --move /keep/$i /newroot$path || fail "move $path"; i=$((i+1)); done
+mount -t tmpfs -o mode=0755,size=64m run /newroot/run
+mount --move /proc /newroot/proc
+mount --move /sys /newroot/sys
+mount --move /dev /newroot/dev
+mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /newroot/sys/fs/cgroup || fail "mount cgroup2"
+mkdir -p /newroot/dev/pts /newroot/dev/shm
+mount -t devpts devpts /newroot/dev/pts
+mount -t tmpfs -o mode=1777 shm /newroot/dev/shm
+hostname guest
+ip link set lo up
+echo "guest-init: switch_root"
+exec switch_root /newroot $PYTHON -I -S -u $AGENT agent
+"""
+
+
+ACCELERATORS = {
+    "kvm": ("-accel", "kvm", "-cpu", "host"),
+    "tcg": ("-accel", "tcg,thread=multi", "-cpu", "max"),
+}
+
+
+def accelerator() -> str:
+    """`kvm` where the CPU has hardware virtualization (vmx/svm) and /dev/kvm is usable, else `tcg`.
+
+    A /dev/kvm without vmx/svm (this CI machine: the kvm_pvm module, a Pagetable-based VM)
+    creates VMs but boots only PVM-built kernels; Debian's stalls at "Probing EDD".
+    """
+    flags = set(re.findall(r"\b(vmx|svm)\b", Path("/proc/cpuinfo").read_text()))
+    return "kvm" if flags and os.access("/dev/kvm", os.R_OK | os.W_OK) else "tcg"
+
+
+class GuestError(RuntimeError):
+    """The guest could not boot or stopped answering; the message carries the reason and the fix."""
+
+
+def find_kernel() -> tuple[Path, Path]:
+    """The newest /boot/vmlinuz-* whose modules are installed, and its modules folder."""
+    kernels = sorted(Path("/boot").glob("vmlinuz-*"), key=lambda p: [int(n) for n in re.findall(r"\d+", p.name)])
+    for kernel in reversed(kernels):
+        modules = Path("/lib/modules", kernel.name.removeprefix("vmlinuz-"))
+        if (modules / "modules.dep").is_file():
+            return kernel, modules
+    raise GuestError(f"no kernel with modules under /boot and /lib/modules: {FIX}")
+
+
+def extract_vmlinux(kernel: Path, target: Path) -> Path:
+    """The ELF inside a bzImage (xz or gzip), which QEMU boots through PVH; else the bzImage itself.
+
+    Under TCG the bzImage's own decompressor is the slowest part of the boot (about 6 s of 11
+    measured here); QEMU boots the ELF directly from its PVH note, without firmware or
+    decompression, and Python unpacks it in about a second.
+    """
+    image = kernel.read_bytes()
+    for magic, decompress in ((b"\xfd7zXZ\x00", lzma.LZMADecompressor), (b"\x1f\x8b\x08", _gzip_decompressor)):
+        start = image.find(magic)
+        if start < 0:
+            continue
+        try:
+            elf = decompress().decompress(image[start:])
+        except (lzma.LZMAError, zlib.error):
+            continue
+        if elf.startswith(b"\x7fELF"):
+            target.write_bytes(elf)
+            return target
+    return kernel
+
+
+def _gzip_decompressor() -> zlib._Decompress:
+    return zlib.decompressobj(wbits=31)
+
+
+def module_order(modules: Path, wanted: tuple[str, ...]) -> list[Path]:
+    """The .ko files to insmod, each after its dependencies (modules.dep lists them relative to `modules`)."""
+    depends: dict[str, list[str]] = {}
+    for line in (modules / "modules.dep").read_text().splitlines():
+        module, _, needs = line.partition(":")
+        depends[module] = needs.split()
+    by_name = {Path(path).name.removesuffix(".ko"): path for path in depends}
+    order: list[str] = []
+
+    def visit(path: str) -> None:
+        for need in reversed(depends[path]):
+            visit(need)
+        if path not in order:
+            order.append(path)
+
+    for name in wanted:
+        if name not in by_name:
+            raise GuestError(f"{modules.name} has no module {name} (built in or missing)")
+        visit(by_name[name])
+    return [modules / path for path in order]
+
+
+def _cpio_entry(name: str, mode: int, data: bytes = b"") -> bytes:
+    """One entry of a `newc` cpio archive (the initramfs format)."""
+    encoded = name.encode() + b"\0"
+    fields = [0, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(encoded), 0]
+    header = b"070701" + b"".join(f"{value:08x}".encode() for value in fields) + encoded
+    header += b"\0" * (-len(header) % 4)
+    return header + data + b"\0" * (-len(data) % 4)
+
+
+def build_initramfs(target: Path, modules: list[Path], config: dict[str, str]) -> None:
+    busybox = Path("/bin/busybox")
+    if not busybox.is_file():
+        raise GuestError(f"/bin/busybox (busybox-static) is missing: {FIX}")
+    directory, executable, regular = stat.S_IFDIR | 0o755, stat.S_IFREG | 0o755, stat.S_IFREG | 0o644
+    entries = [_cpio_entry(name, directory) for name in ("bin", "proc", "sys", "dev", "newroot", "modules")]
+    entries.append(_cpio_entry("bin/busybox", executable, busybox.read_bytes()))
+    entries.append(_cpio_entry("init", executable, INIT.encode()))
+    lines = "".join(f"{key}='{value}'\n" for key, value in config.items())
+    entries.append(_cpio_entry("config", regular, lines.encode()))
+    entries += [_cpio_entry(f"modules/{ko.name}", regular, ko.read_bytes()) for ko in modules]
+    entries.append(_cpio_entry("TRAILER!!!", 0))
+    target.write_bytes(b"".join(entries))
+
+
+def paths_under_scratch(paths: list[Path]) -> list[str]:
+    """The paths the guest's /tmp tmpfs would hide, outermost first, none inside another."""
+    kept: list[str] = []
+    for path in sorted({p.resolve() for p in paths if p.resolve().is_relative_to(SCRATCH)}, key=lambda p: len(p.parts)):
+        if path == SCRATCH:
+            raise GuestError(f"{SCRATCH} itself cannot be shared: the guest's scratch tmpfs is mounted there")
+        if not any(path.is_relative_to(outer) for outer in kept):
+            kept.append(str(path))
+    for text in kept:
+        if not re.fullmatch(r"[\w./+@-]+", text):
+            raise GuestError(f"{text!r}: the guest's /init shares only paths without spaces or quotes")
+    return kept
+
+
+@dataclass
+class Guest:
+    """One running guest; `run()` executes commands in it, `close()` kills it."""
+
+    checkout: Path
+    python: str
+    """The interpreter of the venv the suite runs in (its packages: pytest, anyio...)."""
+    accel: str
+    qemu: subprocess.Popen[bytes]
+    channel: socket.socket
+    folder: Path
+    kernel: str
+    boot_s: float
+    dead: str | None = None
+    pending: bytes = field(default=b"", repr=False)
+
+    @classmethod
+    def boot(cls, checkout: Path) -> Self:
+        qemu_binary = shutil.which("qemu-system-x86_64")
+        if qemu_binary is None:
+            raise GuestError(f"qemu-system-x86_64 is missing: {FIX}")
+        accel = accelerator()
+        started = time.monotonic()
+        kernel, modules = find_kernel()
+        agent_python = os.path.realpath(sys.executable)  # the agent needs only the standard library
+        folder = Path(tempfile.mkdtemp(prefix="mcp-gw-guest-"))
+        keep = paths_under_scratch([checkout, Path(sys.prefix), Path(agent_python)])
+        config = {
+            "MODULES": " ".join(ko.name.removesuffix(".ko") for ko in module_order(modules, MODULES)),
+            "KEEP": " ".join(keep),
+            "PYTHON": agent_python,
+            "AGENT": str(Path(__file__).resolve().with_name("guest_agent.py")),
+        }
+        build_initramfs(folder / "initramfs.cpio", module_order(modules, MODULES), config)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(folder / "agent.sock"))
+        listener.listen(1)
+        argv = [
+            qemu_binary,
+            *("-nodefaults", "-no-user-config", "-no-reboot", "-display", "none", "-monitor", "none"),
+            *("-machine", "q35", *ACCELERATORS[accel], "-smp", "2", "-m", str(MEMORY_MIB)),
+            *("-nic", "none", "-serial", f"file:{folder / 'console.log'}"),
+            *("-kernel", str(extract_vmlinux(kernel, folder / "vmlinux")), "-initrd", str(folder / "initramfs.cpio")),
+            *(
+                "-append",
+                "console=ttyS0 cgroup_no_v1=all panic=-1 quiet loglevel=3 tsc=reliable no_timer_check mitigations=off",
+            ),
+            *("-fsdev", "local,id=root,path=/,security_model=none,readonly=on,multidevs=remap"),
+            *("-device", "virtio-9p-pci,fsdev=root,mount_tag=root"),
+            *("-device", "virtio-serial-pci", "-chardev", f"socket,id=agent,path={folder / 'agent.sock'}"),
+            *("-device", "virtserialport,chardev=agent,name=agent"),
+        ]
+        stderr = (folder / "qemu.stderr").open("wb")
+        qemu = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
+        stderr.close()
+        guest = cls(checkout, sys.executable, accel, qemu, listener, folder, kernel.name, 0.0)
+        try:
+            guest.channel = guest._accept(listener, started + BOOT_TIMEOUT_S)
+            ready = guest._receive(started + BOOT_TIMEOUT_S, "boot")
+        except GuestError:
+            guest.close()
+            raise
+        finally:
+            listener.close()
+        guest.kernel = ready["kernel"]
+        guest.boot_s = time.monotonic() - started
+        return guest
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment every command starts from."""
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            "HOME": str(SCRATCH),
+            "TMPDIR": str(SCRATCH),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(self.checkout),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "MCP_GATEWAY_TEST_PG": "off",  # no PostgreSQL cluster per nested pytest (and none as a uid without a name)
+        }
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        user: int | None = None,
+        delegated: bool = False,
+        timeout_s: float,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run argv in the guest (in the checkout, as root or uid `user`); its outcome, or TimeoutExpired."""
+        if delegated and user is None:
+            raise ValueError("delegated=True hands a cgroup to a uid: give user=")
+        request = {
+            "argv": argv,
+            "user": user,
+            "delegated": delegated,
+            "timeout_s": timeout_s,
+            "env": self.env | (env or {}),
+            "cwd": str(cwd or self.checkout),
+        }
+        self._send(request)
+        answer = self._receive(time.monotonic() + timeout_s + ANSWER_MARGIN_S, f"running {argv!r}")
+        if "error" in answer:
+            raise GuestError(answer["error"])
+        stdout = base64.b64decode(answer["stdout"]).decode(errors="replace")
+        stderr = base64.b64decode(answer["stderr"]).decode(errors="replace")
+        if answer["timed_out"]:
+            raise subprocess.TimeoutExpired(argv, timeout_s, stdout, stderr)
+        return subprocess.CompletedProcess(argv, answer["returncode"], stdout, stderr)
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.qemu.poll() is None:
+            self.qemu.kill()
+        self.qemu.wait(timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _accept(self, listener: socket.socket, deadline: float) -> socket.socket:
+        while time.monotonic() < deadline:
+            self._check_alive("boot")
+            if select.select([listener], [], [], 0.1)[0]:
+                return listener.accept()[0]
+        self._declare_dead(f"QEMU did not connect the agent's port within {BOOT_TIMEOUT_S:.0f} s")
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.dead is not None:
+            raise GuestError(self.dead)
+        try:
+            self.channel.sendall(json.dumps(message).encode() + b"\n")
+        except OSError as exc:
+            self._declare_dead(f"the agent's port is closed ({exc})")
+
+    def _receive(self, deadline: float, doing: str) -> dict[str, Any]:
+        if self.dead is not None:
+            raise GuestError(self.dead)
+        while b"\n" not in self.pending:
+            self._check_alive(doing)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._declare_dead(f"the guest did not answer in time while {doing}")
+            if select.select([self.channel], [], [], min(left, 0.5))[0]:
+                chunk = self.channel.recv(1 << 20)
+                if not chunk:
+                    self._declare_dead(f"the agent's port closed while {doing}")
+                self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def _check_alive(self, doing: str) -> None:
+        if self.qemu.poll() is not None:
+            self._declare_dead(f"QEMU exited with status {self.qemu.returncode} while {doing}")
+
+    def _declare_dead(self, reason: str) -> NoReturn:
+        """Kill QEMU and raise with what it and the guest's console said; every later call raises the same."""
+        if self.qemu.poll() is None:
+            self.qemu.kill()
+            self.qemu.wait(timeout=30)
+        stderr = _tail(self.folder / "qemu.stderr")
+        console = _tail(self.folder / "console.log")
+        self.dead = (
+            f"{reason}.\nQEMU's stderr: {stderr or '(empty)'}\nthe guest's console ends with:\n{console or '(empty)'}"
+        )
+        raise GuestError(self.dead)
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_bytes()[-CONSOLE_TAIL:].decode(errors="replace").strip()
+    except OSError:
+        return ""
