@@ -32,6 +32,7 @@ import lzma
 import os
 import re
 import select
+import shlex
 import shutil
 import socket
 import stat
@@ -40,7 +41,6 @@ import sys
 import tempfile
 import time
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Self
 
@@ -51,7 +51,7 @@ MEMORY_MIB = 3072
 BOOT_TIMEOUT_S = 120.0
 ANSWER_MARGIN_S = 30.0
 """How much longer than a command's own timeout the host waits before declaring the guest dead."""
-CONSOLE_TAIL = 3000
+CONSOLE_TAIL = 4000
 FIX = "install the guest's packages with `make guest-deps` (as root)"
 
 INIT = """#!/bin/busybox sh
@@ -199,73 +199,93 @@ def paths_under_scratch(paths: list[Path]) -> list[str]:
     return kept
 
 
-@dataclass
-class Guest:
-    """One running guest; `run()` executes commands in it, `close()` kills it."""
+KERNEL_ARGS = (
+    "console=ttyS0 quiet loglevel=3 panic=-1",  # the console log; a dead /init ends QEMU (-no-reboot)
+    "cgroup_no_v1=all",  # the point of the guest: only the cgroup2 hierarchy
+    "tsc=reliable no_timer_check",  # skip clock checks that cost seconds under TCG
+    "mitigations=off",  # a test machine: no page-table switch per system call, much cheaper under TCG
+)
 
-    checkout: Path
-    python: str
-    """The interpreter of the venv the suite runs in (its packages: pytest, anyio...)."""
-    accel: str
-    qemu: subprocess.Popen[bytes]
-    channel: socket.socket
-    folder: Path
-    kernel: str
-    boot_s: float
-    dead: str | None = None
-    pending: bytes = field(default=b"", repr=False)
+
+def qemu_argv(qemu: str, accel: str, kernel: Path, folder: Path) -> list[str]:
+    """No network device, no default devices; the host's / read-only over 9p, the agent's port, the console to a file."""
+    return [
+        qemu,
+        *("-nodefaults", "-no-user-config", "-no-reboot", "-display", "none", "-monitor", "none"),
+        *("-machine", "q35", *ACCELERATORS[accel], "-smp", "2", "-m", str(MEMORY_MIB)),
+        *("-nic", "none", "-serial", f"file:{folder / 'console.log'}"),
+        *("-kernel", str(kernel), "-initrd", str(folder / "initramfs.cpio"), "-append", " ".join(KERNEL_ARGS)),
+        *("-fsdev", "local,id=root,path=/,security_model=none,readonly=on,multidevs=remap"),
+        *("-device", "virtio-9p-pci,fsdev=root,mount_tag=root"),
+        *("-device", "virtio-serial-pci", "-chardev", f"socket,id=agent,path={folder / 'agent.sock'}"),
+        *("-device", "virtserialport,chardev=agent,name=agent"),
+    ]
+
+
+class Guest:
+    """One running guest: `Guest.boot(checkout)`, then `run()` commands in it; `close()` (or `with`) kills it."""
+
+    def __init__(self, checkout: Path, accel: str, qemu: subprocess.Popen[bytes], folder: Path) -> None:
+        self.checkout = checkout
+        self.python = sys.executable
+        """The venv's interpreter (pytest and the project's dependencies), visible at its host path."""
+        self.accel = accel
+        self.kernel = ""
+        """The guest's `uname -r`."""
+        self.boot_s = 0.0
+        """From `boot()` to the agent's first line (initramfs and kernel unpacking included)."""
+        self._qemu = qemu
+        self._folder = folder
+        self._channel: socket.socket | None = None
+        self._pending = b""
+        self._dead: str | None = None
 
     @classmethod
-    def boot(cls, checkout: Path) -> Self:
-        qemu_binary = shutil.which("qemu-system-x86_64")
-        if qemu_binary is None:
-            raise GuestError(f"qemu-system-x86_64 is missing: {FIX}")
-        accel = accelerator()
+    def boot(cls, checkout: Path, *, modules: tuple[str, ...] = MODULES) -> Self:
+        """Start QEMU and wait for the agent (BOOT_TIMEOUT_S at most); GuestError with the reason otherwise."""
         started = time.monotonic()
-        kernel, modules = find_kernel()
+        qemu = shutil.which("qemu-system-x86_64")
+        if qemu is None:
+            raise GuestError(f"qemu-system-x86_64 is missing: {FIX}")
+        kernel, modules_folder = find_kernel()
+        load = module_order(modules_folder, modules)
         agent_python = os.path.realpath(sys.executable)  # the agent needs only the standard library
-        folder = Path(tempfile.mkdtemp(prefix="mcp-gw-guest-"))
-        keep = paths_under_scratch([checkout, Path(sys.prefix), Path(agent_python)])
         config = {
-            "MODULES": " ".join(ko.name.removesuffix(".ko") for ko in module_order(modules, MODULES)),
-            "KEEP": " ".join(keep),
+            "MODULES": " ".join(ko.name.removesuffix(".ko") for ko in load),
+            "KEEP": " ".join(paths_under_scratch([checkout, Path(sys.prefix), Path(agent_python)])),
             "PYTHON": agent_python,
             "AGENT": str(Path(__file__).resolve().with_name("guest_agent.py")),
         }
-        build_initramfs(folder / "initramfs.cpio", module_order(modules, MODULES), config)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(folder / "agent.sock"))
-        listener.listen(1)
-        argv = [
-            qemu_binary,
-            *("-nodefaults", "-no-user-config", "-no-reboot", "-display", "none", "-monitor", "none"),
-            *("-machine", "q35", *ACCELERATORS[accel], "-smp", "2", "-m", str(MEMORY_MIB)),
-            *("-nic", "none", "-serial", f"file:{folder / 'console.log'}"),
-            *("-kernel", str(extract_vmlinux(kernel, folder / "vmlinux")), "-initrd", str(folder / "initramfs.cpio")),
-            *(
-                "-append",
-                "console=ttyS0 cgroup_no_v1=all panic=-1 quiet loglevel=3 tsc=reliable no_timer_check mitigations=off",
-            ),
-            *("-fsdev", "local,id=root,path=/,security_model=none,readonly=on,multidevs=remap"),
-            *("-device", "virtio-9p-pci,fsdev=root,mount_tag=root"),
-            *("-device", "virtio-serial-pci", "-chardev", f"socket,id=agent,path={folder / 'agent.sock'}"),
-            *("-device", "virtserialport,chardev=agent,name=agent"),
-        ]
-        stderr = (folder / "qemu.stderr").open("wb")
-        qemu = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
-        stderr.close()
-        guest = cls(checkout, sys.executable, accel, qemu, listener, folder, kernel.name, 0.0)
+        accel = accelerator()
+        folder = Path(tempfile.mkdtemp(prefix="mcp-gw-guest-"))
         try:
-            guest.channel = guest._accept(listener, started + BOOT_TIMEOUT_S)
-            ready = guest._receive(started + BOOT_TIMEOUT_S, "boot")
-        except GuestError:
+            build_initramfs(folder / "initramfs.cpio", load, config)
+            argv = qemu_argv(qemu, accel, extract_vmlinux(kernel, folder / "vmlinux"), folder)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(folder / "agent.sock"))
+            listener.listen(1)
+            with (folder / "qemu.stderr").open("wb") as stderr:
+                process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        guest = cls(checkout, accel, process, folder)
+        try:
+            with listener:
+                guest._channel = guest._accept(listener, started + BOOT_TIMEOUT_S)
+            ready = guest._receive(started + BOOT_TIMEOUT_S, "booting")
+        except BaseException:
             guest.close()
             raise
-        finally:
-            listener.close()
         guest.kernel = ready["kernel"]
         guest.boot_s = time.monotonic() - started
         return guest
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     @property
     def env(self) -> dict[str, str]:
@@ -302,7 +322,7 @@ class Guest:
             "cwd": str(cwd or self.checkout),
         }
         self._send(request)
-        answer = self._receive(time.monotonic() + timeout_s + ANSWER_MARGIN_S, f"running {argv!r}")
+        answer = self._receive(time.monotonic() + timeout_s + ANSWER_MARGIN_S, f"running {shlex.join(argv)}")
         if "error" in answer:
             raise GuestError(answer["error"])
         stdout = base64.b64decode(answer["stdout"]).decode(errors="replace")
@@ -312,11 +332,12 @@ class Guest:
         return subprocess.CompletedProcess(argv, answer["returncode"], stdout, stderr)
 
     def close(self) -> None:
-        self.channel.close()
-        if self.qemu.poll() is None:
-            self.qemu.kill()
-        self.qemu.wait(timeout=30)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self._channel is not None:
+            self._channel.close()
+        if self._qemu.poll() is None:
+            self._qemu.kill()
+        self._qemu.wait(timeout=30)
+        shutil.rmtree(self._folder, ignore_errors=True)
 
     def _accept(self, listener: socket.socket, deadline: float) -> socket.socket:
         while time.monotonic() < deadline:
@@ -326,45 +347,47 @@ class Guest:
         self._declare_dead(f"QEMU did not connect the agent's port within {BOOT_TIMEOUT_S:.0f} s")
 
     def _send(self, message: dict[str, Any]) -> None:
-        if self.dead is not None:
-            raise GuestError(self.dead)
+        if self._dead is not None:
+            raise GuestError(self._dead)
+        assert self._channel is not None  # set by boot() before any command
         try:
-            self.channel.sendall(json.dumps(message).encode() + b"\n")
+            self._channel.sendall(json.dumps(message).encode() + b"\n")
         except OSError as exc:
             self._declare_dead(f"the agent's port is closed ({exc})")
 
     def _receive(self, deadline: float, doing: str) -> dict[str, Any]:
-        if self.dead is not None:
-            raise GuestError(self.dead)
-        while b"\n" not in self.pending:
+        if self._dead is not None:
+            raise GuestError(self._dead)
+        assert self._channel is not None
+        while b"\n" not in self._pending:
             self._check_alive(doing)
             left = deadline - time.monotonic()
             if left <= 0:
                 self._declare_dead(f"the guest did not answer in time while {doing}")
-            if select.select([self.channel], [], [], min(left, 0.5))[0]:
-                chunk = self.channel.recv(1 << 20)
+            if select.select([self._channel], [], [], min(left, 0.5))[0]:
+                chunk = self._channel.recv(1 << 20)
                 if not chunk:
                     self._declare_dead(f"the agent's port closed while {doing}")
-                self.pending += chunk
-        line, self.pending = self.pending.split(b"\n", 1)
+                self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
         answer: dict[str, Any] = json.loads(line)
         return answer
 
     def _check_alive(self, doing: str) -> None:
-        if self.qemu.poll() is not None:
-            self._declare_dead(f"QEMU exited with status {self.qemu.returncode} while {doing}")
+        if self._qemu.poll() is not None:
+            self._declare_dead(f"QEMU exited with status {self._qemu.returncode} while {doing}")
 
     def _declare_dead(self, reason: str) -> NoReturn:
         """Kill QEMU and raise with what it and the guest's console said; every later call raises the same."""
-        if self.qemu.poll() is None:
-            self.qemu.kill()
-            self.qemu.wait(timeout=30)
-        stderr = _tail(self.folder / "qemu.stderr")
-        console = _tail(self.folder / "console.log")
-        self.dead = (
+        if self._qemu.poll() is None:
+            self._qemu.kill()
+            self._qemu.wait(timeout=30)
+        stderr = _tail(self._folder / "qemu.stderr")
+        console = _tail(self._folder / "console.log")
+        self._dead = (
             f"{reason}.\nQEMU's stderr: {stderr or '(empty)'}\nthe guest's console ends with:\n{console or '(empty)'}"
         )
-        raise GuestError(self.dead)
+        raise GuestError(self._dead)
 
 
 def _tail(path: Path) -> str:

@@ -16,6 +16,5 @@ def guest(request: pytest.FixtureRequest) -> Iterator[Guest]:
     A guest that cannot boot raises `GuestError` (the reason, QEMU's stderr, the console's tail)
     in every test that asks for it, without a second attempt.
     """
-    booted = Guest.boot(request.config.rootpath)
-    yield booted
-    booted.close()
+    with Guest.boot(request.config.rootpath) as booted:
+        yield booted
