@@ -1,8 +1,8 @@
-"""Run INSIDE the guest by test_guest_host.py, as a uid with a delegated cgroup (no `test_` prefix: not collected on the host).
+"""Run INSIDE the guest by test_guest_host.py, as root and as a uid with a delegated cgroup (no `test_` prefix: not collected on the host).
 
-Each test checks what a user with systemd-style delegation can do with the cgroup it was
-started in: the guest's agent (tests/guest_agent.py) put this pytest in `<D>` =
-/sys/fs/cgroup/guest/cmd-<n>, owned by the uid, with memory and pids enabled above it.
+Each test checks what its user can do with the cgroup it was started in: the guest's agent
+(tests/guest_agent.py) put this pytest in `<D>` = /sys/fs/cgroup/guest/cmd-<n>, with memory
+and pids enabled above it, and owned by the uid when the run is delegated (systemd-style).
 The session first moves pytest into `<D>/pytest` (cgroup v2 lets a cgroup hold processes or
 enable controllers for its children, not both), then enables memory and pids for `<D>`'s
 children, as `systemd-run --user --scope` users do.
