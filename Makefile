@@ -31,7 +31,8 @@ lint: $(STAMP)
 
 # The system packages the suite uses, installed as root (once; nothing when they are there).
 # `make test` depends on it, so that on a fresh machine as root it still runs everything; without
-# root nothing is installed and the tests that need them skip.
+# root nothing is installed and the tests that need them skip (the guest's tests fail, naming
+# `make guest-deps`).
 system-deps: bubblewrap postgresql guest-deps
 
 # The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap.

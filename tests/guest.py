@@ -1,27 +1,43 @@
-"""A KVM guest with another kernel and a cgroup-v2-only hierarchy, for the host matrix (issue 14).
+"""A guest with another kernel and a cgroup-v2-only hierarchy, for the host matrix (issue 14).
 
-`Guest.boot(checkout)` starts QEMU/KVM on Debian's distribution kernel (`linux-image-amd64`,
-6.1: Landlock ABI 2) with `cgroup_no_v1=all`, 2 vCPUs, 3 GiB of RAM and no network device.
-A tiny initramfs built here (busybox-static, the virtio/9p modules of that kernel, an /init
-script) mounts the host's `/` over 9p read-only, puts the guest's own proc, sysfs, cgroup2 (at
-/sys/fs/cgroup, memory and pids enabled), devtmpfs and a 1 GiB tmpfs at /tmp on top (the
-checkout and the venv stay visible at their host paths even when they live under /tmp), then
-`switch_root`s to the host's Python running tests/guest_agent.py as pid 1. The agent answers
-one JSON line per command over a virtio-serial port backed by a unix socket on the host.
+`Guest.boot(checkout)` starts QEMU on Debian's distribution kernel (`linux-image-amd64`, 6.1:
+Landlock ABI 2) with `cgroup_no_v1=all`, 2 vCPUs, 3 GiB of RAM and no network device (loopback
+only). A tiny initramfs built here (busybox-static, that kernel's virtio/9p modules, an /init
+script) mounts the host's `/` over 9p read-only and puts the guest's own proc, sysfs, cgroup2
+(at /sys/fs/cgroup, memory and pids enabled), devtmpfs and a 1 GiB tmpfs at /tmp (SCRATCH) on
+top; the checkout and the venv keep their host paths even under /tmp, the rest of the host's
+/tmp shows at HOST_TMP (`Guest.visible(path)`). It then `switch_root`s to the host's Python
+running tests/guest_agent.py as pid 1, which answers one JSON line per command over a
+virtio-serial port backed by a unix socket on the host. Usage:
 
-    result = guest.run([guest.python, "-m", "pytest", "tests/hosts/x.py"], user=4242, delegated=True, timeout_s=300)
+    done = guest.run([guest.python, "-m", "pytest", "-q", "--noconftest", "tests/hosts/x.py"],
+                     user=4242, delegated=True, timeout_s=300)
+    assert done.returncode == 0, done.stdout
 
-runs in the checkout with PYTHONPATH=<checkout> (the venv's editable install may name another
-checkout) and a small environment (`Guest.env`; `env=` adds to it). `user=U` runs as uid U
-(no passwd entry needed); `delegated=True` first hands U a cgroup of its own as systemd's
-`Delegate=` does and starts the command in it. Each command's processes end with it
-(`cgroup.kill`); `timeout_s` raises `subprocess.TimeoutExpired`. A guest that does not boot
-or stops answering raises `GuestError` with QEMU's stderr and the console's tail; it is killed
-at `close()`.
+Commands run in the checkout with PYTHONPATH=<checkout> (the venv's editable install may name
+another checkout), `guest.python` is the suite's venv interpreter, and the environment is
+`Guest.env` plus `env=`. `user=U` runs as uid U (no passwd entry needed); `delegated=True`
+first hands U a cgroup of its own as systemd's `Delegate=` does and starts the command in it
+(see tests/hosts/in_guest_delegation.py for what U can then do). Each command's processes end
+with it (`cgroup.kill`); past `timeout_s` it raises `subprocess.TimeoutExpired`. A guest that
+does not boot or stops answering raises `GuestError` with the reason, QEMU's stderr and the
+console's tail, in every later call too; it is killed at `close()`.
 
-Needs `make guest-deps` (as root: qemu-system-x86, linux-image-amd64, busybox-static) and
-/dev/kvm (root-only here). Measured on the CI machine (2 cores, Linux 6.18 host): boot to the
-agent's first answer BOOT_MEDIAN; the guest adds SUITE_COST to the suite.
+Accelerator: KVM where the CPU has vmx/svm, else TCG (`accelerator()`). This CI machine's
+/dev/kvm is PVM (the kvm_pvm module, no vmx): it boots only PVM-built kernels, and Debian's
+hangs at "Probing EDD", so the guest runs under TCG here, about 8x slower than the host for
+Python (a `sum(range(10**7))` takes 1.45 s against 0.17 s). The kernel is unpacked on the host
+(xz, about 1 s) and booted as an ELF through PVH, which skips the firmware and the in-guest
+decompressor (11 s -> 4 s to the kernel's init).
+
+Measured here (2 cores shared with other suites, load average 3.5-6): boot to the agent's
+first answer, unpacking included, median 10.3 s of 3 boots at load 3.8 (8.5-12.0 s), 18.7 s of
+5 at load 5.7 (11.2-22.6 s); a command such as `cat` 0.1-0.3 s; a pytest of one small file
+without the root conftest 9-28 s (the first on a cold 9p cache is the slowest; the root
+conftest's imports add about 20 s). tests/hosts (one shared guest, a second boot for the
+failure test, two nested pytest runs) takes 54-94 s. Install: `make guest-deps` (as root;
+with INITRD=No) 14.7 s from the apt cache with the dependencies present, 59 s for everything
+from the network with Debian's initramfs built (which INITRD=No now skips).
 """
 
 from __future__ import annotations
@@ -47,6 +63,9 @@ from typing import Any, NoReturn, Self
 MODULES = ("virtio_pci", "9pnet_virtio", "9p", "virtio_console")
 """Loaded in this order with their dependencies (modules.dep): the disk, the agent's port."""
 SCRATCH = Path("/tmp")
+"""The guest's own /tmp: a 1 GiB tmpfs, writable by every uid (HOME and TMPDIR of every command)."""
+HOST_TMP = Path("/run/host-tmp")
+"""Where the host's /tmp is visible in the guest, read-only (`Guest.visible()`)."""
 MEMORY_MIB = 3072
 BOOT_TIMEOUT_S = 120.0
 ANSWER_MARGIN_S = 30.0
@@ -64,11 +83,11 @@ mount -t devtmpfs devtmpfs /dev
 fail() { echo "guest-init: $*"; sleep 1; exit 1; }
 for module in $MODULES; do insmod /modules/$module.ko || fail "insmod $module"; done
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 root /newroot || fail "mount the host's root over 9p"
-mkdir -p /keep
-i=0; for path in $KEEP; do mkdir /keep/$i; mount --bind /newroot$path /keep/$i || fail "bind $path"; i=$((i+1)); done
+mount -t tmpfs -o mode=0755,size=64m run /newroot/run || fail "tmpfs /run"
+mkdir /newroot/run/host-tmp
+mount --bind /newroot/tmp /newroot/run/host-tmp || fail "bind the host's /tmp"
 mount -t tmpfs -o mode=1777,size=1g scratch /newroot/tmp || fail "tmpfs /tmp"
-i=0; for path in $KEEP; do mkdir -p /newroot$path; mount --move /keep/$i /newroot$path || fail "move $path"; i=$((i+1)); done
-mount -t tmpfs -o mode=0755,size=64m run /newroot/run
+for path in $KEEP; do mkdir -p /newroot$path; mount --bind /newroot/run/host-tmp${path#/tmp} /newroot$path || fail "bind $path"; done
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
 mount --move /dev /newroot/dev
@@ -225,7 +244,9 @@ def qemu_argv(qemu: str, accel: str, kernel: Path, folder: Path) -> list[str]:
 class Guest:
     """One running guest: `Guest.boot(checkout)`, then `run()` commands in it; `close()` (or `with`) kills it."""
 
-    def __init__(self, checkout: Path, accel: str, qemu: subprocess.Popen[bytes], folder: Path) -> None:
+    def __init__(
+        self, checkout: Path, accel: str, qemu: subprocess.Popen[bytes], folder: Path, kept: list[Path]
+    ) -> None:
         self.checkout = checkout
         self.python = sys.executable
         """The venv's interpreter (pytest and the project's dependencies), visible at its host path."""
@@ -239,6 +260,7 @@ class Guest:
         self._channel: socket.socket | None = None
         self._pending = b""
         self._dead: str | None = None
+        self._kept = kept
 
     @classmethod
     def boot(cls, checkout: Path, *, modules: tuple[str, ...] = MODULES) -> Self:
@@ -250,9 +272,10 @@ class Guest:
         kernel, modules_folder = find_kernel()
         load = module_order(modules_folder, modules)
         agent_python = os.path.realpath(sys.executable)  # the agent needs only the standard library
+        keep = paths_under_scratch([checkout, Path(sys.prefix), Path(agent_python)])
         config = {
             "MODULES": " ".join(ko.name.removesuffix(".ko") for ko in load),
-            "KEEP": " ".join(paths_under_scratch([checkout, Path(sys.prefix), Path(agent_python)])),
+            "KEEP": " ".join(keep),
             "PYTHON": agent_python,
             "AGENT": str(Path(__file__).resolve().with_name("guest_agent.py")),
         }
@@ -269,7 +292,7 @@ class Guest:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        guest = cls(checkout, accel, process, folder)
+        guest = cls(checkout, accel, process, folder, [Path(path) for path in keep])
         try:
             with listener:
                 guest._channel = guest._accept(listener, started + BOOT_TIMEOUT_S)
@@ -280,6 +303,17 @@ class Guest:
         guest.kernel = ready["kernel"]
         guest.boot_s = time.monotonic() - started
         return guest
+
+    def visible(self, path: Path) -> Path:
+        """Where the guest sees a host path (read-only): the same path, or under HOST_TMP for the host's /tmp.
+
+        The checkout and the venv keep their paths; anything else under the host's /tmp (a
+        test's `tmp_path`) is hidden by the guest's scratch tmpfs and shown under HOST_TMP.
+        """
+        path = path.resolve()
+        if not path.is_relative_to(SCRATCH) or any(path.is_relative_to(kept) for kept in self._kept):
+            return path
+        return HOST_TMP / path.relative_to(SCRATCH)
 
     def __enter__(self) -> Self:
         return self

@@ -38,6 +38,15 @@ def test_guest_sees_the_checkout_read_only_and_writes_its_scratch(guest: Guest) 
     assert not (guest.checkout / "probe").exists()
 
 
+def test_host_tmp_path_is_visible_read_only_in_the_guest(guest: Guest, tmp_path: Path) -> None:
+    (tmp_path / "note").write_text("from the host")
+    seen = guest.visible(tmp_path / "note")
+    assert seen.is_relative_to("/run/host-tmp")
+    done = guest.run(["sh", "-c", f"cat {seen} && ! touch {seen.parent}/probe 2>/dev/null"], timeout_s=30)
+    assert (done.returncode, done.stdout) == (0, "from the host"), done.stderr
+    assert guest.visible(guest.checkout) == guest.checkout.resolve()
+
+
 def test_processes_see_a_single_cgroup2_hierarchy(guest: Guest) -> None:
     own = guest.run(["cat", "/proc/self/cgroup"], timeout_s=30).stdout.splitlines()
     assert len(own) == 1, own
