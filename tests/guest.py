@@ -70,7 +70,7 @@ MEMORY_MIB = 3072
 BOOT_TIMEOUT_S = 120.0
 ANSWER_MARGIN_S = 30.0
 """How much longer than a command's own timeout the host waits before declaring the guest dead."""
-CONSOLE_TAIL = 4000
+CONSOLE_TAIL = 8000
 FIX = "install the guest's packages with `make guest-deps` (as root)"
 
 INIT = """#!/bin/busybox sh
@@ -165,6 +165,7 @@ def module_order(modules: Path, wanted: tuple[str, ...]) -> list[Path]:
         module, _, needs = line.partition(":")
         depends[module] = needs.split()
     by_name = {Path(path).name.removesuffix(".ko"): path for path in depends}
+    builtin = {Path(path).name.removesuffix(".ko") for path in (modules / "modules.builtin").read_text().split()}
     order: list[str] = []
 
     def visit(path: str) -> None:
@@ -174,8 +175,10 @@ def module_order(modules: Path, wanted: tuple[str, ...]) -> list[Path]:
             order.append(path)
 
     for name in wanted:
+        if name in builtin:
+            continue
         if name not in by_name:
-            raise GuestError(f"{modules.name} has no module {name} (built in or missing)")
+            raise GuestError(f"kernel {modules.name} has no module {name}: the guest needs 9p and virtio; {FIX}")
         visit(by_name[name])
     return [modules / path for path in order]
 
@@ -426,6 +429,6 @@ class Guest:
 
 def _tail(path: Path) -> str:
     try:
-        return path.read_bytes()[-CONSOLE_TAIL:].decode(errors="replace").strip()
+        return path.read_bytes()[-CONSOLE_TAIL:].decode(errors="replace").replace("\r\n", "\n").strip()
     except OSError:
         return ""

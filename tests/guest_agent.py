@@ -43,7 +43,7 @@ def enable_controllers() -> None:
     (COMMANDS / "cgroup.subtree_control").write_text(wanted)
 
 
-def find_port(name: str, deadline_s: float = 20.0) -> Path:
+def find_port(name: str, deadline_s: float = 60.0) -> Path:
     """/dev/vportNpM of the virtio-serial port QEMU named `name` (devtmpfs creates the node)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
