@@ -232,6 +232,7 @@ KERNEL_ARGS = (
 def qemu_argv(qemu: str, accel: str, kernel: Path, folder: Path) -> list[str]:
     """No network device, no default devices; the host's / read-only over 9p, the agent's port, the console to a file."""
     return [
+        *("setpriv", "--pdeathsig", "KILL", "--"),  # QEMU dies with the suite even when the suite is killed
         qemu,
         *("-nodefaults", "-no-user-config", "-no-reboot", "-display", "none", "-monitor", "none"),
         *("-machine", "q35", *ACCELERATORS[accel], "-smp", "2", "-m", str(MEMORY_MIB)),
@@ -305,6 +306,11 @@ class Guest:
             raise
         guest.kernel = ready["kernel"]
         guest.boot_s = time.monotonic() - started
+        for loaded in (
+            "vmlinux",
+            "initramfs.cpio",
+        ):  # QEMU read them at start; 70 MB left behind if the suite is killed
+            (folder / loaded).unlink(missing_ok=True)
         return guest
 
     def visible(self, path: Path) -> Path:
