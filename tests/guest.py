@@ -30,14 +30,15 @@ Python (a `sum(range(10**7))` takes 1.45 s against 0.17 s). The kernel is unpack
 (xz, about 1 s) and booted as an ELF through PVH, which skips the firmware and the in-guest
 decompressor (11 s -> 4 s to the kernel's init).
 
-Measured here (2 cores shared with other suites, load average 3.5-6): boot to the agent's
-first answer, unpacking included, median 10.3 s of 3 boots at load 3.8 (8.5-12.0 s), 18.7 s of
-5 at load 5.7 (11.2-22.6 s); a command such as `cat` 0.1-0.3 s; a pytest of one small file
-without the root conftest 9-28 s (the first on a cold 9p cache is the slowest; the root
-conftest's imports add about 20 s). tests/hosts (one shared guest, a second boot for the
-failure test, two nested pytest runs) takes 54-94 s. Install: `make guest-deps` (as root;
-with INITRD=No) 14.7 s from the apt cache with the dependencies present, 59 s for everything
-from the network with Debian's initramfs built (which INITRD=No now skips).
+Measured here (2 cores shared with other suites): boot to the agent's first answer, unpacking
+included, median 9.5 s of 5 boots at load average 2.5 (6.9-10.9 s), 18.7 s of 5 at load 5.7
+(11.2-22.6 s); a command such as `cat` 0.1-0.3 s; a pytest of one small file without the root
+conftest 9-28 s (the first on a cold 9p cache is the slowest; the root conftest's imports add
+about 20 s). tests/hosts (one shared guest, a second boot for the failure test, two nested
+pytest runs) takes 49 s at load 3, 94 s at load 5. Install: `make guest-deps` (as root, with
+INITRD=No) 14.7 s from the apt cache with the dependencies present; 59 s for everything from
+the network when Debian's initramfs was still built (INITRD=No now skips it); 0.02 s when
+installed.
 """
 
 from __future__ import annotations
