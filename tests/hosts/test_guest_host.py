@@ -136,3 +136,8 @@ def test_guest_that_cannot_mount_the_host_fails_with_its_console_tail(request: p
     assert "guest-init: mount the host's root over 9p" in str(failure.value)
     assert "Kernel panic" in str(failure.value)
     assert time.monotonic() - started < 60
+
+
+def test_delegation_without_a_user_is_refused_before_reaching_the_guest(guest: Guest) -> None:
+    with pytest.raises(ValueError, match="give user="):
+        guest.run(["true"], delegated=True, timeout_s=30)
