@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test unit lint bench clean system-deps bubblewrap postgresql
+.PHONY: demo test unit lint bench clean system-deps bubblewrap postgresql guest-deps
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,9 @@ lint: $(STAMP)
 
 # The system packages the suite uses, installed as root (once; nothing when they are there).
 # `make test` depends on it, so that on a fresh machine as root it still runs everything; without
-# root nothing is installed and the tests that need them skip.
-system-deps: bubblewrap postgresql
+# root nothing is installed and the tests that need them skip (the guest's tests fail, naming
+# `make guest-deps`).
+system-deps: bubblewrap postgresql guest-deps
 
 # The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap.
 bubblewrap:
@@ -47,6 +48,17 @@ postgresql:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; }
+
+# The host matrix's guest (tests/guest.py): QEMU without its recommends (no GUI, no firmware
+# blobs but the SeaBIOS it boots with), Debian's distribution kernel (6.1: another kernel, another
+# Landlock ABI) and busybox-static for the guest's own initramfs (INITRD=No: Debian's is not
+# used, and building it costs most of the install). Quick when they are installed.
+GUEST_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
+guest-deps:
+	@dpkg -s $(GUEST_PACKAGES) >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || { \
+	  export DEBIAN_FRONTEND=noninteractive INITRD=No; \
+	  apt-get install -y -q --no-install-recommends $(GUEST_PACKAGES) >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(GUEST_PACKAGES) >/dev/null; }; }
 
 test: lint system-deps
 	$(PY) -m pytest
