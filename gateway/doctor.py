@@ -71,7 +71,8 @@ def as_text(d: Diagnosis) -> str:
         f"user: uid {d.facts.euid}{' (root)' if d.facts.root else ''}, CAP_SYS_ADMIN {_yes(d.facts.sys_admin)}, "
         f"CAP_SETUID {_yes(d.facts.set_uid)}",
         f"kernel: {d.facts.kernel} {platform.machine()}, Landlock ABI {d.report.landlock}, "
-        f"cgroup v1 {_yes(d.facts.cgroup_v1)}, cgroup2 {_yes(d.facts.cgroup2_mounted)}, bubblewrap {_yes(d.facts.bwrap_installed)}",
+        f"cgroup v1 {_yes(d.facts.cgroup_v1)}, cgroup2 {_yes(d.facts.cgroup2_mounted)}, bubblewrap {_yes(d.facts.bwrap_installed)}"
+        + (f"; run groups on cgroup v{d.report.cgroup_version}" if d.report.cgroup else ""),
         f"mode: {d.mode}",
         f"policy: {d.policy.source} (backend {sandbox.backend}; requires {', '.join(sorted(sandbox.required))})",
         "",
@@ -111,6 +112,7 @@ def as_json(d: Diagnosis) -> str:
             "landlock_abi": d.report.landlock,
             "cgroup_v1": d.facts.cgroup_v1,
             "cgroup2": d.facts.cgroup2_mounted,
+            "run_groups": f"v{d.report.cgroup_version}" if d.report.cgroup else None,
             "bubblewrap": d.facts.bwrap_installed,
             "sysctls": dict(d.facts.sysctls),
         },

@@ -10,10 +10,6 @@ import pytest
 
 from tests.harness import GatewayHome, StdioSession
 
-# tests/hosts needs another kind of host (a KVM guest with a cgroup-v2-only hierarchy, tests/guest.py),
-# which passes it explicitly; the main run does not collect it.
-collect_ignore = ["hosts"]
-
 pytest_plugins = ("tests.pg_cluster",)  # a throwaway PostgreSQL for the `postgres` tests, when one can run
 
 

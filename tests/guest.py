@@ -18,7 +18,7 @@ Commands run in the checkout with PYTHONPATH=<checkout> (the venv's editable ins
 another checkout), `guest.python` is the suite's venv interpreter, and the environment is
 `Guest.env` plus `env=`. `user=U` runs as uid U (no passwd entry needed); `delegated=True`
 first hands U a cgroup of its own as systemd's `Delegate=` does and starts the command in it
-(see tests/hosts/in_guest_delegation.py for what U can then do). Each command's processes end
+(tests/hosts/in_guest_cgroup2_limits.py and in_guest_sandbox.py show what U can then do). Each command's processes end
 with it (`cgroup.kill`); past `timeout_s` it raises `subprocess.TimeoutExpired`. A guest that
 does not boot or stops answering raises `GuestError` with the reason, QEMU's stderr and the
 console's tail, in every later call too; it is killed at `close()`.

@@ -110,17 +110,6 @@ def test_delegated_user_owns_its_cgroup_but_not_its_limits(guest: Guest) -> None
     }, done.stderr
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("user", [None, USER], ids=["root", "delegated-user"])
-def test_pytest_in_the_guest_limits_and_kills_its_own_child_cgroups(guest: Guest, user: int | None) -> None:
-    # --noconftest: the file needs no fixture of tests/conftest.py, whose imports (the gateway,
-    # SQLAlchemy, psycopg) cost about 20 s under TCG on a cold 9p cache.
-    argv = [guest.python, "-m", "pytest", "-q", "--noconftest", "tests/hosts/in_guest_delegation.py"]
-    done = guest.run(argv, user=user, delegated=user is not None, timeout_s=480)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert re.search(r"\b4 passed\b", done.stdout), done.stdout[-2000:]
-
-
 def test_command_past_its_timeout_is_killed_with_what_it_started(guest: Guest) -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         guest.run(["sh", "-c", "setsid sleep 1000 & echo started; sleep 1000"], timeout_s=2)

@@ -1,8 +1,8 @@
 """What only a cgroup-v2-only host can show: memory, swap and process totals, OOM and fork counts, the kernel's whole-run kill.
 
-Not collected by the main run (tests/conftest.py): the KVM guest booted with a cgroup-v2-only
-hierarchy (tests/guest.py) passes this folder explicitly, once as root, once as an ordinary user
-whose group is delegated to it (with MCP_GATEWAY_TEST_DELEGATED=1). This test process plays the
+No `test_` prefix: the host's run does not collect it; tests/hosts/test_guest_sandbox.py runs it in
+the guest booted with a cgroup-v2-only hierarchy (tests/guest.py), once as root, once as an ordinary
+user whose group is delegated to it (with MCP_GATEWAY_TEST_DELEGATED=1). This test process plays the
 gateway: discovery moves it into its leaf, as it moves the gateway. Every hostile child is
 bounded on its own (a few hundred MiB, a few hundred processes), should the limits not hold.
 
