@@ -68,12 +68,14 @@ if str(REPO) not in sys.path:
 from gateway.policy import SandboxPolicy  # noqa: E402
 from gateway.tools import run_pytest  # noqa: E402
 from sandbox import Limits, probe_host, run_sandboxed, run_unsafe_unconfined  # noqa: E402
+from sandbox import runner as sandbox_runner  # noqa: E402
 from sandbox.backends.cgroup import CgroupRoots, RunCgroup, discover  # noqa: E402
+from sandbox.backends.cgroup2 import discover_v2  # noqa: E402
 from sandbox.backends.containment import sweep  # noqa: E402
 from sandbox.backends.identity import RunIdentity, UidPool  # noqa: E402
 from sandbox.backends.landlock import runtime_read_only_paths  # noqa: E402
 from sandbox.backends.scratch import ScratchSpace, files_for  # noqa: E402
-from sandbox.confine import ChildPlan, LayerReport  # noqa: E402
+from sandbox.confine import ChildPlan, LayerReport, RunGroups  # noqa: E402
 from sandbox.errors import SandboxStartError  # noqa: E402
 from sandbox.limits import LAYERS  # noqa: E402
 from sandbox.pinned import pin  # noqa: E402
@@ -275,6 +277,30 @@ def confined(
     return once
 
 
+def on_cgroup_v2(root: Path, cwd: Path, out: Path, limits: Limits) -> Callable[[], Awaitable[None]]:
+    """`run_sandboxed` with the run's group made on cgroup v2, as a v2-only host's gateway makes it.
+
+    This host's probe picks v1 (it has the memory and pids hierarchies); for this side alone the
+    runner is handed the unified hierarchy's groups, which here can kill and freeze but hold no
+    memory or pids controller (v1 has them): what is measured is a v2 group's making, joining
+    (through cgroup.procs) and killing, the part of a v2 run that differs from v1."""
+    found = discover_v2()
+    if found.root is None:
+        raise BenchError(f"no cgroup v2 groups here: {found.reason}")
+    groups = RunGroups(2, found.root)
+    side = confined(root, cwd, out, limits, host=dataclasses.replace(probe_host(), cgroup_version=2))
+
+    async def once() -> None:
+        saved = sandbox_runner.run_groups
+        sandbox_runner.run_groups = lambda: groups  # this side only; restored below
+        try:
+            await side()
+        finally:
+            sandbox_runner.run_groups = saved
+
+    return once
+
+
 def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], None]]:
     """The sides of (a), and what to call afterwards to give back the diagnostic's uid."""
     cwd = root / "cwd"
@@ -311,6 +337,7 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
         root, cwd, out, limits, host=no_sys_admin, layers=frozenset({"uid_drop", "user_namespace"})
     )
     rootless = RootlessWorker(root / "rootless")
+    sandboxed_v2 = on_cgroup_v2(root, cwd, out, limits)
 
     # The layers alone: one uid for the whole run, the Landlock grants run_sandboxed gives.
     identity = pool.acquire()
@@ -343,6 +370,7 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
         Side("sandbox.run_sandboxed, bubblewrap backend", sandboxed_bubblewrap),
         Side("sandbox.run_sandboxed, rootless (ordinary user)", rootless.once),
         Side("sandbox.run_sandboxed, root w/o CAP_SYS_ADMIN", sandboxed_pool_userns),
+        Side("sandbox.run_sandboxed, cgroup v2 group", sandboxed_v2),
         Side("sandbox.run_unsafe_unconfined (supervision, no layers)", unconfined),
         Side(f"diagnostic: subprocess.run(timeout={CALL_TIMEOUT_S})", bare_timeout),
         Side("diagnostic: preexec_fn=int (fork, not vfork), blocking", fork_only),
@@ -366,6 +394,7 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
         bubblewrap,
         rootless,
         pool_userns,
+        cgroup_v2,
         unconfined,
         bare_timeout,
         forked,
@@ -386,6 +415,11 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
         f"rootless, as an ordinary user: {rootless.p50_ms() / bare.p50_ms():.2f}x bare,"
         f" {rootless.p50_ms() - sandboxed.p50_ms():+.1f} ms over root at p50 (its worker's pipe round trip included);"
         f" root without CAP_SYS_ADMIN: {pool_userns.p50_ms() / bare.p50_ms():.2f}x bare"
+    )
+    note(
+        f"the run's group on cgroup v2 (this host's unified hierarchy: kill and freeze, its memory and pids are v1's):"
+        f" {cgroup_v2.p50_ms() / bare.p50_ms():.2f}x bare, {cgroup_v2.p50_ms() - sandboxed.p50_ms():+.1f} ms over v1"
+        " at p50 (the join through cgroup.procs waits for an RCU grace period; v1's tasks file does not)"
     )
     note(f"against subprocess.run with a timeout, which polls too: {sandboxed.p50_ms() / bare_timeout.p50_ms():.2f}x")
     note(
