@@ -9,6 +9,7 @@ payload is bounded on its own (a few hundred MiB, a few dozen processes).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -91,6 +92,25 @@ def run(folder: Path, code: str, *, memory_mb: int = 256, processes: int = 16, t
 def _outputs(folder: Path) -> tuple[Path, Path]:
     name = f"{time.monotonic_ns()}"
     return folder / f"{name}.out", folder / f"{name}.err"
+
+
+def test_doctor_reports_cgroup_v2_and_the_kernels_landlock() -> None:
+    # In process: a second interpreter costs seconds under the guest's emulation.
+    from gateway.default_policy import SHIPPED_POLICY
+    from gateway.doctor import as_json, run_doctor
+    from gateway.policy import load_policy
+    from sandbox.diagnose import host_facts
+
+    tools = frozenset({"run_pytest", "list_artifacts", "get_evidence", "get_artifact_content"})
+    diagnosis = run_doctor(load_policy(SHIPPED_POLICY, tools), probe_host(), host_facts())
+    report = json.loads(as_json(diagnosis))
+    lines = {line["name"]: line for line in report["guarantees"]}
+    assert diagnosis.ok, as_json(diagnosis)
+    assert report["host"]["run_groups"] == "v2" and report["host"]["cgroup_v1"] is False
+    assert lines["memory_total"]["holds"] and lines["memory_total"]["layers"] == ["cgroup"]
+    assert report["rootless"] is DELEGATED
+    assert lines["own_identity"]["layers"] == (["user_namespace"] if DELEGATED else ["uid_drop"])
+    assert report["host"]["landlock_abi"] < 3 and any("Landlock ABI < 3" in note for note in report["notes"])
 
 
 def test_the_probe_keeps_every_guarantee_with_cgroup_v2() -> None:
