@@ -29,7 +29,7 @@ from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_ne
 from gateway.errors import CommandError, ConfigError, Reason, StorageUnavailableError
 from gateway.permission_prompt import explain as explain_agent_tool
 from gateway.pipeline import Pipeline, StageReport
-from gateway.policy import SandboxPolicy, load_policy
+from gateway.policy import PolicyErrors, SandboxPolicy, load_policy
 from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
 from gateway.policy_warnings import risky_settings
 from gateway.preflight import unreachable_run_paths
@@ -283,11 +283,13 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
     try:
         policy = load_policy(path, TOOL_NAMES) if args.file else policy_for(settings, TOOL_NAMES)
     except ConfigError as exc:
+        found = exc.errors if isinstance(exc, PolicyErrors) else [exc]
         if as_json:
-            error = {"where": exc.where, "message": exc.bare_message}
-            print_json({"file": str(path), "valid": False, "errors": [error], "warnings": []})
+            errors = [{"where": e.where, "message": e.bare_message} for e in found]
+            print_json({"file": str(path), "valid": False, "errors": errors, "warnings": []})
         else:
-            print(str(exc), file=sys.stderr)
+            for error in found:
+                print(str(error), file=sys.stderr)
         return 1
     warnings = [(w.where, w.message) for w in risky_settings(policy, settings.home)]
     if args.file:

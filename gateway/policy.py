@@ -36,6 +36,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _PLUGIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")  # a module or a pytest11 entry point name
 
 
+_T = TypeVar("_T")
+
+
 @dataclass(frozen=True, slots=True)
 class AuthPolicy:
     issuer: str = "mcp-gateway"
@@ -168,21 +171,21 @@ class _Reader:
     def string(self, node: yaml.Node, what: str) -> str:
         value = self.scalar(node, what)
         if not isinstance(value, str) or not value:
-            raise self.fail(node, f"{what} must be a non-empty string")
+            raise self.fail(node, f"{what} must be a non-empty string (found {value!r})")
         return value
 
     def boolean(self, node: yaml.Node, what: str) -> bool:
         value = self.scalar(node, what)
         if not isinstance(value, bool):
-            raise self.fail(node, f"{what} must be true or false")
+            raise self.fail(node, f"{what} must be true or false (found {value!r})")
         return value
 
     def integer(self, node: yaml.Node, what: str, minimum: int = 1) -> int:
         value = self.scalar(node, what)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(node, f"{what} must be an integer")
+            raise self.fail(node, f"{what} must be an integer (found {value!r})")
         if value < minimum:
-            raise self.fail(node, f"{what} must be at least {minimum}")
+            raise self.fail(node, f"{what} must be at least {minimum} (found {value})")
         return value
 
     def count(self, node: yaml.Node, what: str) -> int:
@@ -243,21 +246,63 @@ def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy
     if version != 1:
         raise r.fail(top["version"], f"unsupported policy version {version} (this gateway reads version 1)")
     base = source.parent.resolve()
-    workspaces = _workspaces(r, top.get("workspaces"), base)
-    sandbox = _sandbox(r, top.get("sandbox"), base)
+    # Each section is read on its own, so one pass reports the first error of every section.
+    errors: list[ConfigError] = []
+
+    def section(read: Callable[[], _T]) -> _T | None:
+        try:
+            return read()
+        except ConfigError as exc:
+            errors.append(exc)
+            return None
+
+    workspaces = section(lambda: _workspaces(r, top.get("workspaces"), base))
+    sandbox = section(lambda: _sandbox(r, top.get("sandbox"), base))
+    auth = section(lambda: _auth(r, top.get("auth")))
+    roles = section(lambda: _roles(r, top.get("roles")))
+    allowlist = section(lambda: _allowlist(r, top.get("tools"), known_tools))
+    budget = section(lambda: _budget(r, top.get("budget")))
+    consent = section(lambda: _consent(r, top.get("consent")))
+    permission_prompt = section(lambda: _permission_prompt(r, top.get("permission_prompt")))
+    if errors:
+        raise PolicyErrors(errors)
     return Policy(
         source=source,
         version=version,
-        auth=_auth(r, top.get("auth")),
-        roles=_roles(r, top.get("roles")),
-        workspaces=workspaces,
-        allowlist=_allowlist(r, top.get("tools"), known_tools),
-        budget=_budget(r, top.get("budget")),
-        sandbox=sandbox,
-        consent=_consent(r, top.get("consent")),
-        permission_prompt=_permission_prompt(r, top.get("permission_prompt")),
-        pins=pin_existing((*workspaces.values(), *sandbox.allowed_paths)),
+        auth=_read(auth),
+        roles=_read(roles),
+        workspaces=_read(workspaces),
+        allowlist=_read(allowlist),
+        budget=_read(budget),
+        sandbox=_read(sandbox),
+        consent=_read(consent),
+        permission_prompt=_read(permission_prompt),
+        pins=pin_existing((*_read(workspaces).values(), *_read(sandbox).allowed_paths)),
     )
+
+
+def _read(value: _T | None) -> _T:
+    """A section that was read (every one is, once no error was collected)."""
+    if value is None:
+        raise ConfigError("a policy section was not read")
+    return value
+
+
+class PolicyErrors(ConfigError):
+    """Every section's first error, in file order; reads as the first one (`where`, `bare_message`) plus the rest."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        ordered = sorted(errors, key=_line_of)
+        first = ordered[0]
+        super().__init__(first.bare_message, first.where)
+        self.errors = ordered
+        self.args = ("\n".join(str(e) for e in ordered),)
+
+
+def _line_of(error: ConfigError) -> int:
+    where = error.where or ""
+    tail = where.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
 def pin_existing(paths: Iterable[Path]) -> Mapping[Path, Pinned]:

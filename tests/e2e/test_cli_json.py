@@ -172,3 +172,24 @@ def test_policy_explain_needs_a_user_or_a_role(tmp_path: Path) -> None:
     both = gw(tmp_path, "policy", "explain", "--user", "a", "--role", "USER", "--tool", "run_pytest")
     assert neither.returncode == 2 and "one of the arguments --user --role is required" in neither.stderr
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_policy_check_reports_every_sections_error_in_one_pass_with_the_value_found(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "version: 1\n"
+        "budget:\n  attempts_total: lots\n"  # line 3
+        "sandbox:\n  network: maybe\n"  # line 5
+        "consent:\n  timeout_s: -4\n"  # line 7
+    )
+    as_json = gw(tmp_path, "policy", "check", str(broken), "--format", "json")
+    assert as_json.returncode == 1
+    errors = [(e["where"], e["message"]) for e in document(as_json)["errors"]]
+    assert errors == [
+        (f"{broken}:3", "budget.attempts_total must be an integer (found 'lots')"),
+        (f"{broken}:5", "sandbox.network must be true or false (found 'maybe')"),
+        (f"{broken}:7", "consent.timeout_s must be at least 1 (found -4)"),
+    ]
+    text = gw(tmp_path, "policy", "check", str(broken))
+    assert text.returncode == 1
+    assert text.stderr.splitlines() == [f"{where}: {message}" for where, message in errors]
