@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test unit lint bench clean system-deps bubblewrap postgresql guest-deps
+.PHONY: demo test unit lint bench clean system-deps bubblewrap postgresql guest-deps nodejs ts-client
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ lint: $(STAMP)
 # `make test` depends on it, so that on a fresh machine as root it still runs everything; without
 # root nothing is installed and the tests that need them skip (the guest's tests fail, naming
 # `make guest-deps`).
-system-deps: bubblewrap postgresql guest-deps
+system-deps: bubblewrap postgresql guest-deps nodejs
 
 # The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap.
 bubblewrap:
@@ -60,7 +60,24 @@ guest-deps:
 	  apt-get install -y -q --no-install-recommends $(GUEST_PACKAGES) >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(GUEST_PACKAGES) >/dev/null; }; }
 
-test: lint system-deps
+# The suite drives a client nobody here wrote, the official TypeScript SDK
+# (tests/e2e/test_typescript_client.py): Debian's Node.js and npm when the machine has none.
+nodejs:
+	@command -v npm >/dev/null || [ "$$(id -u)" != 0 ] || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends nodejs npm >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends nodejs npm >/dev/null; }; }
+
+# examples/typescript/client.ts: the SDK at the version package-lock.json pins, compiled with tsc.
+# Without npm (not root, no Node.js) nothing is built and that test skips.
+TS_CLIENT := examples/typescript
+$(TS_CLIENT)/dist/client.js: $(TS_CLIENT)/client.ts $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/tsconfig.json
+	@command -v npm >/dev/null || { echo "npm not found: the TypeScript client test will skip"; exit 0; }; \
+	  cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build
+
+ts-client: $(TS_CLIENT)/dist/client.js
+
+test: lint system-deps ts-client
 	$(PY) -m pytest
 
 # The unit tests of the gateway and the sandbox, in about a minute: no stdio sessions (tests/e2e),
@@ -72,4 +89,4 @@ bench: $(VENV)/.installed
 	$(PY) bench/stdio_refusals.py
 
 clean:
-	rm -rf $(VENV) .demo build *.egg-info
+	rm -rf $(VENV) .demo build *.egg-info $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist

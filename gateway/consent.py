@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,6 +42,7 @@ from gateway.db_threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason
 from gateway.grant_scope import deny_covers
 from gateway.policy import ConsentPolicy
+from gateway.progress import NO_PROGRESS, CallProgress, seconds_left
 from gateway.visible import visible
 
 RiskTier = Literal["low", "medium", "high"]
@@ -362,10 +364,28 @@ class ConsentStage:
         self._session_allows: set[tuple[str, str, str, str, str]] = set()
         self._allow_from = lasting_allow_channels(policy.channels)
 
-    async def require(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Decision:
-        """Return the allowing decision, or record the denial and raise ConsentDeniedError."""
+    async def require(
+        self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None, progress: CallProgress = NO_PROGRESS
+    ) -> Decision:
+        """Return the allowing decision, or record the denial and raise ConsentDeniedError.
+
+        While a person is being asked, `progress` tells the caller where to answer and the time left."""
         stored = await in_db_thread(self._stored, request)
-        return stored if stored is not None else await self._asked(request, asker)
+        if stored is not None:
+            return stored
+        if isinstance(asker, RoundTrip):  # the client asks and calls again: nothing waits here
+            return await self._asked(request, asker)
+        deadline = time.monotonic() + self._policy.timeout_s
+        where = "in your client's dialog" if self._in_band(asker) else "with `mcp-gateway approvals`"
+
+        def describe() -> str:
+            return (
+                f"Waiting for a person to allow {request.tool_name} (answer {where}):"
+                f" {seconds_left(deadline)} s left, then it is denied"
+            )
+
+        async with progress.waiting(describe):
+            return await self._asked(request, asker)
 
     def _stored(self, request: ConsentRequest) -> Decision | None:
         """A stored grant or this session's allow decides (raising if it denies); None: a person must."""

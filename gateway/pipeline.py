@@ -56,6 +56,7 @@ from gateway.errors import (
 )
 from gateway.grant_scope import workspace_spellings
 from gateway.preflight import check_run_paths
+from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
@@ -81,6 +82,8 @@ class CallRequest:
     arguments: Mapping[str, Any]
     token: object
     """`params.auth.token` exactly as received (possibly missing or not a string)."""
+    progress: CallProgress = NO_PROGRESS
+    """The caller's progress notifications, while the call waits for consent or its run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,7 @@ class _Walk:
     """The call's audit trail; None in a dry run."""
     token: object = None
     asker: ConsentAsker | RoundTrip | None = None
+    progress: CallProgress = NO_PROGRESS
     user: str | None = None
     """A dry run's user (no token is involved)."""
     principal: Principal | None = None
@@ -231,7 +235,7 @@ class Pipeline:
             hashed = None
         name = stored_tool_name(request.tool_name)
         trail = _Trail(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=name, args_hash=hashed))
-        walk = _Walk(request.tool_name, request.arguments, trail, request.token, asker)
+        walk = _Walk(request.tool_name, request.arguments, trail, request.token, asker, request.progress)
         try:
             return run_id, await self._stages(walk, trail)
         except GatewayError as exc:
@@ -333,7 +337,7 @@ class Pipeline:
     async def _consent(self, walk: _Walk) -> None:
         admitted = walk.admitted
         trail = _trail(walk)
-        await self.s.consent.require(self._consent_request(admitted, trail, walk.arguments), walk.asker)
+        await self.s.consent.require(self._consent_request(admitted, trail, walk.arguments), walk.asker, walk.progress)
         check_pins_intact(admitted.scope)  # a folder swapped while consent waited: stage 4's refusal
 
     def _consent_dry(self, walk: _Walk) -> str:
@@ -347,7 +351,7 @@ class Pipeline:
         admitted, trail = walk.admitted, _trail(walk)
         if admitted.spec.execute is not None:
             trail.executing, trail.started_at = True, self.s.clock.now()
-            walk.outcome = await self._run(admitted, trail, walk.arguments)
+            walk.outcome = await self._run(admitted, trail, walk.arguments, walk.progress)
         else:
             await in_db_thread(self._log, trail)  # spec section 8: the entry is committed before any tool runs
             walk.outcome = await in_db_thread(self._read, admitted, trail, walk.arguments)
@@ -481,7 +485,9 @@ class Pipeline:
             path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
         )
 
-    async def _run(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
+    async def _run(
+        self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any], progress: CallProgress
+    ) -> ToolOutcome:
         """Stages 9-10 for a write tool: its `execute`, then what the pipeline records of any run."""
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
         principal, scope, spec = admitted.principal, admitted.scope, admitted.spec
@@ -504,6 +510,7 @@ class Pipeline:
             environ=self.s.environ,
             host=self.s.host,
             hidden=(self.s.settings.home,),
+            progress=progress,
         )
         try:
             run = await spec.execute(request)

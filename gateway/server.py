@@ -34,6 +34,7 @@ from gateway.errors import GatewayError, InternalError, InvalidParamsError, Reas
 from gateway.permission_prompt import SPEC as CHECK_PERMISSION
 from gateway.permission_prompt import PermissionPrompt
 from gateway.pipeline import CallRequest, Pipeline
+from gateway.progress import NO_PROGRESS, CallProgress, Notifier, progress_token
 from gateway.rbac import has_permission
 from gateway.recovery import keep_sweeping
 from gateway.services import Services
@@ -172,6 +173,18 @@ def asker_for(
     return ElicitationAsker(ctx)
 
 
+def progress_of(ctx: ServerRequestContext[Any, Any]) -> CallProgress:
+    """Progress notifications for this call when its client sent `_meta.progressToken` (gateway/progress.py)."""
+    token = progress_token(ctx.params)
+    if token is None:
+        return NO_PROGRESS
+
+    async def send(progress: float, message: str) -> None:
+        await ctx.session.report_progress(progress, None, message)  # to the request's progressToken
+
+    return Notifier(send)
+
+
 def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     """Form mode declared: a bare `elicitation: {}` counts as form, url-only does not (spec 2025-11-25)."""
     capabilities = ctx.session.client_capabilities
@@ -207,7 +220,7 @@ def build_server(services: Services) -> Server[Any]:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=answer)], _meta={RUN_ID_META: run_id}
             )
-        request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params, services))
+        request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params, services), progress_of(ctx))
         with answered_as_mcp_errors("tools/call", services.new_run_id):
             try:
                 run_id, outcome = await pipeline.call(request, asker_for(ctx, params))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -49,9 +50,13 @@ class OutputCapture:
     copies, so that end of file means every process of the run has let go.
     """
 
-    def __init__(self, stdout_path: Path, stderr_path: Path, cap: int) -> None:
+    def __init__(
+        self, stdout_path: Path, stderr_path: Path, cap: int, on_stdout: Callable[[bytes], None] | None = None
+    ) -> None:
         self._streams = (_Stream(stdout_path), _Stream(stderr_path))
         self._cap = cap
+        self._on_stdout = on_stdout
+        """Sees what is kept of stdout, as it comes (the run's progress): never more than `cap` bytes."""
 
     def __enter__(self) -> OutputCapture:
         try:
@@ -134,6 +139,8 @@ class OutputCapture:
                     stream.failed = True
                     continue
                 stream.kept += len(kept)
+                if self._on_stdout is not None and stream is self._streams[0]:
+                    self._on_stdout(kept)
 
     def close(self) -> None:
         for stream in self._streams:

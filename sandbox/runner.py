@@ -91,6 +91,7 @@ async def run_sandboxed(
     scratch: Path,
     collect: Mapping[str, Path] = MappingProxyType({}),
     host: LayerReport | None = None,
+    on_stdout: Callable[[bytes], None] | None = None,
 ) -> RunResult:
     """Run `argv` confined: its own uid, cgroup, session, rlimits, network, IPC, mount and PID namespaces,
     Landlock, seccomp (with `limits.backend == "bubblewrap"`: bubblewrap's mount tree in place of Landlock).
@@ -103,7 +104,8 @@ async def run_sandboxed(
     (sandbox/capture.py). When the run ends, each `collect` name found in the scratch as a
     regular file of at most MAX_COLLECTED_BYTES is copied to its path, never through a link;
     then whatever the run left behind, daemonized grandchildren included, is killed before this
-    returns. `host` is what this host can enforce (default: probed once); a layer it lacks is
+    returns. `on_stdout` sees the kept stdout as it arrives (a run's progress; it must not raise).
+    `host` is what this host can enforce (default: probed once); a layer it lacks is
     left out unless `limits.required_layers` names it. Raises SandboxStartError when a required
     layer is missing or cannot be applied: nothing ran.
     """
@@ -138,7 +140,7 @@ async def run_sandboxed(
             command, pass_fds, status_fd = _command(
                 argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=_path_of(cwd), stack=stack
             )
-            capture = stack.enter_context(OutputCapture(stdout_path, stderr_path, limits.max_output_bytes))
+            capture = stack.enter_context(OutputCapture(stdout_path, stderr_path, limits.max_output_bytes, on_stdout))
             with ChildPlan(
                 limits,
                 identity,

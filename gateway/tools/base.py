@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.errors import GatewayError
+from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.rbac import Permission
 from gateway.tools.outcome import ToolOutcome
 
@@ -45,6 +46,8 @@ class ExecutionRequest:
     """What this host can enforce (`Services.host`, probed once by `open_services`)."""
     hidden: tuple[Path, ...] = ()
     """Folders the run must not even see (the gateway's state folder): sandbox.Limits.hidden."""
+    progress: CallProgress = NO_PROGRESS
+    """The caller's progress notifications (gateway/progress.py), while the run is on."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,10 @@ from xml.parsers import expat
 
 from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
+from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.tools.base import ExecutionRequest, Governance
 from gateway.tools.outcome import ResourceLink, ToolOutcome
+from gateway.tools.suite_progress import COUNT_STYLE, SuiteProgress
 from sandbox import Limits, RunResult, guarantees, run_sandboxed
 from sandbox.confine import LayerReport
 from sandbox.leftovers import scratch_folder
@@ -128,7 +130,7 @@ def pytest_argv(root: Path, arguments: Mapping[str, Any], junit_path: Path, plug
     argv = [
         sys.executable, "-I", "-B", "-m", "pytest",
         f"--rootdir={root}", f"--confcutdir={root}", "-c", str(config),
-        "-p", "no:cacheprovider", f"--junitxml={junit_path}", "-q", "-rfE",
+        "-p", "no:cacheprovider", f"--junitxml={junit_path}", "-q", "-rfE", *COUNT_STYLE,
     ]  # fmt: skip
     for plugin in plugins:
         argv += ["-p", plugin]
@@ -355,6 +357,7 @@ async def execute(request: ExecutionRequest) -> PytestRun:
         environ=request.environ,
         host=request.host,
         hidden=request.hidden,
+        progress=request.progress,
     )
 
 
@@ -370,13 +373,15 @@ async def run(
     allowed_paths: tuple[Pinned, ...] = (),
     host: LayerReport,
     hidden: tuple[Path, ...] = (),
+    progress: CallProgress = NO_PROGRESS,
 ) -> PytestRun:
     """Run pytest for one call; nothing the run produced is read here (that is `PytestRun.outcome`).
 
     `root` and `allowed_paths` are the folders pinned at policy load (stage 4 found them intact):
     the sandbox reaches them through their fds, so a path swapped since then leads the run nowhere
     new; the paths on pytest's command line (`--rootdir`, `-c`) then at worst fail.
-    The artifacts are written by the gateway (evidence: `write_evidence`).
+    The artifacts are written by the gateway (evidence: `write_evidence`). While the run is on,
+    `progress` tells the caller how many tests are done (gateway/tools/suite_progress.py).
     """
     run_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
     with scratch_folder(run_id[:8]) as scratch:  # held while the run is on; removed after it
@@ -393,16 +398,19 @@ async def run(
             require=None if policy.require is None else frozenset(policy.require),
             hidden=hidden,
         )
-        result = await run_sandboxed(
-            pytest_argv(root.path, arguments, scratch / "junit.xml", policy.pytest_plugins),
-            root,
-            limits,
-            run_dir / "stdout.txt",
-            run_dir / "stderr.txt",
-            scratch=scratch,
-            collect={"junit.xml": run_dir / "junit.xml"},
-            host=host,
-        )
+        suite = SuiteProgress(progress.moved)
+        async with progress.waiting(suite.describe):
+            result = await run_sandboxed(
+                pytest_argv(root.path, arguments, scratch / "junit.xml", policy.pytest_plugins),
+                root,
+                limits,
+                run_dir / "stdout.txt",
+                run_dir / "stderr.txt",
+                scratch=scratch,
+                collect={"junit.xml": run_dir / "junit.xml"},
+                host=host,
+                on_stdout=suite.feed,
+            )
     return PytestRun(result, limits, run_id, run_dir, policy, host)
 
 

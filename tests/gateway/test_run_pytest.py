@@ -211,7 +211,7 @@ JUNIT = Path("/scratch/junit.xml")
 
 def argv_tail(arguments: dict[str, Any]) -> list[str]:
     argv = pytest_argv(ROOT, arguments, JUNIT)
-    return argv[argv.index("-rfE") + 1 :]
+    return argv[argv.index("console_output_style=count") + 1 :]
 
 
 @pytest.mark.parametrize(
