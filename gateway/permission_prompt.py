@@ -53,6 +53,7 @@ from gateway.grant_scope import absolute_spellings
 from gateway.permission_rules import Judgement, RuleSet, bash_parts, bash_programs, judge
 from gateway.pipeline import caller_of
 from gateway.previews import preview
+from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.rbac import Permission, require_permission
 from gateway.scope import check_workspace_pinned, choose_workspace
 from gateway.services import Services
@@ -208,8 +209,9 @@ class PermissionPrompt:
             services.policy.permission_prompt.allow,
         )
 
-    async def check(self, arguments: Mapping[str, Any]) -> tuple[str, str]:
-        """Answer one question: (run_id, the answer's JSON text). Never raises a GatewayError."""
+    async def check(self, arguments: Mapping[str, Any], progress: CallProgress = NO_PROGRESS) -> tuple[str, str]:
+        """Answer one question: (run_id, the answer's JSON text). Never raises a GatewayError.
+        While a person is asked, `progress` tells the caller where to answer and the time left."""
         run_id = self.s.new_run_id()
         try:
             hashed = args_hash(dict(arguments))
@@ -217,7 +219,7 @@ class PermissionPrompt:
             hashed = None
         entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=TOOL_NAME, args_hash=hashed)
         try:
-            return run_id, await self._check(entry, arguments)
+            return run_id, await self._check(entry, arguments, progress)
         except GatewayError as exc:
             # The audit log or the database failed (StorageUnavailableError): nothing can be vouched for.
             log.error("run %s: check_permission failed (%s); answered deny", run_id, type(exc).__name__)  # noqa: TRY400
@@ -226,8 +228,8 @@ class PermissionPrompt:
             log.exception("run %s: check_permission failed unexpectedly; answered deny", run_id)
             return run_id, deny_answer("mcp-write-gateway failed to decide; denied (see the gateway's log)")
 
-    async def _check(self, entry: EventDraft, arguments: Mapping[str, Any]) -> str:
-        question = _Question(arguments, entry)
+    async def _check(self, entry: EventDraft, arguments: Mapping[str, Any], progress: CallProgress) -> str:
+        question = _Question(arguments, entry, progress=progress)
         for step in STEPS:
             answer = await step.run(self, question)
             if answer is not None:
@@ -317,7 +319,7 @@ class PermissionPrompt:
     async def _consent(self, question: _Question) -> str:
         entry, asker = _entry(question), _asker(question)
         await in_db_thread(self.s.audit.append, _named(entry, asker))  # committed before the question waits
-        return await self._ask(entry, asker, _use(question), _root(question))
+        return await self._ask(entry, asker, _use(question), _root(question), question.progress)
 
     def _consent_dry(self, question: _Question) -> _Shown:
         tier, destructive, _ = agent_tool_consent(_use(question).tool)
@@ -352,7 +354,7 @@ class PermissionPrompt:
             return allow_answer(use.tool_input)
         return deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
 
-    async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Pinned) -> str:
+    async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Pinned, progress: CallProgress) -> str:
         """Ask consent; the preview reads the current file beneath the pinned workspace `root`."""
         request = dataclasses.replace(
             _request(entry, asker, use),
@@ -360,7 +362,7 @@ class PermissionPrompt:
             path_spellings=agent_path_spellings(use.tool, use.tool_input, str(root.path)),
         )
         try:
-            decision = await self.s.consent.require(request, None)
+            decision = await self.s.consent.require(request, None, progress)
         except ConsentDeniedError as exc:
             await in_db_thread(self.s.audit.append, self._finished(entry, asker, use, "deny", reason=exc.reason))
             return deny_answer(exc.public_message())
@@ -421,6 +423,7 @@ class _Question:
     asker: _Asker | None = None
     root: Pinned | None = None
     use: ToolUse | None = None
+    progress: CallProgress = NO_PROGRESS
 
 
 _Shown = tuple[list[tuple[str, str]], "str | None"]

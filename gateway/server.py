@@ -216,7 +216,7 @@ def build_server(services: Services) -> Server[Any]:
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         if prompt is not None and params.name == CHECK_PERMISSION.name:
-            run_id, answer = await prompt.check(params.arguments or {})
+            run_id, answer = await prompt.check(params.arguments or {}, progress_of(ctx))
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=answer)], _meta={RUN_ID_META: run_id}
             )

@@ -338,6 +338,26 @@ def test_ask_then_the_approver_allows(
     assert answer(session, again)[0]["behavior"] == "deny"
 
 
+def test_a_question_with_a_progress_token_hears_where_to_answer_while_it_waits(
+    gateway: GatewayHome, claude: Callable[..., StdioSession], approvals: Approvals
+) -> None:
+    approver = approvals()
+    session = claude()
+    request_id = next(_ids)
+    arguments = {"tool_name": "Bash", "input": {"command": "git push origin main"}, "tool_use_id": "toolu_progress"}
+    session.send(
+        {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+         "params": {"name": "check_permission", "arguments": arguments, "_meta": {"progressToken": "cc-1"}}}
+    )  # fmt: skip
+    shows_request(approver)
+    approver.send("1")
+    decided, _run_id = answer(session, request_id)
+    assert decided["behavior"] == "allow"
+    notes = [m["params"] for m in session.unsolicited if m.get("method") == "notifications/progress"]
+    assert notes and {n["progressToken"] for n in notes} == {"cc-1"}, session.unsolicited
+    assert "Waiting for a person to allow Bash (answer with `mcp-gateway approvals`)" in notes[0]["message"]
+
+
 def test_ask_then_the_approver_denies(
     gateway: GatewayHome, claude: Callable[..., StdioSession], approvals: Approvals
 ) -> None:
