@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, select, update
+from sqlalchemy import Connection, Engine, bindparam, select, update
 
 from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
@@ -36,9 +36,14 @@ class EventType(StrEnum):
     USER_ADDED = "USER_ADDED"
     USER_DISABLED = "USER_DISABLED"
     USER_ROLE_CHANGED = "USER_ROLE_CHANGED"
+    USER_PASSWORD_SET = "USER_PASSWORD_SET"  # noqa: S105  (an event name, not a secret)
     TOKEN_ISSUED = "TOKEN_ISSUED"  # noqa: S105  (an event name, not a secret)
     TOKEN_REVOKED = "TOKEN_REVOKED"  # noqa: S105
     CONSENT_REVOKED = "CONSENT_REVOKED"
+    CONSOLE_SIGN_IN = "CONSOLE_SIGN_IN"
+    """A sign-in to the web console, accepted or refused (detail.ok, detail.reason)."""
+    CONSOLE_DECISION = "CONSOLE_DECISION"
+    """A consent decision given in the web console (detail.recorded: whether it was the one that counted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +138,10 @@ def verify_chain(events: Iterable[AuditEvent], head: ChainHead) -> ChainReport:
     return ChainReport(True, checked)
 
 
+Along = Callable[[Connection, int], object]
+"""A write committed with audit events: called with the connection and the last event's id."""
+
+
 # Built once: the append runs on every call, and statement construction is a visible cost.
 _LOCK_HEAD = select(db.audit_head.c.last_id, db.audit_head.c.last_hash).where(db.audit_head.c.id == 1).with_for_update()
 _INSERT_EVENT = db.audit_events.insert()
@@ -149,8 +158,11 @@ class AuditLog:
         self._read = db.reader(engine)
         self._clock = clock
 
-    def append(self, *drafts: EventDraft) -> list[AuditEvent]:
-        """Commit the drafts, in order, as consecutive events; StorageUnavailableError if they cannot be."""
+    def append(self, *drafts: EventDraft, along: Sequence[Along] = ()) -> list[AuditEvent]:
+        """Commit the drafts, in order, as consecutive events; StorageUnavailableError if they cannot be.
+
+        `along`: writes that belong with these events (a call's card, gateway/calls.py), run in the same
+        transaction with the last event's id, so they are committed with the events or not at all."""
         run_id = next((d.run_id for d in drafts if d.run_id is not None), None)
         with (
             storage_errors(
@@ -173,6 +185,8 @@ class AuditLog:
                 prev_hash = event.hash
             connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
             connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
+            for write in along:
+                write(connection, last_id)
         return written
 
     def verify(self) -> ChainReport:
