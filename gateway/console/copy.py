@@ -14,6 +14,7 @@ LOCALES = ("en-US", "pt-BR")
 
 _WORDS: Mapping[str, Mapping[str, str]] = {
     "en-US": {
+        "_lang": "en-US",
         "console": "mcp-gateway console",
         "nav": "Sections",
         "calls": "Invocations",
@@ -92,6 +93,7 @@ _WORDS: Mapping[str, Mapping[str, str]] = {
         "when": "When",
     },
     "pt-BR": {
+        "_lang": "pt-BR",
         "console": "console do mcp-gateway",
         "nav": "Seções",
         "calls": "Invocações",
