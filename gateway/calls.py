@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, select, update
 
 from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
@@ -87,6 +87,26 @@ def outcome_content(outcome: ToolOutcome) -> list[dict[str, Any]]:
     return blocks
 
 
+# Built once: a card is written on every call, the refusal path included, and building a statement
+# costs more than running it (gateway/audit.py does the same).
+_INSERT = db.tool_calls.insert()
+_t = db.tool_calls
+_MOVE = (
+    update(_t)
+    .where(_t.c.run_id == bindparam("card"))
+    .values(
+        status=bindparam("new_status"),
+        updated_at=bindparam("now"),
+        last_event_id=bindparam("event_id"),
+        workspace=func.coalesce(bindparam("new_workspace", type_=_t.c.workspace.type), _t.c.workspace),
+        code=func.coalesce(bindparam("new_code", type_=_t.c.code.type), _t.c.code),
+        reason=func.coalesce(bindparam("new_reason", type_=_t.c.reason.type), _t.c.reason),
+        message=func.coalesce(bindparam("new_message", type_=_t.c.message.type), _t.c.message),
+        result=func.coalesce(bindparam("new_result", type_=_t.c.result.type), _t.c.result),
+    )
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Opened:
     """The card's first row, written with the call's entry event."""
@@ -107,23 +127,24 @@ class Opened:
 
     def __call__(self, connection: Connection, event_id: int) -> None:
         connection.execute(
-            db.tool_calls.insert().values(
-                run_id=self.run_id,
-                kind=self.kind,
-                created_at=self.now,
-                updated_at=self.now,
-                user_name=self.user,
-                workspace=self.workspace,
-                server_id=self.server_id,
-                tool_name=self.tool_name,
-                arguments=stored_arguments(self.arguments),
-                status=self.status,
-                code=self.code,
-                reason=self.reason,
-                message=None if self.message is None else storable(self.message),
-                result=None if self.result is None else json.dumps(self.result, ensure_ascii=False),
-                last_event_id=event_id,
-            )
+            _INSERT,
+            {
+                "run_id": self.run_id,
+                "kind": self.kind,
+                "created_at": self.now,
+                "updated_at": self.now,
+                "user_name": self.user,
+                "workspace": self.workspace,
+                "server_id": self.server_id,
+                "tool_name": self.tool_name,
+                "arguments": stored_arguments(self.arguments),
+                "status": self.status,
+                "code": self.code,
+                "reason": self.reason,
+                "message": None if self.message is None else storable(self.message),
+                "result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
+                "last_event_id": event_id,
+            },
         )
 
 
@@ -141,18 +162,21 @@ class Moved:
     result: list[dict[str, Any]] | None = None
 
     def __call__(self, connection: Connection, event_id: int) -> None:
-        values: dict[str, Any] = {"status": self.status, "updated_at": self.now, "last_event_id": event_id}
-        if self.workspace is not None:
-            values["workspace"] = self.workspace
-        if self.code is not None:
-            values["code"] = self.code
-        if self.reason is not None:
-            values["reason"] = self.reason
-        if self.message is not None:
-            values["message"] = storable(self.message)
-        if self.result is not None:
-            values["result"] = json.dumps(self.result, ensure_ascii=False)
-        connection.execute(update(db.tool_calls).where(db.tool_calls.c.run_id == self.run_id).values(**values))
+        """A field left None keeps what the card holds."""
+        connection.execute(
+            _MOVE,
+            {
+                "card": self.run_id,
+                "new_status": self.status,
+                "now": self.now,
+                "event_id": event_id,
+                "new_workspace": self.workspace,
+                "new_code": self.code,
+                "new_reason": self.reason,
+                "new_message": None if self.message is None else storable(self.message),
+                "new_result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
+            },
+        )
 
 
 class CallStore:
