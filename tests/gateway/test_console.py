@@ -168,3 +168,27 @@ def test_a_cards_result_is_the_content_the_client_got_cut_loudly_past_the_limit(
     ]
     (cut,) = outcome_content(ToolOutcome("b" * (STORED_CHARS + 10)))
     assert cut["text"].endswith("]") and "not stored: 10 more characters" in cut["text"]
+
+
+def test_a_permission_block_shows_the_whole_preview_escaped_and_no_allow_always_for_a_destructive_tool() -> None:
+    from gateway.consent_store import PendingRequest
+    from gateway.console.pages import question_block
+    from gateway.console.views import Viewer
+
+    preview = "\n".join([f"$ rm -rf /tmp/x{i} <script>alert(1)</script>" for i in range(400)] + ["end\u202eline"])
+    question = PendingRequest(
+        "q-1", 100.0, 160.0, "s", "alice", "default", "mcp-write-gateway", "Bash", "a" * 64, "(none)", "high", True,
+        preview=preview,
+    )  # fmt: skip
+    decider = Viewer("ada", "ADMIN", ("default",), sees_all=True, may_decide=True, csrf="tok")
+    html = question_block(words_for("en-US"), decider, question, now=130.0)
+    assert "<script>" not in html and html.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 400
+    assert "end\\u202eline" in html  # escaped as the terminal approver shows it (visible)
+    assert "ALLOW_ALWAYS" not in html and ">Allow always<" not in html and "Allow always is not offered" in html
+    assert html.count('name="decision"') == 4
+    assert 'value="DENY_ONCE" class="default" data-default="1"' in html  # a destructive tool: Deny once first
+    assert "Shown whole: " in html and "in 401 lines" in html and "Answer within 30 s" in html
+    assert 'name="csrf" value="tok"' in html
+    onlooker = Viewer("alice", "USER", ("default",), sees_all=False, may_decide=False, csrf="t2")
+    shown = question_block(words_for("en-US"), onlooker, question, now=130.0)
+    assert "<button" not in shown and "lacks CONSENT_DECIDE" in shown
