@@ -68,8 +68,8 @@ class Console:
     calls: CallStore
     chain: ChainWatch
     tls: bool
-    hosts: frozenset[str]
-    """Host header values this console answers to."""
+    hosts: frozenset[str] | None
+    """Host header values this console answers to; None: any (under TLS the certificate binds the name)."""
 
 
 async def _run(fn: Callable[..., Any], *args: Any) -> Any:
@@ -366,7 +366,7 @@ def build_app(console: Console) -> ASGIApp:
 class Guarded:
     """Every response's security headers; a foreign Host or a cross-origin POST refused before routing."""
 
-    def __init__(self, app: ASGIApp, hosts: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, hosts: frozenset[str] | None) -> None:
         self.app = app
         self.hosts = hosts
 
@@ -378,7 +378,7 @@ class Guarded:
         host = headers.get("host", "")
         origin = headers.get("origin")
         refused = None
-        if host not in self.hosts:
+        if self.hosts is not None and host not in self.hosts:
             refused = (421, "this console answers only to its own address")
         elif scope["method"] == "POST" and origin is not None and origin.split("://", 1)[-1] != host:
             refused = (403, "cross-origin form refused")

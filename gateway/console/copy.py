@@ -91,6 +91,8 @@ _WORDS: Mapping[str, Mapping[str, str]] = {
         "language": "Language",
         "forbidden": "Refused: the form's CSRF token is missing or wrong; reload the page and try again.",
         "when": "When",
+        "full_size": "Show the image at full size",
+        "sending": "Sending…",
     },
     "pt-BR": {
         "_lang": "pt-BR",
@@ -170,6 +172,8 @@ _WORDS: Mapping[str, Mapping[str, str]] = {
         "language": "Idioma",
         "forbidden": "Recusado: o token CSRF do formulário falta ou está errado; recarregue a página e tente de novo.",
         "when": "Quando",
+        "full_size": "Mostrar a imagem em tamanho real",
+        "sending": "Enviando…",
     },
 }
 

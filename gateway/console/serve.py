@@ -2,7 +2,8 @@
 
 Loopback (127.0.0.1, ::1, localhost) by default. Any other interface only when the operator names
 it and gives a certificate and key: the session cookie and passwords never cross a network in
-clear. The console answers only requests whose Host header is its own address (DNS rebinding).
+clear. On plain HTTP the console answers only requests whose Host header is its own loopback address
+(DNS rebinding); under TLS the certificate binds the name.
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ def run_console(settings: Settings, host: str, port: int, tls_cert: str | None, 
         calls=CallStore(stores.engine),
         chain=chain,
         tls=tls_cert is not None,
-        hosts=host_names(host, port),
+        # Plain HTTP (loopback): only our own names, against DNS rebinding. Under TLS a page of another
+        # name cannot reach us without a certificate for that name, and the console may be reached by
+        # any name its certificate holds (a wildcard --host has no single name to check).
+        hosts=None if tls_cert else host_names(host, port),
     )
     scheme = "https" if tls_cert else "http"
     shown = f"[{host}]" if ":" in host else host

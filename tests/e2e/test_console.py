@@ -248,6 +248,10 @@ def test_allow_once_in_the_browser_runs_the_waiting_call_and_its_card_goes_live(
     assert json.loads(cards.evaluate("navigator.clipboard.readText()")) == {"test_path": "tests"}
     card.locator("details.args summary").click()
     expect(card.locator("details.args form.form-view")).not_to_be_visible()
+    card.locator("header p.origin").click()  # R1: the header opens and closes them too
+    expect(card.locator("details.args")).to_have_attribute("open", "")
+    card.locator("header p.origin").click()
+    expect(card.locator("details.args")).not_to_have_attribute("open", "")
 
     approvals = ada.new_page()
     approvals.goto("/approvals")
@@ -464,7 +468,10 @@ def test_each_content_type_and_truncation(gw: GatewayHome, ada: BrowserContext) 
     article = page.locator("article.card[data-run='r-content-types']")
     blocks = article.locator("details.result > .block")
     expect(blocks).to_have_count(5)
-    expect(article.locator("img.thumb")).to_have_attribute("src", f"data:image/png;base64,{PNG}")
+    image = article.locator("img.thumb")
+    expect(image).to_have_attribute("src", f"data:image/png;base64,{PNG}")
+    article.get_by_role("button", name="Show the image at full size").click()
+    expect(image).to_have_class(re.compile("full"))
     expect(article.locator("a.chip.link")).to_have_attribute("href", "/runs/r-demo/files/stdout.txt")
     expect(article.locator(".resource-block pre")).to_have_text("# notes <b>x</b>")  # text, not markup
     expect(blocks.nth(4).locator("pre")).to_have_text("<img src=x onerror=alert(1)>")
@@ -551,6 +558,51 @@ def test_the_console_refuses_a_network_interface_without_tls(gw: GatewayHome) ->
     result = gw.cli("console", "--host", "0.0.0.0", "--port", str(free_port()))  # noqa: S104  (refused: the point)
     assert result.returncode == 1
     assert "without TLS" in result.stderr and "--tls-cert" in result.stderr
+
+
+def test_under_tls_the_cookie_is_secure(gw: GatewayHome) -> None:
+    import datetime
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "console.test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_path, key_path = gw.root / "cert.pem", gw.root / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    port = free_port()
+    argv = gw.cli_argv("console", "--port", str(port), "--tls-cert", str(cert_path), "--tls-key", str(key_path))
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # our own self-signed certificate
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                answer = urllib.request.urlopen(f"https://127.0.0.1:{port}/login", context=context, timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.1)
+        with answer:
+            cookie = answer.headers["Set-Cookie"]
+        assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def test_user_passwd_reads_stdin_and_is_audited(gw: GatewayHome) -> None:

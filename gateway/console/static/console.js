@@ -159,7 +159,13 @@
       if (!isImage(block.mimeType, block.data)) return textBlock("[image: " + String(block.mimeType) + "]");
       const img = node("img", { alt: block.alt || "image", class: "thumb" });
       img.src = "data:" + block.mimeType + ";base64," + block.data;
-      return node("div", { class: "block image-block" }, img);
+      // A thumbnail; a button shows it at full size and back (R4).
+      const full = node("button", { type: "button", class: "thumb-button", "aria-pressed": "false", "aria-label": words.full_size }, img);
+      full.addEventListener("click", () => {
+        const on = img.classList.toggle("full");
+        full.setAttribute("aria-pressed", String(on));
+      });
+      return node("div", { class: "block image-block" }, full);
     }
     if (block.type === "resource_link") {
       const href = linkFor(block.uri);
@@ -204,8 +210,15 @@
       badge,
       node("p", { class: "origin" }, words.tool_from + " ", node("span", { class: "chip" }, card.server_id),
         " · " + card.user + " · " + (card.workspace || "-") + " · " + when + " UTC"));
-    return node("article", { class: "card", role: "region", "aria-label": "Tool invocation: " + card.tool_name, "data-run": card.run_id },
+    const article = node("article", { class: "card", role: "region", "aria-label": "Tool invocation: " + card.tool_name, "data-run": card.run_id },
       header, argumentsSection(card));
+    // R1: the header opens and closes the arguments (a click on its link or chip excepted).
+    header.addEventListener("click", (event) => {
+      if (event.target.closest("a, button")) return;
+      const args = article.querySelector("details.args");
+      args.open = !args.open;
+    });
+    return article;
   }
 
   function showCard(card, live) {
@@ -260,6 +273,16 @@
     setInterval(tick, 1000);
     const first = root.querySelector("button[data-default]");
     if (first) first.focus();
+    // Seed 001's loading state: once a choice is sent, the block says so and a second choice is not sent.
+    for (const form of root.querySelectorAll("form.choices")) {
+      form.addEventListener("submit", (event) => {
+        if (form.dataset.sending) { event.preventDefault(); return; }
+        form.dataset.sending = "1";
+        form.setAttribute("aria-busy", "true");
+        for (const button of form.querySelectorAll("button")) button.setAttribute("aria-disabled", "true");
+        form.append(node("span", { class: "note", role: "status" }, words.sending));
+      });
+    }
     for (const block of root.querySelectorAll("article.question")) {
       block.addEventListener("keydown", (event) => {
         if (event.key !== "Escape") return;
