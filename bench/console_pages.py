@@ -183,7 +183,7 @@ def follow(
     connection.request("GET", f"/api/stream?after={after}", headers={"Cookie": cookie, "Accept": "text/event-stream"})
     response = connection.getresponse()
     while not stop.is_set():
-        line = response.fp.readline()
+        line = response.readline()
         if not line:
             break
         if line.startswith(b"data:"):

@@ -52,6 +52,8 @@ PRE_COOKIE = "gw_pre"
 LANG_COOKIE = "gw_lang"
 POLL_S = 0.25
 """How often the live view reads the cards changed since its cursor (one indexed query)."""
+RECHECK_POLLS = 20
+"""Every this many polls (about 5 s idle) the stream checks its session and user again."""
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -128,7 +130,7 @@ class Endpoints:
     async def login_form(self, request: Request) -> Response:
         words = words_for(_locale_of(request))
         nonce = secrets.token_urlsafe(24)
-        response = _html(pages.login_page(words, self.c.sessions.pre_token(nonce), request.query_params.get("m")))
+        response = _html(pages.login_page(words, self.c.sessions.pre_token(nonce)))
         _cookie(response, PRE_COOKIE, nonce, self.c.tls)
         return response
 
@@ -145,16 +147,14 @@ class Endpoints:
         if wait:
             await _run(_audit_sign_in, self.c, name, False, "rate_limited")
             words = words_for(_locale_of(request))
-            body = pages.login_page(
-                words, self.c.sessions.pre_token(nonce), None, words["too_many"].format(seconds=wait)
-            )
+            body = pages.login_page(words, self.c.sessions.pre_token(nonce), words["too_many"].format(seconds=wait))
             return Response(body, status_code=429, media_type="text/html", headers={"Retry-After": str(wait)})
         ok = await _run(_check_password, self.c, name, password)
         if not ok:
             self.c.limit.failed(name, address)
             await _run(_audit_sign_in, self.c, name, False, "bad_credentials")
             words = words_for(_locale_of(request))
-            body = pages.login_page(words, self.c.sessions.pre_token(nonce), None, words["bad_sign_in"])
+            body = pages.login_page(words, self.c.sessions.pre_token(nonce), words["bad_sign_in"])
             return _html(body, 401)
         self.c.limit.succeeded(name)
         await _run(_audit_sign_in, self.c, name, True, None)
@@ -213,10 +213,17 @@ class Endpoints:
         only = request.query_params.get("run")
 
         async def events() -> Any:
-            cursor = after
+            cursor, polls = after, 0
             while True:
                 if await request.is_disconnected():
                     return
+                polls += 1
+                if polls % RECHECK_POLLS == 0:
+                    # A stream outlives the request that opened it: sign-out, a disabled user or
+                    # workspaces taken away end or narrow it, as they would the next page.
+                    now_who = await _run(self.viewer, request)
+                    if now_who is None or now_who.scope != who.scope:
+                        return
                 cards = await _run(self.c.calls.fetch_changed, cursor, who.scope, 200)
                 for card in cards:
                     cursor = max(cursor, card.last_event_id)

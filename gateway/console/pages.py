@@ -100,7 +100,7 @@ def message_page(words: Mapping[str, str], who: Viewer | None, path: str, messag
     return shell(words, who, path, words["console"], el("p", {"role": "alert"}, message))
 
 
-def login_page(words: Mapping[str, str], csrf: str, _m: str | None, error: str | None = None) -> str:
+def login_page(words: Mapping[str, str], csrf: str, error: str | None = None) -> str:
     form = el(
         "form",
         {"method": "post", "action": "/login", "class": "login"},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -43,39 +44,45 @@ class SessionBook:
     clock: Clock
     _sessions: dict[str, Session] = field(default_factory=dict)
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    """Requests are answered on several threads."""
 
     def open(self, user: str) -> str:
         """A new session for `user`; returns its id (the cookie's value)."""
         now = self.clock.now()
-        self._sweep(now)
-        if len(self._sessions) >= MAX_SESSIONS:
-            oldest = min(self._sessions, key=lambda sid: self._sessions[sid].seen_at)
-            del self._sessions[oldest]
         sid = secrets.token_urlsafe(32)
-        self._sessions[sid] = Session(user, secrets.token_urlsafe(32), now, now)
+        with self._lock:
+            self._sweep(now)
+            if len(self._sessions) >= MAX_SESSIONS:
+                oldest = min(self._sessions, key=lambda known: self._sessions[known].seen_at)
+                del self._sessions[oldest]
+            self._sessions[sid] = Session(user, secrets.token_urlsafe(32), now, now)
         return sid
 
     def fetch(self, sid: str | None) -> Session | None:
         """The live session of this id, touched; None when unknown or over."""
         if not sid:
             return None
-        session = self._sessions.get(sid)
-        if session is None:
-            return None
         now = self.clock.now()
-        if not is_live(session, now):
-            del self._sessions[sid]
-            return None
-        session.seen_at = now
-        return session
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None:
+                return None
+            if not is_live(session, now):
+                del self._sessions[sid]
+                return None
+            session.seen_at = now
+            return session
 
     def close(self, sid: str | None) -> None:
         if sid:
-            self._sessions.pop(sid, None)
+            with self._lock:
+                self._sessions.pop(sid, None)
 
     def close_user(self, user: str) -> None:
-        for sid in [sid for sid, s in self._sessions.items() if s.user == user]:
-            del self._sessions[sid]
+        with self._lock:
+            for sid in [sid for sid, s in self._sessions.items() if s.user == user]:
+                del self._sessions[sid]
 
     def pre_token(self, nonce: str) -> str:
         """The sign-in form's CSRF token for the pre-session cookie `nonce`."""
@@ -100,26 +107,30 @@ class SignInLimit:
 
     clock: Clock
     _failures: dict[str, deque[float]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def retry_after(self, name: str, address: str) -> int:
         """0 when a sign-in may be tried now; else the seconds until one may."""
         now = self.clock.now()
-        waits = [
-            self._wait(f"name:{name}", FAILURES_PER_NAME, now),
-            self._wait(f"addr:{address}", FAILURES_PER_ADDRESS, now),
-        ]
+        with self._lock:
+            waits = [
+                self._wait(f"name:{name}", FAILURES_PER_NAME, now),
+                self._wait(f"addr:{address}", FAILURES_PER_ADDRESS, now),
+            ]
         return max(waits)
 
     def failed(self, name: str, address: str) -> None:
         now = self.clock.now()
-        for key in (f"name:{name}", f"addr:{address}"):
-            self._failures.setdefault(key, deque()).append(now)
-        if len(self._failures) > 10_000:  # bounded: the oldest keys go first
-            for key in list(self._failures)[:5_000]:
-                del self._failures[key]
+        with self._lock:
+            for key in (f"name:{name}", f"addr:{address}"):
+                self._failures.setdefault(key, deque()).append(now)
+            if len(self._failures) > 10_000:  # bounded: the oldest keys go first
+                for key in list(self._failures)[:5_000]:
+                    del self._failures[key]
 
     def succeeded(self, name: str) -> None:
-        self._failures.pop(f"name:{name}", None)
+        with self._lock:
+            self._failures.pop(f"name:{name}", None)
 
     def _wait(self, key: str, limit: int, now: float) -> int:
         times = self._failures.get(key)

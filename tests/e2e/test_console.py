@@ -554,6 +554,28 @@ def test_language_from_the_browser_and_the_switch(browser: Browser, console: str
     context.close()
 
 
+def test_the_live_stream_ends_when_its_session_does(browser: Browser, console: str) -> None:
+    import http.client
+
+    context = signed_in(browser, console, "ada")
+    cookie = "; ".join(f"{c['name']}={c['value']}" for c in context.cookies())
+    host, port = console.removeprefix("http://").split(":")
+    stream = http.client.HTTPConnection(host, int(port), timeout=30)
+    stream.request("GET", "/api/stream?after=0", headers={"Cookie": cookie})
+    answer = stream.getresponse()
+    assert answer.status == 200 and answer.headers["Content-Type"].startswith("text/event-stream")
+    page = context.new_page()
+    page.goto("/calls")
+    page.get_by_role("button", name="Sign out").click()
+    expect(page).to_have_url(re.compile(r"/login$"))
+    started = time.monotonic()
+    while answer.readline():  # read until the console closes the stream
+        assert time.monotonic() - started < 20, "the stream outlived its session"
+    answer.close()
+    stream.close()
+    context.close()
+
+
 def test_the_console_refuses_a_network_interface_without_tls(gw: GatewayHome) -> None:
     result = gw.cli("console", "--host", "0.0.0.0", "--port", str(free_port()))  # noqa: S104  (refused: the point)
     assert result.returncode == 1
