@@ -183,7 +183,7 @@ def follow(
     connection.request("GET", f"/api/stream?after={after}", headers={"Cookie": cookie, "Accept": "text/event-stream"})
     response = connection.getresponse()
     while not stop.is_set():
-        line = response.readline()
+        line = response.fp.readline()
         if not line:
             break
         if line.startswith(b"data:"):
@@ -202,7 +202,10 @@ def measure_live(home: GatewayHome, client: Client, rate: int, seconds: int) -> 
     ended: dict[str, float] = {}
     stop = threading.Event()
     reader = threading.Thread(
-        target=follow, args=(client.base, client.cookie_header(), after, want, seen, stop), daemon=True
+        target=follow,
+        args=(client.base, client.cookie_header()),
+        kwargs={"after": after, "want": want, "seen": seen, "stop": stop},
+        daemon=True,
     )
     reader.start()
     time.sleep(0.5)
@@ -224,12 +227,12 @@ def measure_live(home: GatewayHome, client: Client, rate: int, seconds: int) -> 
         pause = started + (i + 1) / rate - time.monotonic()
         if pause > 0:
             time.sleep(pause)
+    written = time.monotonic() - started
     deadline = time.monotonic() + 10
     while len(seen) < total and time.monotonic() < deadline:
         time.sleep(0.05)
     stop.set()
     lags = sorted(seen[r] - ended[r] for r in seen)
-    written = time.monotonic() - started
     print(
         f"\nlive view: {total} calls written at {total / written:.1f}/s; the stream delivered {len(seen)} of them done"
     )
