@@ -327,6 +327,9 @@ def test_a_race_with_the_terminal_approver_records_one_decision(
     page.goto("/approvals")
     deny = page.locator(f"article.question[data-id='{run_id}']").get_by_role("button", name="Deny once")
     expect(deny).to_be_visible()
+    # The page follows the questions every 1.5 s; hold it still, as a person's page that has not
+    # reloaded yet: the terminal's decision must not take the button away before the click.
+    page.evaluate("() => { window.fetch = () => new Promise(() => {}); }")
     argv = gw.cli_argv("approvals")
     terminal = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200)))
     try:
