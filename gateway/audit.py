@@ -112,11 +112,18 @@ class ChainReport:
     problem: str | None = None
 
 
-def verify_chain(events: Iterable[AuditEvent], head: ChainHead) -> ChainReport:
-    """Check ids run 1..n without gaps, each hash links to the previous, and the head matches."""
-    prev_hash = db.GENESIS_HASH
-    expected_id = 1
-    checked = 0
+GENESIS = ChainHead(0, db.GENESIS_HASH)
+
+
+def verify_chain(events: Iterable[AuditEvent], head: ChainHead, after: ChainHead = GENESIS) -> ChainReport:
+    """Check ids run 1..n without gaps, each hash links to the previous, and the head matches.
+
+    `after`: the events follow this already verified point (its id and hash) instead of the start;
+    `checked` then counts from it too (the web console checks what was appended since it last looked).
+    """
+    prev_hash = after.last_hash
+    expected_id = after.last_id + 1
+    checked = after.last_id
     for event in events:
         if event.id != expected_id:
             bad = min(event.id, expected_id)
@@ -191,15 +198,21 @@ class AuditLog:
 
     def verify(self) -> ChainReport:
         """verify_chain over one consistent snapshot of the events and the head (safe while serving)."""
+        return self.verify_after(GENESIS)[0]
+
+    def verify_after(self, after: ChainHead) -> tuple[ChainReport, ChainHead]:
+        """verify_chain of the events after `after` (a point verified before), in one snapshot; and the
+        head read in it, which is the new verified point when the report is ok."""
         with self._read.connect() as connection:
             if connection.dialect.name == "postgresql":
                 connection.execution_options(isolation_level="REPEATABLE READ")
             row = connection.execute(select(db.audit_head).where(db.audit_head.c.id == 1)).one()
             head = ChainHead(int(row.last_id), str(row.last_hash))
-            rows = connection.execute(
-                select(db.audit_events).order_by(db.audit_events.c.id).execution_options(yield_per=1000)
-            )
-            return verify_chain((_from_row(r._mapping) for r in rows), head)
+            query = select(db.audit_events).order_by(db.audit_events.c.id)
+            if after != GENESIS:  # from the start: every row, whatever its id (an id of 0 or below is a break)
+                query = query.where(db.audit_events.c.id > after.last_id)
+            rows = connection.execute(query.execution_options(yield_per=1000))
+            return verify_chain((_from_row(r._mapping) for r in rows), head, after), head
 
     def head(self) -> ChainHead:
         with self._read.connect() as connection:
