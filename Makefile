@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test unit lint bench clean system-deps bubblewrap postgresql guest-deps nodejs ts-client
+.PHONY: demo test unit lint bench clean system-deps bubblewrap postgresql guest-deps nodejs ts-client chromium
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ lint: $(STAMP)
 # `make test` depends on it, so that on a fresh machine as root it still runs everything; without
 # root nothing is installed and the tests that need them skip (the guest's tests fail, naming
 # `make guest-deps`).
-system-deps: bubblewrap postgresql guest-deps nodejs
+system-deps: bubblewrap postgresql guest-deps nodejs chromium
 
 # The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap.
 bubblewrap:
@@ -48,6 +48,14 @@ postgresql:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q --no-install-recommends postgresql >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }; }
+
+# The web console's tests (tests/e2e/test_console.py) drive Debian's chromium with Playwright
+# (the `test` extra), launched by path: `playwright install` is never run.
+chromium:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; }; }
 
 # The host matrix's guest (tests/guest.py): QEMU without its recommends (no GUI, no firmware
 # blobs but the SeaBIOS it boots with), Debian's distribution kernel (6.1: another kernel, another

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, select, update
+from sqlalchemy import Connection, Engine, bindparam, select, update
 
 from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
@@ -36,9 +36,14 @@ class EventType(StrEnum):
     USER_ADDED = "USER_ADDED"
     USER_DISABLED = "USER_DISABLED"
     USER_ROLE_CHANGED = "USER_ROLE_CHANGED"
+    USER_PASSWORD_SET = "USER_PASSWORD_SET"  # noqa: S105  (an event name, not a secret)
     TOKEN_ISSUED = "TOKEN_ISSUED"  # noqa: S105  (an event name, not a secret)
     TOKEN_REVOKED = "TOKEN_REVOKED"  # noqa: S105
     CONSENT_REVOKED = "CONSENT_REVOKED"
+    CONSOLE_SIGN_IN = "CONSOLE_SIGN_IN"
+    """A sign-in to the web console, accepted or refused (detail.ok, detail.reason)."""
+    CONSOLE_DECISION = "CONSOLE_DECISION"
+    """A consent decision given in the web console (detail.recorded: whether it was the one that counted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +112,18 @@ class ChainReport:
     problem: str | None = None
 
 
-def verify_chain(events: Iterable[AuditEvent], head: ChainHead) -> ChainReport:
-    """Check ids run 1..n without gaps, each hash links to the previous, and the head matches."""
-    prev_hash = db.GENESIS_HASH
-    expected_id = 1
-    checked = 0
+GENESIS = ChainHead(0, db.GENESIS_HASH)
+
+
+def verify_chain(events: Iterable[AuditEvent], head: ChainHead, after: ChainHead = GENESIS) -> ChainReport:
+    """Check ids run 1..n without gaps, each hash links to the previous, and the head matches.
+
+    `after`: the events follow this already verified point (its id and hash) instead of the start;
+    `checked` then counts from it too (the web console checks what was appended since it last looked).
+    """
+    prev_hash = after.last_hash
+    expected_id = after.last_id + 1
+    checked = after.last_id
     for event in events:
         if event.id != expected_id:
             bad = min(event.id, expected_id)
@@ -133,6 +145,10 @@ def verify_chain(events: Iterable[AuditEvent], head: ChainHead) -> ChainReport:
     return ChainReport(True, checked)
 
 
+Along = Callable[[Connection, int], object]
+"""A write committed with audit events: called with the connection and the last event's id."""
+
+
 # Built once: the append runs on every call, and statement construction is a visible cost.
 _LOCK_HEAD = select(db.audit_head.c.last_id, db.audit_head.c.last_hash).where(db.audit_head.c.id == 1).with_for_update()
 _INSERT_EVENT = db.audit_events.insert()
@@ -149,8 +165,11 @@ class AuditLog:
         self._read = db.reader(engine)
         self._clock = clock
 
-    def append(self, *drafts: EventDraft) -> list[AuditEvent]:
-        """Commit the drafts, in order, as consecutive events; StorageUnavailableError if they cannot be."""
+    def append(self, *drafts: EventDraft, along: Sequence[Along] = ()) -> list[AuditEvent]:
+        """Commit the drafts, in order, as consecutive events; StorageUnavailableError if they cannot be.
+
+        `along`: writes that belong with these events (a call's card, gateway/calls.py), run in the same
+        transaction with the last event's id, so they are committed with the events or not at all."""
         run_id = next((d.run_id for d in drafts if d.run_id is not None), None)
         with (
             storage_errors(
@@ -173,19 +192,27 @@ class AuditLog:
                 prev_hash = event.hash
             connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
             connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
+            for write in along:
+                write(connection, last_id)
         return written
 
     def verify(self) -> ChainReport:
         """verify_chain over one consistent snapshot of the events and the head (safe while serving)."""
+        return self.verify_after(GENESIS)[0]
+
+    def verify_after(self, after: ChainHead) -> tuple[ChainReport, ChainHead]:
+        """verify_chain of the events after `after` (a point verified before), in one snapshot; and the
+        head read in it, which is the new verified point when the report is ok."""
         with self._read.connect() as connection:
             if connection.dialect.name == "postgresql":
                 connection.execution_options(isolation_level="REPEATABLE READ")
             row = connection.execute(select(db.audit_head).where(db.audit_head.c.id == 1)).one()
             head = ChainHead(int(row.last_id), str(row.last_hash))
-            rows = connection.execute(
-                select(db.audit_events).order_by(db.audit_events.c.id).execution_options(yield_per=1000)
-            )
-            return verify_chain((_from_row(r._mapping) for r in rows), head)
+            query = select(db.audit_events).order_by(db.audit_events.c.id)
+            if after != GENESIS:  # from the start: every row, whatever its id (an id of 0 or below is a break)
+                query = query.where(db.audit_events.c.id > after.last_id)
+            rows = connection.execute(query.execution_options(yield_per=1000))
+            return verify_chain((_from_row(r._mapping) for r in rows), head, after), head
 
     def head(self) -> ChainHead:
         with self._read.connect() as connection:

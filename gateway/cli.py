@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     _format(user.add_parser("list", help="list users"))
     disable = user.add_parser("disable", help="disable a user; their tokens stop working at once")
     disable.add_argument("name")
+    passwd = user.add_parser("passwd", help="set the password for the web console (read from stdin unless a terminal)")
+    passwd.add_argument("name")
     set_role = user.add_parser("set-role", help="change a user's role")
     set_role.add_argument("name")
     set_role.add_argument("role")
@@ -63,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     _format(audit.add_parser("verify", help="check the hash chain"))
 
     add_consent_commands(sub)
+    console = sub.add_parser("console", help="the web console: invocation cards, approvals, grants, audit, runs")
+    console.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1, loopback)")
+    console.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    console.add_argument("--tls-cert", help="PEM certificate: required to listen on any non-loopback interface")
+    console.add_argument("--tls-key", help="PEM private key of --tls-cert")
     sub.add_parser("demo", help="what `make demo` runs: a real MCP client session against the gateway")
     doctor = sub.add_parser(
         "doctor", help="probe this host as this user: each sandbox guarantee, held or missing, why, and the fix"

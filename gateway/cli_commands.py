@@ -168,6 +168,30 @@ def cmd_user_add(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_user_passwd(settings: Settings, args: argparse.Namespace) -> int:
+    stores = open_stores(settings)
+    if stores.users.fetch(args.name) is None:
+        raise CommandError(f"no user named {args.name!r}")
+    if sys.stdin.isatty():
+        import getpass  # noqa: PLC0415
+
+        password = getpass.getpass(f"new console password for {args.name}: ")
+        if getpass.getpass("again: ") != password:
+            raise CommandError("the two passwords differ; nothing changed")
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    stores.users.set_password(args.name, password)
+    stores.audit.append(EventDraft(EventType.USER_PASSWORD_SET, user=args.name))
+    print(f"password set for user {args.name}", file=sys.stderr)
+    return 0
+
+
+def cmd_console(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.console.serve import run_console  # noqa: PLC0415  (Starlette and uvicorn load only here)
+
+    return run_console(settings, args.host, args.port, args.tls_cert, args.tls_key)
+
+
 def cmd_user_list(settings: Settings, args: argparse.Namespace) -> int:
     rows = [
         {
@@ -471,6 +495,8 @@ _HANDLERS: dict[tuple[str, str | None], _Handler] = {
     ("user", "list"): cmd_user_list,
     ("user", "disable"): cmd_user_disable,
     ("user", "set-role"): cmd_user_set_role,
+    ("user", "passwd"): cmd_user_passwd,
+    ("console", None): cmd_console,
     ("token", "issue"): cmd_token_issue,
     ("token", "revoke"): cmd_token_revoke,
     ("serve", None): cmd_serve,

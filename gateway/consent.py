@@ -376,7 +376,7 @@ class ConsentStage:
         if isinstance(asker, RoundTrip):  # the client asks and calls again: nothing waits here
             return await self._asked(request, asker)
         deadline = time.monotonic() + self._policy.timeout_s
-        where = "in your client's dialog" if self._in_band(asker) else "with `mcp-gateway approvals`"
+        where = "in your client's dialog" if self._in_band(asker) else "with `mcp-gateway approvals` or the console"
 
         def describe() -> str:
             return (

@@ -203,6 +203,37 @@ class GatewaySession(Base):
     closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
+class ToolCall(Base):
+    """A tools/call as the web console shows it (gateway/calls.py): written with the call's audit events.
+
+    `status` is pending, running, done, error or cancelled; `arguments` the redacted arguments (canonical
+    JSON); `result` the result's content blocks (JSON); `code`, `reason` and `message` a refusal's.
+    `last_event_id` is the id of the audit event written in the same transaction as the row's last
+    change: it only grows (appends are serialised by `audit_head`), so it is the live view's cursor.
+    """
+
+    __tablename__ = "tool_calls"
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    user_name: Mapped[str] = mapped_column(String(64))
+    workspace: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    server_id: Mapped[str] = mapped_column(String(128))
+    tool_name: Mapped[str] = mapped_column(String(128))
+    arguments: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    result: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_event_id: Mapped[int] = mapped_column(BigInteger)
+    __table_args__ = (
+        Index("ix_tool_calls_last_event", "last_event_id"),
+        Index("ix_tool_calls_workspace_event", "workspace", "last_event_id"),
+    )
+
+
 # The Core tables behind the models: the hot paths use Core statements, not the ORM.
 users = cast(Table, User.__table__)
 user_workspaces = cast(Table, UserWorkspace.__table__)
@@ -214,6 +245,7 @@ runs = cast(Table, Run.__table__)
 consent_grants = cast(Table, ConsentGrant.__table__)
 consent_requests = cast(Table, ConsentRequestRow.__table__)
 gateway_sessions = cast(Table, GatewaySession.__table__)
+tool_calls = cast(Table, ToolCall.__table__)
 
 
 SQLITE_SYNC_MODES = ("normal", "full")
@@ -291,7 +323,7 @@ def _sqlite_on_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-SCHEMA_HEAD = "0006"
+SCHEMA_HEAD = "0007"
 """The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
 
 

@@ -23,6 +23,7 @@ question, with its behavior.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -34,8 +35,9 @@ from typing import Any
 
 import anyio
 
-from gateway.audit import EventDraft, EventType
+from gateway.audit import Along, EventDraft, EventType
 from gateway.auth import TOKEN_ENV, Principal
+from gateway.calls import KIND_QUESTION, Moved, Opened, outcome_content
 from gateway.canonical import args_hash
 from gateway.consent import (
     Answer,
@@ -58,6 +60,7 @@ from gateway.rbac import Permission, require_permission
 from gateway.scope import check_workspace_pinned, choose_workspace
 from gateway.services import Services
 from gateway.tools.base import ToolSpec
+from gateway.tools.outcome import ToolOutcome
 from gateway.visible import visible
 from sandbox.pinned import Pinned
 
@@ -317,9 +320,11 @@ class PermissionPrompt:
         return shown, None if judged.verdict == "ask" else judged.verdict
 
     async def _consent(self, question: _Question) -> str:
-        entry, asker = _entry(question), _asker(question)
-        await in_db_thread(self.s.audit.append, _named(entry, asker))  # committed before the question waits
-        return await self._ask(entry, asker, _use(question), _root(question), question.progress)
+        entry, asker, use = _entry(question), _asker(question), _use(question)
+        opened = self._opened(entry, asker.user, asker.workspace, _asked(use), "pending")
+        # committed before the question waits
+        await in_db_thread(functools.partial(self.s.audit.append, _named(entry, asker), along=opened))
+        return await self._ask(entry, asker, use, _root(question), question.progress)
 
     def _consent_dry(self, question: _Question) -> _Shown:
         tier, destructive, _ = agent_tool_consent(_use(question).tool)
@@ -337,22 +342,31 @@ class PermissionPrompt:
             named, event_type=EventType.POLICY_BLOCKED, code=exc.code,
             detail={"blocked_reason": exc.reason, "behavior": "deny"},
         )  # fmt: skip
-        await in_db_thread(self.s.audit.append, named, blocked)
         why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == Reason.TOKEN_MISSING else exc.public_message()
-        return deny_answer(f"mcp-write-gateway denied this tool use: {why}")
+        answer = deny_answer(f"mcp-write-gateway denied this tool use: {why}")
+        card: tuple[Along, ...] = ()
+        if question.principal is not None:  # a question from nobody known belongs to no workspace: no card
+            user, workspace = question.principal.name, question.asker.workspace if question.asker else None
+            card = self._opened(entry, user, workspace, question.arguments, "error", exc=exc, answer=answer)
+        await in_db_thread(functools.partial(self.s.audit.append, named, blocked, along=card))
+        return answer
 
     def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
         allow = judged.verdict == "allow"
         request = _request(entry, asker, use)
         answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, "rules")
+        text = (
+            allow_answer(use.tool_input)
+            if allow
+            else deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
+        )
         self.s.audit.append(
             _named(entry, asker),
             decision_event(request, answer, None if allow else "rule_denied", {"rule": judged.rule}),
             self._finished(entry, asker, use, "allow" if allow else "deny", rule=judged.rule),
+            along=self._opened(entry, asker.user, asker.workspace, _asked(use), "done", answer=text),
         )
-        if allow:
-            return allow_answer(use.tool_input)
-        return deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
+        return text
 
     async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Pinned, progress: CallProgress) -> str:
         """Ask consent; the preview reads the current file beneath the pinned workspace `root`."""
@@ -361,18 +375,60 @@ class PermissionPrompt:
             preview=preview(use.tool, use.tool_input, root),
             path_spellings=agent_path_spellings(use.tool, use.tool_input, str(root.path)),
         )
+        append = self.s.audit.append
         try:
             decision = await self.s.consent.require(request, None, progress)
         except ConsentDeniedError as exc:
-            await in_db_thread(self.s.audit.append, self._finished(entry, asker, use, "deny", reason=exc.reason))
-            return deny_answer(exc.public_message())
+            denied = deny_answer(exc.public_message())
+            card = self._moved(entry, "done", denied)
+            await in_db_thread(
+                functools.partial(append, self._finished(entry, asker, use, "deny", reason=exc.reason), along=card)
+            )
+            return denied
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                await in_db_thread(self.s.audit.append, self._finished(entry, asker, use, None))
+                card = self._moved(entry, "cancelled", None)
+                await in_db_thread(functools.partial(append, self._finished(entry, asker, use, None), along=card))
             raise
         finished = self._finished(entry, asker, use, "allow", decision=str(decision))
-        await in_db_thread(self.s.audit.append, finished)
-        return allow_answer(use.tool_input)
+        allowed = allow_answer(use.tool_input)
+        await in_db_thread(functools.partial(append, finished, along=self._moved(entry, "done", allowed)))
+        return allowed
+
+    # --- the question's card in the web console (gateway/calls.py) -----------------------------------
+
+    def _opened(
+        self,
+        entry: EventDraft,
+        user: str,
+        workspace: str | None,
+        arguments: Mapping[str, Any],
+        status: str,
+        *,
+        exc: GatewayError | None = None,
+        answer: str | None = None,
+    ) -> tuple[Along, ...]:
+        return (
+            Opened(
+                run_id=str(entry.run_id),
+                user=user,
+                workspace=workspace,
+                server_id=self.s.server_id,
+                tool_name=TOOL_NAME,
+                arguments=arguments,
+                status=status,
+                now=self.s.clock.now(),
+                kind=KIND_QUESTION,
+                code=None if exc is None else exc.code,
+                reason=None if exc is None else exc.reason,
+                message=None if exc is None else exc.public_message(),
+                result=None if answer is None else outcome_content(ToolOutcome(answer)),
+            ),
+        )
+
+    def _moved(self, entry: EventDraft, status: str, answer: str | None) -> tuple[Along, ...]:
+        result = None if answer is None else outcome_content(ToolOutcome(answer))
+        return (Moved(str(entry.run_id), status, self.s.clock.now(), result=result),)
 
     def _event(
         self,
@@ -493,6 +549,14 @@ def _request(entry: EventDraft, asker: _Asker, use: ToolUse) -> ConsentRequest:
         fingerprint=fingerprint,
         destructive=destructive,
     )
+
+
+def _asked(use: ToolUse) -> dict[str, Any]:
+    """What the card shows of a question: the agent's tool and its input (redacted when stored)."""
+    asked: dict[str, Any] = {"tool_name": use.tool, "input": dict(use.tool_input)}
+    if use.tool_use_id:
+        asked["tool_use_id"] = use.tool_use_id
+    return asked
 
 
 def _named(entry: EventDraft, asker: _Asker) -> EventDraft:

@@ -32,9 +32,10 @@ from typing import Any
 
 import anyio
 
-from gateway.audit import EventDraft, EventType
+from gateway.audit import Along, EventDraft, EventType
 from gateway.auth import Principal
 from gateway.budget import Usage, reservation_ms, spent_ms
+from gateway.calls import Moved, Opened, outcome_content
 from gateway.canonical import args_hash, is_text
 from gateway.consent import (
     ConsentAsker,
@@ -234,7 +235,9 @@ class Pipeline:
         except (ValueError, TypeError):  # NaN or a lone surrogate (the transport refuses both first)
             hashed = None
         name = stored_tool_name(request.tool_name)
-        trail = _Trail(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=name, args_hash=hashed))
+        trail = _Trail(
+            EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=name, args_hash=hashed), request.arguments
+        )
         walk = _Walk(request.tool_name, request.arguments, trail, request.token, asker, request.progress)
         try:
             return run_id, await self._stages(walk, trail)
@@ -270,13 +273,13 @@ class Pipeline:
             log.exception("run %s: unexpected failure", run_id)
             error = InternalError(Reason.INTERNAL_ERROR, "the gateway failed")
             run_status = "failed" if trail.executing else None
-            await in_db_thread(self._best_effort, trail, trail.refusal(error), run_status)
+            await in_db_thread(self._best_effort, trail, trail.refusal(error), run_status, "error", error)
             raise error from exc
         except anyio.get_cancelled_exc_class():
             # The client cancelled or went away; a running tool was killed by the runner.
             with anyio.CancelScope(shield=True):
                 run_status = "cancelled" if trail.executing else None
-                await in_db_thread(self._best_effort, trail, trail.cancelled(), run_status)
+                await in_db_thread(self._best_effort, trail, trail.cancelled(), run_status, "cancelled", None)
             raise
 
     # --- the stages: each a `run` for a call and a `dry` for explain ---------------------------
@@ -353,7 +356,9 @@ class Pipeline:
             trail.executing, trail.started_at = True, self.s.clock.now()
             walk.outcome = await self._run(admitted, trail, walk.arguments, walk.progress)
         else:
-            await in_db_thread(self._log, trail)  # spec section 8: the entry is committed before any tool runs
+            await in_db_thread(
+                self._log, trail, "running"
+            )  # spec section 8: the entry is committed before any tool runs
             walk.outcome = await in_db_thread(self._read, admitted, trail, walk.arguments)
 
     def _execute_dry(self, walk: _Walk) -> str | None:
@@ -383,8 +388,16 @@ class Pipeline:
     # --- synchronous database work: `_stages` runs each on a database thread (gateway/db_threads.py),
     # never on the event loop ---------------------------------------------------------------------
 
-    def _log(self, trail: _Trail, *events: EventDraft) -> None:
-        """Commit the entry event (once, naming the caller when known) with `events`, in one transaction.
+    def _log(
+        self,
+        trail: _Trail,
+        status: str | None,
+        *events: EventDraft,
+        error: GatewayError | None = None,
+        outcome: ToolOutcome | None = None,
+    ) -> None:
+        """Commit the entry event (once, naming the caller when known) with `events`, in one transaction,
+        and with them the call's card in `status` (gateway/calls.py; None: unchanged).
 
         Until something happens that the log must precede (a read, a reservation, a run), the
         entry waits, so a call refused at stages 2-5 costs one commit; the answer still leaves
@@ -392,12 +405,46 @@ class Pipeline:
         """
         pending = () if trail.entry_logged else (trail.entry_for_log(),)
         if pending or events:
-            self.s.audit.append(*pending, *events)
+            along = self._card(trail, status, error, outcome)
+            self.s.audit.append(*pending, *events, along=along)
+            trail.carded = trail.carded or bool(along)
         trail.entry_logged = True
+
+    def _card(
+        self, trail: _Trail, status: str | None, error: GatewayError | None = None, outcome: ToolOutcome | None = None
+    ) -> tuple[Along, ...]:
+        """The card's write for this step: its first row, or its move to `status`; none before a caller is known."""
+        if trail.principal is None or (status is None and trail.carded):
+            return ()
+        now = self.s.clock.now()
+        code = None if error is None else error.code
+        reason = None if error is None else error.reason
+        message = None if error is None else error.public_message()
+        result = None if outcome is None else outcome_content(outcome)
+        if outcome is not None and outcome.is_error:
+            status = "error"
+        if not trail.carded:
+            return (
+                Opened(
+                    run_id=str(trail.entry.run_id),
+                    user=trail.principal.name,
+                    workspace=trail.workspace,
+                    server_id=self.s.server_id,
+                    tool_name=str(trail.entry.tool_name),
+                    arguments=trail.arguments,
+                    status=status or "pending",
+                    now=now,
+                    code=code,
+                    reason=reason,
+                    message=message,
+                    result=result,
+                ),
+            )
+        return (Moved(str(trail.entry.run_id), str(status), now, trail.workspace, code, reason, message, result),)
 
     def _logged_reservation(self, trail: _Trail, admitted: Admitted) -> int:
         """The entry committed (spec section 8: before anything is taken or runs), then the reservation."""
-        self._log(trail)
+        self._log(trail, "pending")
         return self.s.budget.reserve(
             admitted.principal.name,
             str(trail.entry.run_id),
@@ -410,12 +457,17 @@ class Pipeline:
         if trail.charge_id is not None:
             self.s.budget.release(trail.charge_id)
             trail.charge_id = None
-        self._log(trail, trail.terminal(EventType.POLICY_BLOCKED, None, {"status": "input_required"}))
+        # The client answers in its retry of the call, a call (and card) of its own.
+        self._log(
+            trail,
+            "cancelled",
+            trail.terminal(EventType.POLICY_BLOCKED, None, {"status": "input_required"}),
+        )
 
     def _refused(self, trail: _Trail, exc: GatewayError) -> None:
         self._settle_best_effort(trail)
         if not _is_audit_failure(exc) and not trail.closed_by_sweep:
-            self._log(trail, trail.refusal(exc))
+            self._log(trail, "error", trail.refusal(exc), error=exc)
 
     def _settle(self, trail: _Trail) -> None:
         """Set the call's budget reservation (its whole time limit) to what it spent, once.
@@ -436,13 +488,20 @@ class Pipeline:
         except StorageUnavailableError:
             log.error("run %s: the budget reservation stays at the time limit (database error)", trail.entry.run_id)  # noqa: TRY400
 
-    def _best_effort(self, trail: _Trail, event: EventDraft | None, run_status: str | None = None) -> None:
+    def _best_effort(
+        self,
+        trail: _Trail,
+        event: EventDraft | None,
+        run_status: str | None,
+        card_status: str,
+        error: GatewayError | None,
+    ) -> None:
         """Leave what trail can still be left while failing; the caller's error is already decided."""
         self._settle_best_effort(trail)
         try:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
-            self._log(trail, *(() if event is None else (event,)))
+            self._log(trail, card_status, *(() if event is None else (event,)), error=error)
         except GatewayError:
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
 
@@ -452,13 +511,16 @@ class Pipeline:
         if read is None:
             raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, admitted.spec.name)
         outcome = read(self.s.runs, arguments, admitted.scope.visible_workspaces)
-        self._log(trail, trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}))
+        self._log(trail, "done", trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}), outcome=outcome)
         return outcome
 
-    def _started(self, record: RunRecord, started: EventDraft) -> None:
-        """The run's record (with its deadline) and TOOL_STARTED, before anything runs."""
+    def _started(self, trail: _Trail, record: RunRecord, started: EventDraft) -> None:
+        """The run's record (with its deadline) and TOOL_STARTED (the card: running), before anything runs."""
         self.s.runs.insert(record)
-        self.s.audit.append(started)
+        self.s.audit.append(started, along=self._card(trail, "running"))
+
+    def _finished(self, trail: _Trail, finished: EventDraft, outcome: ToolOutcome) -> None:
+        self.s.audit.append(finished, along=self._card(trail, "done", outcome=outcome))
 
     def _ran(self, trail: _Trail, executed: EventDraft, user: str) -> Usage:
         """SANDBOX_EXEC, the reservation settled to the run's duration, and the user's usage after it."""
@@ -498,7 +560,7 @@ class Pipeline:
         record = RunRecord(run_id, principal.name, scope.workspace, spec.name, now, "running", None, deadline)
         common: dict[str, Any] = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
         started = EventDraft(EventType.TOOL_STARTED, tool_name=spec.name, args_hash=hashed, **common)
-        await in_db_thread(self._started, record, started)
+        await in_db_thread(self._started, trail, record, started)
         request = ExecutionRequest(
             run_id=run_id,
             root=scope.pinned_root,
@@ -552,7 +614,7 @@ class Pipeline:
             **common,
         )
         if not trail.closed_by_sweep:
-            await in_db_thread(self.s.audit.append, finished)
+            await in_db_thread(self._finished, trail, finished, outcome)
         return outcome
 
 
@@ -610,10 +672,13 @@ class _Trail:
     """What the call has learnt so far, for the terminal audit event."""
 
     entry: EventDraft
+    arguments: Mapping[str, Any]
     principal: Principal | None = None
     workspace: str | None = None
     executing: bool = False
     entry_logged: bool = False
+    carded: bool = False
+    """The call's card is written (gateway/calls.py)."""
     charge_id: int | None = None
     """The budget reservation still to settle (None: none taken, or settled)."""
     started_at: float = 0.0

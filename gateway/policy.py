@@ -363,7 +363,7 @@ def _roles(r: _Reader, node: yaml.Node | None) -> Mapping[str, frozenset[Permiss
         return MappingProxyType(
             {
                 "ADMIN": frozenset(Permission),
-                "USER": frozenset(Permission),
+                "USER": frozenset({Permission.ARTIFACT_READ, Permission.ORCHESTRATION_RUN}),
                 "VIEWER": frozenset({Permission.ARTIFACT_READ}),
             }
         )

@@ -11,6 +11,8 @@ from gateway.errors import PermissionDeniedError, Reason
 class Permission(StrEnum):
     ARTIFACT_READ = "ARTIFACT_READ"
     ORCHESTRATION_RUN = "ORCHESTRATION_RUN"
+    CONSENT_DECIDE = "CONSENT_DECIDE"
+    """Answer other people's consent questions and revoke stored decisions in the web console (gateway/console/)."""
 
 
 ADMIN_ROLE = "ADMIN"

@@ -36,11 +36,12 @@ import anyio
 import anyio.to_thread
 
 from gateway.audit import EventDraft, EventType
+from gateway.calls import Moved
 from gateway.consent import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
 from gateway.consent_store import ConsentStore, PendingRequest
 from gateway.db_errors import cause_name
 from gateway.db_threads import in_db_thread
-from gateway.errors import Reason, StorageUnavailableError
+from gateway.errors import ConsentDeniedError, Reason, StorageUnavailableError
 from gateway.liveness import (
     ProcessIdentity,
     SessionRecord,
@@ -186,7 +187,8 @@ def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
                 workspace=run.workspace,
                 tool_name=run.tool_name,
                 detail={"status": "abandoned", "reason": reason},
-            )
+            ),
+            along=[Moved(run.run_id, "error", services.clock.now(), reason=reason, message=_RUN_ABANDONED)],
         )
     except StorageUnavailableError:
         services.runs.reopen(run.run_id)
@@ -220,8 +222,16 @@ def _close_question(
     decided = decision_event(_asked(question), nobody, Reason.CONSENT_NO_ANSWER)
     blocked = {"status": "abandoned", "reason": GATEWAY_LOST}
     try:
+        card = Moved(
+            question.id,
+            "error",
+            now,
+            code=ConsentDeniedError.code,
+            reason=Reason.CONSENT_NO_ANSWER,
+            message=_ASKER_GONE,
+        )
         services.audit.append(
-            decided, dataclasses.replace(decided, event_type=EventType.POLICY_BLOCKED, detail=blocked)
+            decided, dataclasses.replace(decided, event_type=EventType.POLICY_BLOCKED, detail=blocked), along=[card]
         )
     except StorageUnavailableError:
         questions.reopen(question.id)
@@ -242,6 +252,11 @@ def _close_question(
         where,
     )
     return True
+
+
+_RUN_ABANDONED = "closed as abandoned: the gateway running it is gone, or could not record its end"
+_ASKER_GONE = "closed as abandoned: the gateway that asked is gone; nobody can answer it now"
+"""What a card closed by a sweep says (gateway/calls.py)."""
 
 
 def _asked(question: PendingRequest) -> ConsentRequest:

@@ -119,6 +119,18 @@ class UserStore:
     def set_role(self, name: str, role: str) -> None:
         self._update(name, role=role)
 
+    def set_password(self, name: str, password: str) -> None:
+        """Set the password the web console's sign-in checks (stored as a passlib hash, never the password)."""
+        if not password:
+            raise UserError("the password is empty")
+        self._update(name, password_hash=hash_password(password))
+
+    def fetch_password_hash(self, name: str) -> str | None:
+        """The user's password hash, or None (no such user, or no password set)."""
+        with self._read.connect() as connection:
+            value = connection.execute(select(db.users.c.password_hash).where(db.users.c.name == name)).scalar()
+        return None if value is None else str(value)
+
     def _update(self, name: str, **values: object) -> None:
         with self._engine.begin() as connection:
             result = connection.execute(update(db.users).where(db.users.c.name == name).values(**values))

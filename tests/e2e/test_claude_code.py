@@ -355,7 +355,9 @@ def test_a_question_with_a_progress_token_hears_where_to_answer_while_it_waits(
     assert decided["behavior"] == "allow"
     notes = [m["params"] for m in session.unsolicited if m.get("method") == "notifications/progress"]
     assert notes and {n["progressToken"] for n in notes} == {"cc-1"}, session.unsolicited
-    assert "Waiting for a person to allow Bash (answer with `mcp-gateway approvals`)" in notes[0]["message"]
+    assert (
+        "Waiting for a person to allow Bash (answer with `mcp-gateway approvals` or the console)" in notes[0]["message"]
+    )
 
 
 def test_ask_then_the_approver_denies(

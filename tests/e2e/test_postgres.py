@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gateway.budget import BudgetLedger
+from gateway.calls import CallStore
 from gateway.clock import SystemClock
 from gateway.db import make_engine
 from gateway.errors import BudgetExceededError
@@ -54,6 +55,12 @@ def test_refusals_a_run_and_the_chain_on_postgres(
     assert result["structuredContent"]["passed"] > 0
     verify = pg_gateway.cli("audit", "verify")
     assert verify.returncode == 0, verify.stdout
+    # The web console's cards, written and moved in the calls' audit transactions (gateway/calls.py).
+    cards = CallStore(pg_gateway.engine)
+    refused = cards.fetch(run_id)
+    assert refused is not None and (refused.status, refused.code) == ("error", -32003)
+    ran = cards.fetch(result["_meta"]["mcp-write-gateway/run_id"])
+    assert ran is not None and ran.status == "done" and ran.code is None and ran.result is not None
 
 
 def test_budget_reservations_are_atomic_on_postgres(pg_gateway: GatewayHome) -> None:

@@ -152,8 +152,16 @@ def test_a_killed_gateways_question_cannot_be_decided_and_a_live_gateway_closes_
     os.kill(asker.process.pid, signal.SIGKILL)
     asker.process.wait(timeout=10)
 
-    closed = wait_until(lambda: status_of_question(home) == "abandoned", timeout=10)
+    def closed_and_logged() -> bool:
+        """The question is closed first, then its events are committed: both, or not yet."""
+        logged = any(e["event_type"] == "POLICY_BLOCKED" for e in home.events_of(waiting["id"]))
+        return status_of_question(home) == "abandoned" and logged
+
+    closed = wait_until(closed_and_logged, timeout=10)
     assert closed, (question(home), survivor.stderr_text())
+    with home.engine.connect() as connection:
+        card = connection.execute(select(db.tool_calls).where(db.tool_calls.c.run_id == waiting["id"])).one()
+    assert (card.status, card.code, card.reason) == ("error", -32008, "consent_no_answer")  # the console's card too
     store = ConsentStore(home.engine)
     assert not store.decide(waiting["id"], "ALLOW_ONCE", "approvals:test", SystemClock().now())
     assert store.fetch_pending(SystemClock().now()) == []

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from gateway.audit import AuditLog, ChainHead, ChainReport, EventDraft, EventType, chain_hash, verify_chain
+from gateway.audit import GENESIS, AuditLog, ChainHead, ChainReport, EventDraft, EventType, chain_hash, verify_chain
 from gateway.clock import iso_utc
 from gateway.db import GENESIS_HASH, make_engine
 from gateway.errors import InternalError
@@ -312,3 +312,23 @@ def test_appending_after_a_truncation_does_not_heal_the_chain(log: AuditLog, eng
     report = verify(log)
     assert not report.ok
     assert report.first_bad_id == 5
+
+
+def test_verifying_from_a_verified_point_checks_what_came_after(log: AuditLog, engine: Engine) -> None:
+    """The web console's incremental check: from a point verified before, the events appended since."""
+    report, point = log.verify_after(GENESIS)
+    assert report == ChainReport(ok=True, checked=len(DRAFTS)) and point == log.head()
+    log.append(*DRAFTS)
+    assert log.verify_after(point) == (ChainReport(ok=True, checked=2 * len(DRAFTS)), log.head())
+    assert log.verify_after(log.head()) == (ChainReport(ok=True, checked=2 * len(DRAFTS)), log.head())
+    # A new event edited: found from the point. An old one: only a check from the start finds it.
+    execute(engine, "UPDATE audit_events SET user_name = 'mallory' WHERE id = :id", id=len(DRAFTS) + 1)
+    assert log.verify_after(point)[0] == ChainReport(
+        False, len(DRAFTS), len(DRAFTS) + 1, "hash does not match the event's content"
+    )
+    execute(engine, "UPDATE audit_events SET user_name = 'alice' WHERE id = :id", id=len(DRAFTS) + 1)
+    execute(engine, "UPDATE audit_events SET code = 1 WHERE id = 1")
+    assert log.verify_after(point)[0].ok
+    assert log.verify_after(GENESIS)[0] == ChainReport(False, 0, 1, "hash does not match the event's content")
+    # A point beyond the head (the tail was cut since): not ok.
+    assert not log.verify_after(ChainHead(10 * len(DRAFTS), GENESIS_HASH))[0].ok

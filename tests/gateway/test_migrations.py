@@ -95,3 +95,16 @@ def test_upgrading_from_0005_keeps_runs_with_no_gateway_session(tmp_path: Path) 
         assert connection.execute(select(db.gateway_sessions)).all() == []
     assert {k: kept[k] for k in row} == row
     assert kept["session_id"] is None
+
+
+def test_0007_adds_tool_calls_and_goes_back(tmp_path: Path) -> None:
+    """0007 adds the console's `tool_calls` (gateway/calls.py); its downgrade removes exactly that."""
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    db.migrate(engine)
+    assert "tool_calls" in inspect(engine).get_table_names()
+    indexes = {i["name"] for i in inspect(engine).get_indexes("tool_calls")}
+    assert indexes == {"ix_tool_calls_last_event", "ix_tool_calls_workspace_event"}
+    command.downgrade(db._alembic_config(engine), "0006")
+    assert "tool_calls" not in inspect(engine).get_table_names()
+    db.migrate(engine)
+    assert db.schema_is_current(engine)

@@ -54,7 +54,7 @@ def test_shipped_policy_loads_with_the_documented_values() -> None:
     assert policy.version == 1
     assert policy.auth == AuthPolicy("mcp-gateway", "mcp-gateway", ("HS256",), 30, 86400)
     assert dict(policy.roles) == {
-        "ADMIN": frozenset({Permission.ARTIFACT_READ, Permission.ORCHESTRATION_RUN}),
+        "ADMIN": frozenset(Permission),
         "USER": frozenset({Permission.ARTIFACT_READ, Permission.ORCHESTRATION_RUN}),
         "VIEWER": frozenset({Permission.ARTIFACT_READ}),
     }
@@ -727,7 +727,7 @@ def test_missing_sections_take_the_defaults(tmp_path: Path) -> None:
     assert policy.permission_prompt == PermissionPromptPolicy()
     assert dict(policy.roles) == {
         "ADMIN": frozenset(Permission),
-        "USER": frozenset(Permission),
+        "USER": frozenset({Permission.ARTIFACT_READ, Permission.ORCHESTRATION_RUN}),
         "VIEWER": frozenset({Permission.ARTIFACT_READ}),
     }
     assert dict(policy.workspaces) == {}

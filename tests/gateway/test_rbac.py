@@ -54,4 +54,4 @@ def test_has_permission_agrees(role: str, permission: Permission, reason: str | 
 
 
 def test_permission_spellings_are_the_spec_names() -> None:
-    assert [str(p) for p in Permission] == ["ARTIFACT_READ", "ORCHESTRATION_RUN"]
+    assert [str(p) for p in Permission] == ["ARTIFACT_READ", "ORCHESTRATION_RUN", "CONSENT_DECIDE"]

@@ -1,0 +1,240 @@
+"""Each tools/call as the web console shows it: the `tool_calls` table, written with the call's audit events.
+
+The gateways are other processes than the console, so the database is where the console learns
+of a call. A card is inserted when the call's entry event is committed (a call refused before
+authentication named anyone gets none: it belongs to no workspace; the audit log keeps it) and
+moved with each later event of the call, in the same transaction (`AuditLog.append(along=...)`):
+no extra commit on any path, the refusal path included. Its status follows the call:
+
+    pending (waiting: budget, sandbox, consent) -> running (the tool runs) -> done | error | cancelled
+
+A call refused before anything ran goes from pending to error; `running` is never skipped on the
+way to `done`. The arguments are stored redacted as everywhere (`consent_text.redacted`), the
+result as MCP content blocks; either, past `STORED_CHARS`, is cut loudly (length and sha256 kept).
+`last_event_id`, the id of the audit event of the row's last change, only grows: it is the cursor
+the console's live view polls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, bindparam, func, select, update
+
+from gateway import db
+from gateway.canonical import canonical_json, sha256_hex
+from gateway.consent_text import redacted
+from gateway.tools.outcome import ToolOutcome
+from gateway.visible import storable
+
+STORED_CHARS = 262_144
+"""At most this much of a card's arguments or of its result text is stored; the rest is named, not kept."""
+KIND_TOOL = "tool"
+KIND_QUESTION = "check_permission"
+STATUSES = ("pending", "running", "done", "error", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    run_id: str
+    kind: str
+    created_at: float
+    updated_at: float
+    user: str
+    workspace: str | None
+    server_id: str
+    tool_name: str
+    arguments: Any
+    status: str
+    code: int | None
+    reason: str | None
+    message: str | None
+    result: list[dict[str, Any]] | None
+    last_event_id: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in Card.__slots__}
+
+
+def stored_arguments(arguments: Mapping[str, Any]) -> str:
+    """The arguments as the card keeps them: redacted canonical JSON, or a loud note of what was too long."""
+    try:
+        text = canonical_json(redacted(dict(arguments)))
+    except (TypeError, ValueError):
+        return canonical_json({"(not JSON text)": True})
+    if len(text) > STORED_CHARS:
+        return canonical_json({"(not stored)": f"{len(text)} characters, sha256 {sha256_hex(text)}"})
+    return storable(text)
+
+
+def outcome_content(outcome: ToolOutcome) -> list[dict[str, Any]]:
+    """The result's content blocks as the client got them: the text, then a resource link per artifact."""
+    text = outcome.text
+    if len(text) > STORED_CHARS:
+        note = f"\n[not stored: {len(text) - STORED_CHARS} more characters of {len(text)}, sha256 {sha256_hex(text)}]"
+        text = text[:STORED_CHARS] + note
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": storable(text)}]
+    for link in outcome.links:
+        block = {"type": "resource_link", "uri": link.uri, "name": link.name}
+        if link.mime_type:
+            block["mimeType"] = link.mime_type
+        if link.description:
+            block["description"] = link.description
+        blocks.append(block)
+    return blocks
+
+
+# Built once: a card is written on every call, the refusal path included, and building a statement
+# costs more than running it (gateway/audit.py does the same).
+_INSERT = db.tool_calls.insert()
+_t = db.tool_calls
+_MOVE = (
+    update(_t)
+    .where(_t.c.run_id == bindparam("card"))
+    .values(
+        status=bindparam("new_status"),
+        updated_at=bindparam("now"),
+        last_event_id=bindparam("event_id"),
+        workspace=func.coalesce(bindparam("new_workspace", type_=_t.c.workspace.type), _t.c.workspace),
+        code=func.coalesce(bindparam("new_code", type_=_t.c.code.type), _t.c.code),
+        reason=func.coalesce(bindparam("new_reason", type_=_t.c.reason.type), _t.c.reason),
+        message=func.coalesce(bindparam("new_message", type_=_t.c.message.type), _t.c.message),
+        result=func.coalesce(bindparam("new_result", type_=_t.c.result.type), _t.c.result),
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """The card's first row, written with the call's entry event."""
+
+    run_id: str
+    user: str
+    workspace: str | None
+    server_id: str
+    tool_name: str
+    arguments: Mapping[str, Any]
+    status: str
+    now: float
+    kind: str = KIND_TOOL
+    code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    result: list[dict[str, Any]] | None = None
+
+    def __call__(self, connection: Connection, event_id: int) -> None:
+        connection.execute(
+            _INSERT,
+            {
+                "run_id": self.run_id,
+                "kind": self.kind,
+                "created_at": self.now,
+                "updated_at": self.now,
+                "user_name": self.user,
+                "workspace": self.workspace,
+                "server_id": self.server_id,
+                "tool_name": self.tool_name,
+                "arguments": stored_arguments(self.arguments),
+                "status": self.status,
+                "code": self.code,
+                "reason": self.reason,
+                "message": None if self.message is None else storable(self.message),
+                "result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
+                "last_event_id": event_id,
+            },
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A later state of the card, written with the call's event that caused it."""
+
+    run_id: str
+    status: str
+    now: float
+    workspace: str | None = None
+    code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    result: list[dict[str, Any]] | None = None
+
+    def __call__(self, connection: Connection, event_id: int) -> None:
+        """A field left None keeps what the card holds."""
+        connection.execute(
+            _MOVE,
+            {
+                "card": self.run_id,
+                "new_status": self.status,
+                "now": self.now,
+                "event_id": event_id,
+                "new_workspace": self.workspace,
+                "new_code": self.code,
+                "new_reason": self.reason,
+                "new_message": None if self.message is None else storable(self.message),
+                "new_result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
+            },
+        )
+
+
+class CallStore:
+    """The console's reads of `tool_calls`: cards changed after a cursor, and one card."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._read = db.reader(engine)
+
+    def fetch_changed(self, after: int, workspaces: Collection[str] | None, limit: int = 200) -> list[Card]:
+        """Cards whose last change came after event `after`, oldest change first; `workspaces` None: all."""
+        t = db.tool_calls
+        query = select(t).where(t.c.last_event_id > after).order_by(t.c.last_event_id).limit(limit)
+        if workspaces is not None:
+            query = query.where(t.c.workspace.in_(list(workspaces)))
+        with self._read.connect() as connection:
+            return [_card(row._mapping) for row in connection.execute(query)]
+
+    def fetch_latest(self, workspaces: Collection[str] | None, limit: int = 50) -> list[Card]:
+        """The most recently changed cards, newest first."""
+        t = db.tool_calls
+        query = select(t).order_by(t.c.last_event_id.desc()).limit(limit)
+        if workspaces is not None:
+            query = query.where(t.c.workspace.in_(list(workspaces)))
+        with self._read.connect() as connection:
+            return [_card(row._mapping) for row in connection.execute(query)]
+
+    def fetch(self, run_id: str) -> Card | None:
+        t = db.tool_calls
+        with self._read.connect() as connection:
+            row = connection.execute(select(t).where(t.c.run_id == run_id)).first()
+        return None if row is None else _card(row._mapping)
+
+
+def _card(m: Any) -> Card:
+    try:
+        arguments = json.loads(m["arguments"])
+    except ValueError:
+        arguments = {"(unreadable)": True}
+    result = None
+    if m["result"] is not None:
+        try:
+            result = json.loads(m["result"])
+        except ValueError:
+            result = [{"type": "text", "text": "(unreadable result)"}]
+    return Card(
+        run_id=m["run_id"],
+        kind=m["kind"],
+        created_at=float(m["created_at"]),
+        updated_at=float(m["updated_at"]),
+        user=m["user_name"],
+        workspace=m["workspace"],
+        server_id=m["server_id"],
+        tool_name=m["tool_name"],
+        arguments=arguments,
+        status=m["status"],
+        code=m["code"],
+        reason=m["reason"],
+        message=m["message"],
+        result=result,
+        last_event_id=int(m["last_event_id"]),
+    )
