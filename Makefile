@@ -65,7 +65,7 @@ guest-deps:
 # worker (tests/conftest.py, SERIAL_GROUPS). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 4
 test: lint system-deps
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The unit tests of the gateway and the sandbox, in about a minute: no stdio sessions (tests/e2e),
 # no hostile suites (tests/adversarial). Run `make test` before you push.

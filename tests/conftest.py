@@ -16,20 +16,35 @@ SERIAL_GROUPS = {
     "tests/hosts/": "guest",  # one QEMU guest per worker that needs it: boot it once (about a minute under TCG)
     "tests/rootless/": "rootless",  # every test is USER_UID's: the shared arena and the NPROC tests of that one uid
     "tests/e2e/test_wheel.py": "wheel",  # the module builds and installs the wheel once
+    # An ordinary uid of one module's own: its NPROC and "nothing of the uid is left" checks count every process of it.
+    "tests/sandbox/test_userns.py": "uid-64072",
+    "tests/e2e/test_doctor.py": "uid-64071",
+    "tests/e2e/test_demo.py": "uid-64073",
 }
-"""The tests that share one resource with each other: `make test` runs the suite in parallel
-(pytest-xdist, `--dist loadgroup`), and each group goes whole to one worker, in order, while
-every other test goes to whichever worker is free. Everything else a test uses is its own: temp
-folders, a SQLite file or a PostgreSQL database (`db_url`), a run uid held by flock
+"""The tests that share one resource with each other, by where they are: `make test` runs the
+suite in parallel (pytest-xdist), and each group goes whole to one worker, in order, while every
+other test goes on its own to whichever worker is free. Everything else a test uses is its own:
+temp folders, a SQLite file or a PostgreSQL database (`db_url`), a run uid held by flock
 (sandbox/backends/identity.py)."""
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        where = item.path.relative_to(config.rootpath).as_posix()
-        for prefix, group in SERIAL_GROUPS.items():
-            if where.startswith(prefix):
-                item.add_marker(pytest.mark.xdist_group(group))
+def serial_group(nodeid: str) -> str:
+    """The unit of work a test belongs to: its group, or the test alone."""
+    return next((group for prefix, group in SERIAL_GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without -n it is never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's load-by-scope scheduler, with `serial_group` as the scope (largest units first).
+
+    Not `--dist loadgroup`: it renames the tests' node ids, which pytest 9 no longer lets a plugin do."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroups(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_group(nodeid)
+
+    return SerialGroups(config, log)
 
 
 @pytest.fixture
