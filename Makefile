@@ -85,8 +85,13 @@ $(TS_CLIENT)/dist/client.js: $(TS_CLIENT)/client.ts $(TS_CLIENT)/package-lock.js
 
 ts-client: $(TS_CLIENT)/dist/client.js
 
+
+# The suite in parallel (pytest-xdist): most tests wait on subprocesses, sessions and sandboxed
+# runs, so there are more workers than cores; the tests that share a resource go whole to one
+# worker (tests/conftest.py, SERIAL_GROUPS). TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 4
 test: lint system-deps ts-client
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The unit tests of the gateway and the sandbox, in about a minute: no stdio sessions (tests/e2e),
 # no hostile suites (tests/adversarial). Run `make test` before you push.

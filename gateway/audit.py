@@ -225,8 +225,10 @@ class AuditLog:
             query = query.where(db.audit_events.c.ts >= since_ts)
         if run_id is not None:
             query = query.where(db.audit_events.c.run_id == run_id)
-        with self._read.connect() as connection:
-            for row in connection.execute(query.execution_options(yield_per=1000)):
+        # The result is closed with the generator: a reader that stops early (`verify_chain` at the
+        # first broken link) leaves no PostgreSQL server-side cursor open behind it.
+        with self._read.connect() as connection, connection.execute(query.execution_options(yield_per=1000)) as rows:
+            for row in rows:
                 yield _from_row(row._mapping)
 
 

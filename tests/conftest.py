@@ -1,4 +1,4 @@
-"""Shared fixtures: a gateway state folder and a stdio session against `mcp-gateway serve`."""
+"""Shared fixtures: a gateway state folder (on SQLite, or on the test's `db_url`) and a stdio session against `mcp-gateway serve`."""
 
 from __future__ import annotations
 
@@ -12,17 +12,60 @@ from tests.harness import GatewayHome, StdioSession
 
 pytest_plugins = ("tests.pg_cluster",)  # a throwaway PostgreSQL for the `postgres` tests, when one can run
 
+SERIAL_GROUPS = {
+    "tests/hosts/": "guest",  # one QEMU guest per worker that needs it: boot it once (about a minute under TCG)
+    "tests/rootless/": "rootless",  # every test is USER_UID's: the shared arena and the NPROC tests of that one uid
+    "tests/e2e/test_wheel.py": "wheel",  # the module builds and installs the wheel once
+    # An ordinary uid of one module's own: its NPROC and "nothing of the uid is left" checks count every process of it.
+    "tests/sandbox/test_userns.py": "uid-64072",
+    "tests/e2e/test_doctor.py": "uid-64071",
+    "tests/e2e/test_demo.py": "uid-64073",
+    "tests/e2e/test_console.py": "console",  # one Chromium and one console for the module (its screenshots too)
+}
+"""The tests that share one resource with each other, by where they are: `make test` runs the
+suite in parallel (pytest-xdist), and each group goes whole to one worker, in order, while every
+other test goes on its own to whichever worker is free. Everything else a test uses is its own:
+temp folders, a SQLite file or a PostgreSQL database (`db_url`), a run uid held by flock
+(sandbox/backends/identity.py)."""
+
+
+def serial_group(nodeid: str) -> str:
+    """The unit of work a test belongs to: its group, or the test alone."""
+    return next((group for prefix, group in SERIAL_GROUPS.items() if nodeid.startswith(prefix)), nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without -n it is never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's load-by-scope scheduler, with `serial_group` as the scope (largest units first).
+
+    Not `--dist loadgroup`: it renames the tests' node ids, which pytest 9 no longer lets a plugin do."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialGroups(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_group(nodeid)
+
+    return SerialGroups(config, log)
+
 
 @pytest.fixture
-def make_gateway(tmp_path: Path) -> Callable[..., GatewayHome]:
+def make_gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., GatewayHome]]:
+    """Build state folders, each with a SQLite file of its own; when the test asks for `db_url`,
+    on that database instead (every gateway of the test then shares it, as a fleet does)."""
     counter = iter(range(1000))
+    engine_url = request.getfixturevalue("db_url") if "db_url" in request.fixturenames else None
+    made: list[GatewayHome] = []
 
     def make(policy: dict[str, Any] | None = None, db_url: str | None = None) -> GatewayHome:
         root = tmp_path / f"gw{next(counter)}"
         root.mkdir()
-        return GatewayHome(root, policy or {}, db_url)
+        gateway = GatewayHome(root, policy or {}, db_url or engine_url)
+        made.append(gateway)
+        return gateway
 
-    return make
+    yield make
+    for gateway in made:
+        gateway.engine.dispose()
 
 
 @pytest.fixture

@@ -6,25 +6,38 @@ session starts its own cluster before collection: `initdb` into a temporary fold
 on a free 127.0.0.1 port (no socket elsewhere, `fsync=off`: the data is thrown away), one empty
 database, and MCP_GATEWAY_TEST_PG_URL naming it, which the tests and every `serve` they start
 read. The cluster runs as the `postgres` user when the suite runs as root (the server refuses
-root), and is stopped and deleted when the session ends. Without the programs nothing starts
-and the `postgres` tests skip, as before. MCP_GATEWAY_TEST_PG=off turns it off.
+root), and is stopped and deleted when the session ends. MCP_GATEWAY_TEST_PG=off turns it off.
+
+Every test that asks for a PostgreSQL database (the `db_url` fixture, tests/conftest.py) gets
+an empty one of its own, made on that server by `new_database` and dropped after the test: the
+tests never share one, so they run in parallel (pytest-xdist: one cluster, started by the
+controller, for every worker). A server named by MCP_GATEWAY_TEST_PG_URL by hand works the same
+way when its user may create databases.
+
+Without a server, `pg_missing` says why: as root (CI, where `make test` installs postgresql)
+the PostgreSQL variants then fail; as an ordinary user they skip.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import pwd
 import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.pool import NullPool
 
 URL_VARIABLE = "MCP_GATEWAY_TEST_PG_URL"
+SWITCH_VARIABLE = "MCP_GATEWAY_TEST_PG"
 _started: list[tuple[Path, Path, str | None]] = []
 """(pg_ctl, data folder, user) of the cluster this session started."""
 
@@ -71,7 +84,7 @@ def start_cluster(programs: Path) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get(URL_VARIABLE) or os.environ.get("MCP_GATEWAY_TEST_PG") == "off":
+    if os.environ.get(URL_VARIABLE) or os.environ.get(SWITCH_VARIABLE) == "off":
         return
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller started it
@@ -92,3 +105,79 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             check=False,
         )
         shutil.rmtree(data, ignore_errors=True)
+
+
+def pg_missing() -> str | None:
+    """Why no PostgreSQL test can run here, or None when a server is there (MCP_GATEWAY_TEST_PG_URL)."""
+    if os.environ.get(URL_VARIABLE):
+        return None
+    if os.environ.get(SWITCH_VARIABLE) == "off":
+        return f"{SWITCH_VARIABLE}=off"
+    return f"{URL_VARIABLE} is not set and no PostgreSQL server programs (initdb) were found"
+
+
+def pg_required() -> bool:
+    """Whether a missing server fails the PostgreSQL variants instead of skipping them.
+
+    As root the suite is CI's (`make test` installs Debian's postgresql first, as it installs
+    bubblewrap), so a missing server is a broken set-up; an ordinary user's machine may lack it.
+    MCP_GATEWAY_TEST_PG=off is an explicit choice, and skips."""
+    return os.geteuid() == 0 and os.environ.get(SWITCH_VARIABLE) != "off"
+
+
+_names = itertools.count()
+
+
+def _admin(base_url: str, statement: str) -> None:
+    """Run one statement that cannot run in a transaction (CREATE/DROP DATABASE) on `base_url`'s server."""
+    admin = create_engine(make_url(base_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(statement))
+    finally:
+        admin.dispose()
+
+
+def new_database(base_url: str) -> str:
+    """Create an empty database on the server of `base_url`; the URL naming it.
+
+    The name carries the pid, so the workers of one parallel run never pick the same."""
+    name = f"gw_test_{os.getpid()}_{next(_names)}"
+    _admin(base_url, f'CREATE DATABASE "{name}"')
+    return make_url(base_url).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_database(base_url: str, url: str) -> None:
+    """Drop the database `new_database` made, closing whatever connection a test left open."""
+    _admin(base_url, f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+
+
+ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+on_both_engines = pytest.mark.usefixtures("db_url")
+"""Run every test of a module (`pytestmark = on_both_engines`), or one test, on SQLite and on
+PostgreSQL: `gateway` and `make_gateway` (tests/conftest.py) then build on that engine."""
+
+on_postgres_only = pytest.mark.parametrize("db_url", ENGINES[1:], indirect=True)
+"""For what only PostgreSQL does (what its text columns cannot hold, its locks): `db_url` is a new
+PostgreSQL database. The test, or one of its fixtures, must ask for `db_url` by name."""
+
+
+@pytest.fixture(params=ENGINES)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of the test's own: a SQLite file, or a new database on the suite's PostgreSQL.
+
+    Without a PostgreSQL server the postgres variant fails as root (CI: `make test` installs
+    postgresql) and skips otherwise (`pg_missing`)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'engine.db'}"
+        return
+    missing = pg_missing()
+    if missing is not None:
+        if pg_required():
+            pytest.fail(f"{missing}: as root the suite runs on PostgreSQL too; `make system-deps` installs it")
+        pytest.skip(missing)
+    base = os.environ[URL_VARIABLE]
+    url = new_database(base)
+    yield url
+    drop_database(base, url)

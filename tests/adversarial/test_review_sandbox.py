@@ -12,11 +12,12 @@ import json
 import os
 import queue
 import secrets
+import shutil
 import signal
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -310,13 +311,17 @@ def run_row(arena: Arena, run_id: str) -> tuple[str, float | None]:
 
 @contextlib.contextmanager
 def sleepers_running(
-    factory: pytest.TempPathFactory, backend: Backend, name: str, timeout_s: int
+    factory: pytest.TempPathFactory,
+    backend: Backend,
+    name: str,
+    timeout_s: int,
+    serve_env: Mapping[str, str] | None = None,
 ) -> Iterator[tuple[Arena, int]]:
     """An arena of its own (the test kills or stops its gateway) with SLEEPERS running: (arena, call id)."""
     if os.geteuid() != 0:
         pytest.skip("the sandbox confines only when the gateway runs as root (as CI runs it)")
     policy = {"sandbox": {"backend": backend, "require": [g.value for g in Guarantee]}}
-    with open_arena(factory.mktemp(f"{name}-{backend}"), policy) as arena:
+    with open_arena(factory.mktemp(f"{name}-{backend}"), policy, serve_env) as arena:
         arena.write(f"adv/{name}.py", SLEEPERS)
         session = arena.session
         call = session.send_call("run_pytest", {"test_path": f"adv/{name}.py", "timeout_s": timeout_s}, arena.token)
@@ -328,7 +333,15 @@ def sleepers_running(
 def test_a_run_dies_with_its_gateway_and_the_next_gateway_closes_its_record(
     backend: Backend, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    with sleepers_running(tmp_path_factory, backend, "test_outlive", timeout_s=8) as (arena, _):
+    # Every gateway that starts removes the scratch folders nobody holds in its temp folder: this
+    # gateway and its successor get a temp folder of their own (sticky and open, as /tmp), so that
+    # no other gateway starting on the host meanwhile (a parallel test, another suite) sweeps first.
+    own_tmp = Path(tempfile.mkdtemp(prefix="mcp-adv-tmp-"))
+    own_tmp.chmod(0o1777)
+    env = {"TMPDIR": str(own_tmp)}
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, own_tmp, True)
+        arena, _ = cleanup.enter_context(sleepers_running(tmp_path_factory, backend, "test_outlive", 8, env))
         session = arena.session
         run_id = next(e["run_id"] for e in arena.gateway.audit_events() if e["event_type"] == "TOOL_STARTED")
         os.kill(arena.serve_pid, signal.SIGKILL)
@@ -337,10 +350,10 @@ def test_a_run_dies_with_its_gateway_and_the_next_gateway_closes_its_record(
         assert wait_until(lambda: arena.leftovers("adv/test_outlive.py") == [], timeout=2), "the run outlived it"
         status, deadline = run_row(arena, run_id)
         assert status == "running" and deadline is not None
-        scratch = list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{run_id[:8]}-*"))
+        scratch = list(own_tmp.glob(f"{SCRATCH_PREFIX}{run_id[:8]}-*"))
         assert len(scratch) == 1, "the dead gateway's run left its scratch folder"
         time.sleep(max(0.0, deadline - time.time()) + 0.2)
-        successor = StdioSession(arena.gateway)
+        successor = StdioSession(arena.gateway, env=env)
         try:
             assert "result" in successor.initialize()
             assert wait_until(lambda: run_row(arena, run_id)[0] == "abandoned", timeout=10), successor.stderr_text()

@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from gateway import db
 from tests.harness import Approver, GatewayHome, StdioSession, shows_request
+from tests.pg_cluster import on_both_engines
 
 SessionFactory = Callable[..., StdioSession]
 RUN = ("run_pytest", {"test_path": "tests"})
@@ -131,6 +132,7 @@ def test_allow_for_the_session_from_the_approver_covers_that_gateway_session_onl
     assert len(request_rows(gateway)) == 1, "the session's allow answered the second call"
 
 
+@on_both_engines
 def test_two_gateways_one_approver_each_request_decided_exactly_once(
     gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:
@@ -152,6 +154,7 @@ def test_two_gateways_one_approver_each_request_decided_exactly_once(
         assert decision_of(gateway, run_id)["decision"] == "ALLOW_ONCE"  # exactly one decision event each
 
 
+@on_both_engines
 def test_two_approvers_racing_for_one_request_decide_it_once(
     gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
 ) -> None:

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from gateway import db
 from gateway.consent_store import MAX_OPEN_QUESTIONS
 from tests.harness import GatewayHome, StdioSession
+from tests.pg_cluster import on_both_engines
 
 SessionFactory = Callable[..., StdioSession]
 FORM: dict[str, Any] = {"elicitation": {"form": {}}}
@@ -130,6 +131,7 @@ def behavior_of(response: dict[str, Any]) -> dict[str, Any]:
     return parsed
 
 
+@on_both_engines
 def test_concurrent_check_permission_questions_stop_at_the_cap(
     make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
 ) -> None:
@@ -162,6 +164,7 @@ def test_concurrent_check_permission_questions_stop_at_the_cap(
     assert gateway.chain_ok()
 
 
+@on_both_engines
 def test_a_mix_of_out_of_band_runs_and_first_rounds_shares_one_cap(
     make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
 ) -> None:

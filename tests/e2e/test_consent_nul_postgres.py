@@ -6,14 +6,13 @@ the call had no terminal event. Now an id no question can have is looked up nowh
 belongs to no open question: -32008 `consent_state_invalid`, with its events), and every text a
 question stores is NUL-free, the NUL shown escaped as the person sees it.
 
-Runs when MCP_GATEWAY_TEST_PG_URL names a database it may wipe (see tests/e2e/test_postgres.py).
+Each test has a new PostgreSQL database of its own (`db_url`, tests/pg_cluster.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,24 +20,19 @@ from sqlalchemy import select
 
 from gateway import db
 from tests.e2e.test_consent_limits import ASK_ALL, modern_params, send_all
-from tests.harness import GatewayHome, StdioSession, wipe_postgres
+from tests.harness import GatewayHome, StdioSession
+from tests.pg_cluster import on_postgres_only
 
-PG_URL = os.environ.get("MCP_GATEWAY_TEST_PG_URL")
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.skipif(not PG_URL, reason="MCP_GATEWAY_TEST_PG_URL is not set"),
-]
+pytestmark = on_postgres_only
 SessionFactory = Callable[..., StdioSession]
 
 
 @pytest.fixture
-def pg_gateway(make_gateway: Callable[..., GatewayHome]) -> Iterator[GatewayHome]:
-    assert PG_URL is not None
-    wipe_postgres(PG_URL)
-    gateway = make_gateway({"permission_prompt": ASK_ALL, "consent": {"timeout_s": 2}}, db_url=PG_URL)
+def pg_gateway(db_url: str, make_gateway: Callable[..., GatewayHome]) -> GatewayHome:
+    """On the test's own PostgreSQL database (`make_gateway` builds on `db_url`)."""
+    gateway = make_gateway({"permission_prompt": ASK_ALL, "consent": {"timeout_s": 2}})
     gateway.add_user("alice", "USER")
-    yield gateway
-    gateway.engine.dispose()
+    return gateway
 
 
 def kinds(gateway: GatewayHome, run_id: str) -> list[tuple[str, Any]]:

@@ -11,22 +11,20 @@ database's own timeouts.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
 from sqlalchemy import text
 
 from gateway.db import make_engine
 from tests.e2e.test_run_pytest import ELICITATION
-from tests.harness import GatewayHome, StdioSession, wipe_postgres
+from tests.harness import GatewayHome, StdioSession
+from tests.pg_cluster import on_postgres_only
 
 SessionFactory = Callable[..., StdioSession]
-PG_URL = os.environ.get("MCP_GATEWAY_TEST_PG_URL")
 LIMIT_S = 3
 RUN_ID = 500
 
@@ -146,20 +144,16 @@ def test_no_database_wait_is_unbounded(gateway: GatewayHome, open_session: Sessi
     assert gateway.chain_ok()
 
 
-@pytest.mark.postgres
-@pytest.mark.skipif(not PG_URL, reason="MCP_GATEWAY_TEST_PG_URL is not set")
+@on_postgres_only
 def test_a_held_audit_lock_on_postgres_freezes_nothing(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+    db_url: str, make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
 ) -> None:
-    assert PG_URL is not None
-    wipe_postgres(PG_URL)
-    gateway = make_gateway(db_url=PG_URL)
+    gateway = make_gateway()
     gateway.add_user("alice", "USER")
     session = open_session(gateway, capabilities=ELICITATION)
     _start_slow_run(gateway, session)
-    times = _lock_while_calling(session, _postgres_audit_lock(PG_URL), hold_s=6)
+    times = _lock_while_calling(session, _postgres_audit_lock(db_url), hold_s=6)
     assert max(times) < 0.5, f"pings waited for the database: {times}"
     assert session.wait_response(700, timeout=30)["error"]["code"] == -32001
     _assert_the_run_ended_at_its_limit(gateway, session)
     assert gateway.chain_ok()
-    gateway.engine.dispose()

@@ -1,14 +1,13 @@
 """The same gateway on PostgreSQL: migrations, refusals, a run, the audit chain, atomic budget.
 
-Runs when MCP_GATEWAY_TEST_PG_URL names an empty database it may wipe, e.g.
-postgresql+psycopg://gw:gw@127.0.0.1/gw (CI adds the server in a later issue).
+Each test has a new PostgreSQL database of its own (`db_url`, tests/pg_cluster.py): the suite's
+throwaway cluster, or the server MCP_GATEWAY_TEST_PG_URL names.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -20,24 +19,19 @@ from gateway.errors import BudgetExceededError
 from gateway.policy import BudgetPolicy
 from tests.e2e.test_refusals import assert_blocked_trail, refusal
 from tests.e2e.test_run_pytest import ELICITATION, answer
-from tests.harness import GatewayHome, StdioSession, wipe_postgres
+from tests.harness import GatewayHome, StdioSession
+from tests.pg_cluster import on_postgres_only
 
-PG_URL = os.environ.get("MCP_GATEWAY_TEST_PG_URL")
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.skipif(not PG_URL, reason="MCP_GATEWAY_TEST_PG_URL is not set"),
-]
+pytestmark = on_postgres_only
 
 
 @pytest.fixture
-def pg_gateway(make_gateway: Callable[..., GatewayHome]) -> Iterator[GatewayHome]:
-    assert PG_URL is not None
-    wipe_postgres(PG_URL)
-    gateway = make_gateway(db_url=PG_URL)
+def pg_gateway(db_url: str, make_gateway: Callable[..., GatewayHome]) -> GatewayHome:
+    """On the test's own PostgreSQL database (`make_gateway` builds on `db_url`)."""
+    gateway = make_gateway()
     gateway.add_user("alice", "USER")
     gateway.add_user("vic", "VIEWER")
-    yield gateway
-    gateway.engine.dispose()
+    return gateway
 
 
 def test_refusals_a_run_and_the_chain_on_postgres(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pexpect
@@ -25,27 +25,20 @@ from gateway.clock import SystemClock
 from gateway.consent_store import ConsentStore
 from gateway.recovery import SWEEP_ENV, Pace
 from tests.e2e.test_run_pytest import ELICITATION, answer
-from tests.harness import GatewayHome, StdioSession, wipe_postgres
+from tests.harness import GatewayHome, StdioSession
 
 SessionFactory = Callable[..., StdioSession]
 PERIOD_S = 0.5
 SWEEPING = {SWEEP_ENV: str(PERIOD_S)}
-PG_URL = os.environ.get("MCP_GATEWAY_TEST_PG_URL")
 RUN_TIMEOUT_S = 4
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def home(request: pytest.FixtureRequest, make_gateway: Callable[..., GatewayHome]) -> Iterator[GatewayHome]:
-    url = None
-    if request.param == "postgres":
-        if not PG_URL:
-            pytest.skip("MCP_GATEWAY_TEST_PG_URL is not set")
-        wipe_postgres(PG_URL)
-        url = PG_URL
-    gateway = make_gateway({"consent": {"timeout_s": 60}}, db_url=url)
+@pytest.fixture
+def home(db_url: str, make_gateway: Callable[..., GatewayHome]) -> GatewayHome:
+    """On SQLite and on PostgreSQL (`db_url`): `make_gateway` builds on the test's database."""
+    gateway = make_gateway({"consent": {"timeout_s": 60}})
     gateway.add_user("alice", "USER")
-    yield gateway
-    gateway.engine.dispose()
+    return gateway
 
 
 def lose_sandbox_exec(gateway: GatewayHome) -> None:

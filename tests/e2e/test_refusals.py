@@ -2,7 +2,8 @@
 
 Each test starts `mcp-gateway serve` as a subprocess, sends JSON-RPC as a client would,
 and then reads the audit log back through `mcp-gateway audit export`: exactly one
-MCP_TOOL_CALL and one terminal POLICY_BLOCKED carrying the same code.
+MCP_TOOL_CALL and one terminal POLICY_BLOCKED carrying the same code. Every test runs on
+SQLite and on PostgreSQL (`db_url`, tests/pg_cluster.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from cryptography.hazmat.primitives import serialization
 
 from gateway.auth import load_keyring
 from tests.harness import GatewayHome, StdioSession
+from tests.pg_cluster import on_both_engines
 
+pytestmark = on_both_engines
 SessionFactory = Callable[..., StdioSession]
 RUN = ("run_pytest", {"test_path": "tests"})
 

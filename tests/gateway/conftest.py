@@ -1,9 +1,8 @@
-"""A real SQLite database, migrated to the newest schema, for the store tests."""
+"""A real database, migrated to the newest schema, for the store tests: SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -12,8 +11,9 @@ from gateway.db import make_engine, migrate
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = make_engine(f"sqlite:///{tmp_path}/g.db")
+def engine(db_url: str) -> Iterator[Engine]:
+    """Every test of a store runs on both engines (`db_url`, tests/conftest.py)."""
+    engine = make_engine(db_url)
     migrate(engine)
     yield engine
     engine.dispose()

@@ -1,4 +1,4 @@
-"""gateway/budget.py: the pure `evaluate` at every boundary, and the ledger on a real SQLite file."""
+"""gateway/budget.py: the pure `evaluate` at every boundary, and the ledger on real SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -196,7 +196,14 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def ledger(engine: Engine, clock: FakeClock) -> BudgetLedger:
+def alice(engine: Engine, clock: FakeClock) -> str:
+    """The caller's row: `reserve` locks it (PostgreSQL), and the gateway reserves only for a user it has read."""
+    UserStore(engine, clock).add("alice", "USER", ("default",))
+    return "alice"
+
+
+@pytest.fixture
+def ledger(engine: Engine, clock: FakeClock, alice: str) -> BudgetLedger:
     return BudgetLedger(engine, clock)
 
 
@@ -291,6 +298,7 @@ def test_check_decides_like_reserve_without_taking(ledger: BudgetLedger) -> None
         ledger.check("alice", limits)
 
 
+@pytest.mark.usefixtures("alice")
 def test_concurrent_reservations_never_overspend(engine: Engine, clock: FakeClock) -> None:
     limits = BudgetPolicy(window_s=3600, attempts_total=5, elapsed_ms_total=10**9)
     threads_n = 8
@@ -321,6 +329,7 @@ def test_concurrent_reservations_never_overspend(engine: Engine, clock: FakeCloc
     assert BudgetLedger(engine, clock).usage("alice", limits) == Usage(5, 0)
 
 
+@pytest.mark.usefixtures("alice")
 def test_concurrent_reservations_never_take_more_time_than_the_budget(engine: Engine, clock: FakeClock) -> None:
     limits = BudgetPolicy(window_s=3600, attempts_total=1000, elapsed_ms_total=2000)
     threads_n = 8

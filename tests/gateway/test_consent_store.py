@@ -1,12 +1,10 @@
 """The consent questions' store (issue 12, items 6 and 7): bounded, purged, and storing only what a
-column holds, on a real SQLite database and, where MCP_GATEWAY_TEST_PG_URL names one, PostgreSQL."""
+column holds, on real SQLite and PostgreSQL databases (`engine`, tests/gateway/conftest.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,13 +22,11 @@ from gateway.consent_store import (
     check_open_questions,
     is_question_id,
 )
-from gateway.db import make_engine, migrate
 from gateway.errors import ConsentDeniedError
 from gateway.users import UserStore
 from gateway.visible import storable, visible
-from tests.harness import wipe_postgres
+from tests.pg_cluster import on_postgres_only
 
-PG_URL = os.environ.get("MCP_GATEWAY_TEST_PG_URL")
 T0 = 1_900_000_000.0
 TIMEOUT_S = 300.0
 
@@ -163,37 +159,18 @@ def test_a_grant_is_stored_as_allow_or_deny_and_read_back_as_the_enum(engine: En
     assert read == dataclasses.replace(grant, id=grant_id) and read.decision is decision
 
 
-def test_racing_inserts_stop_exactly_at_the_cap_on_sqlite(engine: Engine) -> None:
+def test_racing_inserts_stop_exactly_at_the_cap(engine: Engine) -> None:
     with_users(engine, "alice")
     assert race_inserts(engine, 3 * MAX_OPEN_QUESTIONS) == (MAX_OPEN_QUESTIONS, 2 * MAX_OPEN_QUESTIONS)
     assert count_rows(engine) == MAX_OPEN_QUESTIONS
 
 
-@pytest.fixture
-def pg_engine() -> Iterator[Engine]:
-    assert PG_URL is not None
-    wipe_postgres(PG_URL)
-    engine = make_engine(PG_URL)
-    migrate(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.mark.postgres
-@pytest.mark.skipif(not PG_URL, reason="MCP_GATEWAY_TEST_PG_URL is not set")
-def test_racing_inserts_stop_exactly_at_the_cap_on_postgres(pg_engine: Engine) -> None:
-    with_users(pg_engine, "alice")
-    assert race_inserts(pg_engine, 3 * MAX_OPEN_QUESTIONS) == (MAX_OPEN_QUESTIONS, 2 * MAX_OPEN_QUESTIONS)
-    assert count_rows(pg_engine) == MAX_OPEN_QUESTIONS
-
-
 # --- NUL: what PostgreSQL's text columns cannot hold --------------------------------------------------
 
 
-@pytest.mark.postgres
-@pytest.mark.skipif(not PG_URL, reason="MCP_GATEWAY_TEST_PG_URL is not set")
-def test_every_text_of_a_question_is_stored_without_nul_on_postgres(pg_engine: Engine) -> None:
-    store = with_users(pg_engine, "alice")
+@on_postgres_only
+def test_every_text_of_a_question_is_stored_without_nul_on_postgres(engine: Engine) -> None:
+    store = with_users(engine, "alice")
     store.insert_request(
         question("q1", args_preview="command: a\x00b", preview="$ a\x00b\n+\ud800", tool_name="Ba\x00sh"),
         status="awaiting_client",

@@ -1,20 +1,31 @@
-"""The Alembic migrations build exactly the tables the code uses, and an upgrade keeps what is stored."""
+"""The Alembic migrations build exactly the tables the code uses, and an upgrade keeps what is stored:
+on SQLite and on PostgreSQL (`db_url`, tests/pg_cluster.py), each test on an empty database."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import insert, inspect, select
+from sqlalchemy import Engine, insert, inspect, select
 
 from gateway import db
 
 
-def test_the_migrations_build_the_models_tables(tmp_path: Path) -> None:
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+@pytest.fixture
+def unmigrated(db_url: str) -> Iterator[Engine]:
+    """An engine on an empty database: no table, no Alembic version."""
+    engine = db.make_engine(db_url)
+    yield engine
+    engine.dispose()
+
+
+def test_the_migrations_build_the_models_tables(unmigrated: Engine) -> None:
+    engine = unmigrated
     db.migrate(engine)
     with engine.connect() as connection:
         differences = compare_metadata(MigrationContext.configure(connection), db.Base.metadata)
@@ -22,8 +33,8 @@ def test_the_migrations_build_the_models_tables(tmp_path: Path) -> None:
     assert db.schema_is_current(engine)
 
 
-def test_upgrading_from_0002_keeps_open_questions(tmp_path: Path) -> None:
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+def test_upgrading_from_0002_keeps_open_questions(unmigrated: Engine) -> None:
+    engine = unmigrated
     command.upgrade(db._alembic_config(engine), "0002")
     assert "preview" not in {c["name"] for c in inspect(engine).get_columns("consent_requests")}
     row = {
@@ -43,8 +54,8 @@ def test_upgrading_from_0002_keeps_open_questions(tmp_path: Path) -> None:
     assert kept["preview"] is None
 
 
-def test_upgrading_from_0004_records_each_grants_channel_from_who_made_it(tmp_path: Path) -> None:
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+def test_upgrading_from_0004_records_each_grants_channel_from_who_made_it(unmigrated: Engine) -> None:
+    engine = unmigrated
     command.upgrade(db._alembic_config(engine), "0004")
     common = {
         "user_name": "alice", "workspace": "default", "server_id": "mcp-write-gateway", "tool_name": "run_pytest",
@@ -67,18 +78,18 @@ def test_upgrading_from_0004_records_each_grants_channel_from_who_made_it(tmp_pa
     ]
 
 
-def test_schema_head_is_alembics_head(tmp_path: Path) -> None:
+def test_schema_head_is_alembics_head(unmigrated: Engine) -> None:
     """`schema_is_current` compares with db.SCHEMA_HEAD so that serve starts without Alembic: a new
     migration must move it."""
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    engine = unmigrated
     assert ScriptDirectory.from_config(db._alembic_config(engine)).get_current_head() == db.SCHEMA_HEAD
     assert not db.schema_is_current(engine), "no version table: not current"
 
 
-def test_upgrading_from_0005_keeps_runs_with_no_gateway_session(tmp_path: Path) -> None:
+def test_upgrading_from_0005_keeps_runs_with_no_gateway_session(unmigrated: Engine) -> None:
     """0006 adds `gateway_sessions` and `runs.session_id`: a run recorded before it has no session, and is
     closed by its deadline alone, as before (gateway/recovery.py)."""
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'g.db'}")
+    engine = unmigrated
     command.upgrade(db._alembic_config(engine), "0005")
     assert not inspect(engine).has_table("gateway_sessions")
     row = {

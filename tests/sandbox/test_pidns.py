@@ -225,7 +225,10 @@ def test_the_watchdog_ends_a_run_whose_gateway_is_stuck(backend: Backend) -> Non
     async def main(folder: Path) -> RunResult:
         scratch = folder / "scratch"
         scratch.mkdir()
-        run_limits = limits(backend, timeout_s=1)
+        # Long enough for the daemons to be up before the limit on a loaded machine (a parallel suite):
+        # started after it, they would never show, and the test would see nothing to end.
+        timeout_s = 3
+        run_limits = limits(backend, timeout_s=timeout_s)
         async with anyio.create_task_group() as group:
 
             async def run_it() -> None:
@@ -237,7 +240,7 @@ def test_the_watchdog_ends_a_run_whose_gateway_is_stuck(backend: Backend) -> Non
             with anyio.fail_after(10):
                 while len(marked(marker)) < 3:
                     await anyio.sleep(0.05)
-            time.sleep(1 + pidns.WATCHDOG_GRACE_S + 1)  # the point: the loop is stuck
+            time.sleep(timeout_s + pidns.WATCHDOG_GRACE_S + 1)  # the point: the loop is stuck
             seen["alive"] = marked(marker)
         result = seen["result"]
         assert isinstance(result, RunResult)
