@@ -211,8 +211,8 @@ class AuditLog:
             query = select(db.audit_events).order_by(db.audit_events.c.id)
             if after != GENESIS:  # from the start: every row, whatever its id (an id of 0 or below is a break)
                 query = query.where(db.audit_events.c.id > after.last_id)
-            rows = connection.execute(query.execution_options(yield_per=1000))
-            return verify_chain((_from_row(r._mapping) for r in rows), head, after), head
+            with connection.execute(query.execution_options(yield_per=1000)) as rows:  # closed on an early stop too
+                return verify_chain((_from_row(r._mapping) for r in rows), head, after), head
 
     def head(self) -> ChainHead:
         with self._read.connect() as connection:
