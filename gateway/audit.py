@@ -3,17 +3,19 @@
 Each event stores `prev_hash` and `hash = sha256(prev_hash + canonical JSON of the event)`,
 where the event is every exported field but the two hashes. Events are numbered 1, 2, 3...
 and `audit_head` keeps the last id and hash, so an edited, deleted, reordered or truncated
-log fails `verify_chain`. Appends lock `audit_head`, so several gateways can share a log.
+log fails `verify_chain`. Appends lock `audit_head`, so several gateways can share a log: on
+PostgreSQL the whole append is one statement, `gateway_audit_append` (migration 0008), so the lock
+is held while the server works, never across a round trip to a gateway (docs/decisions.md 62).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
 
@@ -145,8 +147,14 @@ def verify_chain(events: Iterable[AuditEvent], head: ChainHead, after: ChainHead
     return ChainReport(True, checked)
 
 
-Along = Callable[[Connection, int], object]
-"""A write committed with audit events: called with the connection and the last event's id."""
+class Along(Protocol):
+    """A write committed with audit events (a call's card, gateway/calls.py)."""
+
+    def __call__(self, connection: Connection, event_id: int) -> None:
+        """Write it in the append's transaction, with the last event's id."""
+
+    def server_side(self) -> dict[str, Any]:
+        """The same write as `gateway_audit_append` (PostgreSQL) takes it: JSON, its `op` first."""
 
 
 # Built once: the append runs on every call, and statement construction is a visible cost.
@@ -157,6 +165,11 @@ _MOVE_HEAD = (
     .where(db.audit_head.c.id == 1)
     .values(last_id=bindparam("new_id"), last_hash=bindparam("new_hash"))
 )
+_APPEND = (
+    "SELECT o_id, o_prev_hash, o_hash FROM gateway_audit_append(%(ts)s, %(types)s::text[], %(run_ids)s::text[], "
+    "%(users)s::text[], %(workspaces)s::text[], %(tool_names)s::text[], %(args_hashes)s::text[], "
+    "%(codes)s::integer[], %(details)s::text[], %(heads)s::bytea[], %(tails)s::bytea[], %(cards)s::jsonb)"
+)
 
 
 class AuditLog:
@@ -164,6 +177,8 @@ class AuditLog:
         self._engine = engine
         self._read = db.reader(engine)
         self._clock = clock
+        self._on_server = engine.dialect.name == "postgresql"
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     def append(self, *drafts: EventDraft, along: Sequence[Along] = ()) -> list[AuditEvent]:
         """Commit the drafts, in order, as consecutive events; StorageUnavailableError if they cannot be.
@@ -171,29 +186,58 @@ class AuditLog:
         `along`: writes that belong with these events (a call's card, gateway/calls.py), run in the same
         transaction with the last event's id, so they are committed with the events or not at all."""
         run_id = next((d.run_id for d in drafts if d.run_id is not None), None)
-        with (
-            storage_errors(
-                "the audit log could not be written (audit_unavailable)",
-                log=log,
-                run_id=run_id,
-                reason=Reason.AUDIT_UNAVAILABLE,
-                detail="the audit log could not be written",
-            ),
-            self._engine.begin() as connection,
+        with storage_errors(
+            "the audit log could not be written (audit_unavailable)",
+            log=log,
+            run_id=run_id,
+            reason=Reason.AUDIT_UNAVAILABLE,
+            detail="the audit log could not be written",
         ):
-            row = connection.execute(_LOCK_HEAD).one()
-            last_id, prev_hash = int(row.last_id), str(row.last_hash)
-            written: list[AuditEvent] = []
-            ts = iso_utc(self._clock.now())
-            for draft in drafts:
-                last_id += 1
-                event = _seal(last_id, ts, draft, prev_hash)
-                written.append(event)
-                prev_hash = event.hash
-            connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
-            connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
-            for write in along:
-                write(connection, last_id)
+            if self._on_server:  # stamped before the lock: the server alone works under it
+                return self._append_on_server(iso_utc(self._clock.now()), drafts, along)
+            with self._engine.begin() as connection:
+                row = connection.execute(_LOCK_HEAD).one()
+                last_id, prev_hash = int(row.last_id), str(row.last_hash)
+                written: list[AuditEvent] = []
+                ts = iso_utc(self._clock.now())
+                for draft in drafts:
+                    last_id += 1
+                    event = _seal(last_id, ts, draft, prev_hash)
+                    written.append(event)
+                    prev_hash = event.hash
+                connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
+                connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
+                for write in along:
+                    write(connection, last_id)
+            return written
+
+    def _append_on_server(self, ts: str, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
+        """PostgreSQL: lock, seal, insert, move the head and write `along` in one statement, in autocommit
+        (its own transaction: committed when the statement returns). The server hashes what `_cut` gives it."""
+        bodies = [_unsealed(0, ts, draft) for draft in drafts]
+        cuts = [_cut(body) for body in bodies]
+        params = {
+            "ts": ts,
+            "types": [b.event_type for b in bodies],
+            "run_ids": [b.run_id for b in bodies],
+            "users": [b.user for b in bodies],
+            "workspaces": [b.workspace for b in bodies],
+            "tool_names": [b.tool_name for b in bodies],
+            "args_hashes": [b.args_hash for b in bodies],
+            "codes": [b.code for b in bodies],
+            "details": [canonical_json(b.detail) for b in bodies],
+            "heads": [head for head, _ in cuts],
+            "tails": [tail for _, tail in cuts],
+            "cards": json.dumps([write.server_side() for write in along], ensure_ascii=False),
+        }
+        with self._autocommit.connect() as connection:
+            rows = connection.exec_driver_sql(_APPEND, params).all()
+        written = []
+        for body, (event_id, prev_hash, hashed) in zip(bodies, rows, strict=True):
+            event = AuditEvent(**{**_fields(body), "id": int(event_id), "prev_hash": prev_hash, "hash": hashed})
+            if chain_hash(prev_hash, event.body()) != hashed:  # the server and `audit verify` must agree
+                raise RuntimeError(f"event {event_id}: the database's hash differs from the gateway's")
+            written.append(event)
         return written
 
     def verify(self) -> ChainReport:
@@ -232,8 +276,8 @@ class AuditLog:
                 yield _from_row(row._mapping)
 
 
-def _seal(event_id: int, ts: str, draft: EventDraft, prev_hash: str) -> AuditEvent:
-    unsealed = AuditEvent(
+def _unsealed(event_id: int, ts: str, draft: EventDraft, prev_hash: str = "") -> AuditEvent:
+    return AuditEvent(
         id=event_id,
         ts=ts,
         event_type=str(draft.event_type),
@@ -247,7 +291,26 @@ def _seal(event_id: int, ts: str, draft: EventDraft, prev_hash: str) -> AuditEve
         prev_hash=prev_hash,
         hash="",
     )
+
+
+def _seal(event_id: int, ts: str, draft: EventDraft, prev_hash: str) -> AuditEvent:
+    unsealed = _unsealed(event_id, ts, draft, prev_hash)
     return AuditEvent(**{**_fields(unsealed), "hash": chain_hash(prev_hash, unsealed.body())})
+
+
+_ID = "id"
+_BEFORE_ID = ("args_hash", "code", "detail", "event_type")
+"""The body's keys that sort before "id" (canonical JSON sorts them); the rest sort after it."""
+
+
+def _cut(body: AuditEvent) -> tuple[bytes, bytes]:
+    """The canonical JSON of the event's body, as UTF-8, cut around the id's digits: `head` ends with
+    `"id":`, `tail` starts at the comma after it. head + str(id) + tail is canonical_json(body())."""
+    fields = body.body()
+    del fields[_ID]
+    before = canonical_json({key: fields.pop(key) for key in _BEFORE_ID})
+    after = canonical_json(fields)
+    return f'{before[:-1]},"{_ID}":'.encode(), f",{after[1:]}".encode()
 
 
 def _fields(event: AuditEvent) -> dict[str, Any]:

@@ -126,26 +126,29 @@ class Opened:
     result: list[dict[str, Any]] | None = None
 
     def __call__(self, connection: Connection, event_id: int) -> None:
-        connection.execute(
-            _INSERT,
-            {
-                "run_id": self.run_id,
-                "kind": self.kind,
-                "created_at": self.now,
-                "updated_at": self.now,
-                "user_name": self.user,
-                "workspace": self.workspace,
-                "server_id": self.server_id,
-                "tool_name": self.tool_name,
-                "arguments": stored_arguments(self.arguments),
-                "status": self.status,
-                "code": self.code,
-                "reason": self.reason,
-                "message": None if self.message is None else storable(self.message),
-                "result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
-                "last_event_id": event_id,
-            },
-        )
+        connection.execute(_INSERT, {**self._row(), "last_event_id": event_id})
+
+    def server_side(self) -> dict[str, Any]:
+        """The same write for PostgreSQL's `gateway_audit_append` (migration 0008)."""
+        return {"op": "open", **self._row()}
+
+    def _row(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "kind": self.kind,
+            "created_at": self.now,
+            "updated_at": self.now,
+            "user_name": self.user,
+            "workspace": self.workspace,
+            "server_id": self.server_id,
+            "tool_name": self.tool_name,
+            "arguments": stored_arguments(self.arguments),
+            "status": self.status,
+            "code": self.code,
+            "reason": self.reason,
+            "message": None if self.message is None else storable(self.message),
+            "result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,13 +173,22 @@ class Moved:
                 "new_status": self.status,
                 "now": self.now,
                 "event_id": event_id,
-                "new_workspace": self.workspace,
-                "new_code": self.code,
-                "new_reason": self.reason,
-                "new_message": None if self.message is None else storable(self.message),
-                "new_result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
+                **{f"new_{name}": value for name, value in self._changes().items()},
             },
         )
+
+    def server_side(self) -> dict[str, Any]:
+        """The same write for PostgreSQL's `gateway_audit_append` (migration 0008)."""
+        return {"op": "move", "run_id": self.run_id, "status": self.status, "now": self.now, **self._changes()}
+
+    def _changes(self) -> dict[str, Any]:
+        return {
+            "workspace": self.workspace,
+            "code": self.code,
+            "reason": self.reason,
+            "message": None if self.message is None else storable(self.message),
+            "result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
+        }
 
 
 class CallStore:

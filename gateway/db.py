@@ -8,6 +8,7 @@ deadlocks), and on PostgreSQL the few read-then-write paths lock a row first
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -32,7 +33,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 if TYPE_CHECKING:
@@ -266,9 +267,11 @@ def make_engine(url: str) -> Engine:
             parsed = parsed.difference_update_query(["synchronous"])
         if parsed.get_backend_name() == "postgresql":
             parsed = with_postgres_bounds(parsed)
-        engine = create_engine(parsed, pool_pre_ping=parsed.get_backend_name() != "sqlite")
+        engine = create_engine(parsed)
     except (SQLAlchemyError, ImportError, ValueError) as exc:
         raise ConfigError(f"cannot use database URL ({type(exc).__name__})") from exc
+    if engine.dialect.name == "postgresql":
+        ping_when_idle(engine)
     if engine.dialect.name == "sqlite":
         # First: the file on disk must stay the one written to, and writable, before any pragma
         # touches it (gateway/db_file.py).
@@ -294,6 +297,34 @@ POSTGRES_BOUNDS: Mapping[str, str] = MappingProxyType(
 """Connection parameters a PostgreSQL URL gets unless it sets them itself (docs/operations.md)."""
 
 
+IDLE_PING_S = 1.0
+"""A pooled PostgreSQL connection idle this long is pinged before it is used again."""
+
+
+def ping_when_idle(engine: Engine) -> None:
+    """Check a pooled connection that sat idle before handing it out, as `pool_pre_ping` does, but
+    not one used within IDLE_PING_S: a busy gateway takes a connection for every transaction, and a
+    ping each time was a round trip more on every one of them (issue 17). A server restarted or a
+    connection cut while the pool held it idle is found here and replaced; one cut within the last
+    second fails its first statement instead (the call fails closed, -32603) and SQLAlchemy
+    replaces the pool's connections."""
+
+    def checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < IDLE_PING_S:
+            return  # new (just connected), or used a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            raise DisconnectionError("the pooled connection did not answer a ping") from exc  # the pool replaces it
+
+    event.listen(engine.pool, "checkin", checked_in)
+    event.listen(engine.pool, "checkout", checked_out)
+
+
 def with_postgres_bounds(url: URL) -> URL:
     """`url` with every bound of POSTGRES_BOUNDS it does not set; an `options` it sets is kept whole."""
     missing = {name: value for name, value in POSTGRES_BOUNDS.items() if name not in url.query}
@@ -303,6 +334,16 @@ def with_postgres_bounds(url: URL) -> URL:
 def reader(engine: Engine) -> Engine:
     """The same engine for read-only work: on SQLite its transactions take no write lock."""
     return engine.execution_options(read_only=True)
+
+
+def single_reads(engine: Engine) -> Engine:
+    """`reader` for work that reads with one statement at a time, each on its own snapshot (a
+    call's authentication, a run's record). On PostgreSQL in autocommit: no BEGIN and no ROLLBACK,
+    two of the three round trips of a one-statement read. Not for a server-side cursor (yield_per),
+    which lives in a transaction."""
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return reader(engine)
 
 
 def _sqlite_on_connect(synchronous: str, dbapi_connection: Any, _record: Any) -> None:
@@ -323,7 +364,7 @@ def _sqlite_on_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-SCHEMA_HEAD = "0007"
+SCHEMA_HEAD = "0008"
 """The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
 
 

@@ -36,7 +36,7 @@ ABANDONED = "abandoned"
 class RunStore:
     def __init__(self, engine: Engine, artifacts_dir: Path) -> None:
         self._engine = engine
-        self._read = db.reader(engine)
+        self._read = db.single_reads(engine)
         self.artifacts_dir = artifacts_dir
         self.owner: str | None = None
         """The serving gateway's session, recorded with each run it inserts (None outside `serve`)."""

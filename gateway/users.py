@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from passlib.context import CryptContext
 from sqlalchemy import Connection, Engine, bindparam, select, update
@@ -43,12 +45,21 @@ def password_matches(password: str, password_hash: str) -> bool:
     return bool(_passwords.verify(password, password_hash))
 
 
-_FETCH_USER = (
+FETCH_USER = (
     select(db.users, db.user_workspaces.c.workspace)
     .outerjoin(db.user_workspaces, db.user_workspaces.c.user_id == db.users.c.id)
     .where(db.users.c.name == bindparam("name"))
     .order_by(db.user_workspaces.c.workspace)
 )
+
+
+def user_from_rows(rows: Sequence[Any]) -> UserRecord | None:
+    """The user FETCH_USER's rows describe (one per workspace), or None when there are none."""
+    if not rows:
+        return None
+    first = rows[0]
+    workspaces = tuple(r.workspace for r in rows if r.workspace is not None)
+    return UserRecord(first.name, first.role, bool(first.disabled), workspaces, float(first.created_at))
 
 
 class UserStore:
@@ -87,12 +98,7 @@ class UserStore:
         if connection is None:
             with self._read.connect() as own:
                 return self.fetch(name, own)
-        rows = connection.execute(_FETCH_USER, {"name": name}).all()
-        if not rows:
-            return None
-        first = rows[0]
-        workspaces = tuple(r.workspace for r in rows if r.workspace is not None)
-        return UserRecord(first.name, first.role, bool(first.disabled), workspaces, float(first.created_at))
+        return user_from_rows(connection.execute(FETCH_USER, {"name": name}).all())
 
     def list(self) -> list[UserRecord]:
         with self._read.connect() as connection:

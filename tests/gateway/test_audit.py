@@ -113,6 +113,37 @@ def test_hash_is_sha256_of_prev_hash_and_canonical_json_of_the_body(log: AuditLo
     assert len(rows) == len(DRAFTS)
 
 
+HOSTILE = [
+    EventDraft(
+        EventType.POLICY_BLOCKED,
+        run_id='r"3',
+        user="ann\\o'neil",
+        workspace="ws,\"id\":1",
+        tool_name='"id":7,"run_id":"x"',
+        args_hash=None,
+        code=-32004,
+        detail={"id": 99, "nul": "a\x00b", "emoji": "🧪" * 3, "ctl": "\t\n\u2028", "deep": {"z": [1, None, 2.5]}},
+    ),
+    EventDraft(EventType.USER_ADDED),
+    EventDraft(EventType.TOKEN_ISSUED, user="é" * 64, detail={"long": "x" * 100_000}),
+]
+
+
+def test_hostile_fields_hash_alike_in_the_gateway_and_in_the_database(engine: Engine, clock: FakeClock) -> None:
+    """On PostgreSQL the server hashes (migration 0008) what the gateway cut around the id; the cut must
+    give back the canonical JSON byte for byte, whatever the fields hold (quotes, `"id":` in a value,
+    escapes, 4-byte UTF-8, nothing at all), or `audit verify` would fail on an honest log."""
+    log = AuditLog(engine, clock)
+    log.append(DRAFTS[0])
+    written = log.append(*HOSTILE)
+    assert [e.id for e in written] == [2, 3, 4]
+    assert list(log.events())[1:] == written
+    for event in written:
+        canonical = json.dumps(event.body(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert event.hash == hashlib.sha256((event.prev_hash + canonical).encode("utf-8")).hexdigest()
+    assert verify(log).ok
+
+
 def test_unicode_detail_is_stored_as_utf8_not_escaped(log: AuditLog, engine: Engine) -> None:
     with engine.connect() as connection:
         stored = connection.execute(text("SELECT detail FROM audit_events WHERE id = 3")).scalar_one()
