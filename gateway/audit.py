@@ -177,8 +177,7 @@ class AuditLog:
         self._engine = engine
         self._read = db.reader(engine)
         self._clock = clock
-        self._on_server = engine.dialect.name == "postgresql"
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._on_server = db.on_postgres(engine)
 
     def append(self, *drafts: EventDraft, along: Sequence[Along] = ()) -> list[AuditEvent]:
         """Commit the drafts, in order, as consecutive events; StorageUnavailableError if they cannot be.
@@ -230,8 +229,8 @@ class AuditLog:
             "tails": [tail for _, tail in cuts],
             "cards": json.dumps([write.server_side() for write in along], ensure_ascii=False),
         }
-        with self._autocommit.connect() as connection:
-            rows = connection.exec_driver_sql(_APPEND, params).all()
+        with db.autocommit_cursor(self._engine) as cursor:
+            rows = cursor.execute(_APPEND, params).fetchall()
         written = []
         for body, (event_id, prev_hash, hashed) in zip(bodies, rows, strict=True):
             event = AuditEvent(**{**_fields(body), "id": int(event_id), "prev_hash": prev_hash, "hash": hashed})

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,7 +322,10 @@ class Authenticator:
     def __init__(
         self, engine: Engine, keys: KeyRing, auth: AuthPolicy, *, tokens: TokenStore, users: UserStore, clock: Clock
     ) -> None:
-        self._read = db.single_reads(engine)
+        self._engine = engine
+        self._read = db.reader(engine)
+        # PostgreSQL: the statement compiled once, run on a bare driver cursor (db.autocommit_cursor).
+        self._caller_sql = str(_FETCH_CALLER.compile(dialect=engine.dialect)) if db.on_postgres(engine) else None
         self._keys = keys
         self._auth = auth
         self._tokens = tokens
@@ -331,15 +334,22 @@ class Authenticator:
 
     def authenticate(self, token: object) -> Principal:
         claims = check_lifetime(decode_token(token, self._keys, self._auth), self._clock.now(), self._auth)
-        with (
-            storage_errors(
-                "the user database could not be read (database_unavailable)",
-                log=log,
-                detail="the user database could not be read",
-            ),
-            self._read.connect() as connection,
+        with storage_errors(
+            "the user database could not be read (database_unavailable)",
+            log=log,
+            detail="the user database could not be read",
         ):
-            rows = connection.execute(_FETCH_CALLER, {"name": claims.sub, "jti": claims.jti}).all()
+            rows = self._fetch_caller(claims)
             # No user: no row to carry the revocation, which is still the first reason to name.
-            revoked = rows[0].token_revoked_at is not None if rows else self._tokens.is_revoked(claims.jti, connection)
+            revoked = rows[0].token_revoked_at is not None if rows else self._tokens.is_revoked(claims.jti)
         return require_active_user(user_from_rows(rows), claims, revoked)
+
+    def _fetch_caller(self, claims: Claims) -> Sequence[Any]:
+        """The token's user (a row per workspace) with the token's revocation: one statement, one round trip."""
+        params = {"name": claims.sub, "jti": claims.jti}
+        if self._caller_sql is not None:
+            with db.autocommit_cursor(self._engine) as cursor:
+                rows: Sequence[Any] = cursor.execute(self._caller_sql, params).fetchall()
+                return rows
+        with self._read.connect() as connection:
+            return connection.execute(_FETCH_CALLER, params).all()

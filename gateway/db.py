@@ -9,7 +9,8 @@ deadlocks), and on PostgreSQL the few read-then-write paths lock a row first
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -33,7 +34,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 if TYPE_CHECKING:
@@ -336,12 +337,45 @@ def reader(engine: Engine) -> Engine:
     return engine.execution_options(read_only=True)
 
 
+@contextmanager
+def autocommit_cursor(engine: Engine) -> Iterator[Any]:
+    """PostgreSQL: a psycopg cursor (rows as named tuples) on one of the pool's connections, in
+    autocommit, for the statements every call runs (its authentication, its audit appends): each is
+    its own transaction and one round trip. SQLAlchemy's Connection around a pooled connection cost
+    more client CPU than the statement itself (issue 17); the pool, its idle ping and the bounds
+    of POSTGRES_BOUNDS are the same. A driver error comes out as SQLAlchemy's DBAPIError, as from
+    any other statement (so `storage_errors` turns it into a refusal); a broken connection is
+    dropped from the pool."""
+    from psycopg.rows import namedtuple_row  # noqa: PLC0415  (PostgreSQL only: SQLite users never load it)
+
+    fairy = engine.raw_connection()
+    raw = cast(Any, fairy.driver_connection)  # a psycopg.Connection: the dialect is postgresql+psycopg
+    dbapi_error = engine.dialect.loaded_dbapi.Error
+    try:
+        raw.autocommit = True
+        with raw.cursor(row_factory=namedtuple_row) as cursor:
+            yield cursor
+    except dbapi_error as exc:
+        broken = bool(raw.closed) or engine.dialect.is_disconnect(exc, fairy.dbapi_connection, None)
+        if broken:
+            fairy.invalidate(exc)
+        raise DBAPIError.instance(None, None, exc, dbapi_error, connection_invalidated=broken) from exc
+    finally:
+        if not raw.closed:
+            raw.autocommit = False
+        fairy.close()
+
+
+def on_postgres(engine: Engine) -> bool:
+    return engine.dialect.name == "postgresql"
+
+
 def single_reads(engine: Engine) -> Engine:
     """`reader` for work that reads with one statement at a time, each on its own snapshot (a
     call's authentication, a run's record). On PostgreSQL in autocommit: no BEGIN and no ROLLBACK,
     two of the three round trips of a one-statement read. Not for a server-side cursor (yield_per),
     which lives in a transaction."""
-    if engine.dialect.name == "postgresql":
+    if on_postgres(engine):
         return engine.execution_options(isolation_level="AUTOCOMMIT")
     return reader(engine)
 
