@@ -1,0 +1,383 @@
+"""Sixteen `mcp-gateway serve` processes on one database (issue 17, acceptance 2).
+
+A team's gateways share one database so that budgets, consent and the audit log are one. Each
+test here fires a batch of calls at 16 real gateways at once, over stdio, and checks what only
+the database can keep true across processes: no budget is over-granted (attempts, run time),
+each consent question is decided once whoever races for it, every answered call's events are
+in the one log and `audit verify` passes, also when one gateway is killed mid-flight.
+
+One fleet per engine serves the module (starting 16 gateways is most of a test's time: each
+imports the MCP SDK); each test has users of its own, so no test sees another's budget or
+questions. Every test runs on PostgreSQL and on SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from gateway.budget import BudgetLedger
+from gateway.clock import SystemClock
+from gateway.consent_store import ConsentStore
+from gateway.db import make_engine
+from gateway.policy import BudgetPolicy
+from tests.fleet import (
+    DENIED,
+    RAN,
+    READ,
+    REFUSED,
+    Answer,
+    Call,
+    Fleet,
+    answered_before_death,
+    assert_trail,
+    decisions_of,
+    events_by_run,
+    fire,
+    gather,
+    unanswered,
+)
+from tests.harness import GatewayHome, StdioSession, as_approver
+from tests.pg_cluster import ENGINES, URL_VARIABLE, drop_database, new_database, pg_missing, pg_required
+
+GATEWAYS = 16
+ATTEMPTS = 5
+ELAPSED_MS = 25_000
+WINDOW_S = 3600
+BUDGET = BudgetPolicy(window_s=WINDOW_S, attempts_total=ATTEMPTS, elapsed_ms_total=ELAPSED_MS)
+POLICY: dict[str, Any] = {
+    "budget": {"window_s": WINDOW_S, "attempts_total": ATTEMPTS, "elapsed_ms_total": ELAPSED_MS},
+    # A question nobody answers would hold a failing test for the default 300 s.
+    "consent": {"timeout_s": 60},
+}
+RUN_S = 4
+"""The time limit of a call meant to run: room for the tiny run on a busy 2-core host; 5 of them fit the
+run-time budget, so attempts bind."""
+TINY = "tests/test_fleet_tiny.py"
+"""A one-test file in the workspace: the cheapest run a charged call can make."""
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def fleet_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The module's database: a SQLite file, or a new database on the suite's PostgreSQL (tests/pg_cluster.py,
+    as `db_url` makes one, for the whole module)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('fleet-db') / 'fleet.db'}"
+        return
+    missing = pg_missing()
+    if missing is not None:
+        if pg_required():
+            pytest.fail(f"{missing}: as root the suite runs on PostgreSQL too; `make system-deps` installs it")
+        pytest.skip(missing)
+    base = os.environ[URL_VARIABLE]
+    url = new_database(base)
+    yield url
+    drop_database(base, url)
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """16 gateways on one state folder, policy and database."""
+    home = GatewayHome(tmp_path_factory.mktemp("fleet"), POLICY, fleet_url)
+    tiny = home.workspace / TINY
+    tiny.write_text("def test_ok():\n    pass\n")
+    tiny.chmod(0o644)
+    gateways = Fleet(home, GATEWAYS)
+    try:
+        gateways.start()
+        yield gateways
+    finally:
+        gateways.close()
+        home.engine.dispose()
+
+
+def users(fleet: Fleet, *names: str, role: str = "USER") -> dict[str, str]:
+    """Add users of this test's own; a token for each."""
+    for name in names:
+        fleet.home.add_user(name, role)
+    return {name: fleet.home.token(name) for name in names}
+
+
+def allow_always(fleet: Fleet, user: str) -> None:
+    """A stored Allow always for `user`'s run_pytest (`consent grant`): charged calls run without a prompt."""
+    granted = fleet.home.cli("consent", "grant", user, "run_pytest", "--always")
+    assert granted.returncode == 0, granted.stderr
+
+
+def run(token: str, gateway: int, timeout_s: int, kind: str = "run") -> Call:
+    return Call(gateway, "run_pytest", {"test_path": TINY, "timeout_s": timeout_s}, token, kind)
+
+
+def usage(fleet: Fleet, user: str) -> tuple[int, int]:
+    """(attempts, elapsed ms) charged to `user` in the window, as every gateway reads them."""
+    charged = BudgetLedger(fleet.home.engine, SystemClock()).usage(user, BUDGET)
+    return charged.attempts, charged.elapsed_ms
+
+
+def assert_audit_verifies(fleet: Fleet) -> None:
+    verify = fleet.home.cli("audit", "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def assert_budget_refusal(answer: Answer, reason: str) -> None:
+    assert (answer.code, answer.reason) == (-32005, reason), answer.response
+    retry = answer.data["retry_after_s"]
+    assert isinstance(retry, int) and 1 <= retry <= WINDOW_S, answer.response
+
+
+def test_sixteen_gateways_admit_exactly_the_attempts_budget(fleet: Fleet) -> None:
+    """32 charged calls for one user at once over 16 gateways, on a budget of 5 attempts: exactly 5 run.
+
+    An attempt is taken at stage 6 under the user's row lock (gateway/budget.py); without it two
+    gateways could both read 4 attempts used and both take the fifth."""
+    token = users(fleet, "attempts")["attempts"]
+    allow_always(fleet, "attempts")
+    calls = [run(token, g, timeout_s=RUN_S) for g in range(GATEWAYS) for _ in range(2)]
+    answers = gather(fire(fleet.sessions, calls))
+
+    admitted = [a for a in answers if a.code is None]
+    refused = [a for a in answers if a.code is not None]
+    assert len(admitted) == ATTEMPTS, [a.response for a in answers]
+    for answer in refused:
+        assert_budget_refusal(answer, "attempts_exhausted")
+    assert all(a.response["result"]["structuredContent"]["passed"] == 1 for a in admitted)
+    assert usage(fleet, "attempts")[0] == ATTEMPTS, "one charge per admitted call, none for a refused one"
+    events = events_by_run(fleet.home)
+    for answer in admitted:
+        assert_trail(events, answer, RAN)
+        (decision,) = decisions_of(events, answer.run_id)
+        assert (decision["detail"]["decision"], decision["detail"]["origin"]) == ("ALLOW_ALWAYS", "cache_hit")
+    for answer in refused:
+        assert_trail(events, answer, REFUSED)
+    assert_audit_verifies(fleet)
+
+
+def test_sixteen_gateways_never_reserve_more_run_time_than_the_budget(fleet: Fleet) -> None:
+    """32 calls of 10 s each at once on a 25 s budget: exactly 3 are admitted (0, 10 and 20 s reserved
+    before each), the other 29 are refused for run time, with attempts to spare.
+
+    Each admitted call holds its whole time limit from stage 6 on (`reservation_ms`). Here the
+    admitted calls then wait at consent, out of band, and nothing settles before the count: a
+    run that ended early would legitimately give time back and let a later call in."""
+    token = users(fleet, "elapsed")["elapsed"]
+    calls = [run(token, g, timeout_s=10) for g in range(GATEWAYS) for _ in range(2)]
+    sent = fire(fleet.sessions, calls)
+    store = ConsentStore(fleet.home.engine)
+
+    def waiting() -> list[str]:
+        return [q.id for q in store.fetch_pending(time.time()) if q.user == "elapsed"]
+
+    refused = gather(sent, timeout_s=60, enough=lambda done: len(done) + len(waiting()) == len(sent))
+    held = waiting()
+    assert len(held) == 3, (held, [a.response for a in refused])
+    for answer in refused:
+        assert_budget_refusal(answer, "elapsed_exhausted")
+    assert usage(fleet, "elapsed") == (3, 30_000), "each admitted call holds its whole 10 s"
+
+    for question in held:
+        assert store.decide(question, "DENY_ONCE", "tests", time.time())
+    denied = gather(unanswered(sent, refused))
+    assert sorted(a.run_id for a in denied) == sorted(held)
+    assert all((a.code, a.reason) == (-32008, "consent_denied") for a in denied)
+    assert usage(fleet, "elapsed") == (3, 0), "nothing ran: the reservations settled at 0, the attempts stay"
+    events = events_by_run(fleet.home)
+    for answer in refused:
+        assert_trail(events, answer, REFUSED)
+    for answer in denied:
+        assert_trail(events, answer, DENIED)
+    assert_audit_verifies(fleet)
+
+
+ASKERS = 4
+DECIDERS = {"decider-allow": "ALLOW_ONCE", "decider-deny": "DENY_ONCE", "decider-deny-2": "DENY_ONCE"}
+
+
+def test_each_consent_question_is_decided_once_whoever_races_for_it(fleet: Fleet) -> None:
+    """16 gateways each ask a person (their clients cannot elicit); three deciders on their own connections
+    and a real `mcp-gateway approvals` race to answer every question as it appears.
+
+    Each question gets exactly one winner (`ConsentStore.decide` is a conditional UPDATE), one
+    `mcp.permission.decision` event saying what the winner decided, and its call answers by it:
+    allowed calls ran, denied ones did not."""
+    tokens = users(fleet, *(f"asker{u}" for u in range(ASKERS)))  # 4 calls each: inside the attempts budget
+    askers = set(tokens)
+    stop = threading.Event()
+    wins: dict[str, list[str]] = {name: [] for name in DECIDERS}
+    failures: list[BaseException] = []
+
+    def decide(name: str, decision: str) -> None:
+        engine = make_engine(fleet.home.url)  # a connection of its own, as another approver process has
+        store = ConsentStore(engine)
+        shuffle = random.Random(name)
+        try:
+            while not stop.is_set():
+                pending = [q.id for q in store.fetch_pending(time.time()) if q.user in askers]
+                shuffle.shuffle(pending)
+                for question in pending:
+                    if store.decide(question, decision, name, time.time()):
+                        wins[name].append(question)
+                stop.wait(0.01)
+        except Exception as exc:  # reported in the test's thread
+            failures.append(exc)
+        finally:
+            engine.dispose()
+
+    argv = fleet.home.cli_argv("approvals")
+    approver = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200)))
+    approver.expect("waiting for consent requests")
+
+    def approve() -> None:
+        """A person pressing 1 (Allow once) on each question the approver shows, as fast as it shows them."""
+        while not stop.is_set():
+            if approver.expect([r"\[q\] quit", pexpect.TIMEOUT], timeout=0.2) == 0:
+                approver.send("1")
+
+    threads = [threading.Thread(target=decide, args=item) for item in DECIDERS.items()]
+    threads.append(threading.Thread(target=approve))
+    for thread in threads:
+        thread.start()
+    try:
+        calls = [run(tokens[f"asker{g % ASKERS}"], g, timeout_s=RUN_S) for g in range(GATEWAYS)]
+        answers = gather(fire(fleet.sessions, calls), timeout_s=90)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        approver.terminate(force=True)
+    assert not failures, failures
+
+    won = [q for questions in wins.values() for q in questions]
+    assert len(won) == len(set(won)), "two deciders won one question"
+    events = events_by_run(fleet.home)
+    store = ConsentStore(fleet.home.engine)
+    by_approver = 0
+    for answer in answers:
+        row = store.fetch_request(answer.run_id)  # an out-of-band question's id is its call's run_id
+        assert row is not None and row.status == "decided", (answer.response, row)
+        winners = [name for name, questions in wins.items() if answer.run_id in questions]
+        if row.decided_by.startswith("approvals:"):
+            by_approver += 1
+            assert winners == [] and row.decision == "ALLOW_ONCE", (row, winners)
+        else:
+            assert winners == [row.decided_by] and row.decision == DECIDERS[row.decided_by], (row, winners)
+        (decision,) = decisions_of(events, answer.run_id)
+        assert decision["detail"]["decision"] == row.decision and decision["detail"]["decided_by"] == row.decided_by
+        if row.decision == "ALLOW_ONCE":
+            assert answer.response["result"]["structuredContent"]["passed"] == 1, answer.response
+            assert_trail(events, answer, RAN)
+        else:
+            assert (answer.code, answer.reason) == (-32008, "consent_denied"), answer.response
+            assert_trail(events, answer, DENIED)
+    assert len(won) + by_approver == GATEWAYS, "every question decided by exactly one decider"
+    assert_audit_verifies(fleet)
+
+
+def test_every_answered_call_of_sixteen_gateways_has_its_events(fleet: Fleet) -> None:
+    """Six kinds of call on each of 16 gateways at once (a read, and refusals at stages 2 to 6): every
+    answer has its two events in the shared log, and the log grew by exactly those, 2 per call."""
+    tokens = users(fleet, "reader", "spender")
+    tokens |= users(fleet, "viewer", role="VIEWER")
+    ledger = BudgetLedger(fleet.home.engine, SystemClock())
+    for attempt in range(ATTEMPTS):  # the spender's budget is used up before the batch
+        ledger.reserve("spender", f"spent-{attempt}", BUDGET, 0)
+    expected = {
+        "read": (None, None),
+        "no token": (-32001, "token_missing"),
+        "viewer": (-32003, "missing_permission"),
+        "outside": (-32004, "path_outside_workspace"),
+        "invalid": (-32602, "invalid_arguments"),
+        "spent": (-32005, "attempts_exhausted"),
+    }
+    reader = tokens["reader"]
+
+    def calls_for(g: int) -> list[Call]:
+        return [
+            Call(g, "list_artifacts", {}, reader, "read"),
+            Call(g, "run_pytest", {"test_path": TINY}, None, "no token"),
+            Call(g, "run_pytest", {"test_path": TINY}, tokens["viewer"], "viewer"),
+            Call(g, "run_pytest", {"test_path": "../outside"}, reader, "outside"),
+            Call(g, "run_pytest", {"test_path": 5}, reader, "invalid"),
+            Call(g, "run_pytest", {"test_path": TINY}, tokens["spender"], "spent"),
+        ]
+
+    before = sum(len(trail) for trail in events_by_run(fleet.home).values())
+    answers = gather(fire(fleet.sessions, [c for g in range(GATEWAYS) for c in calls_for(g)]))
+    events = events_by_run(fleet.home)
+
+    assert Counter((a.call.kind, a.code, a.reason) for a in answers) == Counter(
+        {(kind, *outcome): GATEWAYS for kind, outcome in expected.items()}
+    )
+    assert len({a.run_id for a in answers}) == len(answers), "a run_id per call"
+    for answer in answers:
+        assert_trail(events, answer, READ if answer.code is None else REFUSED)
+    after = sum(len(trail) for trail in events.values())
+    assert after - before == 2 * len(answers), "no event lost, none extra"
+    assert_audit_verifies(fleet)
+
+
+def test_one_gateway_killed_at_a_random_moment_leaves_the_others_right(
+    fleet: Fleet, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """15 of the fleet and a 16th gateway this test starts fire 64 calls at once (32 charged, on a budget of
+    5 attempts); the 16th is SIGKILLed at a random moment while its calls are in flight.
+
+    The 15 answer every call, correctly; no more than 5 calls are admitted in all (a reservation the
+    killed gateway took stays charged: the safe side); every call the killed gateway answered before
+    it died has its events; the chain verifies."""
+    seed = int(os.environ.get("FLEET_KILL_SEED") or random.SystemRandom().randrange(2**32))
+    delay_s = random.Random(seed).uniform(0.05, 1.5)
+    note = f"FLEET_KILL_SEED={seed} (killed after {delay_s:.3f} s)"
+    tokens = users(fleet, "survivor", "looker")
+    tokens |= users(fleet, "onlooker", role="VIEWER")
+    allow_always(fleet, "survivor")
+    victim = StdioSession(fleet.home)
+    try:
+        assert "result" in victim.initialize()
+        sessions = [*fleet.sessions[: GATEWAYS - 1], victim]
+
+        def calls_for(g: int) -> list[Call]:
+            return [
+                run(tokens["survivor"], g, timeout_s=RUN_S),
+                Call(g, "list_artifacts", {}, tokens["looker"], "read"),
+                run(tokens["survivor"], g, timeout_s=RUN_S),
+                Call(g, "run_pytest", {"test_path": TINY}, tokens["onlooker"], "viewer"),
+            ]
+
+        sent = fire(sessions, [c for g in range(GATEWAYS) for c in calls_for(g)])
+        time.sleep(delay_s)  # the random moment: the victim's calls are in flight (a run lasts longer)
+        victim.process.kill()  # only the pid this test started
+        victim.process.wait(timeout=30)
+        survivors = gather([s for s in sent if s.session is not victim], timeout_s=90)
+        last_words = answered_before_death(victim, [s for s in sent if s.session is victim])
+    finally:
+        victim.close()
+
+    admitted = [a for a in [*survivors, *last_words] if a.call.kind == "run" and a.code is None]
+    assert len(admitted) <= ATTEMPTS, note
+    assert usage(fleet, "survivor")[0] == ATTEMPTS, f"the 30 charged calls of the 15 fill the budget; {note}"
+    events = events_by_run(fleet.home)
+    for answer in [*survivors, *last_words]:
+        if answer.call.kind == "run" and answer.code is None:
+            assert answer.response["result"]["structuredContent"]["passed"] == 1, note
+            assert_trail(events, answer, RAN)
+        elif answer.call.kind == "run":
+            assert_budget_refusal(answer, "attempts_exhausted")
+            assert_trail(events, answer, REFUSED)
+        elif answer.call.kind == "read":
+            assert answer.code is None, (answer.response, note)
+            assert_trail(events, answer, READ)
+        else:
+            assert (answer.code, answer.reason) == (-32003, "missing_permission"), (answer.response, note)
+            assert_trail(events, answer, REFUSED)
+    assert_audit_verifies(fleet)
+    request.node.user_properties.append(("kill", note))
