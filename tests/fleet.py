@@ -9,6 +9,7 @@ pipeline writes them (gateway/pipeline.py).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -113,10 +114,8 @@ class Fleet:
         """End every gateway: all stdins closed first, so they stop side by side."""
         for session in self.sessions:
             if session.process.stdin is not None and not session.process.stdin.closed:
-                try:
+                with contextlib.suppress(BrokenPipeError):  # a gateway the test killed
                     session.process.stdin.close()
-                except BrokenPipeError:
-                    pass  # a gateway the test killed
         for session in self.sessions:
             session.close()
 
@@ -163,20 +162,24 @@ def gather(
     answers: dict[int, Answer] = {}
     deadline = time.monotonic() + timeout_s
     while True:
+        arrived = False
         for index, item in enumerate(sent):
             if index in answers:
                 continue
-            try:
-                response = item.session.wait_response(item.request_id, timeout=0.02)
+            try:  # what this gateway has said so far; never waits on one while others have answered
+                response = item.session.wait_response(item.request_id, timeout=0.001)
             except queue.Empty:
                 continue
             answers[index] = Answer(item, response)
+            arrived = True
         done = [answers[i] for i in sorted(answers)]
         if len(done) == len(sent) or (enough is not None and enough(done)):
             return done
         if time.monotonic() > deadline:
             missing = [item.call for i, item in enumerate(sent) if i not in answers]
             raise AssertionError(f"{len(missing)} calls unanswered after {timeout_s} s: {missing[:5]}")
+        if not arrived:
+            time.sleep(0.01)
 
 
 def unanswered(sent: Sequence[Sent], answers: Iterable[Answer]) -> list[Sent]:

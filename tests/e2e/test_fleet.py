@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,66 +135,85 @@ def assert_budget_refusal(answer: Answer, reason: str) -> None:
     assert isinstance(retry, int) and 1 <= retry <= WINDOW_S, answer.response
 
 
+@dataclass(frozen=True, slots=True)
+class HeldBatch:
+    """A batch of charged calls for one user whose admitted calls were held at consent while counted."""
+
+    refused: list[Answer]
+    """Answered before any decision: the calls stage 6 refused."""
+    held: list[str]
+    """The questions (run_ids) of the calls stage 6 admitted, all waiting for a person when counted."""
+    reserved: tuple[int, int]
+    """(attempts, elapsed ms) charged to the user while the admitted calls waited."""
+    denied: list[Answer]
+    """The admitted calls, answered once the test denied their questions."""
+
+
+def held_batch(fleet: Fleet, user: str, timeout_s: int) -> HeldBatch:
+    """Two charged calls per gateway for `user`, all at once; the calls stage 6 admits wait at consent (no
+    client elicits, no grant is stored), so none settles its reservation before the test has counted
+    them. Then each question is denied (nothing runs) and the admitted calls answer."""
+    token = users(fleet, user)[user]
+    sent = fire(fleet.sessions, [run(token, g, timeout_s) for g in range(GATEWAYS) for _ in range(2)])
+    store = ConsentStore(fleet.home.engine)
+
+    def waiting() -> list[str]:
+        return [q.id for q in store.fetch_pending(time.time()) if q.user == user]
+
+    refused = gather(sent, timeout_s=60, enough=lambda done: len(done) + len(waiting()) == len(sent))
+    held = waiting()
+    reserved = usage(fleet, user)
+    for question in held:
+        assert store.decide(question, "DENY_ONCE", "tests", time.time())
+    return HeldBatch(refused, held, reserved, gather(unanswered(sent, refused)))
+
+
+def assert_held_batch(fleet: Fleet, batch: HeldBatch, admitted: int, refusal: str) -> None:
+    """Exactly `admitted` calls passed stage 6 and each left its trail; the rest were refused for `refusal`."""
+    assert len(batch.held) == admitted, (batch.held, [a.response for a in batch.refused])
+    for answer in batch.refused:
+        assert_budget_refusal(answer, refusal)
+    assert sorted(a.run_id for a in batch.denied) == sorted(batch.held)
+    assert all((a.code, a.reason) == (-32008, "consent_denied") for a in batch.denied)
+    events = events_by_run(fleet.home)
+    for answer in batch.refused:
+        assert_trail(events, answer, REFUSED)
+    for answer in batch.denied:
+        assert_trail(events, answer, DENIED)
+
+
+ATTEMPT_ROUNDS = 8
+"""Batches in the attempts test. Measured with the row lock taken out of `BudgetLedger.reserve`
+(PostgreSQL, this 2-core host), one batch over-granted about one time in three: the entry event's
+commit, serialised by the audit log, staggers the reservations; 8 batches catch it ~19 times in 20."""
+
+
 def test_sixteen_gateways_admit_exactly_the_attempts_budget(fleet: Fleet) -> None:
-    """32 charged calls for one user at once over 16 gateways, on a budget of 5 attempts: exactly 5 run.
+    """32 charged calls for one user at once over 16 gateways, on a budget of 5 attempts: exactly 5 are
+    admitted, 27 refused with retry_after_s; in 8 batches, each for a user of its own.
 
     An attempt is taken at stage 6 under the user's row lock (gateway/budget.py); without it two
     gateways could both read 4 attempts used and both take the fifth."""
-    token = users(fleet, "attempts")["attempts"]
-    allow_always(fleet, "attempts")
-    calls = [run(token, g, timeout_s=RUN_S) for g in range(GATEWAYS) for _ in range(2)]
-    answers = gather(fire(fleet.sessions, calls))
-
-    admitted = [a for a in answers if a.code is None]
-    refused = [a for a in answers if a.code is not None]
-    assert len(admitted) == ATTEMPTS, [a.response for a in answers]
-    for answer in refused:
-        assert_budget_refusal(answer, "attempts_exhausted")
-    assert all(a.response["result"]["structuredContent"]["passed"] == 1 for a in admitted)
-    assert usage(fleet, "attempts")[0] == ATTEMPTS, "one charge per admitted call, none for a refused one"
-    events = events_by_run(fleet.home)
-    for answer in admitted:
-        assert_trail(events, answer, RAN)
-        (decision,) = decisions_of(events, answer.run_id)
-        assert (decision["detail"]["decision"], decision["detail"]["origin"]) == ("ALLOW_ALWAYS", "cache_hit")
-    for answer in refused:
-        assert_trail(events, answer, REFUSED)
+    for batch_number in range(ATTEMPT_ROUNDS):
+        batch = held_batch(fleet, f"attempts{batch_number}", timeout_s=RUN_S)
+        assert_held_batch(fleet, batch, ATTEMPTS, "attempts_exhausted")
+        assert batch.reserved == (ATTEMPTS, ATTEMPTS * RUN_S * 1000), "one charge per admitted call, none else"
+        assert usage(fleet, f"attempts{batch_number}") == (ATTEMPTS, 0), "nothing ran; the attempts stay"
     assert_audit_verifies(fleet)
 
 
 def test_sixteen_gateways_never_reserve_more_run_time_than_the_budget(fleet: Fleet) -> None:
     """32 calls of 10 s each at once on a 25 s budget: exactly 3 are admitted (0, 10 and 20 s reserved
-    before each), the other 29 are refused for run time, with attempts to spare.
+    before each), the other 29 are refused for run time, with attempts to spare; in 3 batches.
 
-    Each admitted call holds its whole time limit from stage 6 on (`reservation_ms`). Here the
-    admitted calls then wait at consent, out of band, and nothing settles before the count: a
-    run that ended early would legitimately give time back and let a later call in."""
-    token = users(fleet, "elapsed")["elapsed"]
-    calls = [run(token, g, timeout_s=10) for g in range(GATEWAYS) for _ in range(2)]
-    sent = fire(fleet.sessions, calls)
-    store = ConsentStore(fleet.home.engine)
-
-    def waiting() -> list[str]:
-        return [q.id for q in store.fetch_pending(time.time()) if q.user == "elapsed"]
-
-    refused = gather(sent, timeout_s=60, enough=lambda done: len(done) + len(waiting()) == len(sent))
-    held = waiting()
-    assert len(held) == 3, (held, [a.response for a in refused])
-    for answer in refused:
-        assert_budget_refusal(answer, "elapsed_exhausted")
-    assert usage(fleet, "elapsed") == (3, 30_000), "each admitted call holds its whole 10 s"
-
-    for question in held:
-        assert store.decide(question, "DENY_ONCE", "tests", time.time())
-    denied = gather(unanswered(sent, refused))
-    assert sorted(a.run_id for a in denied) == sorted(held)
-    assert all((a.code, a.reason) == (-32008, "consent_denied") for a in denied)
-    assert usage(fleet, "elapsed") == (3, 0), "nothing ran: the reservations settled at 0, the attempts stay"
-    events = events_by_run(fleet.home)
-    for answer in refused:
-        assert_trail(events, answer, REFUSED)
-    for answer in denied:
-        assert_trail(events, answer, DENIED)
+    Each admitted call holds its whole time limit from stage 6 on (`reservation_ms`) until it
+    settles; the calls here wait at consent while counted, since a run that ended early would
+    legitimately give time back and let a later call in."""
+    for batch_number in range(3):
+        batch = held_batch(fleet, f"elapsed{batch_number}", timeout_s=10)
+        assert_held_batch(fleet, batch, 3, "elapsed_exhausted")
+        assert batch.reserved == (3, 30_000), "each admitted call holds its whole 10 s"
+        assert usage(fleet, f"elapsed{batch_number}") == (3, 0), "nothing ran: settled at 0, the attempts stay"
     assert_audit_verifies(fleet)
 
 
@@ -218,7 +237,7 @@ def test_each_consent_question_is_decided_once_whoever_races_for_it(fleet: Fleet
     def decide(name: str, decision: str) -> None:
         engine = make_engine(fleet.home.url)  # a connection of its own, as another approver process has
         store = ConsentStore(engine)
-        shuffle = random.Random(name)
+        shuffle = random.Random(name)  # noqa: S311  (an order to try questions in, not a secret)
         try:
             while not stop.is_set():
                 pending = [q.id for q in store.fetch_pending(time.time()) if q.user in askers]
@@ -265,11 +284,11 @@ def test_each_consent_question_is_decided_once_whoever_races_for_it(fleet: Fleet
         row = store.fetch_request(answer.run_id)  # an out-of-band question's id is its call's run_id
         assert row is not None and row.status == "decided", (answer.response, row)
         winners = [name for name, questions in wins.items() if answer.run_id in questions]
-        if row.decided_by.startswith("approvals:"):
+        if str(row.decided_by).startswith("approvals:"):
             by_approver += 1
             assert winners == [] and row.decision == "ALLOW_ONCE", (row, winners)
         else:
-            assert winners == [row.decided_by] and row.decision == DECIDERS[row.decided_by], (row, winners)
+            assert winners == [row.decided_by] and row.decision == DECIDERS[winners[0]], (row, winners)
         (decision,) = decisions_of(events, answer.run_id)
         assert decision["detail"]["decision"] == row.decision and decision["detail"]["decided_by"] == row.decided_by
         if row.decision == "ALLOW_ONCE":
@@ -335,7 +354,7 @@ def test_one_gateway_killed_at_a_random_moment_leaves_the_others_right(
     killed gateway took stays charged: the safe side); every call the killed gateway answered before
     it died has its events; the chain verifies."""
     seed = int(os.environ.get("FLEET_KILL_SEED") or random.SystemRandom().randrange(2**32))
-    delay_s = random.Random(seed).uniform(0.05, 1.5)
+    delay_s = random.Random(seed).uniform(0.05, 1.5)  # noqa: S311  (a replayable moment, not a secret)
     note = f"FLEET_KILL_SEED={seed} (killed after {delay_s:.3f} s)"
     tokens = users(fleet, "survivor", "looker")
     tokens |= users(fleet, "onlooker", role="VIEWER")
