@@ -263,9 +263,12 @@ def test_each_consent_question_is_decided_once_whoever_races_for_it(fleet: Fleet
 
     def approve() -> None:
         """A person pressing 1 (Allow once) on each question the approver shows, as fast as it shows them."""
-        while not stop.is_set():
-            if approver.expect([r"\[q\] quit", pexpect.TIMEOUT], timeout=0.2) == 0:
-                approver.send("1")
+        try:
+            while not stop.is_set():
+                if approver.expect([r"\[q\] quit", pexpect.TIMEOUT], timeout=0.2) == 0:
+                    approver.send("1")
+        except Exception as exc:  # the approver died (EOF): reported in the test's thread
+            failures.append(exc)
 
     threads = [threading.Thread(target=decide, args=item) for item in DECIDERS.items()]
     threads.append(threading.Thread(target=approve))
