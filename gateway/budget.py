@@ -105,7 +105,6 @@ class BudgetLedger:
 
         The caller must later `settle` (or `release`) the charge; until then it counts at the worst case.
         """
-        now = self._clock.now()
         with (
             storage_errors(
                 "the budget could not be read (database_unavailable)",
@@ -118,6 +117,10 @@ class BudgetLedger:
             # The row lock serialises reservations of one user across gateways (PostgreSQL);
             # SQLite's BEGIN IMMEDIATE already serialises every writer.
             connection.execute(select(db.users.c.id).where(db.users.c.name == user).with_for_update())
+            # The clock is read once the lock is held, not before waiting for it: a reservation that
+            # queued behind others is stamped after theirs, so no charge leaves the window before
+            # those taken ahead of it, and retry_after_s is never past the window.
+            now = self._clock.now()
             rows = connection.execute(
                 select(db.budget_charges.c.ts, db.budget_charges.c.elapsed_ms).where(
                     db.budget_charges.c.user_name == user,

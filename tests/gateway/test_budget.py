@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
+from gateway import db
 from gateway.budget import BudgetLedger, Charge, Usage, evaluate, reservation_ms, spent_ms
 from gateway.clock import SystemClock
 from gateway.db import make_engine, migrate
@@ -358,6 +360,32 @@ def test_concurrent_reservations_never_take_more_time_than_the_budget(engine: En
 
     assert sorted(outcomes) == ["elapsed_exhausted"] * 7 + ["reserved"]
     assert BudgetLedger(engine, clock).usage("alice", limits) == Usage(1, 3000)
+
+
+@pytest.mark.usefixtures("alice")
+def test_a_reservation_that_waited_for_the_lock_is_stamped_after_the_wait(engine: Engine, clock: FakeClock) -> None:
+    """Issue 17: a reservation queued behind another gateway's is stamped when it gets the lock, not when
+    it started waiting. Stamped before, its charge would leave the window before those taken ahead
+    of it, and the refusal's retry_after_s could be past the window (16 gateways on SQLite: 3601 s
+    of a 3600 s window)."""
+    waited = BudgetPolicy(window_s=60, attempts_total=1, elapsed_ms_total=10**9)
+    ledger = BudgetLedger(engine, clock)
+    charged: list[int] = []
+    with engine.begin() as holder:  # another gateway's reservation, holding the user's lock (SQLite: the write lock)
+        holder.execute(select(db.users.c.id).where(db.users.c.name == "alice").with_for_update())
+        waiting = threading.Thread(target=lambda: charged.append(ledger.reserve("alice", "late", waited, 0)))
+        waiting.start()
+        time.sleep(0.5)  # time to reach the lock: if it has not, it is stamped after the wait anyway
+        clock.advance(30)
+    waiting.join(timeout=30)
+    assert len(charged) == 1
+    with engine.connect() as connection:
+        stamped = connection.execute(select(db.budget_charges.c.ts).where(db.budget_charges.c.id == charged[0]))
+        assert stamped.scalar_one() == T0 + 30
+    clock.advance(59)
+    with pytest.raises(BudgetExceededError) as refused:
+        ledger.reserve("alice", "next", waited, 0)
+    assert refused.value.retry_after_s == 1, "room appears when the charge leaves the window, never later"
 
 
 def _reserve_in_another_process(url: str, index: int, barrier: Any, results: Any) -> None:
