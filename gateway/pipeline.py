@@ -356,9 +356,6 @@ class Pipeline:
             trail.executing, trail.started_at = True, self.s.clock.now()
             walk.outcome = await self._run(admitted, trail, walk.arguments, walk.progress)
         else:
-            await in_db_thread(
-                self._log, trail, "running"
-            )  # spec section 8: the entry is committed before any tool runs
             walk.outcome = await in_db_thread(self._read, admitted, trail, walk.arguments)
 
     def _execute_dry(self, walk: _Walk) -> str | None:
@@ -506,10 +503,12 @@ class Pipeline:
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
 
     def _read(self, admitted: Admitted, trail: _Trail, arguments: Mapping[str, Any]) -> ToolOutcome:
-        """A read tool, on a database thread: it reads the runs table and the artifacts, then logs its end."""
+        """A read tool, on a database thread (one hop for the whole of it): its entry committed first (spec
+        section 8: before any tool runs), then it reads the runs table and the artifacts, then logs its end."""
         read = admitted.spec.read
         if read is None:
             raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, admitted.spec.name)
+        self._log(trail, "running")
         outcome = read(self.s.runs, arguments, admitted.scope.visible_workspaces)
         self._log(trail, "done", trail.terminal(EventType.TOOL_FINISHED, None, {"status": "ok"}), outcome=outcome)
         return outcome

@@ -6,7 +6,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import ColumnElement, Engine, String, any_, bindparam, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from gateway import db
 from gateway.db_errors import storage_errors
@@ -37,6 +38,8 @@ class RunStore:
     def __init__(self, engine: Engine, artifacts_dir: Path) -> None:
         self._engine = engine
         self._read = db.single_reads(engine)
+        self._list_all = select(db.runs).order_by(db.runs.c.created_at.desc()).limit(bindparam("limit"))
+        self._list_visible = self._list_all.where(_in_workspaces(db.on_postgres(engine)))
         self.artifacts_dir = artifacts_dir
         self.owner: str | None = None
         """The serving gateway's session, recorded with each run it inserts (None outside `serve`)."""
@@ -113,11 +116,18 @@ class RunStore:
 
     def list(self, workspaces: tuple[str, ...] | None, limit: int) -> list[RunRecord]:
         """Newest first; `workspaces=None` means every workspace (ADMIN)."""
-        query = select(db.runs).order_by(db.runs.c.created_at.desc()).limit(limit)
-        if workspaces is not None:
-            query = query.where(db.runs.c.workspace.in_(workspaces))
+        query = self._list_all if workspaces is None else self._list_visible
+        params = {"limit": limit, "workspaces": list(workspaces or ())}
         with storage_errors("runs could not be read", log=log), self._read.connect() as connection:
-            return [_record(row) for row in connection.execute(query)]
+            return [_record(row) for row in connection.execute(query, params)]
+
+
+def _in_workspaces(postgres: bool) -> ColumnElement[bool]:
+    """`workspace` among the `workspaces` parameter. On PostgreSQL one array parameter (`= ANY`): an
+    expanding IN is rendered anew at every execution there, a visible cost of every `list_artifacts`."""
+    if postgres:
+        return db.runs.c.workspace == any_(bindparam("workspaces", type_=ARRAY(String)))
+    return db.runs.c.workspace.in_(bindparam("workspaces", expanding=True))
 
 
 def _record(row: object) -> RunRecord:
