@@ -321,6 +321,10 @@ class StdioSession:
         self.send({"jsonrpc": "2.0", "id": self._next_id, "method": "tools/call", "params": params})
         return self._next_id
 
+    def answered(self) -> dict[Any, dict[str, Any]]:
+        """The responses read but not yet collected by `wait_response` (by request id)."""
+        return dict(self._pending)
+
     def stderr_text(self) -> str:
         if not self._stderr.closed:
             self._stderr.flush()

@@ -118,7 +118,7 @@ HOSTILE = [
         EventType.POLICY_BLOCKED,
         run_id='r"3',
         user="ann\\o'neil",
-        workspace="ws,\"id\":1",
+        workspace='ws,"id":1',
         tool_name='"id":7,"run_id":"x"',
         args_hash=None,
         code=-32004,

@@ -152,7 +152,7 @@ def test_a_users_daemon_dies_with_its_run_when_the_gateway_is_killed_mid_run(use
         while len(arena.leftovers(marker_file)) < 2 and time.monotonic() < deadline:
             arena.session.pump()
         running = arena.leftovers(marker_file)
-        assert len(running) >= 2, "the run and its daemon never started"
+        assert len(running) >= 2, f"the run and its daemon never started; answers: {arena.session.answered()}"
         scratch = Path(psutil.Process(running[0]).environ()["TMPDIR"])
         os.kill(arena.serve_pid, signal.SIGKILL)  # the pid this test started (setpriv execs serve in place)
         killed_at = time.monotonic()
