@@ -361,9 +361,13 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
             fairy.invalidate(exc)
         raise DBAPIError.instance(None, None, exc, dbapi_error, connection_invalidated=broken) from exc
     finally:
-        if not raw.closed:
-            raw.autocommit = False
-        fairy.close()
+        try:
+            if not raw.closed:
+                raw.autocommit = False  # refused by a connection left in a state no statement can use
+        except dbapi_error as exc:
+            fairy.invalidate(exc)
+        finally:
+            fairy.close()  # back to the pool, or closed when invalidated: never left checked out
 
 
 def on_postgres(engine: Engine) -> bool:

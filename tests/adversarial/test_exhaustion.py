@@ -184,7 +184,7 @@ def test_daemonized_grandchild():
     os.close(w)
     grandchild = int(os.read(r, 32))
     os.wait()
-    time.sleep(0.3)  # let it tick while the run is still on
+    time.sleep(PARAMS.get("linger_s", 0.3))  # let it tick while the run is still on
     report(grandchild=grandchild, capture_fd=fd)
 """
 

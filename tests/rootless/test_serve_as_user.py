@@ -146,7 +146,9 @@ def test_requiring_every_guarantee_refuses_a_users_run_naming_the_memory_total_i
 def test_a_users_daemon_dies_with_its_run_when_the_gateway_is_killed_mid_run(user_root: Path) -> None:
     marker_file = "adv/test_daemon_orphaned.py"
     with open_arena(user_root, {"sandbox": {"backend": "native"}}, run_as=USER_UID) as arena:
-        arena.write(marker_file, DAEMON, marker=str(arena.outside / "daemon-alive"))
+        # The run lingers (20 s, its limit 30 s) so that it is surely running when the gateway is killed: a
+        # run of a second could end, on a busy host, before its processes were seen.
+        arena.write(marker_file, DAEMON, marker=str(arena.outside / "daemon-alive"), linger_s=20)
         arena.session.send_call("run_pytest", {"test_path": marker_file, "timeout_s": 30}, arena.token)
         deadline = time.monotonic() + 30
         while len(arena.leftovers(marker_file)) < 2 and time.monotonic() < deadline:
