@@ -11,9 +11,11 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, insert, inspect, select
+from sqlalchemy import Engine, insert, inspect, select, text
 
 from gateway import db
+from gateway.audit import AuditLog, ChainReport, EventDraft, EventType
+from tests.fakes import FakeClock
 
 
 @pytest.fixture
@@ -119,3 +121,34 @@ def test_0007_adds_tool_calls_and_goes_back(tmp_path: Path) -> None:
     assert "tool_calls" not in inspect(engine).get_table_names()
     db.migrate(engine)
     assert db.schema_is_current(engine)
+
+
+def test_a_log_written_before_0008_goes_on_after_it_as_one_chain(unmigrated: Engine) -> None:
+    """A deployment upgrading to 0008: events appended the old way (the gateway hashing, at 0007) and
+    then the new way (on PostgreSQL, `gateway_audit_append` hashing in the server) are one chain that
+    verifies; 0008's downgrade takes the function away and the gateway's own append goes on."""
+    engine = unmigrated
+    config = db._alembic_config(engine)
+    command.upgrade(config, "0007")
+    # Written at 0007 by the gateway's own append (as every gateway before this migration wrote).
+    old_way = AuditLog(engine, FakeClock())
+    old_way._on_server = False
+    old_way.append(EventDraft(EventType.USER_ADDED, user="alice"), EventDraft(EventType.TOKEN_ISSUED, user="alice"))
+    db.migrate(engine)
+    log = AuditLog(engine, FakeClock())
+    written = log.append(EventDraft(EventType.MCP_TOOL_CALL, run_id="r1", user="alice", tool_name="run_pytest"))
+    assert [e.id for e in written] == [3]
+    assert log.verify() == ChainReport(True, 3)
+    assert _has_append_function(engine) == (engine.dialect.name == "postgresql")
+    command.downgrade(config, "0007")
+    assert not _has_append_function(engine)
+    old_way.append(EventDraft(EventType.CONSENT_REVOKED, user="alice"))
+    assert log.verify() == ChainReport(True, 4)
+
+
+def _has_append_function(engine: Engine) -> bool:
+    if engine.dialect.name != "postgresql":
+        return False
+    with engine.connect() as connection:
+        found = connection.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'gateway_audit_append'"))
+        return bool(found.scalar_one())
