@@ -11,10 +11,14 @@ flight on every gateway, as an agent does, alternating the issue's two cheap cal
 - a USER's `list_artifacts`: a read tool, its entry committed before it reads, then
   TOOL_FINISHED.
 
-The configurations run one after the other in one run (SQLite 1, PostgreSQL 1, SQLite 8, ...),
-each on its own database, so the ratios compare like with like on this machine. After an
-unmeasured warm-up, `--calls` calls are shared out among the N gateways; calls/s is calls over
-the wall time from the first request to the last answer. Each configuration then checks:
+Every configuration's fleet is started first, each on its own database, and warmed up
+unmeasured. Then `--calls` calls per configuration are measured in `--rounds` slices, every
+configuration in turn in each round (SQLite 1, PostgreSQL 1, SQLite 8, ... then again): this
+VM's speed drifts by a third from one second to the next (a fixed loop's CPU time, measured),
+so configurations measured minutes apart are not comparable, while slices taken in turn share
+the drift. calls/s is the calls over the wall time of the configuration's slices; each ratio is
+also printed for each round, to show how far one measurement can be off. Each configuration
+then checks:
 
 - answers: every refusal is -32003 and every `list_artifacts` a result;
 - events missing: each answered call's run_id has exactly its two events in the log, in order;
@@ -29,7 +33,7 @@ server's defaults (fsync and synchronous_commit on, unlike the test suite's `fsy
 server `--pg-url` names (its user must be able to create databases). It exits 0 with the figures,
 1 when a check fails or a server dies.
 
-    .venv/bin/python bench/fleet_scale.py [--gateways 1,8,32] [--calls 4000] [--engines sqlite,postgresql]
+    .venv/bin/python bench/fleet_scale.py [--gateways 1,8,32] [--calls 4000] [--rounds 4] [--engines sqlite,postgresql]
 """
 
 from __future__ import annotations
@@ -208,6 +212,10 @@ class Result:
     client_cpu_ms: float
     connections: int
     """Connections the fleet held open on its PostgreSQL database after the measured calls."""
+    switches: float
+    """Context switches of the gateways' threads per measured call."""
+    rates: tuple[float, ...] = ()
+    """calls/s of each round's slice."""
 
     @property
     def rate(self) -> float:
@@ -237,6 +245,20 @@ def cpu_s(pids: Sequence[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
     return total / _TICK
+
+
+def switches(pids: Sequence[int]) -> int:
+    """Context switches (voluntary and not) of every thread of `pids` so far: each thread hop in a
+    gateway costs some, whatever the CPU's speed, so this counts what the wall clock only blurs."""
+    total = 0
+    for pid in pids:
+        for status in Path(f"/proc/{pid}/task").glob("*/status"):
+            try:
+                lines = status.read_text().splitlines()
+            except OSError:
+                continue
+            total += sum(int(line.split()[1]) for line in lines if "ctxt_switches:" in line)
+    return total
 
 
 def database_pids(engine: str) -> list[int]:
@@ -281,46 +303,88 @@ def answered(kind: str, line: bytes) -> tuple[str | None, bool]:
     return (result.get("_meta") or {}).get(RUN_ID_META), "result" in message and not result.get("isError")
 
 
-def run_configuration(
-    engine: str, url: str, gateways: int, *, calls: int, warmup: int, budget: int, root: Path
-) -> Result:
+@dataclass
+class Configuration:
+    """One engine and fleet size: its gateways, kept running from the first round to the checks."""
+
+    engine: str
+    home: GatewayHome
+    fleet: list[Gateway]
+    tokens: dict[str, str]
+    ids: Iterator[int] = field(default_factory=lambda: iter(range(1, 10**9)))
+    wall_s: float = 0.0
+    cpu_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    """Gateways, database server, client: over the measured slices."""
+    switched: int = 0
+    measured: list[tuple[str, bytes, int]] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    """calls/s of each slice (one per round)."""
+
+    @property
+    def gateways(self) -> int:
+        return len(self.fleet)
+
+    def call(self, kind: str) -> tuple[str, bytes]:
+        if kind == REFUSED:
+            return kind, request_line(next(self.ids), "run_pytest", self.tokens["vic"], {"test_path": "tests"})
+        return kind, request_line(next(self.ids), "list_artifacts", self.tokens["alice"], {})
+
+
+def open_configuration(engine: str, url: str, gateways: int, *, warmup: int, budget: int, root: Path) -> Configuration:
+    """A fresh database and state folder, its users, and its fleet started and warmed up."""
     root.mkdir(parents=True)
     home = GatewayHome(root, {**POLICY, "budget": {"attempts_total": budget}}, db_url=url)
     for name, role in (("vic", "VIEWER"), ("alice", "USER"), ("bob", "USER")):
         home.add_user(name, role)
     tokens = {name: home.token(name, ttl_s=3600) for name in ("vic", "alice", "bob")}
-    fleet = start_fleet(home, gateways, root)
+    configuration = Configuration(engine, home, start_fleet(home, gateways, root), tokens)
+    for gateway in configuration.fleet:
+        gateway.queue = [configuration.call((REFUSED, READ)[i % 2]) for i in range(warmup)]
+    drive(configuration.fleet, deadline_s=300)
+    for gateway in configuration.fleet:
+        gateway.answers.clear()
+    return configuration
+
+
+def measure(configuration: Configuration, calls: int) -> None:
+    """One slice: `calls` calls shared out among the fleet, added to the configuration's totals."""
+    fleet = configuration.fleet
+    share = max(2, calls // len(fleet))
+    for index, gateway in enumerate(fleet):
+        gateway.queue = [configuration.call((REFUSED, READ)[(i + index) % 2]) for i in range(share)]
+    server = database_pids(configuration.engine)
+    pids = [g.process.pid for g in fleet]
+    before = (cpu_s(pids), cpu_s(server), client_cpu_s())
+    switched = switches(pids)
+    wall = drive(fleet, deadline_s=600)
+    configuration.switched += switches(pids) - switched
+    after = (cpu_s(pids), cpu_s(server), client_cpu_s())
+    for index, (a, b) in enumerate(zip(before, after, strict=True)):
+        configuration.cpu_s[index] += b - a
+    configuration.wall_s += wall
+    answered = [a for g in fleet for a in g.answers]
+    configuration.rates.append(len(answered) / wall)
+    configuration.measured += answered
+    for gateway in fleet:
+        gateway.answers.clear()
+
+
+def check(configuration: Configuration, budget: int) -> Result:
+    """The budget burst, then the fleet stopped; every answer, every call's events, and the chain checked."""
+    engine, home, fleet = configuration.engine, configuration.home, configuration.fleet
+    measured = configuration.measured
+    connections = connections_open(home) if engine == "postgresql" else 0
     try:
-        next_id = iter(range(1, 10**9))
-
-        def call(kind: str) -> tuple[str, bytes]:
-            if kind == REFUSED:
-                return kind, request_line(next(next_id), "run_pytest", tokens["vic"], {"test_path": "tests"})
-            return kind, request_line(next(next_id), "list_artifacts", tokens["alice"], {})
-
-        for gateway in fleet:
-            gateway.queue = [call((REFUSED, READ)[i % 2]) for i in range(warmup)]
-        drive(fleet, deadline_s=300)
-        for gateway in fleet:
-            gateway.answers.clear()
-        share = max(2, calls // gateways)
-        for index, gateway in enumerate(fleet):
-            gateway.queue = [call((REFUSED, READ)[(i + index) % 2]) for i in range(share)]
-        server = database_pids(engine)
-        before = (cpu_s([g.process.pid for g in fleet]), cpu_s(server), client_cpu_s())
-        wall = drive(fleet, deadline_s=600)
-        after = (cpu_s([g.process.pid for g in fleet]), cpu_s(server), client_cpu_s())
-        connections = connections_open(home) if engine == "postgresql" else 0
-        cpu = tuple(b - a for a, b in zip(before, after, strict=True))
-        measured = [a for g in fleet for a in g.answers]
-        latencies = sorted(ns / 1e6 for _, _, ns in measured)
-
         # The budget burst: every gateway sends 3 of bob's run_pytest at once (one in flight each).
         for gateway in fleet:
-            gateway.answers.clear()
             gateway.queue = [
-                ("budget", request_line(next(next_id), "run_pytest", tokens["bob"], {"test_path": "tests"}))
-                for _ in range(max(3, -(-2 * budget // gateways)))
+                (
+                    "budget",
+                    request_line(
+                        next(configuration.ids), "run_pytest", configuration.tokens["bob"], {"test_path": "tests"}
+                    ),
+                )
+                for _ in range(max(3, -(-2 * budget // len(fleet))))
             ]
         drive(fleet, deadline_s=300)
         codes = Counter(json.loads(line).get("error", {}).get("code") for g in fleet for _, line, _ in g.answers)
@@ -328,7 +392,7 @@ def run_configuration(
         stop_fleet(fleet)
     unexpected = set(codes) - {SANDBOX_VIOLATION, BUDGET_EXCEEDED}
     if unexpected:
-        raise BenchError(f"{engine} x{gateways}: unexpected answers to the budget burst: {dict(codes)}")
+        raise BenchError(f"{engine} x{len(fleet)}: unexpected answers to the budget burst: {dict(codes)}")
 
     wrong = 0
     expected: dict[str, list[str]] = {}
@@ -344,11 +408,14 @@ def run_configuration(
     missing = sum(logged.get(run_id) != types for run_id, types in expected.items())
     verify = home.cli("audit", "verify")
     home.engine.dispose()
+    latencies = sorted(ns / 1e6 for _, _, ns in measured)
+    gateway_ms, database_ms, client_ms = (1000 * c / len(measured) for c in configuration.cpu_s)
     return Result(
-        engine, gateways, len(measured), wall,
+        engine, len(fleet), len(measured), configuration.wall_s,
         percentile(latencies, 0.5), percentile(latencies, 0.99),
         wrong, missing + (len(measured) - len(expected)), verify.returncode == 0,
-        codes[SANDBOX_VIOLATION], budget, *(1000 * c / len(measured) for c in cpu), connections,
+        codes[SANDBOX_VIOLATION], budget, gateway_ms, database_ms, client_ms, connections,
+        configuration.switched / len(measured), tuple(configuration.rates),
     )  # fmt: skip
 
 
@@ -399,18 +466,25 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def spread(top: Result, bottom: Result) -> str:
+    """The ratio's range over the rounds, each round's slices measured one right after the other."""
+    ratios = [a / b for a, b in zip(top.rates, bottom.rates, strict=True)]
+    return f" (rounds {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+
+
 def report(results: Sequence[Result]) -> list[str]:
     lines = [
         f"{'database':<11} {'gateways':>8} {'calls':>6} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7}  "
         f"{'wrong':>5} {'missing':>7} {'verify':>6} {'admitted/budget':>15} {'over-grants':>11}  "
-        f"{'CPU ms/call: gateways':>21} {'database':>8} {'client':>6} {'connections':>11}"
+        f"{'CPU ms/call: gateways':>21} {'database':>8} {'client':>6} {'switches/call':>13} {'connections':>11}"
     ]
     for r in results:
         lines.append(
             f"{r.engine:<11} {r.gateways:>8} {r.calls:>6} {r.rate:>8.0f} {r.p50_ms:>7.1f} {r.p99_ms:>7.1f}  "
             f"{r.wrong_answers:>5} {r.events_missing:>7} {'ok' if r.chain_ok else 'FAIL':>6} "
             f"{f'{r.admitted}/{r.budget}':>15} {r.over_grants:>11}  "
-            f"{r.gateway_cpu_ms:>21.2f} {r.database_cpu_ms:>8.2f} {r.client_cpu_ms:>6.2f} {r.connections or '':>11}"
+            f"{r.gateway_cpu_ms:>21.2f} {r.database_cpu_ms:>8.2f} {r.client_cpu_ms:>6.2f} {r.switches:>13.1f} "
+            f"{r.connections or '':>11}"
         )
     by = {(r.engine, r.gateways): r for r in results}
     sqlite_one, pg_one = by.get(("sqlite", 1)), by.get(("postgresql", 1))
@@ -420,18 +494,21 @@ def report(results: Sequence[Result]) -> list[str]:
         ratio = pg_eight.rate / sqlite_one.rate
         verdict = "met" if ratio >= 1.8 and pg_eight.p99_ms < 50 else "NOT met"
         lines.append(
-            f"8 gateways on PostgreSQL / 1 on SQLite: {ratio:.2f}x, p99 {pg_eight.p99_ms:.1f} ms "
-            f"(target >= 1.8x with p99 < 50 ms: {verdict})"
+            f"8 gateways on PostgreSQL / 1 on SQLite: {ratio:.2f}x{spread(pg_eight, sqlite_one)}, "
+            f"p99 {pg_eight.p99_ms:.1f} ms (target >= 1.8x with p99 < 50 ms: {verdict})"
         )
     if pg_eight and pg_most and pg_most is not pg_eight:
-        verdict = "met" if pg_most.rate >= pg_eight.rate else "NOT met"
+        ratio = pg_most.rate / pg_eight.rate
+        verdict = "met" if ratio >= 1.0 else "NOT met"
         lines.append(
-            f"{pg_most.gateways} gateways on PostgreSQL / 8: {pg_most.rate / pg_eight.rate:.2f}x (target >= 1.0x: {verdict})"
+            f"{pg_most.gateways} gateways on PostgreSQL / 8: {ratio:.2f}x{spread(pg_most, pg_eight)} "
+            f"(target >= 1.0x: {verdict})"
         )
     if sqlite_one and pg_one:
         ratio = sqlite_one.rate / pg_one.rate
+        verdict = "met" if ratio <= 1.5 else "NOT met"
         lines.append(
-            f"1 gateway: SQLite / PostgreSQL {ratio:.2f}x (target <= 1.5x: {'met' if ratio <= 1.5 else 'NOT met'})"
+            f"1 gateway: SQLite / PostgreSQL {ratio:.2f}x{spread(sqlite_one, pg_one)} (target <= 1.5x: {verdict})"
         )
     return lines
 
@@ -440,6 +517,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gateways", default="1,8,32", help="fleet sizes, comma-separated")
     parser.add_argument("--calls", type=int, default=4000, help="measured calls per configuration")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="slices the calls are measured in, every configuration in turn"
+    )
     parser.add_argument("--warmup", type=int, default=20, help="unmeasured calls per gateway first")
     parser.add_argument("--budget", type=int, default=20, help="attempts the budget burst's user may take")
     parser.add_argument("--engines", default="sqlite,postgresql")
@@ -450,25 +530,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="mcp-gw-fleet-"))
     scratch.chmod(0o755)
     results: list[Result] = []
+    configurations: list[Configuration] = []
     try:
         with postgres_server(args.pg_url, scratch) if "postgresql" in engines else nullcontext("") as pg_base:
             for size in sizes:
                 for engine in engines:
-                    root = scratch / f"{engine}-{size}"
-                    url = (
-                        new_database(pg_base)
-                        if engine == "postgresql"
-                        else f"sqlite:///{scratch / f'{engine}-{size}.db'}"
+                    name = f"{engine}-{size}"
+                    url = new_database(pg_base) if engine == "postgresql" else f"sqlite:///{scratch / f'{name}.db'}"
+                    configurations.append(
+                        open_configuration(
+                            engine, url, size, warmup=args.warmup, budget=args.budget, root=scratch / name
+                        )
                     )
-                    result = run_configuration(
-                        engine, url, size, calls=args.calls, warmup=args.warmup, budget=args.budget, root=root
-                    )
-                    results.append(result)
-                    print(report([result])[1], flush=True)
+            for _ in range(args.rounds):
+                for configuration in configurations:
+                    measure(configuration, args.calls // args.rounds)
+            while configurations:
+                results.append(check(configurations.pop(0), args.budget))
+                print(report([results[-1]])[1], flush=True)
     except BenchError as exc:
         print(f"fleet_scale: {exc}", file=sys.stderr)
         return 1
     finally:
+        for configuration in configurations:
+            stop_fleet(configuration.fleet)
         shutil.rmtree(scratch, ignore_errors=True)
     print()
     print("\n".join(report(results)))

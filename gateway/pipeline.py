@@ -182,36 +182,46 @@ class _Walk:
         return Admitted(self.principal, self.spec, self.scope)
 
 
+_Step = Callable[["Pipeline", _Walk], None]
 _Run = Callable[["Pipeline", _Walk], Awaitable[None]]
 _Dry = Callable[["Pipeline", _Walk], "str | None"]
 
 
 @dataclass(frozen=True, slots=True)
 class Stage:
-    """A stage: `run` in a call, `dry` in `explain` (a note, None to leave the stage out, or the
-    refusal raised). Both raise the same GatewayError for the same inputs."""
+    """A stage: in a call its `step` or its `run`, in `explain` its `dry` (a note, None to leave the
+    stage out, or the refusal raised). All raise the same GatewayError for the same inputs."""
 
     name: str
-    run: _Run
     dry: _Dry
+    step: _Step | None = None
+    """Synchronous work (a decision, database reads and writes): on a database thread, together
+    with the synchronous stages next to it, so a call takes one thread hop for all of them."""
+    run: _Run | None = None
+    """Work that waits on the event loop (a person's answer, a run)."""
     writes_only: bool = False
     """Only write tools (`sandboxed`) go through it."""
+    reads_only: bool = False
+    """Only read tools go through it."""
+
+    def __post_init__(self) -> None:
+        if (self.step is None) == (self.run is None):
+            raise ValueError(f"stage {self.name!r} needs exactly one of step and run")
 
     def applies(self, walk: _Walk) -> bool:
-        return not self.writes_only or walk.spec is None or walk.spec.sandboxed
+        if walk.spec is None:
+            return True
+        return not (self.writes_only and not walk.spec.sandboxed) and not (self.reads_only and walk.spec.sandboxed)
 
 
-def _decision(name: str, check: Callable[[Pipeline, _Walk], None], writes_only: bool = False) -> Stage:
+def _decision(name: str, check: _Step, writes_only: bool = False) -> Stage:
     """A stage that decides without I/O: the call and the dry run run the same check."""
-
-    async def run(pipeline: Pipeline, walk: _Walk) -> None:
-        check(pipeline, walk)
 
     def dry(pipeline: Pipeline, walk: _Walk) -> str:
         check(pipeline, walk)
         return ""
 
-    return Stage(name, run, dry, writes_only)
+    return Stage(name, dry, step=check, writes_only=writes_only)
 
 
 class Pipeline:
@@ -253,10 +263,16 @@ class Pipeline:
                 raise InvalidParamsError(
                     Reason.UNHASHABLE_ARGUMENTS, "arguments must be JSON text (no NaN, no lone surrogates)"
                 )
-            for stage in STAGES:
+            position = 0
+            while position < len(STAGES):
+                stage = STAGES[position]
+                if stage.run is None:
+                    position = await in_db_thread(self._steps, walk, trail, position)
+                    continue
                 if stage.applies(walk):
                     trail.stage = stage.name
                     await stage.run(self, walk)
+                position += 1
             if walk.outcome is None:
                 raise InternalError(Reason.STAGE_ORDER, "the stages ended without an outcome")
             return walk.outcome
@@ -266,8 +282,9 @@ class Pipeline:
             await in_db_thread(self._give_back, trail)
             raise
         except GatewayError as exc:  # StorageUnavailableError included: `_refused` writes no event then
-            exc.stage = trail.stage
-            await in_db_thread(self._refused, trail, exc)
+            if not trail.refusal_logged:
+                exc.stage = trail.stage
+                await in_db_thread(self._refused, trail, exc)
             raise
         except Exception as exc:
             log.exception("run %s: unexpected failure", run_id)
@@ -284,8 +301,25 @@ class Pipeline:
 
     # --- the stages: each a `run` for a call and a `dry` for explain ---------------------------
 
-    async def _authenticate(self, walk: _Walk) -> None:
-        walk.principal = await in_db_thread(self.s.authenticator.authenticate, walk.token)
+    def _steps(self, walk: _Walk, trail: _Trail, position: int) -> int:
+        """On a database thread: the synchronous stages from `position` on, up to the next one that
+        waits on the event loop (its position, returned). A refusal among them is logged here too:
+        a call refused before consent, or a read tool's whole call, takes one thread hop."""
+        try:
+            while position < len(STAGES) and (stage := STAGES[position]).step is not None:
+                if stage.applies(walk):
+                    trail.stage = stage.name
+                    stage.step(self, walk)
+                position += 1
+        except GatewayError as exc:
+            exc.stage = trail.stage
+            self._refused(trail, exc)
+            trail.refusal_logged = True
+            raise
+        return position
+
+    def _authenticate(self, walk: _Walk) -> None:
+        walk.principal = self.s.authenticator.authenticate(walk.token)
         if walk.trail is not None:
             walk.trail.principal = walk.principal
 
@@ -322,9 +356,9 @@ class Pipeline:
         who = run_access(self.s.host.uid_drop)
         check_run_paths((scope.workspace, scope.pinned_root.path), tuple(p.path for p in scope.pinned_paths), who)
 
-    async def _reserve(self, walk: _Walk) -> None:
+    def _reserve(self, walk: _Walk) -> None:
         trail = _trail(walk)
-        trail.charge_id = await in_db_thread(self._logged_reservation, trail, walk.admitted)
+        trail.charge_id = self._logged_reservation(trail, walk.admitted)
 
     def _budget_dry(self, walk: _Walk) -> str:
         if walk.given:
@@ -352,11 +386,13 @@ class Pipeline:
 
     async def _execute(self, walk: _Walk) -> None:
         admitted, trail = walk.admitted, _trail(walk)
-        if admitted.spec.execute is not None:
-            trail.executing, trail.started_at = True, self.s.clock.now()
-            walk.outcome = await self._run(admitted, trail, walk.arguments, walk.progress)
-        else:
-            walk.outcome = await in_db_thread(self._read, admitted, trail, walk.arguments)
+        if admitted.spec.execute is None:
+            raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, admitted.spec.name)
+        trail.executing, trail.started_at = True, self.s.clock.now()
+        walk.outcome = await self._run(admitted, trail, walk.arguments, walk.progress)
+
+    def _execute_read(self, walk: _Walk) -> None:
+        walk.outcome = self._read(walk.admitted, _trail(walk), walk.arguments)
 
     def _execute_dry(self, walk: _Walk) -> str | None:
         return None if _spec(walk).sandboxed else "read tool, runs in process"
@@ -643,15 +679,18 @@ ADMISSION: tuple[Stage, ...] = (
 """Stages 3-5: pure decisions on an authenticated caller (`Pipeline.admit`)."""
 
 STAGES: tuple[Stage, ...] = (
-    Stage("authenticate", Pipeline._authenticate, Pipeline._authenticate_dry),
+    Stage("authenticate", Pipeline._authenticate_dry, step=Pipeline._authenticate),
     *ADMISSION,
     _decision("preflight", Pipeline._preflight, writes_only=True),
-    Stage("budget", Pipeline._reserve, Pipeline._budget_dry, writes_only=True),
+    Stage("budget", Pipeline._budget_dry, step=Pipeline._reserve, writes_only=True),
     _decision("sandbox", Pipeline._sandbox_ready, writes_only=True),
-    Stage("consent", Pipeline._consent, Pipeline._consent_dry, writes_only=True),
-    Stage("execute", Pipeline._execute, Pipeline._execute_dry),
+    Stage("consent", Pipeline._consent_dry, run=Pipeline._consent, writes_only=True),
+    Stage("execute", Pipeline._execute_dry, step=Pipeline._execute_read, reads_only=True),
+    Stage("execute", Pipeline._execute_dry, run=Pipeline._execute, writes_only=True),
 )
-"""The order of a tools/call's stages, for the call and its dry run alike (spec section 4)."""
+"""The order of a tools/call's stages, for the call and its dry run alike (spec section 4). A read
+tool's execution is a step (its database reads, on the thread its admission ran on); a write
+tool's waits for its run."""
 
 
 def _path_spellings(
@@ -687,6 +726,8 @@ class _Trail:
     """A sweep closed the run as abandoned (with its terminal event) before the call recorded its end."""
     stage: str | None = None
     """The stage the call is in (STAGES' names)."""
+    refusal_logged: bool = False
+    """The refusal's terminal event is written (by `Pipeline._steps`, on the thread that refused)."""
 
     def entry_for_log(self) -> EventDraft:
         """MCP_TOOL_CALL with the caller, once authentication has named one."""

@@ -364,8 +364,9 @@ async def _stop_on_signal(scope: anyio.CancelScope, stopped: _Stopped) -> None:
 def run_stdio(services: Services) -> None:
     status = anyio.run(serve, services)
     if status is not None:
-        # Everything is done (calls cancelled, runs killed, events committed), but the stdin
-        # reader thread is still blocked in read(2), and the interpreter would wait for it at
-        # exit for as long as the client keeps stdin open: leave without joining it.
+        # Everything is done (calls cancelled, runs killed, events committed), but a stdin
+        # reader thread (stdin a terminal or a file, not a pipe) may be blocked in read(2), and the
+        # interpreter would wait for it at exit for as long as the client keeps stdin open: leave
+        # without joining it.
         logging.shutdown()
         os._exit(status)

@@ -16,7 +16,9 @@ Everything written is ASCII-escaped JSON, and one answer that cannot be written 
 and replaced by a -32603 error: no input line stops the writer.
 
 While it serves, fd 0 reads /dev/null and fd 1 writes to stderr, so a stray print or a
-child process can never write into the JSON-RPC stream.
+child process can never write into the JSON-RPC stream. The client's pipes (or sockets, as a
+Node host gives them) are read and written from the event loop without blocking it (`Wire`):
+a call's request and answer cost no thread hop.
 
 A client that closes its end of stdout can never be answered again (issue 12, item 9): a write
 that fails with EPIPE, or a pipe whose reader is gone while there is nothing to write (the
@@ -28,16 +30,18 @@ only waited for: its answers queue behind the full pipe while runs keep their ti
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import re
 import select
+import socket
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from typing import Any, BinaryIO
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -64,32 +68,120 @@ class ClientGoneError(Exception):
     """The client closed its end of stdout: nothing more can be answered, so serving ends."""
 
 
-class LineReader:
-    """Reads lines of at most `limit` bytes; a longer line is skipped and reported as None."""
+class LineFramer:
+    """Splits the bytes read into lines of at most `limit` bytes, the newline not counted.
 
-    def __init__(self, stream: BinaryIO, limit: int) -> None:
-        self._stream = stream
+    A longer line is dropped as it arrives, never held whole, and reported as None once it ends
+    (at its newline or the end of input). Lines keep their newline; a last line without one is
+    returned by `end`."""
+
+    def __init__(self, limit: int) -> None:
         self._limit = limit
+        self._partial = bytearray()
+        self._oversized = False
 
-    def read(self) -> bytes | EOFError | None:
-        line = self._stream.readline(self._limit + 1)
-        if not line:
-            return EOFError()
-        fits = len(line) <= self._limit or (len(line) == self._limit + 1 and line.endswith(b"\n"))
-        if fits:
-            return line
-        while line and not line.endswith(b"\n"):  # drain the rest of the oversized line
-            line = self._stream.readline(_CHUNK)
-        return None
+    def feed(self, chunk: bytes) -> list[bytes | None]:
+        lines: list[bytes | None] = []
+        start = 0
+        while (newline := chunk.find(b"\n", start)) >= 0:
+            piece = chunk[start : newline + 1]
+            start = newline + 1
+            if self._oversized or len(self._partial) + len(piece) - 1 > self._limit:
+                lines.append(None)
+            else:
+                lines.append(bytes(self._partial) + piece)
+            self._partial.clear()
+            self._oversized = False
+        rest = chunk[start:]
+        if not self._oversized and len(self._partial) + len(rest) > self._limit:
+            self._partial.clear()
+            self._oversized = True
+        elif not self._oversized:
+            self._partial += rest
+        return lines
+
+    @property
+    def held(self) -> int:
+        """Bytes held of the unfinished line (never more than the limit)."""
+        return len(self._partial)
+
+    def end(self) -> list[bytes | None]:
+        """At the end of input: the unfinished last line, if any."""
+        last: list[bytes | None] = [None] if self._oversized else [bytes(self._partial)] if self._partial else []
+        self._partial.clear()
+        self._oversized = False
+        return last
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-    except (BrokenPipeError, ConnectionResetError) as exc:
-        raise ClientGoneError(CLIENT_GONE) from exc
+class Wire:
+    """The client's end of one direction of stdio, read or written from the event loop.
+
+    A pipe is reopened through /proc/self/fd as a descriptor of the gateway's own, made
+    non-blocking (the client's descriptor is not changed), and a socket (what a libuv host such
+    as Node gives its children) is used with MSG_DONTWAIT: the loop waits for it to be ready, so
+    a call costs no thread hop for its request or its answer, and a client that stops reading
+    only leaves its answers waiting, never the loop. Anything else (a file, a terminal) is read
+    and written by a worker thread, blocking there."""
+
+    def __init__(self, fd: int, write: bool) -> None:
+        self.fd = fd
+        self._socket: socket.socket | None = None
+        self._own: int | None = None
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISSOCK(mode):
+            self._socket = socket.socket(fileno=os.dup(fd))
+        elif stat.S_ISFIFO(mode):
+            flags = (os.O_WRONLY if write else os.O_RDONLY) | os.O_NONBLOCK | os.O_CLOEXEC
+            with contextlib.suppress(OSError):  # no /proc: the worker threads do it
+                self._own = os.open(f"/proc/self/fd/{fd}", flags)
+        self._ready: int | None = self._socket.fileno() if self._socket is not None else self._own
+        """The descriptor the event loop waits on, or None for worker threads."""
+
+    def close(self) -> None:
+        """Close the gateway's own descriptor (the one given stays open)."""
+        if self._socket is not None:
+            self._socket.close()
+        elif self._own is not None:
+            os.close(self._own)
+        self._socket = self._own = self._ready = None
+
+    async def read(self) -> bytes:
+        """Some bytes, b"" at the end of input."""
+        if self._ready is None:
+            return await anyio.to_thread.run_sync(os.read, self.fd, _CHUNK, abandon_on_cancel=True)
+        while True:
+            try:
+                if self._socket is not None:
+                    return self._socket.recv(_CHUNK, socket.MSG_DONTWAIT)
+                return os.read(self._ready, _CHUNK)
+            except BlockingIOError:
+                await anyio.wait_readable(self._ready)
+            except ConnectionResetError:
+                return b""
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            if self._ready is None:
+                # In a worker thread: a client that stops reading must not stall the event loop,
+                # which is what enforces time limits and kills runs.
+                await anyio.to_thread.run_sync(_write_all, self.fd, view)
+                return
+            while view:
+                try:
+                    if self._socket is not None:
+                        view = view[self._socket.send(view, socket.MSG_DONTWAIT) :]
+                    else:
+                        view = view[os.write(self._ready, view) :]
+                except BlockingIOError:
+                    await anyio.wait_writable(self._ready)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise ClientGoneError(CLIENT_GONE) from exc
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def _is_pipe_write_end(fd: int) -> bool:
@@ -255,69 +347,77 @@ def fallback_line(session_message: SessionMessage) -> bytes | None:
     return None
 
 
-@asynccontextmanager
-async def stdio_transport(
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> AsyncIterator[
-    tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
-]:
+@contextlib.contextmanager
+def _stdio_aside() -> Iterator[tuple[Wire, Wire]]:
+    """The client's stdin and stdout as wires; meanwhile fd 0 reads /dev/null and fd 1 writes to stderr."""
     wire_in_fd, wire_out_fd = os.dup(0), os.dup(1)
     saved_in, saved_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
-    # Left open on exit: a reader thread may still be blocked on wire_in as the process ends.
-    wire_in = os.fdopen(wire_in_fd, "rb", buffering=_CHUNK)
-    write_lock = anyio.Lock()
-
-    async def write(data: bytes) -> None:
-        # In a worker thread: a client that stops reading must not stall the event loop,
-        # which is what enforces time limits and kills runs.
-        async with write_lock:
-            await anyio.to_thread.run_sync(_write_all, wire_out_fd, data)
-
-    inbound_send, inbound_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    outbound_send, outbound_receive = anyio.create_memory_object_stream[SessionMessage](0)
-    reader = LineReader(wire_in, max_message_bytes)
-
-    async def read_loop() -> None:
-        async with inbound_send:
-            while True:
-                line = await anyio.to_thread.run_sync(reader.read, abandon_on_cancel=True)
-                if isinstance(line, EOFError):
-                    return
-                if line is None:
-                    await write(
-                        error_line(None, INVALID_REQUEST, f"Request too large (over {max_message_bytes} bytes)")
-                    )
-                    continue
-                outcome = classify(line)
-                if isinstance(outcome, bytes):
-                    await write(outcome)
-                elif outcome is not None:
-                    await inbound_send.send(outcome)
-
-    async def write_loop() -> None:
-        async with outbound_receive:
-            async for session_message in outbound_receive:
-                try:
-                    data: bytes | None = encode_message(session_message)
-                except Exception as exc:  # one bad message must not stop the writer
-                    log.error("an outgoing message could not be encoded (%s); answered -32603", type(exc).__name__)  # noqa: TRY400  (one line, no traceback: the message may hold a token)
-                    data = fallback_line(session_message)
-                if data is not None:
-                    await write(data)
-
+    # wire_*_fd are left open on exit: a reader thread may still be blocked on wire_in as the process ends.
+    wire_in, wire_out = Wire(wire_in_fd, write=False), Wire(wire_out_fd, write=True)
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read_loop)
-            tg.start_soon(write_loop)
-            tg.start_soon(watch_client_reads, wire_out_fd)
-            yield inbound_receive, outbound_send
-            tg.cancel_scope.cancel()
+        yield wire_in, wire_out
     finally:
+        wire_in.close()
+        wire_out.close()
         os.dup2(saved_in, 0)
         os.dup2(saved_out, 1)
         os.close(saved_in)
         os.close(saved_out)
+
+
+@asynccontextmanager
+async def stdio_transport(
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> AsyncIterator[
+    tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
+]:
+    with _stdio_aside() as (wire_in, wire_out):
+        write_lock = anyio.Lock()
+
+        async def write(data: bytes) -> None:
+            async with write_lock:
+                await wire_out.write(data)
+
+        inbound_send, inbound_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        outbound_send, outbound_receive = anyio.create_memory_object_stream[SessionMessage](0)
+        framer = LineFramer(max_message_bytes)
+
+        async def read_loop() -> None:
+            async with inbound_send:
+                while True:
+                    chunk = await wire_in.read()
+                    for line in framer.feed(chunk) if chunk else framer.end():
+                        if line is None:
+                            await write(
+                                error_line(None, INVALID_REQUEST, f"Request too large (over {max_message_bytes} bytes)")
+                            )
+                            continue
+                        outcome = classify(line)
+                        if isinstance(outcome, bytes):
+                            await write(outcome)
+                        elif outcome is not None:
+                            await inbound_send.send(outcome)
+                    if not chunk:
+                        return
+
+        async def write_loop() -> None:
+            async with outbound_receive:
+                async for session_message in outbound_receive:
+                    try:
+                        data: bytes | None = encode_message(session_message)
+                    except Exception as exc:  # one bad message must not stop the writer
+                        log.error("an outgoing message could not be encoded (%s); answered -32603", type(exc).__name__)  # noqa: TRY400  (one line, no traceback: the message may hold a token)
+                        data = fallback_line(session_message)
+                    if data is not None:
+                        await write(data)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_loop)
+            tg.start_soon(write_loop)
+            tg.start_soon(watch_client_reads, wire_out.fd)
+            yield inbound_receive, outbound_send
+            tg.cancel_scope.cancel()

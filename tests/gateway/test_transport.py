@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import json
+import os
+import socket
+from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from mcp.shared.message import SessionMessage
@@ -13,7 +16,9 @@ from mcp.shared.message import SessionMessage
 from gateway.transport import (
     INVALID_REQUEST,
     PARSE_ERROR,
-    LineReader,
+    ClientGoneError,
+    LineFramer,
+    Wire,
     classify,
     encode_message,
     error_line,
@@ -169,30 +174,31 @@ def test_an_answer_that_cannot_be_encoded_is_replaced_by_an_internal_error() -> 
     assert fallback_line(SessionMessage(notification)) is None
 
 
-# --- LineReader ----------------------------------------------------------------------------
+# --- LineFramer ---------------------------------------------------------------------------
 
 LIMIT = 10
+CHUNKINGS = [1, 3, 10, 11, 64, 1 << 16]
+"""Bytes per read: lines arrive whole, split anywhere, or many to a read."""
 
 
-def reader(data: bytes) -> LineReader:
-    return LineReader(io.BytesIO(data), LIMIT)
+def framed(data: bytes, chunk: int) -> list[bytes | None]:
+    framer = LineFramer(LIMIT)
+    lines: list[bytes | None] = []
+    for start in range(0, len(data), chunk):
+        lines += framer.feed(data[start : start + chunk])
+    return lines + framer.end()
 
 
-def test_reads_normal_lines_then_eof() -> None:
-    lines = reader(b"one\ntwo\n\nlast-no-nl")
-
-    assert lines.read() == b"one\n"
-    assert lines.read() == b"two\n"
-    assert lines.read() == b"\n"
-    assert lines.read() == b"last-no-nl"
-    assert isinstance(lines.read(), EOFError)
-    assert isinstance(lines.read(), EOFError)
+@pytest.mark.parametrize("chunk", CHUNKINGS)
+def test_reads_normal_lines_then_eof(chunk: int) -> None:
+    assert framed(b"one\ntwo\n\nlast-no-nl", chunk) == [b"one\n", b"two\n", b"\n", b"last-no-nl"]
 
 
-def test_empty_stream_is_eof() -> None:
-    assert isinstance(reader(b"").read(), EOFError)
+def test_empty_stream_has_no_lines() -> None:
+    assert framed(b"", 1) == []
 
 
+@pytest.mark.parametrize("chunk", CHUNKINGS)
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
@@ -203,22 +209,109 @@ def test_empty_stream_is_eof() -> None:
         pytest.param(b"0123456789A", None, id="one-over-at-eof"),
     ],
 )
-def test_line_at_the_limit(data: bytes, expected: bytes | None) -> None:
-    assert reader(data).read() == expected
+def test_line_at_the_limit(data: bytes, expected: bytes | None, chunk: int) -> None:
+    assert framed(data, chunk) == [expected]
 
 
-@pytest.mark.parametrize("size", [LIMIT + 1, LIMIT + 2, 70_000, 300_000])
-def test_oversized_line_is_drained_and_the_next_line_reads_fine(size: int) -> None:
-    lines = reader(b"x" * size + b"\nnext\n")
+@pytest.mark.parametrize(
+    ("size", "chunk"),
+    [(size, chunk) for size in (LIMIT + 1, LIMIT + 2) for chunk in CHUNKINGS]
+    + [(size, chunk) for size in (70_000, 300_000) for chunk in (64, 1 << 16)],
+)
+def test_oversized_line_is_dropped_and_the_next_line_reads_fine(size: int, chunk: int) -> None:
+    assert framed(b"x" * size + b"\nnext\n", chunk) == [None, b"next\n"]
 
-    assert lines.read() is None
-    assert lines.read() == b"next\n"
-    assert isinstance(lines.read(), EOFError)
+
+@pytest.mark.parametrize("chunk", CHUNKINGS)
+def test_two_oversized_lines_in_a_row(chunk: int) -> None:
+    assert framed(b"y" * 50 + b"\n" + b"z" * 50 + b"\nok\n", chunk) == [None, None, b"ok\n"]
 
 
-def test_two_oversized_lines_in_a_row() -> None:
-    lines = reader(b"y" * 50 + b"\n" + b"z" * 50 + b"\nok\n")
+def test_an_oversized_line_is_never_held_in_memory() -> None:
+    framer = LineFramer(LIMIT)
+    for _ in range(1000):
+        assert framer.feed(b"x" * 4096) == []
+        assert framer.held <= LIMIT
+    assert framer.feed(b"\nok\n") == [None, b"ok\n"]
 
-    assert lines.read() is None
-    assert lines.read() is None
-    assert lines.read() == b"ok\n"
+
+# --- Wire: the client's pipe or socket, from the event loop ---------------------------------
+
+
+def ends(kind: str) -> tuple[int, int]:
+    """(read end, write end) of a pipe or of a socketpair."""
+    if kind == "pipe":
+        return os.pipe()
+    left, right = socket.socketpair()
+    return left.detach(), right.detach()
+
+
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
+def test_a_client_that_stops_reading_leaves_the_answer_waiting_not_the_loop(kind: str) -> None:
+    client, gateway = ends(kind)
+    wire = Wire(gateway, write=True)
+    answer = b"x" * (4 << 20)  # far more than a pipe or a socket buffer holds
+    ticks = 0
+
+    async def main() -> None:
+        nonlocal ticks
+        async with anyio.create_task_group() as group:
+            group.start_soon(wire.write, answer)
+            for _ in range(20):  # the loop keeps running while the answer waits for the client
+                await anyio.sleep(0.01)
+                ticks += 1
+            received = bytearray()
+            while len(received) < len(answer):  # the client reads at last: every byte arrives, in order
+                received += await anyio.to_thread.run_sync(os.read, client, 1 << 20)
+        assert bytes(received) == answer
+
+    anyio.run(main)
+    wire.close()
+    assert ticks == 20
+    assert os.get_blocking(gateway), "the client's descriptor keeps its mode: only the gateway's own is non-blocking"
+
+
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
+def test_lines_arrive_through_a_wire_then_the_end(kind: str) -> None:
+    gateway, client = ends(kind)
+    wire = Wire(gateway, write=False)
+
+    async def main() -> bytes:
+        received = bytearray()
+        async with anyio.create_task_group() as group:
+
+            async def client_writes() -> None:
+                for part in (b'{"a":', b"1}\n", b"two\n"):
+                    await anyio.sleep(0.01)
+                    os.write(client, part)
+                os.close(client)
+
+            group.start_soon(client_writes)
+            while chunk := await wire.read():
+                received += chunk
+        return bytes(received)
+
+    assert anyio.run(main) == b'{"a":1}\ntwo\n'
+    wire.close()
+    assert os.get_blocking(gateway)
+
+
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
+def test_writing_to_a_client_that_closed_its_end_is_client_gone(kind: str) -> None:
+    client, gateway = ends(kind)
+    wire = Wire(gateway, write=True)
+    os.close(client)
+    with pytest.raises(ClientGoneError):
+        anyio.run(wire.write, b"answer\n")
+    wire.close()
+
+
+def test_a_file_is_read_and_written_by_worker_threads(tmp_path: Path) -> None:
+    path = tmp_path / "wire"
+    path.write_bytes(b"one\ntwo\n")
+    with path.open("rb") as source, path.open("ab") as sink:
+        reading, writing = Wire(source.fileno(), write=False), Wire(sink.fileno(), write=True)
+        assert anyio.run(reading.read) == b"one\ntwo\n"
+        assert anyio.run(reading.read) == b""
+        anyio.run(writing.write, b"three\n")
+    assert path.read_bytes() == b"one\ntwo\nthree\n"
