@@ -113,17 +113,19 @@ class Gateway:
         self.write(line)
 
 
-def start_fleet(home: GatewayHome, count: int, logs: Path) -> list[Gateway]:
+def start_fleet(home: GatewayHome, count: int, logs: Path, tree: Path = REPO) -> list[Gateway]:
+    """`count` gateways running the code of `tree` (this repository, or a baseline's work tree)."""
     argv = [
         sys.executable, "-m", "gateway",
         "--home", str(home.home), "--db", home.url, "--policy", str(home.policy_path), "serve",
     ]  # fmt: skip
     environment = {k: v for k, v in os.environ.items() if k != "MCP_GATEWAY_TOKEN"}
+    environment["PYTHONPATH"] = str(tree)
     fleet = []
     for index in range(count):
         with (logs / f"serve-{index}.log").open("wb") as stderr:
             process = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=environment
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=environment, cwd=tree
             )
         fleet.append(Gateway(process))
     hello = {
@@ -216,6 +218,8 @@ class Result:
     """Context switches of the gateways' threads per measured call."""
     rates: tuple[float, ...] = ()
     """calls/s of each round's slice."""
+    baseline: bool = False
+    """Measured on the `--baseline` tree's gateways."""
 
     @property
     def rate(self) -> float:
@@ -311,6 +315,8 @@ class Configuration:
     home: GatewayHome
     fleet: list[Gateway]
     tokens: dict[str, str]
+    baseline: bool = False
+    """Its gateways run the `--baseline` tree's code."""
     ids: Iterator[int] = field(default_factory=lambda: iter(range(1, 10**9)))
     wall_s: float = 0.0
     cpu_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -330,14 +336,17 @@ class Configuration:
         return kind, request_line(next(self.ids), "list_artifacts", self.tokens["alice"], {})
 
 
-def open_configuration(engine: str, url: str, gateways: int, *, warmup: int, budget: int, root: Path) -> Configuration:
-    """A fresh database and state folder, its users, and its fleet started and warmed up."""
+def open_configuration(
+    engine: str, url: str, gateways: int, *, warmup: int, budget: int, root: Path, baseline: Path | None = None
+) -> Configuration:
+    """A fresh database and state folder, its users, and its fleet (of `baseline`'s code if given) started and warmed up."""
     root.mkdir(parents=True)
     home = GatewayHome(root, {**POLICY, "budget": {"attempts_total": budget}}, db_url=url)
     for name, role in (("vic", "VIEWER"), ("alice", "USER"), ("bob", "USER")):
         home.add_user(name, role)
     tokens = {name: home.token(name, ttl_s=3600) for name in ("vic", "alice", "bob")}
-    configuration = Configuration(engine, home, start_fleet(home, gateways, root), tokens)
+    fleet = start_fleet(home, gateways, root, baseline or REPO)
+    configuration = Configuration(engine, home, fleet, tokens, baseline is not None)
     for gateway in configuration.fleet:
         gateway.queue = [configuration.call((REFUSED, READ)[i % 2]) for i in range(warmup)]
     drive(configuration.fleet, deadline_s=300)
@@ -415,7 +424,7 @@ def check(configuration: Configuration, budget: int) -> Result:
         percentile(latencies, 0.5), percentile(latencies, 0.99),
         wrong, missing + (len(measured) - len(expected)), verify.returncode == 0,
         codes[SANDBOX_VIOLATION], budget, gateway_ms, database_ms, client_ms, connections,
-        configuration.switched / len(measured), tuple(configuration.rates),
+        configuration.switched / len(measured), tuple(configuration.rates), configuration.baseline,
     )  # fmt: skip
 
 
@@ -480,13 +489,13 @@ def report(results: Sequence[Result]) -> list[str]:
     ]
     for r in results:
         lines.append(
-            f"{r.engine:<11} {r.gateways:>8} {r.calls:>6} {r.rate:>8.0f} {r.p50_ms:>7.1f} {r.p99_ms:>7.1f}  "
+            f"{r.engine + (' (base)' if r.baseline else ''):<11} {r.gateways:>8} {r.calls:>6} {r.rate:>8.0f} {r.p50_ms:>7.1f} {r.p99_ms:>7.1f}  "
             f"{r.wrong_answers:>5} {r.events_missing:>7} {'ok' if r.chain_ok else 'FAIL':>6} "
             f"{f'{r.admitted}/{r.budget}':>15} {r.over_grants:>11}  "
             f"{r.gateway_cpu_ms:>21.2f} {r.database_cpu_ms:>8.2f} {r.client_cpu_ms:>6.2f} {r.switches:>13.1f} "
             f"{r.connections or '':>11}"
         )
-    by = {(r.engine, r.gateways): r for r in results}
+    by = {(r.engine, r.gateways): r for r in results if not r.baseline}
     sqlite_one, pg_one = by.get(("sqlite", 1)), by.get(("postgresql", 1))
     pg_eight, pg_most = by.get(("postgresql", 8)), by.get(("postgresql", max(r.gateways for r in results)))
     lines.append("")
@@ -510,6 +519,14 @@ def report(results: Sequence[Result]) -> list[str]:
         lines.append(
             f"1 gateway: SQLite / PostgreSQL {ratio:.2f}x{spread(sqlite_one, pg_one)} (target <= 1.5x: {verdict})"
         )
+    for r in results:
+        mine = by.get((r.engine, r.gateways))
+        if r.baseline and mine is not None:
+            lines.append(
+                f"{r.engine} x{r.gateways}: this tree / the baseline {mine.rate / r.rate:.2f}x{spread(mine, r)}, "
+                f"gateways' CPU per call {mine.gateway_cpu_ms:.2f} / {r.gateway_cpu_ms:.2f} ms, "
+                f"switches per call {mine.switches:.1f} / {r.switches:.1f}"
+            )
     return lines
 
 
@@ -524,6 +541,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=20, help="attempts the budget burst's user may take")
     parser.add_argument("--engines", default="sqlite,postgresql")
     parser.add_argument("--pg-url", default=None, help="a PostgreSQL server to use instead of a throwaway cluster")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a work tree of other code (e.g. `git worktree add /tmp/before <commit>`): each configuration also "
+        "runs its gateways, in the same rounds, so a change is measured side by side",
+    )
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.gateways.split(",")]
     engines = args.engines.split(",")
@@ -542,6 +566,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                             engine, url, size, warmup=args.warmup, budget=args.budget, root=scratch / name
                         )
                     )
+                    if args.baseline is not None:
+                        url = (
+                            new_database(pg_base)
+                            if engine == "postgresql"
+                            else f"sqlite:///{scratch / f'{name}-base.db'}"
+                        )
+                        configurations.append(
+                            open_configuration(
+                                engine, url, size, warmup=args.warmup, budget=args.budget,
+                                root=scratch / f"{name}-base", baseline=args.baseline.resolve(),
+                            )
+                        )  # fmt: skip
             for _ in range(args.rounds):
                 for configuration in configurations:
                     measure(configuration, args.calls // args.rounds)
