@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -246,12 +247,28 @@ def ends(kind: str) -> tuple[int, int]:
     return left.detach(), right.detach()
 
 
+def no_worker_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipe's or a socket's wire is served by the event loop alone: a worker thread would fail the test."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a worker thread was asked for")
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", refuse)
+
+
 @pytest.mark.parametrize("kind", ["pipe", "socket"])
-def test_a_client_that_stops_reading_leaves_the_answer_waiting_not_the_loop(kind: str) -> None:
+def test_a_client_that_stops_reading_leaves_the_answer_waiting_not_the_loop(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client, gateway = ends(kind)
     wire = Wire(gateway, write=True)
     answer = b"x" * (4 << 20)  # far more than a pipe or a socket buffer holds
     ticks = 0
+    received = bytearray()
+
+    def client_reads() -> None:
+        while len(received) < len(answer):
+            received.extend(os.read(client, 1 << 20))
 
     async def main() -> None:
         nonlocal ticks
@@ -260,21 +277,25 @@ def test_a_client_that_stops_reading_leaves_the_answer_waiting_not_the_loop(kind
             for _ in range(20):  # the loop keeps running while the answer waits for the client
                 await anyio.sleep(0.01)
                 ticks += 1
-            received = bytearray()
-            while len(received) < len(answer):  # the client reads at last: every byte arrives, in order
-                received += await anyio.to_thread.run_sync(os.read, client, 1 << 20)
-        assert bytes(received) == answer
+            reader = threading.Thread(target=client_reads)  # the client reads at last
+            reader.start()
+        reader.join(timeout=30)
 
+    no_worker_threads(monkeypatch)
     anyio.run(main)
     wire.close()
+    assert bytes(received) == answer, "every byte arrives, in order"
     assert ticks == 20
     assert os.get_blocking(gateway), "the client's descriptor keeps its mode: only the gateway's own is non-blocking"
+    os.close(client)
+    os.close(gateway)
 
 
 @pytest.mark.parametrize("kind", ["pipe", "socket"])
-def test_lines_arrive_through_a_wire_then_the_end(kind: str) -> None:
+def test_lines_arrive_through_a_wire_then_the_end(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     gateway, client = ends(kind)
     wire = Wire(gateway, write=False)
+    no_worker_threads(monkeypatch)
 
     async def main() -> bytes:
         received = bytearray()
@@ -294,6 +315,7 @@ def test_lines_arrive_through_a_wire_then_the_end(kind: str) -> None:
     assert anyio.run(main) == b'{"a":1}\ntwo\n'
     wire.close()
     assert os.get_blocking(gateway)
+    os.close(gateway)
 
 
 @pytest.mark.parametrize("kind", ["pipe", "socket"])
@@ -304,6 +326,7 @@ def test_writing_to_a_client_that_closed_its_end_is_client_gone(kind: str) -> No
     with pytest.raises(ClientGoneError):
         anyio.run(wire.write, b"answer\n")
     wire.close()
+    os.close(gateway)
 
 
 def test_a_file_is_read_and_written_by_worker_threads(tmp_path: Path) -> None:
