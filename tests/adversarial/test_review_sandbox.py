@@ -316,17 +316,20 @@ def sleepers_running(
     name: str,
     timeout_s: int,
     serve_env: Mapping[str, str] | None = None,
-) -> Iterator[tuple[Arena, int]]:
-    """An arena of its own (the test kills or stops its gateway) with SLEEPERS running: (arena, call id)."""
+) -> Iterator[tuple[Arena, int, str]]:
+    """An arena of its own (the test kills or stops its gateway) with SLEEPERS running: (arena, call id,
+    the marker its run's processes carry). The marker names the backend: the pool's uids are shared, and
+    a test's other backend may be running on another worker at the same moment."""
     if os.geteuid() != 0:
         pytest.skip("the sandbox confines only when the gateway runs as root (as CI runs it)")
     policy = {"sandbox": {"backend": backend, "require": [g.value for g in Guarantee]}}
     with open_arena(factory.mktemp(f"{name}-{backend}"), policy, serve_env) as arena:
-        arena.write(f"adv/{name}.py", SLEEPERS)
+        marker = f"adv/{name}_{backend}.py"
+        arena.write(marker, SLEEPERS)
         session = arena.session
-        call = session.send_call("run_pytest", {"test_path": f"adv/{name}.py", "timeout_s": timeout_s}, arena.token)
-        assert pump_until(session, lambda: len(arena.leftovers(f"adv/{name}.py")) >= 3, timeout=30)
-        yield arena, call
+        call = session.send_call("run_pytest", {"test_path": marker, "timeout_s": timeout_s}, arena.token)
+        assert pump_until(session, lambda: len(arena.leftovers(marker)) >= 3, timeout=30)
+        yield arena, call, marker
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -341,13 +344,13 @@ def test_a_run_dies_with_its_gateway_and_the_next_gateway_closes_its_record(
     env = {"TMPDIR": str(own_tmp)}
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, own_tmp, True)
-        arena, _ = cleanup.enter_context(sleepers_running(tmp_path_factory, backend, "test_outlive", 8, env))
+        arena, _, marker = cleanup.enter_context(sleepers_running(tmp_path_factory, backend, "test_outlive", 8, env))
         session = arena.session
         run_id = next(e["run_id"] for e in arena.gateway.audit_events() if e["event_type"] == "TOOL_STARTED")
         os.kill(arena.serve_pid, signal.SIGKILL)
         session.process.wait(timeout=10)
         # Nobody is left to kill anything: the parent-death signal and pid 1 do it, at once.
-        assert wait_until(lambda: arena.leftovers("adv/test_outlive.py") == [], timeout=2), "the run outlived it"
+        assert wait_until(lambda: arena.leftovers(marker) == [], timeout=2), "the run outlived it"
         status, deadline = run_row(arena, run_id)
         assert status == "running" and deadline is not None
         scratch = list(own_tmp.glob(f"{SCRATCH_PREFIX}{run_id[:8]}-*"))
@@ -373,11 +376,11 @@ def test_a_stopped_gateway_cannot_stretch_a_runs_time_limit(
     backend: Backend, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Variant: the gateway is alive but frozen (SIGSTOP, like a loop stuck on a database lock)."""
-    with sleepers_running(tmp_path_factory, backend, "test_frozen", timeout_s=5) as (arena, call):
+    with sleepers_running(tmp_path_factory, backend, "test_frozen", timeout_s=5) as (arena, call, marker):
         session = arena.session
         os.kill(arena.serve_pid, signal.SIGSTOP)
         try:
-            gone = wait_until(lambda: arena.leftovers("adv/test_frozen.py") == [], timeout=5 + WATCHDOG_GRACE_S + 2)
+            gone = wait_until(lambda: arena.leftovers(marker) == [], timeout=5 + WATCHDOG_GRACE_S + 2)
         finally:
             os.kill(arena.serve_pid, signal.SIGCONT)
         assert gone, "the run lived past its time limit while its gateway was stopped"
