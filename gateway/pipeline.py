@@ -4,7 +4,7 @@
     5b preflight (the run's paths reachable, issue 14)   6 budget   7 sandbox precondition
     8 consent   9 execute   10 audit + charge
 
-The order is the tuple `STAGES`, walked by `Pipeline.call` (each stage's `run`) and by
+The order is the tuple `STAGES`, walked by `Pipeline.call` (each stage's `step` or `run`) and by
 `Pipeline.explain`, the dry run of `policy explain` (each stage's `dry`, which writes nothing):
 the two cannot disagree on the order, and a stage's refusal is the same error in both. The
 preflight, budget, sandbox and consent stages apply to write tools only. A tool's own behaviour comes from
@@ -17,7 +17,8 @@ event (1) is committed with that terminal event when the call is refused before 
 runs, and on its own before a tool (read or write) does anything; no answer leaves before
 its events are committed. If an audit event cannot be committed the call
 fails closed with -32603 and nothing (more) runs. Database work runs on worker threads
-(gateway/db_threads.py).
+(gateway/db_threads.py): consecutive steps (every stage that does not wait for a person or a
+run) in one hop, with the refusal's events when one of them refuses.
 """
 
 from __future__ import annotations
@@ -266,13 +267,14 @@ class Pipeline:
             position = 0
             while position < len(STAGES):
                 stage = STAGES[position]
-                if stage.run is None:
+                if not stage.applies(walk):
+                    position += 1
+                elif stage.run is None:
                     position = await in_db_thread(self._steps, walk, trail, position)
-                    continue
-                if stage.applies(walk):
+                else:
                     trail.stage = stage.name
                     await stage.run(self, walk)
-                position += 1
+                    position += 1
             if walk.outcome is None:
                 raise InternalError(Reason.STAGE_ORDER, "the stages ended without an outcome")
             return walk.outcome
@@ -299,15 +301,18 @@ class Pipeline:
                 await in_db_thread(self._best_effort, trail, trail.cancelled(), run_status, "cancelled", None)
             raise
 
-    # --- the stages: each a `run` for a call and a `dry` for explain ---------------------------
+    # --- the stages: each a `step` or a `run` for a call and a `dry` for explain ---------------
 
     def _steps(self, walk: _Walk, trail: _Trail, position: int) -> int:
-        """On a database thread: the synchronous stages from `position` on, up to the next one that
-        waits on the event loop (its position, returned). A refusal among them is logged here too:
-        a call refused before consent, or a read tool's whole call, takes one thread hop."""
+        """On a database thread: the synchronous stages from `position` on, up to the next one of
+        this call's that waits on the event loop (its position, returned; past the end when none is
+        left). A refusal among them is logged here too: a call refused before consent, or a read
+        tool's whole call, takes one thread hop."""
         try:
-            while position < len(STAGES) and (stage := STAGES[position]).step is not None:
+            for stage in STAGES[position:]:
                 if stage.applies(walk):
+                    if stage.step is None:
+                        break
                     trail.stage = stage.name
                     stage.step(self, walk)
                 position += 1

@@ -19,6 +19,7 @@ import anyio
 import pytest
 
 from gateway.consent import Decision, NoAnswer
+from gateway.db_threads import in_db_thread
 from gateway.errors import GatewayError, Reason, ToolTimeoutError
 from gateway.pipeline import STAGES, CallRequest, Pipeline
 from gateway.policy import load_policy
@@ -224,3 +225,39 @@ def test_a_call_that_would_run_is_explained_through_every_stage_it_passes(make_g
     assert all(r.code is None for r in reports)
     reads = Pipeline(services_of(home)).explain("alice", "list_artifacts", {})
     assert [r.stage for r in reads] == ["authenticate", "authorize", "policy", "validate", "execute"]
+
+
+def test_a_refused_call_and_a_read_tools_call_each_take_one_hop_to_a_database_thread(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stages that do not wait run together on one database thread, with the refusal's events
+    (decisions.md 63): each hop wakes a thread twice, which a fleet on shared CPUs pays for."""
+    home: GatewayHome = make_gateway({"sandbox": {"enabled": False}})
+    home.add_user("alice")
+    home.add_user("vic", "VIEWER")
+    services = services_of(home)
+    hops: list[str] = []
+
+    async def counted(work: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(work, "__name__", repr(work)))
+        return await in_db_thread(work, *args, **kwargs)
+
+    monkeypatch.setattr("gateway.pipeline.in_db_thread", counted)
+    with pytest.raises(GatewayError) as refused:
+        call(services, home.token("vic"), *RUN)
+    assert refused.value.code == -32003
+    assert hops == ["_steps"], "authentication, the refusal and its events: one hop"
+    assert kinds(home, refused.value.data["run_id"]) == ["MCP_TOOL_CALL", "POLICY_BLOCKED"]
+
+    hops.clear()
+    run_id, outcome = call(services, home.token("alice"), "list_artifacts", {})
+    assert not outcome.is_error
+    assert hops == ["_steps"], "authentication, the decisions, the entry, the read and its end: one hop"
+    assert kinds(home, run_id) == ["MCP_TOOL_CALL", "TOOL_FINISHED"]
+
+    hops.clear()
+    with pytest.raises(GatewayError) as no_sandbox:
+        call(services, home.token("alice"), *RUN)
+    assert no_sandbox.value.code == -32006
+    assert hops == ["_steps"], "a write tool's admission, its reservation and the sandbox's refusal: one hop"
+    assert kinds(home, no_sandbox.value.data["run_id"]) == ["MCP_TOOL_CALL", "POLICY_BLOCKED"]
