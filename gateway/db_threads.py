@@ -1,4 +1,4 @@
-"""Database work off the event loop (issue 12, item 1).
+"""Database work off the event loop (issue 12, item 1), at the cost of one thread hop (issue 17).
 
 The stores are synchronous (SQLAlchemy Core), and a database call can wait for seconds: a
 lock another gateway or a psql session holds, a PostgreSQL server that stopped answering.
@@ -7,30 +7,173 @@ time: answering `ping`, copying a run's output under its cap, killing a run at i
 limit. So every database call made while serving goes through `in_db_thread`, which runs
 it on one of a few worker threads and leaves the loop free.
 
-The threads are few on purpose (`DB_THREADS`, fewer than SQLAlchemy's pool holds): when
-the database is stuck, calls queue here, each bounded by the database's own timeouts
-(SQLite's busy timeout, PostgreSQL's lock and statement timeouts, gateway/db.py), instead
-of piling up connections. Database work is never abandoned half done nor skipped because
-its call is being cancelled: the call sees the cancellation once the work is finished.
+The threads are few on purpose (`DB_THREADS` per process, fewer than SQLAlchemy's pool
+holds): when the database is stuck, calls queue here, each bounded by the database's own
+timeouts (SQLite's busy timeout, PostgreSQL's lock and statement timeouts, gateway/db.py),
+instead of piling up connections. Database work is never abandoned half done nor skipped
+because its call is being cancelled: the call sees the cancellation once the work is finished.
+
+A hop is the gateway's dearest step after the database itself: on this project's 2-CPU VM,
+anyio's `to_thread.run_sync` cost 220-370 us of CPU per hop, a sixth of a cheap call
+(docs/decisions.md 64). Most of that is the way back: the worker wakes the loop through its
+self-pipe, and the loop's iteration and anyio's bookkeeping follow. Here the calling thread
+first waits for the work itself, up to `LOOP_WAIT_S`, on a lock the worker releases; most
+database work (a call's authentication and audit append) ends within it, and the loop
+carries on as if the work had been a plain call. Only longer work makes the caller yield to
+the loop, which then runs everything else until the worker hands the result back. The loop
+is therefore never held more than `LOOP_WAIT_S` by any database work, however long it waits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
+import os
+import threading
+from collections import deque
 from collections.abc import Callable
 from functools import partial
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
-import anyio.to_thread
-from anyio.lowlevel import RunVar
 
 DB_THREADS = 4
-"""Worker threads for database work, per event loop."""
+"""Worker threads for database work, per process."""
+
+LOOP_WAIT_S = 0.005
+"""How long the event loop's thread waits for database work before yielding to the loop."""
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
-_limiter: RunVar[anyio.CapacityLimiter] = RunVar("gateway_db_threads")
+
+class _Job:
+    """One piece of database work, its outcome, and how its caller is told."""
+
+    __slots__ = ("context", "done", "error", "guard", "loop", "result", "settled", "waiter", "work")
+
+    def __init__(self, work: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.work = work
+        self.context = contextvars.copy_context()
+        self.loop = loop
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.waiter: asyncio.Future[None] | None = None
+        """Set by a caller that stopped waiting on `settled`: the worker then wakes it through the loop."""
+        self.guard = threading.Lock()
+        self.settled = threading.Lock()
+        self.settled.acquire()  # released by the worker when the caller waits on the thread
+
+    def run(self) -> None:
+        """On a worker thread."""
+        try:
+            self.result = self.context.run(self.work)
+        except BaseException as exc:  # handed to the caller, who raises it
+            self.error = exc
+        with self.guard:
+            self.done = True
+            waiter = self.waiter
+        if waiter is None:
+            self.settled.release()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            self.loop.call_soon_threadsafe(_wake, waiter)
+
+    async def outcome(self) -> Any:
+        """On the event loop's thread: wait (on the thread, then on the loop), then return or raise."""
+        if not self.settled.acquire(timeout=LOOP_WAIT_S):
+            with self.guard:
+                if not self.done:
+                    self.waiter = self.loop.create_future()
+            if self.waiter is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.waiter
+        if self.error is not None:
+            error, self.error = self.error, None
+            try:
+                raise error
+            finally:
+                del error
+        return self.result
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class _Worker:
+    """A database thread's mailbox: the job it is given, and the lock it waits on for it."""
+
+    __slots__ = ("job", "wake")
+
+    def __init__(self) -> None:
+        self.job: _Job | None = None
+        self.wake = threading.Lock()
+        self.wake.acquire()  # released by whoever gives it a job
+
+
+class _Workers:
+    """Up to `DB_THREADS` daemon threads, started as work needs them and kept.
+
+    The thread that went idle last takes the next job, as anyio's do: one call after another
+    lands on the same thread, whose caches (and CPU) are warm. Work that finds every thread
+    busy waits in `_backlog`, taken in order by the thread that finishes first.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.pid = os.getpid()
+        self._size = size
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._backlog: deque[_Job] = deque()
+        self._started = 0
+
+    def put(self, job: _Job) -> None:
+        with self._lock:
+            if self._idle:
+                worker = self._idle.pop()
+            elif self._started < self._size:
+                self._started += 1
+                worker = None
+            else:
+                self._backlog.append(job)
+                return
+        if worker is None:
+            worker = _Worker()
+            worker.job = job
+            worker.wake.release()
+            threading.Thread(
+                target=self._serve, args=(worker,), name=f"gateway-db-{self._started}", daemon=True
+            ).start()
+        else:
+            worker.job = job
+            worker.wake.release()
+
+    def _serve(self, worker: _Worker) -> None:
+        while True:
+            worker.wake.acquire()
+            job, worker.job = worker.job, None
+            while job is not None:
+                job.run()
+                with self._lock:
+                    job = self._backlog.popleft() if self._backlog else None
+                    if job is None:
+                        self._idle.append(worker)
+
+
+_workers = _Workers(DB_THREADS)
+
+
+def _here() -> _Workers:
+    """This process's workers: a forked child has none of its parent's threads, so it starts its own.
+    (Checked here rather than by an at-fork hook, which would also run in every sandbox child.)"""
+    global _workers  # noqa: PLW0603
+    if _workers.pid != os.getpid():
+        _workers = _Workers(DB_THREADS)
+    return _workers
 
 
 async def in_db_thread(work: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
@@ -38,17 +181,10 @@ async def in_db_thread(work: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.k
 
     Shielded from cancellation, as the synchronous call it replaces was: work that records
     what happened (a person's decision, a run's end) is written even when the call is being
-    cancelled, and the cancellation reaches the caller at its next checkpoint.
+    cancelled, and the cancellation reaches the caller at its next checkpoint. Work that ends
+    within `LOOP_WAIT_S` returns without a trip through the event loop (the module's docstring).
     """
-    with anyio.CancelScope(shield=True):
-        result = await anyio.to_thread.run_sync(partial(work, *args, **kwargs), limiter=_threads())
+    job = _Job(partial(work, *args, **kwargs), asyncio.get_running_loop())
+    _here().put(job)
+    result: _T = await job.outcome()
     return result
-
-
-def _threads() -> anyio.CapacityLimiter:
-    try:
-        return _limiter.get()
-    except LookupError:
-        limiter = anyio.CapacityLimiter(DB_THREADS)
-        _limiter.set(limiter)
-        return limiter
