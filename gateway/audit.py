@@ -217,16 +217,16 @@ class AuditLog:
         cuts = [_cut(body) for body in bodies]
         params = {
             "ts": ts,
-            "types": [b.event_type for b in bodies],
-            "run_ids": [b.run_id for b in bodies],
-            "users": [b.user for b in bodies],
-            "workspaces": [b.workspace for b in bodies],
-            "tool_names": [b.tool_name for b in bodies],
-            "args_hashes": [b.args_hash for b in bodies],
-            "codes": [b.code for b in bodies],
-            "details": [canonical_json(b.detail) for b in bodies],
-            "heads": [head for head, _ in cuts],
-            "tails": [tail for _, tail in cuts],
+            "types": _pg_array([b.event_type for b in bodies]),
+            "run_ids": _pg_array([b.run_id for b in bodies]),
+            "users": _pg_array([b.user for b in bodies]),
+            "workspaces": _pg_array([b.workspace for b in bodies]),
+            "tool_names": _pg_array([b.tool_name for b in bodies]),
+            "args_hashes": _pg_array([b.args_hash for b in bodies]),
+            "codes": _pg_array([b.code for b in bodies]),
+            "details": _pg_array([canonical_json(b.detail) for b in bodies]),
+            "heads": _pg_array([head for head, _ in cuts]),
+            "tails": _pg_array([tail for _, tail in cuts]),
             "cards": json.dumps([write.server_side() for write in along], ensure_ascii=False),
         }
         with db.autocommit_cursor(self._engine) as cursor:
@@ -310,6 +310,25 @@ def _cut(body: AuditEvent) -> tuple[bytes, bytes]:
     before = canonical_json({key: fields.pop(key) for key in _BEFORE_ID})
     after = canonical_json(fields)
     return f'{before[:-1]},"{_ID}":'.encode(), f",{after[1:]}".encode()
+
+
+def _pg_array(values: Sequence[str | int | bytes | None]) -> str:
+    """PostgreSQL's text form of an array, `{"a",NULL,"b"}`, for a parameter the statement casts
+    (`::text[]`, `::integer[]`, `::bytea[]`). Given a list, psycopg looks at its elements to choose a
+    dumper, at every call: about a tenth of a PostgreSQL gateway's time (issue 17), for the text it
+    sends anyway. Every string is quoted, so a value spelled NULL, or holding braces, commas or
+    spaces, stays itself; inside the quotes only a backslash and a double quote are escaped."""
+    return "{" + ",".join(_pg_element(value) for value in values) + "}"
+
+
+def _pg_element(value: str | int | bytes | None) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return '"\\\\x' + value.hex() + '"'  # bytea's hex input form, its backslash escaped: "\\x0a1b"
+    if isinstance(value, int):
+        return str(int(value))  # an IntEnum's digits, whatever its str()
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _fields(event: AuditEvent) -> dict[str, Any]:

@@ -126,6 +126,9 @@ HOSTILE = [
     ),
     EventDraft(EventType.USER_ADDED),
     EventDraft(EventType.TOKEN_ISSUED, user="é" * 64, detail={"long": "x" * 100_000}),
+    # What PostgreSQL's array text form gives a meaning to (the append sends its columns so):
+    # a bare NULL, braces, commas, spaces at the ends, an empty string, a trailing backslash.
+    EventDraft(EventType.POLICY_BLOCKED, run_id="NULL", user="{a,b}", workspace=" ws ", tool_name="", args_hash="x\\"),
 ]
 
 
@@ -136,7 +139,7 @@ def test_hostile_fields_hash_alike_in_the_gateway_and_in_the_database(engine: En
     log = AuditLog(engine, clock)
     log.append(DRAFTS[0])
     written = log.append(*HOSTILE)
-    assert [e.id for e in written] == [2, 3, 4]
+    assert [e.id for e in written] == [2, 3, 4, 5]
     assert list(log.events())[1:] == written
     for event in written:
         canonical = json.dumps(event.body(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
