@@ -302,3 +302,5 @@ def test_no_gateway_descriptor_is_inherited(arena: Arena) -> None:
     leaked = {fd: target for fd, target in fds.items() if target.startswith(home) and target not in allowed_in_home}
     assert leaked == {}, leaked
     assert not any(target.startswith("socket:") for target in fds.values()), fds
+    # Nor the gateway's event loop or its database threads' wake-ups (epoll, eventfd).
+    assert not any(target.startswith("anon_inode:") for target in fds.values()), fds
