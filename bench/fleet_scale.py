@@ -226,6 +226,12 @@ class Result:
         return self.calls / self.wall_s
 
     @property
+    def cpus_busy(self) -> float:
+        """CPUs kept busy by the measured calls: the gateways', the database server's and the client's CPU time
+        over the wall time. At the machine's CPU count, the CPUs are the limit, not a lock."""
+        return self.rate * (self.gateway_cpu_ms + self.database_cpu_ms + self.client_cpu_ms) / 1000
+
+    @property
     def over_grants(self) -> int:
         return max(0, self.admitted - self.budget)
 
@@ -485,7 +491,7 @@ def report(results: Sequence[Result]) -> list[str]:
     lines = [
         f"{'database':<11} {'gateways':>8} {'calls':>6} {'calls/s':>8} {'p50 ms':>7} {'p99 ms':>7}  "
         f"{'wrong':>5} {'missing':>7} {'verify':>6} {'admitted/budget':>15} {'over-grants':>11}  "
-        f"{'CPU ms/call: gateways':>21} {'database':>8} {'client':>6} {'switches/call':>13} {'connections':>11}"
+        f"{'CPU ms/call: gateways':>21} {'database':>8} {'client':>6} {'switches/call':>13} {'connections':>11} {'CPUs busy':>9}"
     ]
     for r in results:
         lines.append(
@@ -493,7 +499,7 @@ def report(results: Sequence[Result]) -> list[str]:
             f"{r.wrong_answers:>5} {r.events_missing:>7} {'ok' if r.chain_ok else 'FAIL':>6} "
             f"{f'{r.admitted}/{r.budget}':>15} {r.over_grants:>11}  "
             f"{r.gateway_cpu_ms:>21.2f} {r.database_cpu_ms:>8.2f} {r.client_cpu_ms:>6.2f} {r.switches:>13.1f} "
-            f"{r.connections or '':>11}"
+            f"{r.connections or '':>11} {r.cpus_busy:>9.2f}"
         )
     by = {(r.engine, r.gateways): r for r in results if not r.baseline}
     sqlite_one, pg_one = by.get(("sqlite", 1)), by.get(("postgresql", 1))
@@ -512,6 +518,16 @@ def report(results: Sequence[Result]) -> list[str]:
         lines.append(
             f"{pg_most.gateways} gateways on PostgreSQL / 8: {ratio:.2f}x{spread(pg_most, pg_eight)} "
             f"(target >= 1.0x: {verdict})"
+        )
+    if pg_eight:
+        cpus = len(os.sched_getaffinity(0))
+        share = pg_eight.cpus_busy / cpus
+        verdict = "the CPUs are the limit" if share >= 0.9 else "CPUs left idle: something else is the limit"
+        if not POSTMASTER:
+            verdict = "not judged: the server --pg-url names is not measured, its CPU is not counted"
+        lines.append(
+            f"8 gateways on PostgreSQL keep {pg_eight.cpus_busy:.2f} of {cpus} CPUs busy, {share:.0%} "
+            f"(at >= 90%: {verdict})"
         )
     if sqlite_one and pg_one:
         ratio = sqlite_one.rate / pg_one.rate
