@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import anyio
 
+from sandbox.task_groups import task_group
+
 log = logging.getLogger("gateway.progress")
 
 HEARTBEAT_S = 5.0
@@ -60,9 +62,11 @@ class Notifier:
     """Progress notifications for one call, sent by `send` (gateway/server.py: to the caller's token).
 
     `waiting(describe)` sends `describe()` when the phase begins, then every `heartbeat_s` and
-    after each `moved()`, until the phase ends. A notification that cannot be sent (the client
-    went away) ends the notifications of this call, never the call: what ends a call whose client
-    is gone is the transport (gateway/transport.py).
+    after each `moved()`, until the phase ends. Whatever ends the phase leaves it as itself (a
+    person's "no" is a ConsentDeniedError, never a group: sandbox/task_groups.py). A notification
+    that cannot be made or sent (`describe()` failing, the client gone) ends the notifications of
+    this call, never the call: what ends a call whose client is gone is the transport
+    (gateway/transport.py).
     """
 
     def __init__(
@@ -85,7 +89,7 @@ class Notifier:
 
     @contextlib.asynccontextmanager
     async def waiting(self, describe: Callable[[], str]) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as group:
+        async with task_group() as group:
             group.start_soon(self._beat, describe)
             try:
                 yield
@@ -99,7 +103,13 @@ class Notifier:
         while not self._broken:
             await anyio.sleep(max(0.0, self._last_sent_at + self._min_gap_s - self._clock()))
             self._moved = anyio.Event()
-            await self._notify(describe())
+            try:
+                message = describe()
+            except Exception:  # a bug in a describer must not end the call it describes
+                log.exception("progress notifications stopped: the message could not be made")
+                self._broken = True
+                return
+            await self._notify(message)
             with anyio.move_on_after(self._heartbeat_s):
                 await self._moved.wait()
 

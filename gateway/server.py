@@ -42,6 +42,7 @@ from gateway.tools.base import ToolSpec
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
 from gateway.transport import CLIENT_GONE, DEFAULT_MAX_MESSAGE_BYTES, ClientGoneError, stdio_transport
+from sandbox.task_groups import task_group
 
 log = logging.getLogger("gateway.server")
 
@@ -301,7 +302,7 @@ async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE
     stopped = _Stopped()
     client_gone = False
     try:
-        async with anyio.create_task_group() as group:
+        async with task_group() as group:  # a failure leaves it as itself (sandbox/task_groups.py)
             group.start_soon(_stop_on_signal, group.cancel_scope, stopped)
             group.start_soon(keep_sweeping, services)  # lease, overdue runs, orphaned questions
             guard = guard_of(services.engine)

@@ -50,6 +50,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from gateway.canonical import is_text
+from sandbox.task_groups import task_group
 
 log = logging.getLogger("gateway.transport")
 
@@ -415,7 +416,7 @@ async def stdio_transport(
                     if data is not None:
                         await write(data)
 
-        async with anyio.create_task_group() as tg:
+        async with task_group() as tg:  # the server's own failure leaves as itself, not as a group
             tg.start_soon(read_loop)
             tg.start_soon(write_loop)
             tg.start_soon(watch_client_reads, wire_out.fd)

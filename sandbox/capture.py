@@ -25,6 +25,8 @@ from types import TracebackType
 
 import anyio
 
+from sandbox.task_groups import task_group
+
 _CHUNK = 64 * 1024
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -103,7 +105,7 @@ class OutputCapture:
 
     async def pump_all(self) -> None:
         """Copy both streams until end of file (run it in a task; cancel it to stop early)."""
-        async with anyio.create_task_group() as group:
+        async with task_group() as group:
             for stream in self._streams:
                 group.start_soon(self._pump, stream)
 

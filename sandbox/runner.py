@@ -40,6 +40,7 @@ from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers, r
 from sandbox.errors import SandboxStartError
 from sandbox.limits import Limits
 from sandbox.pinned import Pinned
+from sandbox.task_groups import task_group
 
 MAX_COLLECTED_BYTES = 16 * 1024 * 1024
 RUN_GRACE_S = pidns.WATCHDOG_GRACE_S + 3.0
@@ -401,7 +402,7 @@ async def _supervise(
     # the timer only paces the time-limit and output-cap checks.
     exited = os.pidfd_open(process.pid)
     try:
-        async with anyio.create_task_group() as pumps:
+        async with task_group() as pumps:
             pumps.start_soon(capture.pump_all)
             delay = _POLL_FIRST_S
             while True:

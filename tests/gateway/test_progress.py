@@ -10,8 +10,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from gateway.errors import ConsentDeniedError, Reason, StorageUnavailableError
 from gateway.progress import Notifier, progress_token
 from gateway.tools.suite_progress import COUNT_STYLE, SuiteProgress
+from sandbox.errors import SandboxStartError
 
 
 def fed(*chunks: bytes) -> tuple[SuiteProgress, list[int]]:
@@ -115,6 +117,74 @@ def test_a_client_gone_ends_the_notifications_not_the_call() -> None:
     async def main() -> str:
         async with Notifier(send, heartbeat_s=0.05, min_gap_s=0.0).waiting(lambda: "x"):
             await anyio.sleep(0.3)
+        return "the call went on"
+
+    assert anyio.run(main) == "the call went on"
+    assert len(attempts) == 1
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        ConsentDeniedError(Reason.CONSENT_DENIED, "a person denied this call"),
+        ConsentDeniedError(Reason.CONSENT_TIMEOUT, "no person answered"),
+        StorageUnavailableError(Reason.DATABASE_UNAVAILABLE, "the database failed"),
+        SandboxStartError("spawn_failed"),
+    ],
+    ids=lambda e: getattr(e, "reason", type(e).__name__),
+)
+def test_what_ends_a_wait_leaves_it_as_itself(refusal: Exception) -> None:
+    """A person's "no" (or a run that could not start) during a wait with progress on: the refusal
+    itself comes out, never an ExceptionGroup that the server would answer as -32603 (issue 26)."""
+    sent: list[str] = []
+
+    async def send(progress: float, message: str) -> None:
+        sent.append(message)
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            async with Notifier(send, heartbeat_s=0.05, min_gap_s=0.0).waiting(lambda: "waiting"):
+                await anyio.sleep(0.1)  # the notifier is beating when the refusal comes
+                raise refusal
+
+    with pytest.raises(type(refusal)) as raised:
+        anyio.run(main)
+    assert raised.value is refusal
+    assert sent and sent[0] == "waiting"
+
+
+def test_a_describer_that_fails_ends_the_notifications_not_the_call(caplog: pytest.LogCaptureFixture) -> None:
+    calls = [0]
+
+    async def send(progress: float, message: str) -> None:
+        calls[0] += 1
+
+    def describe() -> str:
+        raise ValueError("a bug in the describer")
+
+    async def main() -> str:
+        with anyio.fail_after(10):
+            async with Notifier(send, heartbeat_s=0.02, min_gap_s=0.0).waiting(describe):
+                await anyio.sleep(0.2)
+        return "the call went on"
+
+    assert anyio.run(main) == "the call went on"
+    assert calls[0] == 0
+    stopped = [r for r in caplog.records if "progress notifications stopped" in r.getMessage()]
+    assert len(stopped) == 1, "logged once, not on every beat"
+
+
+def test_a_send_that_fails_in_any_way_ends_the_notifications_not_the_call() -> None:
+    attempts = []
+
+    async def send(progress: float, message: str) -> None:
+        attempts.append(progress)
+        raise RuntimeError("the session's stream broke in a way nobody foresaw")
+
+    async def main() -> str:
+        with anyio.fail_after(10):
+            async with Notifier(send, heartbeat_s=0.02, min_gap_s=0.0).waiting(lambda: "x"):
+                await anyio.sleep(0.2)
         return "the call went on"
 
     assert anyio.run(main) == "the call went on"
