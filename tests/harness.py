@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import weakref
@@ -68,6 +69,21 @@ def reachable_by_everyone(folder: Path) -> None:
     enterable_by_everyone(folder)
     for path in folder.rglob("*"):
         path.chmod(path.stat().st_mode | (0o055 if path.is_dir() else 0o044))
+
+
+def venv_beside(folder: Path) -> Path:
+    """A venv in `folder` on the tests' interpreter and site-packages (links): sys.prefix is `folder/venv`."""
+    venv = folder / "venv"
+    (venv / "bin").mkdir(parents=True)
+    shutil.copyfile(Path(sysconfig.get_paths()["data"]) / "pyvenv.cfg", venv / "pyvenv.cfg")
+    (venv / "bin" / "python").symlink_to(os.path.realpath(sysconfig.get_config_var("BINDIR") + "/python3"))
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    (venv / purelib.relative_to(sysconfig.get_paths()["data"])).parent.mkdir(parents=True)
+    (venv / purelib.relative_to(sysconfig.get_paths()["data"])).symlink_to(purelib)
+    for path in (venv, *venv.rglob("*")):
+        if not path.is_symlink():
+            path.chmod(0o755)
+    return venv / "bin" / "python"
 
 
 def as_uid_argv(uid: int, argv: list[str]) -> list[str]:

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sqlite3
-import sysconfig
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import GatewayHome, StdioSession, reachable_by_everyone
+from tests.harness import GatewayHome, StdioSession, reachable_by_everyone, venv_beside
 
 SessionFactory = Callable[..., StdioSession]
 ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
@@ -107,21 +106,6 @@ def test_an_allowed_path_the_run_cannot_reach_is_refused_before_consent_and_the_
     assert any("cannot reach sandbox.allowed_paths entry" in line for line in session.stderr_text().splitlines())
 
 
-def _venv_beside(folder: Path) -> Path:
-    """A venv in `folder` on the tests' interpreter and site-packages (links): sys.prefix is `folder/venv`."""
-    venv = folder / "venv"
-    (venv / "bin").mkdir(parents=True)
-    shutil.copyfile(Path(sysconfig.get_paths()["data"]) / "pyvenv.cfg", venv / "pyvenv.cfg")
-    (venv / "bin" / "python").symlink_to(os.path.realpath(sysconfig.get_config_var("BINDIR") + "/python3"))
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    (venv / purelib.relative_to(sysconfig.get_paths()["data"])).parent.mkdir(parents=True)
-    (venv / purelib.relative_to(sysconfig.get_paths()["data"])).symlink_to(purelib)
-    for path in (venv, *venv.rglob("*")):
-        if not path.is_symlink():
-            path.chmod(0o755)
-    return venv / "bin" / "python"
-
-
 def test_a_sandbox_that_cannot_start_names_the_step_and_the_fix(
     gateway: GatewayHome, open_session: SessionFactory
 ) -> None:
@@ -129,7 +113,7 @@ def test_a_sandbox_that_cannot_start_names_the_step_and_the_fix(
     folder = Path(tempfile.mkdtemp(prefix="mcp-gw-venv-"))
     try:
         folder.chmod(0o755)
-        python = _venv_beside(folder)
+        python = venv_beside(folder)
         session = open_session(gateway, capabilities=ELICITATION, python=str(python))
         assert "cannot reach the interpreter" not in session.stderr_text()
         session.responder = lambda _message: {"action": "accept", "content": {"decision": "allow_once"}}
