@@ -289,6 +289,10 @@ class RoundTrip:
     """The retry's answer: accept, decline or cancel; None on the first round."""
     content: Mapping[str, Any] | None = None
     state: str | None = None
+    """The question's id, which is the first round's run_id (its card is the call's: gateway/calls.py)."""
+    on_question: Callable[[str], None] | None = None
+    """Told the question's id once the retry's answer is found to be its own (this very call's, and the
+    first to answer it): from then on the retry moves the first round's card, and opens none."""
 
 
 class InputRequired(Exception):
@@ -448,7 +452,9 @@ class ConsentStage:
         now = self._clock.now()
         prompt = prompt_for(request, self._policy.locale)
         if trip.state is None or trip.action is None:
-            state = self._new_id()
+            # The question's id is this round's run_id, as an approver's question's is its call's: the
+            # retry that answers it continues this round's card. Like any run_id, 128 random bits.
+            state = request.run_id
             self._open(request, self._question(request, state, now, choices), "elicitation", "awaiting_client")
             raise InputRequired(prompt.text, decision_schema(deny_first(choices) if prompt.cut else choices), state)
         row = self._store.fetch_request(trip.state)
@@ -466,11 +472,13 @@ class ConsentStage:
         decision = decision_from_form(trip.action, trip.content, choices)
         if not self._store.decide(trip.state, decision.value, f"client:{request.user}", now, waiting="awaiting_client"):
             if row.expires_at <= now:
+                _answers(trip)
                 return None  # answered after consent.timeout_s: a timeout
             self._record(
                 request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason=Reason.CONSENT_STATE_INVALID
             )
             raise ConsentDeniedError(Reason.CONSENT_STATE_INVALID, _STATE_INVALID)  # answered already: a replay
+        _answers(trip)
         return Answer(decision, Origin.USER_PROMPT, "elicitation")
 
     def _question(
@@ -573,6 +581,12 @@ class ConsentStage:
         self, request: ConsentRequest, answer: Answer, *, reason: str | None, extra: Mapping[str, Any] | None = None
     ) -> None:
         self._audit.append(decision_event(request, answer, reason, extra))
+
+
+def _answers(trip: RoundTrip) -> None:
+    """The retry is found to answer its question (`RoundTrip.on_question`)."""
+    if trip.on_question is not None and trip.state is not None:
+        trip.on_question(trip.state)
 
 
 _DENY_REASONS = {Decision.DENY_ONCE: Reason.CONSENT_DENIED, Decision.DENY_ALWAYS: Reason.CONSENT_DENIED_ALWAYS}

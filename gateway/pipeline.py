@@ -249,6 +249,9 @@ class Pipeline:
         trail = _Trail(
             EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=name, args_hash=hashed), request.arguments
         )
+        # A 2026-07-28 retry that brings a consent answer continues its first round's card, once consent
+        # has found the answer to be that round's: until then it writes none (`_card`).
+        trail.card_waits = isinstance(asker, RoundTrip) and asker.action is not None and asker.state is not None
         walk = _Walk(request.tool_name, request.arguments, trail, request.token, asker, request.progress)
         try:
             return run_id, await self._stages(walk, trail)
@@ -379,7 +382,13 @@ class Pipeline:
     async def _consent(self, walk: _Walk) -> None:
         admitted = walk.admitted
         trail = _trail(walk)
-        await self.s.consent.require(self._consent_request(admitted, trail, walk.arguments), walk.asker, walk.progress)
+        asker = walk.asker
+        if isinstance(asker, RoundTrip) and trail.card_waits:
+            asker = dataclasses.replace(asker, on_question=trail.continue_card)
+        try:
+            await self.s.consent.require(self._consent_request(admitted, trail, walk.arguments), asker, walk.progress)
+        finally:
+            trail.card_waits = False  # the first round's card is this call's now, or it gets one of its own
         check_pins_intact(admitted.scope)  # a folder swapped while consent waited: stage 4's refusal
 
     def _consent_dry(self, walk: _Walk) -> str:
@@ -451,9 +460,15 @@ class Pipeline:
     def _card(
         self, trail: _Trail, status: str | None, error: GatewayError | None = None, outcome: ToolOutcome | None = None
     ) -> tuple[Along, ...]:
-        """The card's write for this step: its first row, or its move to `status`; none before a caller is known."""
+        """The card's write for this step: its first row, or its move to `status`; none before a caller is known,
+        nor while a retry's card waits for consent (`_Trail.card_waits`; a refusal before it opens one)."""
         if trail.principal is None or (status is None and trail.carded):
             return ()
+        if trail.card_waits:
+            if error is None:
+                return ()
+            trail.card_waits = False
+        card = trail.card_id or str(trail.entry.run_id)
         now = self.s.clock.now()
         code = None if error is None else error.code
         reason = None if error is None else error.reason
@@ -464,7 +479,7 @@ class Pipeline:
         if not trail.carded:
             return (
                 Opened(
-                    run_id=str(trail.entry.run_id),
+                    run_id=card,
                     user=trail.principal.name,
                     workspace=trail.workspace,
                     server_id=self.s.server_id,
@@ -478,7 +493,7 @@ class Pipeline:
                     result=result,
                 ),
             )
-        return (Moved(str(trail.entry.run_id), str(status), now, trail.workspace, code, reason, message, result),)
+        return (Moved(card, str(status), now, trail.workspace, code, reason, message, result),)
 
     def _logged_reservation(self, trail: _Trail, admitted: Admitted) -> int:
         """The entry committed (spec section 8: before anything is taken or runs), then the reservation."""
@@ -495,7 +510,8 @@ class Pipeline:
         if trail.charge_id is not None:
             self.s.budget.release(trail.charge_id)
             trail.charge_id = None
-        # The client answers in its retry of the call, a call (and card) of its own.
+        # The client answers in its retry of the call, which continues this card (`RoundTrip.state`):
+        # until then it reads Cancelled, and stays so if the client never calls again.
         self._log(
             trail,
             "cancelled",
@@ -722,6 +738,10 @@ class _Trail:
     entry_logged: bool = False
     carded: bool = False
     """The call's card is written (gateway/calls.py)."""
+    card_waits: bool = False
+    """A 2026-07-28 retry with a consent answer, before consent: which card is its own is not known yet."""
+    card_id: str | None = None
+    """The card this call moves when it is not its own run_id's: its first round's (`continue_card`)."""
     charge_id: int | None = None
     """The budget reservation still to settle (None: none taken, or settled)."""
     started_at: float = 0.0
@@ -733,6 +753,11 @@ class _Trail:
     """The stage the call is in (STAGES' names)."""
     refusal_logged: bool = False
     """The refusal's terminal event is written (by `Pipeline._steps`, on the thread that refused)."""
+
+    def continue_card(self, first_round: str) -> None:
+        """Consent found this retry's answer to be its first round's: that round's card is this call's."""
+        self.card_id = first_round
+        self.carded = True
 
     def entry_for_log(self) -> EventDraft:
         """MCP_TOOL_CALL with the caller, once authentication has named one."""

@@ -38,6 +38,18 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY: dict[str, Any] = yaml.safe_load((REPO / "policy.yaml").read_text())
 SAMPLE_PROJECT = REPO / "examples" / "sample_project"
 LEGACY = "2025-11-25"
+MODERN = "2026-07-28"
+FORM_ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
+
+
+def modern_meta(capabilities: Mapping[str, Any] = FORM_ELICITATION) -> dict[str, Any]:
+    """The `_meta` envelope every 2026-07-28 request carries (no `initialize` on that era)."""
+    return {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": dict(capabilities),
+    }
+
 
 if TYPE_CHECKING:
     import pexpect

@@ -32,13 +32,21 @@ import pytest
 from gateway.calls import CallStore
 from gateway.consent import Decision
 from gateway.consent_store import ConsentStore
-from tests.harness import Approver, GatewayHome, StdioSession, shows_request, venv_beside
+from tests.harness import (
+    FORM_ELICITATION,
+    MODERN,
+    Approver,
+    GatewayHome,
+    StdioSession,
+    modern_meta,
+    shows_request,
+    venv_beside,
+)
 
 SessionFactory = Callable[..., StdioSession]
-ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
+ELICITATION = FORM_ELICITATION
 RUN: dict[str, Any] = {"test_path": "tests"}
 PROGRESS = "progress-token-1"
-MODERN = "2026-07-28"
 VOLATILE = {"id", "ts", "run_id", "prev_hash", "hash", "user", "grant_id", "expires_at"}
 """Fields that differ from one call to the next whatever the call: ids, times, the per-row user."""
 MEASURED = {"duration_ms", "peak_memory_kb", "stdout_bytes", "stderr_bytes", "survivors_killed"}
@@ -84,11 +92,7 @@ def params_of(
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     if era == MODERN:
-        meta = {
-            "io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "1"},
-            "io.modelcontextprotocol/clientCapabilities": ELICITATION if capabilities is None else capabilities,
-        }
+        meta = modern_meta(ELICITATION if capabilities is None else capabilities)
     if progress is not None:
         meta["progressToken"] = progress
     params: dict[str, Any] = {
