@@ -119,12 +119,8 @@ def round_trip(
     return call(session, retry)
 
 
-def seen(gateway: GatewayHome, response: dict[str, Any], user: str) -> Seen:
-    assert "error" in response, response
-    error = response["error"]
-    run_id = error["data"]["run_id"]
-    answer = {"code": error["code"], "message": error["message"]}
-    answer["data"] = {k: v for k, v in error["data"].items() if k != "run_id"}
+def trail_of(gateway: GatewayHome, run_id: str, user: str) -> list[dict[str, Any]]:
+    """The call's audit events in order, each without its ids, times and measurements, the user unnamed."""
     trail = []
     for event in gateway.events_of(run_id):
         kept = {k: v for k, v in event.items() if k not in VOLATILE}
@@ -132,6 +128,16 @@ def seen(gateway: GatewayHome, response: dict[str, Any], user: str) -> Seen:
         if "decided_by" in detail:
             detail["decided_by"] = detail["decided_by"].replace(user, "<user>")
         trail.append(kept | {"detail": detail})
+    return trail
+
+
+def seen(gateway: GatewayHome, response: dict[str, Any], user: str) -> Seen:
+    assert "error" in response, response
+    error = response["error"]
+    run_id = error["data"]["run_id"]
+    answer = {"code": error["code"], "message": error["message"]}
+    answer["data"] = {k: v for k, v in error["data"].items() if k != "run_id"}
+    trail = trail_of(gateway, run_id, user)
     card = CallStore(gateway.engine).fetch(run_id)
     if card is None and trail:  # a 2026-07-28 retry moves its first round's card (item 12)
         card = next((c for c in CallStore(gateway.engine).fetch_latest(None, 500) if c.user == user), None)
@@ -187,16 +193,18 @@ def decided_out_of_band(client: Client, decision: Decision, user: str, progress:
     gateway, session = client.gateway, client.session
     params = params_of(gateway, user, progress, era=client.era, capabilities={})
     session.send({"jsonrpc": "2.0", "id": f"oob-{user}", "method": "tools/call", "params": params})
+    decide_when_asked(gateway, session, user, decision)
+    return session.wait_response(f"oob-{user}", timeout=120)
+
+
+def decide_when_asked(gateway: GatewayHome, session: StdioSession, user: str, decision: Decision) -> None:
+    """Wait for `user`'s question to be open, then answer it as the console does (as `console:root`)."""
     store = ConsentStore(gateway.engine)
     deadline = time.monotonic() + 60
-    while True:
-        mine = [q for q in store.fetch_pending(time.time()) if q.user == user]
-        if mine:
-            break
+    while not (mine := [q for q in store.fetch_pending(time.time()) if q.user == user]):
         assert time.monotonic() < deadline, "the question never showed up"
         session.pump(0.1)
     assert store.decide(mine[0].id, decision, "console:root", time.time())
-    return session.wait_response(f"oob-{user}", timeout=120)
 
 
 # --- while a person is asked: every denial channel, both eras -----------------------------------------
@@ -430,3 +438,47 @@ def _called_as_a_viewer(client: Client, user: str, progress: str | None) -> dict
 def _called_twice(client: Client, user: str, progress: str | None) -> dict[str, Any]:
     _called(client, {}, user, progress)  # consent_mode_deny: it takes the one attempt
     return _called(client, {}, user, progress)
+
+
+# --- Claude Code's permission prompt tool: its "deny" is an answer, the same with progress on ----------
+
+PROMPT_RULES = {"enabled": True, "deny": [], "ask": ["Bash(git push:*)"], "allow": []}
+
+
+def _asked_and_denied(gateway: GatewayHome, open_session: SessionFactory, decide: bool, progress: str | None) -> Seen:
+    """check_permission as Claude Code sends it (the token in MCP_GATEWAY_TOKEN, none in params), asked of a
+    person: answered Deny once through the console's path (`decide`), else left to the consent timeout."""
+    user = new_user(gateway)
+    session = open_session(gateway, env={"MCP_GATEWAY_TOKEN": gateway.token(user)})
+    params: dict[str, Any] = {
+        "name": "check_permission",
+        "arguments": {"tool_name": "Bash", "input": {"command": "git push origin main"}, "tool_use_id": "toolu_1"},
+    }
+    if progress is not None:
+        params["_meta"] = {"progressToken": progress}
+    session.send({"jsonrpc": "2.0", "id": "question", "method": "tools/call", "params": params})
+    if decide:
+        decide_when_asked(gateway, session, user, Decision.DENY_ONCE)
+    response = session.wait_response("question", timeout=120)
+    assert "Traceback" not in session.stderr_text(), session.stderr_text()
+    result = response["result"]
+    run_id = result["_meta"]["mcp-write-gateway/run_id"]
+    trail = trail_of(gateway, run_id, user)
+    card = CallStore(gateway.engine).fetch(run_id)
+    assert card is not None
+    return Seen({"content": result["content"]}, trail, (card.kind, card.status, card.result))
+
+
+@pytest.mark.parametrize("decide", [True, False], ids=["console deny", "consent timeout"])
+def test_a_permission_prompt_denied_is_the_same_with_progress_on(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, decide: bool
+) -> None:
+    gateway = make_gateway({"permission_prompt": PROMPT_RULES, "consent": {"timeout_s": 60 if decide else 2}})
+    without = _asked_and_denied(gateway, open_session, decide, None)
+    with_token = _asked_and_denied(gateway, open_session, decide, PROGRESS)
+    assert with_token == without
+    text = without.answer["content"][0]["text"]
+    assert '"behavior":"deny"' in text and ("a person denied" in text if decide else "no person answered" in text)
+    kinds = [e["event_type"] for e in without.trail]
+    assert kinds == ["MCP_TOOL_CALL", "mcp.permission.decision", "TOOL_FINISHED"], kinds
+    assert without.trail[-1]["detail"]["reason"] == ("consent_denied" if decide else "consent_timeout")
