@@ -440,6 +440,20 @@ def _called_twice(client: Client, user: str, progress: str | None) -> dict[str, 
     return _called(client, {}, user, progress)
 
 
+def test_a_database_that_fails_is_the_same_with_progress_on(gateway: GatewayHome, open_session: SessionFactory) -> None:
+    """-32603 from storage: no trail, no card (the database is what failed), the same answer."""
+    missing = gateway.root / "no-such-dir" / "gateway.db"
+    for era in ("", MODERN):
+        session = open_session(gateway, initialize=era != MODERN, db_url=f"sqlite:///{missing}")
+        answers = []
+        for progress in (None, PROGRESS):
+            error = call(session, params_of(gateway, "alice", progress, era=era))["error"]
+            answers.append((error["code"], error["message"], error["data"]["reason"]))
+        assert answers[0] == answers[1] and answers[0][0] == -32603, answers
+        assert answers[0][2] in ("audit_unavailable", "database_unavailable")
+        assert "Traceback" not in session.stderr_text()
+
+
 # --- Claude Code's permission prompt tool: its "deny" is an answer, the same with progress on ----------
 
 PROMPT_RULES = {"enabled": True, "deny": [], "ask": ["Bash(git push:*)"], "allow": []}
