@@ -472,7 +472,8 @@ class ConsentStage:
         decision = decision_from_form(trip.action, trip.content, choices)
         if not self._store.decide(trip.state, decision.value, f"client:{request.user}", now, waiting="awaiting_client"):
             if row.expires_at <= now:
-                _answers(trip)
+                if row.status == "awaiting_client":  # a round's question nobody answered in time: its card
+                    _answers(trip)
                 return None  # answered after consent.timeout_s: a timeout
             self._record(
                 request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason=Reason.CONSENT_STATE_INVALID

@@ -130,3 +130,22 @@ def test_a_round_trip_the_client_never_finishes_is_one_cancelled_card(
     state = asked(session, gateway)
     (card,) = cards(gateway)
     assert (card.run_id, card.status) == (state, "cancelled")
+
+
+def test_a_state_naming_an_approvers_question_never_moves_that_calls_card(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    """An approver's question's id is its call's run_id too: named as a retry's state, after its deadline,
+    it answers as a timeout (nothing of this call was ever asked) and leaves the other call's card alone."""
+    gateway = make_gateway({"consent": {"timeout_s": 1}})
+    gateway.add_user("alice")
+    legacy = open_session(gateway)  # no elicitation: the question waits for the approver, and times out
+    timed_out = legacy.call_tool("run_pytest", {"test_path": "tests"}, gateway.token("alice"))
+    other = timed_out["error"]["data"]["run_id"]
+    (before,) = cards(gateway)
+    session = open_session(gateway, initialize=False)
+    refused = modern(session, gateway, accept("allow_once"), other)
+    assert refused["error"]["data"]["reason"] == "consent_timeout", refused
+    by_run = {c.run_id: c for c in cards(gateway)}
+    assert by_run[other] == before, "the other call's card is as its own call left it"
+    assert by_run[refused["error"]["data"]["run_id"]].reason == "consent_timeout", "the retry has a card of its own"
