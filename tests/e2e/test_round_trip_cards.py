@@ -3,7 +3,8 @@
 A 2026-07-28 client asks its person through an `input_required` round trip: two tools/call
 requests for one call. The console shows that call as one card: the first round's, which the
 retry moves to the decision and the outcome (gateway/calls.py). Each test runs a real
-`mcp-gateway serve` over stdio and reads the cards as the console does (`CallStore`).
+`mcp-gateway serve` over stdio, on SQLite and on PostgreSQL, and reads the cards as the console
+does (`CallStore`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 
 from gateway.calls import CallStore, Card
 from tests.harness import GatewayHome, StdioSession, modern_meta
+from tests.pg_cluster import on_both_engines
 
+pytestmark = on_both_engines  # PostgreSQL writes the cards in its own function (migration 0008)
 SessionFactory = Callable[..., StdioSession]
 
 
