@@ -111,6 +111,8 @@ def _line(line: str) -> str:
 
 
 def _glyphs(text: str) -> str:
+    if text.isascii() and text.isprintable():  # U+0020-U+007E all print as themselves: the common case, fast
+        return text
     out: list[str] = []
     marks = 0
     for ch in text:

@@ -4,6 +4,7 @@ sessions and their expiry, the sign-in limit, the listening rules, and what a ca
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -13,11 +14,14 @@ from gateway.console.html import Safe, el, join
 from gateway.console.serve import check_listen, host_names, is_loopback
 from gateway.console.sessions import (
     FAILURE_WINDOW_S,
+    FAILURES_PER_ADDRESS,
     FAILURES_PER_NAME,
     IDLE_S,
     LIFETIME_S,
+    Attempt,
     SessionBook,
     SignInLimit,
+    address_key,
     tokens_match,
 )
 from gateway.errors import CommandError
@@ -101,24 +105,77 @@ def test_csrf_tokens() -> None:
     assert not tokens_match(None, "abc") and not tokens_match("", "abc") and not tokens_match("abd", "abc")
 
 
-def test_failed_sign_ins_are_limited_per_name_and_per_address() -> None:
+def test_sign_in_attempts_are_limited_per_name_and_per_address() -> None:
     clock = FakeClock()
     limit = SignInLimit(clock)
-    for _ in range(FAILURES_PER_NAME - 1):
-        limit.failed("alice", "10.0.0.1")
-    assert limit.retry_after("alice", "10.0.0.1") == 0
-    limit.failed("alice", "10.0.0.1")
-    wait = limit.retry_after("alice", "10.0.0.9")  # the name is limited from any address
-    assert 0 < wait <= FAILURE_WINDOW_S + 1
-    assert limit.retry_after("bob", "10.0.0.9") == 0
+    for _ in range(FAILURES_PER_NAME):
+        assert isinstance(limit.reserve("alice", "10.0.0.1"), Attempt)  # a slot each, taken before the check
+    wait = limit.reserve("alice", "10.0.0.9")  # the name is limited from any address
+    assert isinstance(wait, int) and 0 < wait <= FAILURE_WINDOW_S + 1
+    assert isinstance(limit.reserve("bob", "10.0.0.9"), Attempt)
     clock.advance(FAILURE_WINDOW_S)
-    assert limit.retry_after("alice", "10.0.0.1") == 0
-    for i in range(20):
-        limit.failed(f"name{i}", "10.0.0.2")
-    assert limit.retry_after("somebody-new", "10.0.0.2") > 0  # one address trying many names
-    limit.failed("carol", "10.0.0.3")
-    limit.succeeded("carol")
-    assert limit._failures.get("name:carol") is None
+    assert isinstance(limit.reserve("alice", "10.0.0.1"), Attempt)
+    for i in range(FAILURES_PER_ADDRESS):
+        assert isinstance(limit.reserve(f"name{i}", "10.0.0.2"), Attempt)
+    assert isinstance(limit.reserve("somebody-new", "10.0.0.2"), int)  # one address trying many names
+
+
+def test_a_refused_attempt_takes_no_slot_and_an_accepted_one_gives_its_back() -> None:
+    limit = SignInLimit(FakeClock())
+    attempts = [limit.reserve("carol", "10.0.0.3") for _ in range(FAILURES_PER_NAME)]
+    assert all(isinstance(a, Attempt) for a in attempts)
+    assert isinstance(limit.reserve("carol", "10.0.0.3"), int)
+    accepted = attempts[-1]
+    assert isinstance(accepted, Attempt)
+    limit.succeeded(accepted)  # the right password: the name's failures are forgotten
+    assert isinstance(limit.reserve("carol", "10.0.0.3"), Attempt)
+    assert limit._failures["addr:10.0.0.3"].count(accepted.at) == FAILURES_PER_NAME  # 5 failed + 1 new - 1 back
+
+
+def test_concurrent_attempts_never_take_more_than_the_limit() -> None:
+    limit = SignInLimit(FakeClock())
+    start = threading.Barrier(30)
+    taken: list[object] = []
+
+    def sign_in() -> None:
+        start.wait(timeout=30)
+        taken.append(limit.reserve("ada", "10.0.0.4"))
+
+    threads = [threading.Thread(target=sign_in) for _ in range(30)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(taken) == 30
+    assert sum(isinstance(t, Attempt) for t in taken) == FAILURES_PER_NAME
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("127.0.0.2", "loopback"),
+        ("127.255.3.9", "loopback"),
+        ("::1", "loopback"),
+        ("[::1]", "loopback"),
+        ("::ffff:127.0.0.7", "loopback"),
+        ("10.0.0.1", "10.0.0.1"),
+        ("::ffff:10.0.0.1", "10.0.0.1"),
+        ("2001:db8::1", "2001:db8::1"),
+        ("?", "?"),
+    ],
+)
+def test_every_loopback_address_is_one_key(address: str, key: str) -> None:
+    assert address_key(address) == key
+
+
+def test_local_processes_share_the_address_limit() -> None:
+    limit = SignInLimit(FakeClock())
+    for i in range(FAILURES_PER_ADDRESS):
+        assert isinstance(limit.reserve(f"name{i}", f"127.0.0.{i + 2}"), Attempt)
+    assert isinstance(limit.reserve("another", "127.9.9.9"), int)
+    assert isinstance(limit.reserve("another", "::1"), int)
+    assert isinstance(limit.reserve("another", "10.0.0.1"), Attempt)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "[::1]", "localhost", "127.0.0.2"])
