@@ -2,7 +2,8 @@
 visibly printing, and every cut explicit.
 
 `visible` is the one escaping of the elicitation message, the terminal approver, the questions
-stored for it, `consent list` and `policy explain`. A character is shown as itself only when it
+stored for it, `consent list`, `policy explain` and every page of the web console
+(gateway/console/shown.py). A character is shown as itself only when it
 prints a glyph of its own: a letter, mark, number, punctuation or symbol (Unicode categories L,
 M, N, P, S) that is not drawn blank (`BLANK`). Everything else is written `\\uXXXX` (or
 `\\UXXXXXXXX` past the BMP): controls (C0, C1, DEL), format characters (bidi overrides, zero

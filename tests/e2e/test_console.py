@@ -5,7 +5,8 @@ One console, one browser and one gateway serve the whole module. Seed 004's test
 cards (T1-T8, T4 as the console has it: docs/console.md), approvals decided in the browser
 (allow runs the waiting call; deny; timeout; a race with the terminal approver: one decision),
 grants revoked, another tenant's card and run a 404, CSRF-less and cross-origin posts and bad
-sign-ins refused, the accessibility of R8, and a screenshot of each page into docs/console/.
+sign-ins refused, the accessibility of R8, and a screenshot of each page (into a temp folder;
+UPDATE_SCREENSHOTS=1: into docs/console/).
 """
 
 from __future__ import annotations
