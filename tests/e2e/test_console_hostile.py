@@ -27,8 +27,13 @@ from tests.e2e.console_server import running_console
 from tests.e2e.test_console import CHROMIUM, CHROMIUM_ARGS
 from tests.harness import GatewayHome, StdioSession
 
-HOSTILE = "\u202e\u2066\u2067\u2068\u2069\u200b\ufeff\x01\x07\x1b\x7f\x85\x9b"
-"""RLO, the four isolates (LRI RLI FSI PDI), a zero width space, a BOM, C0 (SOH BEL ESC), DEL, C1 (NEL CSI)."""
+HOSTILE = (
+    "\u202e\u2066\u2067\u2068\u2069\u200b\ufeff\x01\x07\x1b\x7f\x85\x9b"
+    "\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u2028\u2029\u00ad\u3164\u2800\ufe0f\U000e0041"
+)
+"""RLO, the four isolates (LRI RLI FSI PDI), a zero width space, a BOM, C0 (SOH BEL ESC), DEL, C1 (NEL
+CSI); then variants: LRM, RLM, the Arabic letter mark, LRE RLE PDF LRO, the line and paragraph
+separators, a soft hyphen, the Hangul filler, the blank braille pattern, a variation selector, a tag."""
 PAYLOAD = f"evil{HOSTILE}txt.exe"
 NAME_PART = "\u202e\u2066\u200b"
 """What a file name in the workspace carries (what pytest prints back as the test's id)."""
@@ -197,10 +202,8 @@ def test_the_run_files_and_the_json_the_pages_read_are_escaped(ada: BrowserConte
     cards = ada.request.get("/api/calls").json()["cards"]
     (card,) = [c for c in cards if c["run_id"] == CARD]
     # Escaped, the text still says what it was: each character named, the rest as it came.
-    assert (
-        card["tool_name"]
-        == "tool-evil\\u202e\\u2066\\u2067\\u2068\\u2069\\u200b\\ufeff\\u0001\\u0007\\u001b\\u007f\\u0085\\u009btxt.exe"
-    )
+    named = "".join(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}" for ch in HOSTILE)
+    assert card["tool_name"] == f"tool-evil{named}txt.exe"
     assert card["arguments"]["n"] == 3 and card["result"][2]["data"] == "AAAA"
 
 
