@@ -33,6 +33,7 @@ from gateway import db
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.calls import Opened
 from gateway.clock import SystemClock
+from gateway.console.app import REPLAY_MAX
 from tests.e2e.console_server import free_port, running_console
 from tests.harness import GatewayHome, StdioSession, as_approver
 
@@ -575,6 +576,28 @@ def test_the_live_stream_ends_when_its_session_does(browser: Browser, console: s
     answer.close()
     stream.close()
     context.close()
+
+
+def test_a_page_far_behind_its_stream_reloads(gw: GatewayHome, ada: BrowserContext) -> None:
+    """A stream more than REPLAY_MAX cards behind is told to reload, and the page does (once)."""
+    log = AuditLog(gw.engine, SystemClock())
+    now = SystemClock().now()
+    for n in range(REPLAY_MAX + 10):
+        run_id = f"behind-{n:04d}"
+        card = Opened(run_id, "ada", "default", "mcp-write-gateway", "list_artifacts", {}, "done", now)
+        log.append(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, user="ada", workspace="default"), along=[card])
+    page = ada.new_page()
+    # The first read of the page says it saw nothing yet (head 0): its stream starts 210 cards behind.
+    page.route("**/api/calls", lambda route: route.fulfill(json={"cards": [], "head": 0}), times=1)
+    loads: list[str] = []
+    page.on("load", lambda loaded: loads.append(loaded.url))
+    page.goto("/calls")
+    # The stream's `reload`: the page loads again, reads the newest cards and the head, and stays.
+    expect(page.locator("article.card[data-run='behind-0209']")).to_have_count(1, timeout=30000)
+    assert len(loads) == 2, loads
+    page.wait_for_timeout(1500)  # a few polls of the new stream: no second reload
+    assert len(loads) == 2, loads
+    page.close()
 
 
 def test_the_console_refuses_a_network_interface_without_tls(gw: GatewayHome) -> None:

@@ -225,7 +225,7 @@ def test_a_stream_starts_at_the_head_and_a_far_cursor_is_told_to_reload(gw: Gate
         add_cards(gw, 1, "new")
         wait_for(lambda: len(fresh.cards()) == 1, "the new card")
         assert [c["run_id"] for c in fresh.cards()] == ["new-000000"]
-        assert len(behind.cards()) == 51 and len(reconnected.cards()) == 4
+        wait_for(lambda: len(behind.cards()) == 51 and len(reconnected.cards()) == 4, "the new card on every stream")
     finally:
         for stream in (fresh, behind, far, reconnected):
             stream.close()
