@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from gateway.calls import STORED_CHARS, outcome_content, stored_arguments
+from gateway.calls import STORED_CHARS, Card, outcome_content, stored_arguments
 from gateway.console.copy import pick_locale, words_for
 from gateway.console.html import Safe, el, join
 from gateway.console.serve import check_listen, host_names, is_loopback
@@ -24,6 +24,7 @@ from gateway.console.sessions import (
     address_key,
     tokens_match,
 )
+from gateway.console.shown import shown_card
 from gateway.errors import CommandError
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from tests.fakes import FakeClock
@@ -249,3 +250,43 @@ def test_a_permission_block_shows_the_whole_preview_escaped_and_no_allow_always_
     onlooker = Viewer("alice", "USER", ("default",), sees_all=False, may_decide=False, csrf="t2")
     shown = question_block(words_for("en-US"), onlooker, question, now=130.0)
     assert "<button" not in shown and "lacks CONSENT_DECIDE" in shown
+
+
+def test_a_card_is_shown_with_every_text_escaped_and_nothing_lost() -> None:
+    card = Card(
+        run_id="r1",
+        kind="tool",
+        created_at=1.0,
+        updated_at=2.0,
+        user="ada\u202e",
+        workspace="default",
+        server_id="srv\u200b",
+        tool_name="run\u2066pytest",
+        arguments={"a\u202eb": "x\u0007", "a\\u202eb": "typed", "n": 3, "ok": True, "none": None, "list": ["\ufeff"]},
+        status="done",
+        code=None,
+        reason=None,
+        message="m\x85",
+        result=[
+            {"type": "text", "text": "line\u202e\nnext\x1b[2J"},
+            {"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="},
+            {"type": "image", "mimeType": "image/png", "data": "not\u202ebase64"},
+        ],
+        last_event_id=7,
+    )
+    shown = shown_card(card)
+    assert (shown["user"], shown["server_id"], shown["tool_name"]) == ("ada\\u202e", "srv\\u200b", "run\\u2066pytest")
+    assert shown["message"] == "m\\u0085" and shown["reason"] is None and shown["last_event_id"] == 7
+    # The agent's own "\u202e" and the character it names both stay: the second is marked, not dropped.
+    assert shown["arguments"] == {
+        "a\\u202eb": "x\\u0007",
+        "a\\u202eb\u2032": "typed",
+        "n": 3,
+        "ok": True,
+        "none": None,
+        "list": ["\\ufeff"],
+    }
+    text, image, not_image = shown["result"]
+    assert text["text"] == "line\\u202e\nnext\\u001b[2J"  # lines kept, each escaped
+    assert image["data"] == "iVBORw0KGgo=" and not_image["data"] == "not\\u202ebase64"
+    assert card.arguments["a\u202eb"] == "x\u0007"  # the card itself is not changed
