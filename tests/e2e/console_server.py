@@ -1,4 +1,5 @@
-"""A real `mcp-gateway console` for a test: started as a subprocess on a free loopback port, stopped after."""
+"""A real `mcp-gateway console` for a test (a subprocess on a free loopback port, stopped after), and the
+Chromium the Playwright tests drive."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from tests.harness import GatewayHome
+
+CHROMIUM = Path("/usr/bin/chromium")
+"""Debian's chromium (`make chromium`), which the Playwright tests drive."""
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
 
 
 def free_port() -> int:

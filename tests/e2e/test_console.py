@@ -34,20 +34,15 @@ from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.calls import Opened
 from gateway.clock import SystemClock
 from gateway.console.app import REPLAY_MAX
-from tests.e2e.console_server import free_port, running_console
+from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, free_port, running_console
 from tests.harness import GatewayHome, StdioSession, as_approver
 
-CHROMIUM = Path("/usr/bin/chromium")
 DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 UPDATE_SCREENSHOTS = os.environ.get("UPDATE_SCREENSHOTS") == "1"
 """The screenshots go to the test's temp folder, so a run leaves the tree clean; `UPDATE_SCREENSHOTS=1`
 writes them into docs/console/ instead, to refresh the pictures docs/console.md shows."""
 PASSWORDS = {"ada": "ada-console-pw-1", "alice": "alice-console-pw-1", "bob": "bob-console-pw-1"}
 RUN = {"test_path": "tests"}
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: make chromium")
 

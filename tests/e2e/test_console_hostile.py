@@ -23,8 +23,7 @@ from gateway.calls import Opened
 from gateway.clock import SystemClock
 from gateway.consent_store import ConsentStore, Grant, GrantDecision, PendingRequest
 from gateway.runs import RunRecord, RunStore
-from tests.e2e.console_server import running_console
-from tests.e2e.test_console import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, running_console
 from tests.harness import GatewayHome, StdioSession
 
 HOSTILE = (
