@@ -12,10 +12,15 @@ transactions, as a gateway makes them: the entry with its pending card, then the
 card done), while one server-sent-events client follows /api/stream. For each call the delay
 from its end's commit to the client receiving the card done is recorded; the client keeps up
 when every call arrives and the delay stays bounded (p95 and max printed, target p95 < 1 s).
+With `--streams N` (default 50), the pages are timed again while N live views are open, each
+without a cursor (as a signed-in user can open them: 4 per session, 8 per user, so spread over
+several users), to show that open streams do not slow the pages (each starts at the newest
+change; before, each replayed every card from the first).
+
 It exits 0 whether or not the targets are met (the figures are the output), 1 if the console
 misbehaves.
 
-    .venv/bin/python bench/console_pages.py [--events 100000] [--rounds 30] [--rate 20] [--seconds 10]
+    .venv/bin/python bench/console_pages.py [--events 100000] [--rounds 30] [--rate 20] [--seconds 10] [--streams 50]
 """
 
 from __future__ import annotations
@@ -193,6 +198,32 @@ def follow(
     connection.close()
 
 
+STREAMS_PER_SESSION = 4
+STREAMS_PER_USER = 8
+
+
+def stream_users(count: int) -> list[str]:
+    return [f"streamer{n}" for n in range(-(-count // STREAMS_PER_USER))]
+
+
+def open_streams(base: str, count: int) -> list[http.client.HTTPConnection]:
+    """`count` live views without a cursor, 4 per session and 8 per user (the console's limits)."""
+    host, port = urllib.parse.urlsplit(base).netloc.split(":")
+    connections: list[http.client.HTTPConnection] = []
+    sessions = [stream_users(count)[n // 2] for n in range(-(-count // STREAMS_PER_SESSION))]
+    for n, user in enumerate(sessions):
+        client = Client(base)
+        client.sign_in(user)
+        for _ in range(min(STREAMS_PER_SESSION, count - n * STREAMS_PER_SESSION)):
+            connection = http.client.HTTPConnection(host, int(port), timeout=30)
+            connection.request("GET", "/api/stream", headers={"Cookie": client.cookie_header()})
+            answer = connection.getresponse()
+            if answer.status != 200:
+                raise SystemExit(f"stream refused: {answer.status} {answer.read()[:200]!r}")
+            connections.append(connection)
+    return connections
+
+
 def measure_live(home: GatewayHome, client: Client, rate: int, seconds: int) -> bool:
     log = AuditLog(home.engine, SystemClock())
     after = log.head().last_id
@@ -252,6 +283,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--rate", type=int, default=20)
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--streams", type=int, default=50)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-console-") as folder:
         root = Path(folder) / "gw"
@@ -260,6 +292,8 @@ def main() -> int:
         home.users.add("ada", "ADMIN", ("default",), PASSWORD)
         for user in USERS[1:]:
             home.users.add(user, "USER", ("default",))
+        for user in stream_users(args.streams):
+            home.users.add(user, "VIEWER", ("default",), PASSWORD)
         started = time.monotonic()
         run_id = fill(home, args.events)
         newest = AuditLog(home.engine, SystemClock()).head().last_id
@@ -282,6 +316,12 @@ def main() -> int:
             client = Client(base)
             client.sign_in("ada")
             pages_ok = measure_pages(client, run_id, newest, args.rounds)
+            if args.streams:
+                streams = open_streams(base, args.streams)
+                print(f"\nthe same pages with {len(streams)} live views open (no cursor):")
+                pages_ok = measure_pages(client, run_id, newest, args.rounds) and pages_ok
+                for connection in streams:
+                    connection.close()
             live_ok = measure_live(home, client, args.rate, args.seconds)
             print(f"\nverdict: pages {'under' if pages_ok else 'OVER'} {TARGET_MS:.0f} ms at p95; "
                   f"live view {'keeps up' if live_ok else 'falls behind'} at {args.rate} calls/s")  # fmt: skip

@@ -208,6 +208,12 @@ class CallStore:
         with self._read.connect() as connection:
             return [_card(row._mapping) for row in connection.execute(query)]
 
+    def fetch_head(self) -> int:
+        """The newest change's cursor (0 when there is no card): where a live view starts."""
+        t = db.tool_calls
+        with self._read.connect() as connection:
+            return int(connection.execute(select(func.max(t.c.last_event_id))).scalar() or 0)
+
     def fetch_latest(self, workspaces: Collection[str] | None, limit: int = 50) -> list[Card]:
         """The most recently changed cards, newest first."""
         t = db.tool_calls

@@ -2,7 +2,8 @@
 visibly printing, and every cut explicit.
 
 `visible` is the one escaping of the elicitation message, the terminal approver, the questions
-stored for it, `consent list` and `policy explain`. A character is shown as itself only when it
+stored for it, `consent list`, `policy explain` and every page of the web console
+(gateway/console/shown.py). A character is shown as itself only when it
 prints a glyph of its own: a letter, mark, number, punctuation or symbol (Unicode categories L,
 M, N, P, S) that is not drawn blank (`BLANK`). Everything else is written `\\uXXXX` (or
 `\\UXXXXXXXX` past the BMP): controls (C0, C1, DEL), format characters (bidi overrides, zero
@@ -27,6 +28,7 @@ sha256 for the channel's notice and its way to see all of it.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -111,17 +113,66 @@ def _line(line: str) -> str:
 
 
 def _glyphs(text: str) -> str:
-    out: list[str] = []
-    marks = 0
-    for ch in text:
-        if ch == " ":
-            out.append(ch)
-            marks = 0
-            continue
-        is_mark = unicodedata.category(ch)[0] == "M"
-        marks = marks + 1 if is_mark else 0
-        out.append(ch if prints(ch) and marks <= MAX_MARKS else escape(ch))
-    return "".join(out)
+    if text.isascii() and text.isprintable():  # U+0020-U+007E all print as themselves: the common case, fast
+        return text
+    return _hidden().sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    run = match.group("marks")
+    if run is None:
+        return escape(match.group())
+    kept = "".join(ch if prints(ch) else escape(ch) for ch in run[:MAX_MARKS])
+    return kept + "".join(escape(ch) for ch in run[MAX_MARKS:])
+
+
+_ASSIGNED_PLANES = ((0x0, 0x3FFFF), (0xE0000, 0xEFFFF))
+"""Planes 0-3 and 14: every character that prints is in them."""
+_UNASSIGNED_PLANES = [(0x40000, 0xDFFFF), (0xF0000, 0x10FFFF)]
+"""Planes 4-13 (unassigned) and 15-16 (private use): nothing in them prints, so all of them is
+escaped (tests/gateway/test_visible.py checks every code point against `prints`)."""
+
+
+@functools.cache
+def _hidden() -> re.Pattern[str]:
+    """One pattern for what `_glyphs` escapes: a run of more than `MAX_MARKS` combining marks (the
+    marks past the limit), or one character that does not print (`prints`) and is not U+0020.
+
+    Built from `unicodedata` once, on first use (about 0.1 s), so that escaping is a
+    scan in C: 256 KiB of non-ASCII text is escaped in milliseconds, not a second."""
+    blank = frozenset(cp for low, high in _BLANK_RANGES for cp in range(low, high + 1))
+    hidden: list[tuple[int, int]] = []
+    marks: list[tuple[int, int]] = []
+    category = unicodedata.category
+    for low, high in _ASSIGNED_PLANES:
+        for code_point in range(low, high + 1):
+            kind = category(chr(code_point))[0]
+            if kind == "M":
+                _extend(marks, code_point)
+            if (kind not in _PRINTING or code_point in blank) and code_point != 0x20:
+                _extend(hidden, code_point)
+    hidden += _UNASSIGNED_PLANES
+    hidden.sort()
+    return re.compile(f"(?P<marks>{_char_class(marks)}{{{MAX_MARKS + 1},}})|{_char_class(hidden)}")
+
+
+def _extend(ranges: list[tuple[int, int]], code_point: int) -> None:
+    if ranges and ranges[-1][1] == code_point - 1:
+        ranges[-1] = (ranges[-1][0], code_point)
+    else:
+        ranges.append((code_point, code_point))
+
+
+def _char_class(ranges: list[tuple[int, int]]) -> str:
+    """A class matching `ranges`: its BMP part alone (which `re` compiles to a bitmap), and the rest
+    only after a one-range test, so that a BMP character is never checked against a list of ranges."""
+    bmp = [(low, min(high, 0xFFFF)) for low, high in ranges if low <= 0xFFFF]
+    astral = [(max(low, 0x10000), high) for low, high in ranges if high > 0xFFFF]
+
+    def members(part: list[tuple[int, int]]) -> str:
+        return "".join(f"\\U{low:08x}-\\U{high:08x}" for low, high in part)
+
+    return f"(?:[{members(bmp)}]|(?=[\\U00010000-\\U0010ffff])[{members(astral)}])"
 
 
 # --- cutting -------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from gateway.calls import CallStore
 from gateway.consent import Decision
 from gateway.console import pages
 from gateway.console.copy import pick_locale, words_for
-from gateway.console.sessions import SessionBook, SignInLimit, tokens_match
+from gateway.console.sessions import SessionBook, SignInLimit, StreamSlot, StreamSlots, tokens_match
+from gateway.console.shown import shown_card, shown_lines
 from gateway.console.views import (
     AuditFilter,
     ChainWatch,
@@ -54,6 +55,8 @@ POLL_S = 0.25
 """How often the live view reads the cards changed since its cursor (one indexed query)."""
 RECHECK_POLLS = 20
 """Every this many polls (about 5 s idle) the stream checks its session and user again."""
+REPLAY_MAX = 200
+"""At most this many cards are sent to a stream that starts behind; further behind, it is told to reload."""
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -67,6 +70,7 @@ class Console:
     policy: Policy
     sessions: SessionBook
     limit: SignInLimit
+    streams: StreamSlots
     calls: CallStore
     chain: ChainWatch
     tls: bool
@@ -143,20 +147,19 @@ class Endpoints:
         name = (_field(form, "user") or "")[:64]
         password = (_field(form, "password") or "")[:1024]
         address = request.client.host if request.client else "?"
-        wait = self.c.limit.retry_after(name, address)
-        if wait:
+        attempt = self.c.limit.reserve(name, address)  # before the hash is read: at most the limit's checks
+        if isinstance(attempt, int):
             await _run(_audit_sign_in, self.c, name, False, "rate_limited")
             words = words_for(_locale_of(request))
-            body = pages.login_page(words, self.c.sessions.pre_token(nonce), words["too_many"].format(seconds=wait))
-            return Response(body, status_code=429, media_type="text/html", headers={"Retry-After": str(wait)})
+            body = pages.login_page(words, self.c.sessions.pre_token(nonce), words["too_many"].format(seconds=attempt))
+            return Response(body, status_code=429, media_type="text/html", headers={"Retry-After": str(attempt)})
         ok = await _run(_check_password, self.c, name, password)
         if not ok:
-            self.c.limit.failed(name, address)
             await _run(_audit_sign_in, self.c, name, False, "bad_credentials")
             words = words_for(_locale_of(request))
             body = pages.login_page(words, self.c.sessions.pre_token(nonce), words["bad_sign_in"])
             return _html(body, 401)
-        self.c.limit.succeeded(name)
+        self.c.limit.succeeded(attempt)
         await _run(_audit_sign_in, self.c, name, True, None)
         self.c.sessions.close(request.cookies.get(SESSION_COOKIE))
         response = RedirectResponse("/calls", status_code=303)
@@ -193,14 +196,16 @@ class Endpoints:
         return _html(pages.calls_page(words, who, _locale_of(request), run_id))
 
     async def api_calls(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
+        head = await _run(self.c.calls.fetch_head)  # read first: a change after it is streamed, not lost
         cards = await _run(self.c.calls.fetch_latest, who.scope, 50)
-        return JSONResponse({"cards": [card.to_json() for card in reversed(cards)]})
+        return JSONResponse({"cards": [shown_card(card) for card in reversed(cards)], "head": head})
 
     async def api_call(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
+        head = await _run(self.c.calls.fetch_head)
         card = await _run(self.c.calls.fetch, request.path_params["run_id"])
         if card is None or not who.sees(card.workspace):
             return JSONResponse({"error": "not found"}, status_code=404)
-        return JSONResponse({"card": card.to_json()})
+        return JSONResponse({"card": shown_card(card), "head": head})
 
     async def api_tools(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
         return JSONResponse(
@@ -208,12 +213,25 @@ class Endpoints:
         )
 
     async def api_stream(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
-        after_text = request.query_params.get("after", "0")
-        after = int(after_text) if after_text.isdigit() and len(after_text) < 19 else 0
+        """The cards changed after the cursor (`after`, or the `Last-Event-ID` of a reconnecting
+        EventSource), as server-sent events; without one, from now on. A cursor more than
+        `REPLAY_MAX` cards back gets one `reload` event instead of the backlog: the page's own
+        reads are the way to catch up. A session or user past its share of streams gets 429."""
+        slot = self.c.streams.take(request.cookies.get(SESSION_COOKIE) or "", who.name)
+        if isinstance(slot, str):
+            return JSONResponse({"error": slot}, status_code=429, headers={"Retry-After": "5"})
+        after = _cursor_of(request)
         only = request.query_params.get("run")
 
         async def events() -> Any:
-            cursor, polls = after, 0
+            cursor = await _run(self.c.calls.fetch_head) if after is None else after
+            if after is not None:
+                backlog = await _run(self.c.calls.fetch_changed, cursor, who.scope, REPLAY_MAX + 1)
+                if len(backlog) > REPLAY_MAX:
+                    reason = f"more than {REPLAY_MAX} cards changed since this page was read: reload the page"
+                    yield {"event": "reload", "data": json.dumps({"reason": reason})}
+                    return
+            polls = 0
             while True:
                 if await request.is_disconnected():
                     return
@@ -228,11 +246,11 @@ class Endpoints:
                 for card in cards:
                     cursor = max(cursor, card.last_event_id)
                     if only is None or card.run_id == only:
-                        yield {"event": "card", "id": str(card.last_event_id), "data": json.dumps(card.to_json())}
+                        yield {"event": "card", "id": str(card.last_event_id), "data": json.dumps(shown_card(card))}
                 if not cards:
                     await anyio.sleep(POLL_S)
 
-        return EventSourceResponse(events(), ping=15)
+        return HeldStream(events(), slot, ping=15)
 
     # --- approvals -------------------------------------------------------------------------------
 
@@ -326,7 +344,7 @@ class Endpoints:
         files = await _run(run_files, self.c.stores.runs.folder(record.run_id))
         if name not in files:
             return self.not_found(request, who)
-        return Response(files[name], media_type="text/plain; charset=utf-8")
+        return Response(shown_lines(files[name]), media_type="text/plain; charset=utf-8")
 
     async def home(self, request: Request) -> Response:
         return RedirectResponse("/calls", status_code=303)
@@ -413,6 +431,28 @@ def _with_headers(send: Send) -> Send:
         await send(message)
 
     return wrapped
+
+
+class HeldStream(EventSourceResponse):
+    """A live view that holds a `StreamSlot` until its response ends, however it ends (the client
+    gone, the server stopping, an error, or before its first event)."""
+
+    def __init__(self, content: Any, slot: StreamSlot, **options: Any) -> None:
+        super().__init__(content, **options)
+        self.slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slot.release()
+
+
+def _cursor_of(request: Request) -> int | None:
+    """The stream's starting cursor: the larger of `after` and `Last-Event-ID`; None when neither is a number."""
+    given = [request.query_params.get("after", ""), request.headers.get("last-event-id", "")]
+    numbers = [int(text) for text in given if text.isdigit() and len(text) < 19]
+    return max(numbers) if numbers else None
 
 
 def _field(form: Any, name: str) -> str | None:

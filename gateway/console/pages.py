@@ -1,4 +1,5 @@
-"""The console's pages as HTML, built with `html.el` only (every value escaped by construction).
+"""The console's pages as HTML, built with `html.el` only (every value escaped by construction), and
+every text an agent, a run or a caller supplied shown through `shown` (gateway/console/shown.py).
 
 A consent question is shown as the terminal approver shows it (`approvals.whole_of`: the same
 `visible` escaping), always whole: the page scrolls instead of cutting, and says the length and
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from gateway.approvals import actions_for, default_for, whole_of
 from gateway.audit import AuditEvent
@@ -19,6 +20,7 @@ from gateway.clock import iso_utc
 from gateway.consent_store import Grant, PendingRequest
 from gateway.console.copy import LOCALES
 from gateway.console.html import Safe, el, join
+from gateway.console.shown import shown, shown_lines
 from gateway.console.views import PAGE, AuditFilter, ChainWatch, Viewer, grant_state
 from gateway.runs import RunRecord
 from gateway.visible import excerpt
@@ -44,7 +46,7 @@ def shell(
             "nav",
             {"aria_label": words["nav"]},
             el("ul", None, links),
-            el("span", {"class": "who"}, words["signed_in_as"].format(user=who.name, role=who.role)),
+            el("span", {"class": "who"}, words["signed_in_as"].format(user=shown(who.name), role=shown(who.role))),
             el(
                 "form",
                 {"method": "post", "action": "/logout", "class": "inline"},
@@ -149,9 +151,9 @@ def notice_of(words: Mapping[str, str], m: str | None, decision: str | None) -> 
 def question_block(words: Mapping[str, str], who: Viewer, q: PendingRequest, now: float) -> Safe:
     """A permission block: what is asked, by which tool of which server, risk, who, the whole preview, time left."""
     whole = whole_of(q)
-    shown = excerpt(whole, words, max_lines=len(whole.split("\n")), max_line_chars=len(whole) + 1)
+    part = excerpt(whole, words, max_lines=len(whole.split("\n")), max_line_chars=len(whole) + 1)
     heading_id = f"q-{q.id}"
-    risk = el("span", {"class": f"risk risk-{q.risk_tier}"}, words.get(q.risk_tier, q.risk_tier))
+    risk = el("span", {"class": f"risk risk-{q.risk_tier}"}, words.get(q.risk_tier, shown(q.risk_tier)))
     actions = actions_for(q.destructive, q.choices)
     default = default_for(q.destructive, False, q.choices)
     if who.may_decide:
@@ -181,17 +183,17 @@ def question_block(words: Mapping[str, str], who: Viewer, q: PendingRequest, now
     return el(
         "article",
         {"class": "question", "role": "region", "aria_labelledby": heading_id, "data_id": q.id},
-        el("h2", {"id": heading_id}, words["title"], " ", el("code", None, q.tool_name)),
+        el("h2", {"id": heading_id}, words["title"], " ", el("code", None, shown(q.tool_name))),
         el(
             "p",
             None,
-            el("span", {"class": "chip"}, words["from"].format(server=q.server_id)),
+            el("span", {"class": "chip"}, words["from"].format(server=shown(q.server_id))),
             " ",
             risk,
             el("span", {"class": "note"}, " · " + words["destructive"]) if q.destructive else None,
         ),
-        el("p", None, words["user_workspace"].format(user=q.user, workspace=q.workspace)),
-        el("p", {"class": "note"}, words["whole"].format(chars=shown.chars, lines=shown.lines, digest=shown.digest)),
+        el("p", None, words["user_workspace"].format(user=shown(q.user), workspace=shown(q.workspace))),
+        el("p", {"class": "note"}, words["whole"].format(chars=part.chars, lines=part.lines, digest=part.digest)),
         el("pre", {"class": "preview", "tabindex": "0", "aria_label": words["arguments"]}, whole),
         el(
             "p",
@@ -215,7 +217,7 @@ def approvals_page(
 def grants_page(
     words: Mapping[str, str], who: Viewer, grants: Sequence[Grant], now: float, *, user: str, tool: str, state: str
 ) -> str:
-    shown = [
+    listed = [
         g
         for g in grants
         if who.sees(g.workspace)
@@ -245,7 +247,7 @@ def grants_page(
         el("button", {"type": "submit"}, words["filter"]),
     )
     rows = []
-    for g in shown:
+    for g in listed:
         current = grant_state(g, now)
         action = None
         if who.may_decide and current == "active":
@@ -260,12 +262,12 @@ def grants_page(
                 "tr",
                 {"data_grant": str(g.id), "data_state": current},
                 el("td", None, str(g.id)),
-                el("td", None, g.user),
-                el("td", None, g.workspace),
-                el("td", None, g.tool_name),
-                el("td", None, g.decision),
+                el("td", None, shown(g.user)),
+                el("td", None, shown(g.workspace)),
+                el("td", None, shown(g.tool_name)),
+                el("td", None, shown(g.decision)),
                 el("td", None, iso_utc(g.expires_at) if g.expires_at is not None else words["never"]),
-                el("td", None, g.granted_by),
+                el("td", None, shown(g.granted_by)),
                 el("td", {"class": f"state-{current}"}, words.get(current, current)),
                 el("td", None, action),
             )
@@ -334,13 +336,13 @@ def audit_page(
             {"data_event": str(e.id)},
             el("td", None, str(e.id)),
             el("td", None, e.ts),
-            el("td", None, e.event_type),
-            el("td", None, e.user or ""),
-            el("td", None, e.workspace or ""),
-            el("td", None, e.tool_name or ""),
+            el("td", None, shown(e.event_type)),
+            el("td", None, shown(e.user)),
+            el("td", None, shown(e.workspace)),
+            el("td", None, shown(e.tool_name)),
             el("td", None, "" if e.code is None else str(e.code)),
-            el("td", None, el("a", {"href": f"/calls/{e.run_id}"}, e.run_id) if e.run_id else ""),
-            el("td", None, el("code", None, json.dumps(dict(e.detail), ensure_ascii=False)[:300])),
+            el("td", None, el("a", {"href": f"/calls/{quote(e.run_id)}"}, shown(e.run_id)) if e.run_id else ""),
+            el("td", None, el("code", None, shown(json.dumps(dict(e.detail), ensure_ascii=False)[:300]))),
         )
         for e in events
     ]
@@ -382,12 +384,12 @@ def runs_page(words: Mapping[str, str], who: Viewer, runs: Sequence[RunRecord]) 
         el(
             "tr",
             None,
-            el("td", None, el("a", {"href": f"/runs/{r.run_id}"}, r.run_id)),
+            el("td", None, el("a", {"href": f"/runs/{quote(r.run_id)}"}, shown(r.run_id))),
             el("td", None, iso_utc(r.created_at)),
-            el("td", None, r.user),
-            el("td", None, r.workspace),
-            el("td", None, r.tool_name),
-            el("td", None, r.status),
+            el("td", None, shown(r.user)),
+            el("td", None, shown(r.workspace)),
+            el("td", None, shown(r.tool_name)),
+            el("td", None, shown(r.status)),
             el("td", None, "" if r.exit_code is None else str(r.exit_code)),
         )
         for r in runs
@@ -419,13 +421,13 @@ def run_page(words: Mapping[str, str], who: Viewer, record: RunRecord, files: Ma
         "dl",
         None,
         el("dt", None, words["user"]),
-        el("dd", None, record.user),
+        el("dd", None, shown(record.user)),
         el("dt", None, words["workspace"]),
-        el("dd", None, record.workspace),
+        el("dd", None, shown(record.workspace)),
         el("dt", None, words["tool"]),
-        el("dd", None, record.tool_name),
+        el("dd", None, shown(record.tool_name)),
         el("dt", None, words["status"]),
-        el("dd", None, record.status),
+        el("dd", None, shown(record.status)),
         el("dt", None, words["exit_code"]),
         el("dd", None, "" if record.exit_code is None else str(record.exit_code)),
     )
@@ -438,7 +440,10 @@ def run_page(words: Mapping[str, str], who: Viewer, record: RunRecord, files: Ma
             el(
                 "dl",
                 {"class": "governance"},
-                [join(el("dt", None, str(k)), el("dd", None, json.dumps(v))) for k, v in governance.items()],
+                [
+                    join(el("dt", None, shown(k)), el("dd", None, shown(json.dumps(v, ensure_ascii=False))))
+                    for k, v in governance.items()
+                ],
             )
         )
     for name, title in (
@@ -452,11 +457,17 @@ def run_page(words: Mapping[str, str], who: Viewer, record: RunRecord, files: Ma
                 el(
                     "details",
                     {"open": name == "evidence.json"},
-                    el("summary", None, title, " ", el("a", {"href": f"/runs/{record.run_id}/files/{name}"}, name)),
-                    el("pre", {"tabindex": "0"}, files[name]),
+                    el(
+                        "summary",
+                        None,
+                        title,
+                        " ",
+                        el("a", {"href": f"/runs/{quote(record.run_id)}/files/{name}"}, name),
+                    ),
+                    el("pre", {"tabindex": "0"}, shown_lines(files[name])),
                 )
             )
-    return shell(words, who, "/runs", f"{words['runs']}: {record.run_id}", facts, sections)
+    return shell(words, who, "/runs", f"{words['runs']}: {shown(record.run_id)}", facts, sections)
 
 
 def _evidence(text: str | None) -> Any:

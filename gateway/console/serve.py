@@ -15,7 +15,7 @@ import sys
 from gateway.calls import CallStore
 from gateway.clock import SystemClock
 from gateway.console.app import Console, build_app
-from gateway.console.sessions import SessionBook, SignInLimit
+from gateway.console.sessions import SessionBook, SignInLimit, StreamSlots
 from gateway.console.views import ChainWatch
 from gateway.errors import CommandError
 from gateway.policy_trust import policy_for
@@ -68,6 +68,7 @@ def run_console(settings: Settings, host: str, port: int, tls_cert: str | None, 
         policy=policy,
         sessions=SessionBook(clock),
         limit=SignInLimit(clock),
+        streams=StreamSlots(),
         calls=CallStore(stores.engine),
         chain=chain,
         tls=tls_cert is not None,

@@ -4,17 +4,19 @@ A session is a random 256-bit id in a cookie (HttpOnly, SameSite=Strict, Secure 
 stands for (user, CSRF token, expiry) lives only in this process, so a console restart signs
 everyone out and nothing in the cookie can be forged or replayed elsewhere. Every form carries the
 session's CSRF token, compared in constant time. Before sign-in, the form's token is an HMAC of a
-random per-process key and a random cookie value (double submit). Failed sign-ins are counted per
-user name and per client address over a sliding window; past the limit the form answers 429.
+random per-process key and a random cookie value (double submit). Sign-in attempts are counted per
+user name and per client address (every loopback address one) over a sliding window, each counted
+before its password is checked; past the limit the form answers 429 without checking it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import threading
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from gateway.clock import Clock
@@ -27,6 +29,10 @@ MAX_SESSIONS = 1000
 FAILURES_PER_NAME = 5
 FAILURES_PER_ADDRESS = 20
 FAILURE_WINDOW_S = 300.0
+STREAMS_PER_SESSION = 4
+"""Live views one session may hold open at once (a few tabs)."""
+STREAMS_PER_USER = 8
+"""Live views one user may hold open at once, over all their sessions."""
 
 
 @dataclass(slots=True)
@@ -101,36 +107,60 @@ def tokens_match(given: str | None, expected: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
+def address_key(address: str) -> str:
+    """The key an address's failures are counted under: every loopback address is one key.
+
+    Each process on the host can connect from any address of 127.0.0.0/8 (and from ::1): keyed by
+    the address itself, the per-address limit would bind no local process at all. Counted together,
+    local sign-ins share the limit, whichever local process or user makes them (docs/decisions.md 65).
+    """
+    text = address.strip("[]")
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return "loopback" if ip.is_loopback else str(ip)
+
+
 @dataclass
 class SignInLimit:
-    """Failed sign-ins per user name and per client address over a sliding window."""
+    """Sign-in attempts per user name and per client address over a sliding window.
+
+    An attempt takes its slot before its password is checked (`reserve`, under one lock), so however
+    many sign-ins arrive at once, at most `FAILURES_PER_NAME` passwords of a name are checked per
+    window. A failed attempt keeps its slot; an accepted one gives its slots back and clears the
+    name's failures (the person who knows the password is not locked out by someone who does not).
+    """
 
     clock: Clock
     _failures: dict[str, deque[float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def retry_after(self, name: str, address: str) -> int:
-        """0 when a sign-in may be tried now; else the seconds until one may."""
+    def reserve(self, name: str, address: str) -> Attempt | int:
+        """An `Attempt` holding a slot of `name` and of `address`, or the seconds until one may be tried."""
         now = self.clock.now()
+        keys = (f"name:{name}", f"addr:{address_key(address)}")
         with self._lock:
-            waits = [
-                self._wait(f"name:{name}", FAILURES_PER_NAME, now),
-                self._wait(f"addr:{address}", FAILURES_PER_ADDRESS, now),
-            ]
-        return max(waits)
-
-    def failed(self, name: str, address: str) -> None:
-        now = self.clock.now()
-        with self._lock:
-            for key in (f"name:{name}", f"addr:{address}"):
+            wait = max(self._wait(keys[0], FAILURES_PER_NAME, now), self._wait(keys[1], FAILURES_PER_ADDRESS, now))
+            if wait:
+                return wait
+            for key in keys:
                 self._failures.setdefault(key, deque()).append(now)
             if len(self._failures) > 10_000:  # bounded: the oldest keys go first
                 for key in list(self._failures)[:5_000]:
                     del self._failures[key]
+        return Attempt(keys, now)
 
-    def succeeded(self, name: str) -> None:
+    def succeeded(self, attempt: Attempt) -> None:
+        """The attempt's password was right: its slots back, and the name's failures forgotten."""
+        name_key, address_key_ = attempt.keys
         with self._lock:
-            self._failures.pop(f"name:{name}", None)
+            self._failures.pop(name_key, None)
+            times = self._failures.get(address_key_)
+            if times is not None and attempt.at in times:
+                times.remove(attempt.at)
 
     def _wait(self, key: str, limit: int, now: float) -> int:
         times = self._failures.get(key)
@@ -141,3 +171,60 @@ class SignInLimit:
         if len(times) < limit:
             return 0
         return max(1, int(times[0] + FAILURE_WINDOW_S - now) + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A sign-in's reserved slots: the keys it counts under and when it was made."""
+
+    keys: tuple[str, str]
+    at: float
+
+
+@dataclass
+class StreamSlots:
+    """The live views (`/api/stream`) open now, per session and per user: each holds a database poll
+    four times a second, so a session or a user that opens more than its share is refused."""
+
+    _by_session: Counter[str] = field(default_factory=Counter)
+    _by_user: Counter[str] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, session_id: str, user: str) -> StreamSlot | str:
+        """A slot for one more stream, or why there is none (words for the person)."""
+        with self._lock:
+            if self._by_session[session_id] >= STREAMS_PER_SESSION:
+                return (
+                    f"this session already has {STREAMS_PER_SESSION} live views open: "
+                    "close a console tab, or wait for one to end"
+                )
+            if self._by_user[user] >= STREAMS_PER_USER:
+                return (
+                    f"user {user} already has {STREAMS_PER_USER} live views open: "
+                    "close console tabs (in any browser signed in as them)"
+                )
+            self._by_session[session_id] += 1
+            self._by_user[user] += 1
+        return StreamSlot(self, session_id, user)
+
+    def _give_back(self, session_id: str, user: str) -> None:
+        with self._lock:
+            for counter, key in ((self._by_session, session_id), (self._by_user, user)):
+                counter[key] -= 1
+                if counter[key] <= 0:
+                    del counter[key]
+
+
+@dataclass
+class StreamSlot:
+    """One open stream's place; `release` gives it back, once however often it is called."""
+
+    slots: StreamSlots
+    session_id: str
+    user: str
+    _released: bool = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.slots._give_back(self.session_id, self.user)

@@ -150,11 +150,13 @@ def fetch_audit_page(stores: Stores, f: AuditFilter, viewer: Viewer) -> list[Aud
 
 
 def export_audit(stores: Stores, f: AuditFilter, viewer: Viewer) -> Iterator[str]:
-    """The filtered set as JSON Lines, oldest first, read in batches."""
+    """The filtered set as JSON Lines, oldest first, read in batches. Data, not a page: every value as
+    stored, with every character past ASCII written as a JSON escape, so nothing in it (a bidi control,
+    a C1 control) is live in the terminal or editor that opens the file."""
     with db.reader(stores.engine).connect() as connection:
         rows = connection.execute(audit_query(f, viewer, descending=False).execution_options(yield_per=1000))
         for row in rows:
-            yield json.dumps(_from_row(row._mapping).to_json(), ensure_ascii=False) + "\n"
+            yield json.dumps(_from_row(row._mapping).to_json(), ensure_ascii=True) + "\n"
 
 
 @dataclass

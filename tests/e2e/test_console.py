@@ -5,15 +5,16 @@ One console, one browser and one gateway serve the whole module. Seed 004's test
 cards (T1-T8, T4 as the console has it: docs/console.md), approvals decided in the browser
 (allow runs the waiting call; deny; timeout; a race with the terminal approver: one decision),
 grants revoked, another tenant's card and run a 404, CSRF-less and cross-origin posts and bad
-sign-ins refused, the accessibility of R8, and a screenshot of each page into docs/console/.
+sign-ins refused, the accessibility of R8, and a screenshot of each page (into a temp folder;
+UPDATE_SCREENSHOTS=1: into docs/console/).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -32,24 +33,18 @@ from gateway import db
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.calls import Opened
 from gateway.clock import SystemClock
+from gateway.console.app import REPLAY_MAX
+from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, free_port, running_console
 from tests.harness import GatewayHome, StdioSession, as_approver
 
-CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+UPDATE_SCREENSHOTS = os.environ.get("UPDATE_SCREENSHOTS") == "1"
+"""The screenshots go to the test's temp folder, so a run leaves the tree clean; `UPDATE_SCREENSHOTS=1`
+writes them into docs/console/ instead, to refresh the pictures docs/console.md shows."""
 PASSWORDS = {"ada": "ada-console-pw-1", "alice": "alice-console-pw-1", "bob": "bob-console-pw-1"}
 RUN = {"test_path": "tests"}
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: make chromium")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -67,23 +62,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> GatewayHome:
 
 @pytest.fixture(scope="module")
 def console(gw: GatewayHome) -> Iterator[str]:
-    port = free_port()
-    log = (gw.root / "console.log").open("wb")
-    process = subprocess.Popen(gw.cli_argv("console", "--port", str(port)), stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/login", timeout=2).close()  # noqa: S310  (the console's own http URL)
-            break
-        except (urllib.error.URLError, ConnectionError):
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise AssertionError((gw.root / "console.log").read_text()) from None
-            time.sleep(0.1)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
-    log.close()
+    with running_console(gw) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +107,16 @@ def ada(browser: Browser, console: str) -> Iterator[BrowserContext]:
     context.close()
 
 
-def shot(page: Page, name: str) -> None:
-    SHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"))
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if UPDATE_SCREENSHOTS:
+        DOCS_SHOTS.mkdir(exist_ok=True)
+        return DOCS_SHOTS
+    return tmp_path_factory.mktemp("screenshots")
+
+
+def shot(folder: Path, page: Page, name: str) -> None:
+    page.screenshot(path=str(folder / f"{name}.png"))
 
 
 def rows(gw: GatewayHome, table: Any, **where: Any) -> list[dict[str, Any]]:
@@ -220,7 +207,7 @@ def test_sign_in_refusals_csrf_origin_host_and_rate_limit(gw: GatewayHome, conso
 
 
 def test_allow_once_in_the_browser_runs_the_waiting_call_and_its_card_goes_live(
-    gw: GatewayHome, console: str, ada: BrowserContext, serve: StdioSession
+    gw: GatewayHome, console: str, ada: BrowserContext, serve: StdioSession, shots: Path
 ) -> None:
     cards = ada.new_page()
     cards.goto("/calls")
@@ -265,7 +252,7 @@ def test_allow_once_in_the_browser_runs_the_waiting_call_and_its_card_goes_live(
     assert labels == ["Allow once", "Allow always", "Deny once", "Deny always", "Allow for this session"]
     # Keyboard: the default (Allow once: least commitment) has the focus.
     expect(block.get_by_role("button", name="Allow once")).to_be_focused()
-    shot(approvals, "approvals")
+    shot(shots, approvals, "approvals")
     approvals.keyboard.press("Enter")
     expect(approvals.get_by_role("status").first).to_have_text("Recorded: Allow once.")
 
@@ -286,13 +273,13 @@ def test_allow_once_in_the_browser_runs_the_waiting_call_and_its_card_goes_live(
     assert console_event["detail"]["recorded"] is True
     (decision,) = [e for e in gw.events_of(run_id) if e["event_type"] == "mcp.permission.decision"]
     assert decision["detail"]["decided_by"] == "console:ada"
-    shot(cards, "calls")
+    shot(shots, cards, "calls")
     # The card's own page, and a run's page with its evidence.
     single = ada.new_page()
     single.goto(f"/runs/{run_id}")
     expect(single.locator("details").first).to_contain_text("evidence.json")
     expect(single.locator("dl.governance")).to_contain_text("attempts_total")
-    shot(single, "run")
+    shot(shots, single, "run")
     for page in (cards, approvals, single):
         page.close()
 
@@ -422,13 +409,13 @@ def test_another_tenants_card_and_run_are_404_and_a_user_cannot_decide(
 # --- grants ------------------------------------------------------------------------------------------
 
 
-def test_grants_list_filter_and_revoke(gw: GatewayHome, ada: BrowserContext) -> None:
+def test_grants_list_filter_and_revoke(gw: GatewayHome, ada: BrowserContext, shots: Path) -> None:
     page = ada.new_page()
     page.goto("/grants?user=alice&tool=run_pytest")
     row = page.locator("tr[data-state='active']").first
     expect(row).to_contain_text("DENY")
     grant_id = row.get_attribute("data-grant")
-    shot(page, "grants")
+    shot(shots, page, "grants")
     row.get_by_role("button", name=re.compile("Revoke")).click()
     expect(page.locator(f"tr[data-grant='{grant_id}']")).to_have_attribute("data-state", "revoked")
     page.goto("/grants?state=active&user=alice")
@@ -449,7 +436,7 @@ PNG = base64.b64encode(
 ).decode()
 
 
-def test_each_content_type_and_truncation(gw: GatewayHome, ada: BrowserContext) -> None:
+def test_each_content_type_and_truncation(gw: GatewayHome, ada: BrowserContext, shots: Path) -> None:
     long_text = "\n".join(f"line {i:03d} " + "x" * 60 for i in range(80))
     result: list[dict[str, Any]] = [
         {"type": "text", "text": long_text},
@@ -494,7 +481,7 @@ def test_each_content_type_and_truncation(gw: GatewayHome, ada: BrowserContext) 
     first.get_by_role("button", name="Copy full result").click()
     assert page.evaluate("navigator.clipboard.readText()") == long_text
     page.evaluate("() => window.scrollTo(0, 0)")
-    shot(page, "card")
+    shot(shots, page, "card")
     page.close()
 
 
@@ -520,7 +507,7 @@ def test_status_is_announced_and_reduced_motion_stops_the_dot(browser: Browser, 
 # --- audit, runs, language ------------------------------------------------------------------------------
 
 
-def test_audit_filters_keyset_pages_export_and_chain(gw: GatewayHome, ada: BrowserContext) -> None:
+def test_audit_filters_keyset_pages_export_and_chain(gw: GatewayHome, ada: BrowserContext, shots: Path) -> None:
     log = AuditLog(gw.engine, SystemClock())
     log.append(*[EventDraft(EventType.TOKEN_ISSUED, user="alice", detail={"n": i}) for i in range(70)])
     page = ada.new_page()
@@ -534,7 +521,7 @@ def test_audit_filters_keyset_pages_export_and_chain(gw: GatewayHome, ada: Brows
         page.reload()
     expect(page.locator("tbody tr")).to_have_count(50)
     newest = int(str(page.locator("tbody tr").first.get_attribute("data-event")))
-    shot(page, "audit")
+    shot(shots, page, "audit")
     page.get_by_role("link", name="Older events").click()
     expect(page.locator("tbody tr")).to_have_count(20)
     assert int(str(page.locator("tbody tr").first.get_attribute("data-event"))) < newest
@@ -544,11 +531,11 @@ def test_audit_filters_keyset_pages_export_and_chain(gw: GatewayHome, ada: Brows
     assert [e["id"] for e in events] == sorted(e["id"] for e in events)
     page.goto("/runs")
     expect(page.locator("tbody tr").first).to_be_visible()
-    shot(page, "runs")
+    shot(shots, page, "runs")
     page.close()
 
 
-def test_language_from_the_browser_and_the_switch(browser: Browser, console: str) -> None:
+def test_language_from_the_browser_and_the_switch(browser: Browser, console: str, shots: Path) -> None:
     context = browser.new_context(base_url=console, locale="pt-BR")
     page = context.new_page()
     page.goto("/login")
@@ -558,7 +545,7 @@ def test_language_from_the_browser_and_the_switch(browser: Browser, console: str
     page.click("button[type=submit]")
     page.goto("/approvals")
     expect(page.get_by_role("heading", level=1)).to_have_text("Aprovações")
-    shot(page, "approvals-pt-BR")
+    shot(shots, page, "approvals-pt-BR")
     page.get_by_role("link", name="en-US").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("Approvals")
     context.close()
@@ -584,6 +571,28 @@ def test_the_live_stream_ends_when_its_session_does(browser: Browser, console: s
     answer.close()
     stream.close()
     context.close()
+
+
+def test_a_page_far_behind_its_stream_reloads(gw: GatewayHome, ada: BrowserContext) -> None:
+    """A stream more than REPLAY_MAX cards behind is told to reload, and the page does (once)."""
+    log = AuditLog(gw.engine, SystemClock())
+    now = SystemClock().now()
+    for n in range(REPLAY_MAX + 10):
+        run_id = f"behind-{n:04d}"
+        card = Opened(run_id, "ada", "default", "mcp-write-gateway", "list_artifacts", {}, "done", now)
+        log.append(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, user="ada", workspace="default"), along=[card])
+    page = ada.new_page()
+    # The first read of the page says it saw nothing yet (head 0): its stream starts 210 cards behind.
+    page.route("**/api/calls", lambda route: route.fulfill(json={"cards": [], "head": 0}), times=1)
+    loads: list[str] = []
+    page.on("load", lambda loaded: loads.append(loaded.url))
+    page.goto("/calls")
+    # The stream's `reload`: the page loads again, reads the newest cards and the head, and stays.
+    expect(page.locator("article.card[data-run='behind-0209']")).to_have_count(1, timeout=30000)
+    assert len(loads) == 2, loads
+    page.wait_for_timeout(1500)  # a few polls of the new stream: no second reload
+    assert len(loads) == 2, loads
+    page.close()
 
 
 def test_the_console_refuses_a_network_interface_without_tls(gw: GatewayHome) -> None:

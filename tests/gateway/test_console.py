@@ -4,22 +4,27 @@ sessions and their expiry, the sign-in limit, the listening rules, and what a ca
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
-from gateway.calls import STORED_CHARS, outcome_content, stored_arguments
+from gateway.calls import STORED_CHARS, Card, outcome_content, stored_arguments
 from gateway.console.copy import pick_locale, words_for
 from gateway.console.html import Safe, el, join
 from gateway.console.serve import check_listen, host_names, is_loopback
 from gateway.console.sessions import (
     FAILURE_WINDOW_S,
+    FAILURES_PER_ADDRESS,
     FAILURES_PER_NAME,
     IDLE_S,
     LIFETIME_S,
+    Attempt,
     SessionBook,
     SignInLimit,
+    address_key,
     tokens_match,
 )
+from gateway.console.shown import shown_card
 from gateway.errors import CommandError
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from tests.fakes import FakeClock
@@ -101,24 +106,77 @@ def test_csrf_tokens() -> None:
     assert not tokens_match(None, "abc") and not tokens_match("", "abc") and not tokens_match("abd", "abc")
 
 
-def test_failed_sign_ins_are_limited_per_name_and_per_address() -> None:
+def test_sign_in_attempts_are_limited_per_name_and_per_address() -> None:
     clock = FakeClock()
     limit = SignInLimit(clock)
-    for _ in range(FAILURES_PER_NAME - 1):
-        limit.failed("alice", "10.0.0.1")
-    assert limit.retry_after("alice", "10.0.0.1") == 0
-    limit.failed("alice", "10.0.0.1")
-    wait = limit.retry_after("alice", "10.0.0.9")  # the name is limited from any address
-    assert 0 < wait <= FAILURE_WINDOW_S + 1
-    assert limit.retry_after("bob", "10.0.0.9") == 0
+    for _ in range(FAILURES_PER_NAME):
+        assert isinstance(limit.reserve("alice", "10.0.0.1"), Attempt)  # a slot each, taken before the check
+    wait = limit.reserve("alice", "10.0.0.9")  # the name is limited from any address
+    assert isinstance(wait, int) and 0 < wait <= FAILURE_WINDOW_S + 1
+    assert isinstance(limit.reserve("bob", "10.0.0.9"), Attempt)
     clock.advance(FAILURE_WINDOW_S)
-    assert limit.retry_after("alice", "10.0.0.1") == 0
-    for i in range(20):
-        limit.failed(f"name{i}", "10.0.0.2")
-    assert limit.retry_after("somebody-new", "10.0.0.2") > 0  # one address trying many names
-    limit.failed("carol", "10.0.0.3")
-    limit.succeeded("carol")
-    assert limit._failures.get("name:carol") is None
+    assert isinstance(limit.reserve("alice", "10.0.0.1"), Attempt)
+    for i in range(FAILURES_PER_ADDRESS):
+        assert isinstance(limit.reserve(f"name{i}", "10.0.0.2"), Attempt)
+    assert isinstance(limit.reserve("somebody-new", "10.0.0.2"), int)  # one address trying many names
+
+
+def test_a_refused_attempt_takes_no_slot_and_an_accepted_one_gives_its_back() -> None:
+    limit = SignInLimit(FakeClock())
+    attempts = [limit.reserve("carol", "10.0.0.3") for _ in range(FAILURES_PER_NAME)]
+    assert all(isinstance(a, Attempt) for a in attempts)
+    assert isinstance(limit.reserve("carol", "10.0.0.3"), int)
+    accepted = attempts[-1]
+    assert isinstance(accepted, Attempt)
+    limit.succeeded(accepted)  # the right password: the name's failures are forgotten
+    assert isinstance(limit.reserve("carol", "10.0.0.3"), Attempt)
+    assert limit._failures["addr:10.0.0.3"].count(accepted.at) == FAILURES_PER_NAME  # 5 failed + 1 new - 1 back
+
+
+def test_concurrent_attempts_never_take_more_than_the_limit() -> None:
+    limit = SignInLimit(FakeClock())
+    start = threading.Barrier(30)
+    taken: list[object] = []
+
+    def sign_in() -> None:
+        start.wait(timeout=30)
+        taken.append(limit.reserve("ada", "10.0.0.4"))
+
+    threads = [threading.Thread(target=sign_in) for _ in range(30)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(taken) == 30
+    assert sum(isinstance(t, Attempt) for t in taken) == FAILURES_PER_NAME
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("127.0.0.2", "loopback"),
+        ("127.255.3.9", "loopback"),
+        ("::1", "loopback"),
+        ("[::1]", "loopback"),
+        ("::ffff:127.0.0.7", "loopback"),
+        ("10.0.0.1", "10.0.0.1"),
+        ("::ffff:10.0.0.1", "10.0.0.1"),
+        ("2001:db8::1", "2001:db8::1"),
+        ("?", "?"),
+    ],
+)
+def test_every_loopback_address_is_one_key(address: str, key: str) -> None:
+    assert address_key(address) == key
+
+
+def test_local_processes_share_the_address_limit() -> None:
+    limit = SignInLimit(FakeClock())
+    for i in range(FAILURES_PER_ADDRESS):
+        assert isinstance(limit.reserve(f"name{i}", f"127.0.0.{i + 2}"), Attempt)
+    assert isinstance(limit.reserve("another", "127.9.9.9"), int)
+    assert isinstance(limit.reserve("another", "::1"), int)
+    assert isinstance(limit.reserve("another", "10.0.0.1"), Attempt)
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "[::1]", "localhost", "127.0.0.2"])
@@ -192,3 +250,43 @@ def test_a_permission_block_shows_the_whole_preview_escaped_and_no_allow_always_
     onlooker = Viewer("alice", "USER", ("default",), sees_all=False, may_decide=False, csrf="t2")
     shown = question_block(words_for("en-US"), onlooker, question, now=130.0)
     assert "<button" not in shown and "lacks CONSENT_DECIDE" in shown
+
+
+def test_a_card_is_shown_with_every_text_escaped_and_nothing_lost() -> None:
+    card = Card(
+        run_id="r1",
+        kind="tool",
+        created_at=1.0,
+        updated_at=2.0,
+        user="ada\u202e",
+        workspace="default",
+        server_id="srv\u200b",
+        tool_name="run\u2066pytest",
+        arguments={"a\u202eb": "x\u0007", "a\\u202eb": "typed", "n": 3, "ok": True, "none": None, "list": ["\ufeff"]},
+        status="done",
+        code=None,
+        reason=None,
+        message="m\x85",
+        result=[
+            {"type": "text", "text": "line\u202e\nnext\x1b[2J"},
+            {"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="},
+            {"type": "image", "mimeType": "image/png", "data": "not\u202ebase64"},
+        ],
+        last_event_id=7,
+    )
+    shown = shown_card(card)
+    assert (shown["user"], shown["server_id"], shown["tool_name"]) == ("ada\\u202e", "srv\\u200b", "run\\u2066pytest")
+    assert shown["message"] == "m\\u0085" and shown["reason"] is None and shown["last_event_id"] == 7
+    # The agent's own "\u202e" and the character it names both stay: the second is marked, not dropped.
+    assert shown["arguments"] == {
+        "a\\u202eb": "x\\u0007",
+        "a\\u202eb\u2032": "typed",
+        "n": 3,
+        "ok": True,
+        "none": None,
+        "list": ["\\ufeff"],
+    }
+    text, image, not_image = shown["result"]
+    assert text["text"] == "line\\u202e\nnext\\u001b[2J"  # lines kept, each escaped
+    assert image["data"] == "iVBORw0KGgo=" and not_image["data"] == "not\\u202ebase64"
+    assert card.arguments["a\u202eb"] == "x\u0007"  # the card itself is not changed

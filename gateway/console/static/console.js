@@ -1,5 +1,6 @@
 // The console's own script (no third party). Data reaches the page only through textContent and
-// attribute setters: never innerHTML. See docs/console.md.
+// attribute setters: never innerHTML. Every text in the cards comes escaped by the console
+// (gateway/console/shown.py: bidi, invisible and control characters as \uXXXX). See docs/console.md.
 "use strict";
 
 (function () {
@@ -247,7 +248,8 @@
     const url = single ? "/api/calls/" + encodeURIComponent(single) : "/api/calls";
     const answer = await (await fetch(url)).json();
     const cards = single ? [answer.card] : answer.cards;
-    let cursor = 0;
+    // The head was read before the cards: the stream sends what changed after it, and nothing older.
+    let cursor = Number(answer.head) || 0;
     for (const card of cards) {
       showCard(card, false);
       cursor = Math.max(cursor, card.last_event_id);
@@ -256,6 +258,8 @@
     cardsRoot.setAttribute("aria-busy", "false");
     const stream = new EventSource("/api/stream?after=" + cursor + (single ? "&run=" + encodeURIComponent(single) : ""));
     stream.addEventListener("card", (event) => showCard(JSON.parse(event.data), true));
+    // Too far behind to catch up by the stream (the console replays a bounded number of cards): read the page again.
+    stream.addEventListener("reload", () => { stream.close(); window.location.reload(); });
     document.body.dataset.ready = "1";
   }
 

@@ -1,0 +1,56 @@
+"""A real `mcp-gateway console` for a test (a subprocess on a free loopback port, stopped after), and the
+Chromium the Playwright tests drive."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.harness import GatewayHome
+
+CHROMIUM = Path("/usr/bin/chromium")
+"""Debian's chromium (`make chromium`), which the Playwright tests drive."""
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_console(gw: GatewayHome, log_name: str = "console.log") -> Iterator[str]:
+    """The console's base URL (http://127.0.0.1:port) once it answers; the process is stopped after."""
+    port = free_port()
+    log_path = gw.root / log_name
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(gw.cli_argv("console", "--port", str(port)), stdout=log, stderr=log)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    urllib.request.urlopen(url + "/login", timeout=2).close()  # noqa: S310  (the console's own http URL)
+                    break
+                except (urllib.error.URLError, ConnectionError):
+                    if time.monotonic() > deadline or process.poll() is not None:
+                        raise AssertionError(log_path.read_text()) from None
+                    time.sleep(0.1)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
