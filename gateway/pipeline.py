@@ -287,7 +287,8 @@ class Pipeline:
         except GatewayError as exc:  # StorageUnavailableError included: `_refused` writes no event then
             if not trail.refusal_logged:
                 exc.stage = trail.stage
-                await in_db_thread(self._refused, trail, exc)
+                if trail.charge_id is not None or not _is_audit_failure(exc):  # else it has nothing to do:
+                    await in_db_thread(self._refused, trail, exc)  # no second wait for a busy database
             raise
         except Exception as exc:
             log.exception("run %s: unexpected failure", run_id)
