@@ -18,10 +18,14 @@ The 60 s hold of the acceptance is bench/db_stall.py.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+from sqlalchemy import select, update
 
+from gateway import db
 from tests.db_stall import SQLITE_BUSY_S, run_stall
 from tests.harness import GatewayHome, StdioSession
 from tests.pg_cluster import on_both_engines
@@ -68,3 +72,40 @@ def test_calls_behind_a_held_lock_are_answered_within_the_bound_and_the_lease_li
     # The gateway is whole: the next call is answered normally, and the chain verifies.
     assert "result" in session.call_tool("list_artifacts", {}, gateway.token("alice"), timeout=60)
     assert gateway.chain_ok()
+
+
+def test_a_live_gateway_declared_gone_does_not_give_its_call_a_second_end(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    """The issue's sequel: a live gateway's lease ran out, another gateway closed its question as
+    abandoned (a decision and a POLICY_BLOCKED), and at the question's expiry the live one wrote a
+    second decision and a second POLICY_BLOCKED. The store now takes only the first of each."""
+    gateway = make_gateway({"consent": {"timeout_s": 6}})
+    gateway.add_user("alice", "USER")
+    asker = open_session(gateway, env={"MCP_GATEWAY_SWEEP_S": "300"})  # renews once, at start
+    survivor = open_session(gateway, env={"MCP_GATEWAY_SWEEP_S": "0.5"})
+    request_id = asker.send_call("run_pytest", {"test_path": "tests"}, gateway.token("alice"))  # no elicitation
+    deadline = time.monotonic() + 20
+    while (waiting := _question(gateway)) is None:
+        assert time.monotonic() < deadline, asker.stderr_text()
+        time.sleep(0.05)
+    with gateway.engine.begin() as connection:  # its lease runs out (as behind a stuck queue, before the fix)
+        sessions = db.gateway_sessions
+        connection.execute(update(sessions).where(sessions.c.session_id == waiting.session_id).values(alive_until=0))
+
+    response = asker.wait_response(request_id, timeout=60)  # at its expiry, 6 s after it asked
+
+    assert response["error"]["code"] == -32008, response
+    events = gateway.events_of(waiting.id)
+    kinds = [e["event_type"] for e in events]
+    assert kinds.count("mcp.permission.decision") == 1 and kinds.count("POLICY_BLOCKED") == 1, kinds
+    blocked = next(e for e in events if e["event_type"] == "POLICY_BLOCKED")
+    assert blocked["detail"] == {"status": "abandoned", "reason": "gateway_lost"}  # the survivor's, first
+    assert "the call already has its decision or its end" in asker.stderr_text()
+    assert "Traceback" not in asker.stderr_text() + survivor.stderr_text()
+    assert gateway.chain_ok()
+
+
+def _question(gateway: GatewayHome) -> Any:
+    with gateway.engine.connect() as connection:
+        return connection.execute(select(db.consent_requests)).first()
