@@ -6,6 +6,8 @@ and `audit_head` keeps the last id and hash, so an edited, deleted, reordered or
 log fails `verify_chain`. Appends lock `audit_head`, so several gateways can share a log: on
 PostgreSQL the whole append is one statement, `gateway_audit_append` (migration 0008), so the lock
 is held while the server works, never across a round trip to a gateway (docs/decisions.md 62).
+A call has at most one decision and one terminal event: an append that would record a second one
+writes nothing (`call_ends`, migration 0009), whichever gateway sends it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, bindparam, select, update
+from sqlalchemy import Connection, Engine, bindparam, select, tuple_, update
 
 from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
@@ -160,6 +162,7 @@ class Along(Protocol):
 # Built once: the append runs on every call, and statement construction is a visible cost.
 _LOCK_HEAD = select(db.audit_head.c.last_id, db.audit_head.c.last_hash).where(db.audit_head.c.id == 1).with_for_update()
 _INSERT_EVENT = db.audit_events.insert()
+_INSERT_END = db.call_ends.insert()
 _MOVE_HEAD = (
     update(db.audit_head)
     .where(db.audit_head.c.id == 1)
@@ -193,22 +196,35 @@ class AuditLog:
             detail="the audit log could not be written",
         ):
             if self._on_server:  # stamped before the lock: the server alone works under it
-                return self._append_on_server(iso_utc(self._clock.now()), drafts, along)
-            with self._engine.begin() as connection:
-                row = connection.execute(_LOCK_HEAD).one()
-                last_id, prev_hash = int(row.last_id), str(row.last_hash)
-                written: list[AuditEvent] = []
-                ts = iso_utc(self._clock.now())
-                for draft in drafts:
-                    last_id += 1
-                    event = _seal(last_id, ts, draft, prev_hash)
-                    written.append(event)
-                    prev_hash = event.hash
-                connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
-                connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
-                for write in along:
-                    write(connection, last_id)
-            return written
+                written = self._append_on_server(iso_utc(self._clock.now()), drafts, along)
+            else:
+                written = self._append_here(drafts, along)
+        if drafts and not written:
+            _log_second_end(drafts)
+        return written
+
+    def _append_here(self, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
+        """SQLite: the append in one transaction, under the file's write lock."""
+        ends = _ends_of(drafts)
+        with self._engine.begin() as connection:
+            row = connection.execute(_LOCK_HEAD).one()
+            if ends and _has_an_end(connection, ends):
+                return []
+            last_id, prev_hash = int(row.last_id), str(row.last_hash)
+            written: list[AuditEvent] = []
+            ts = iso_utc(self._clock.now())
+            for draft in drafts:
+                last_id += 1
+                event = _seal(last_id, ts, draft, prev_hash)
+                written.append(event)
+                prev_hash = event.hash
+            connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
+            if ends:
+                connection.execute(_INSERT_END, _end_rows(written))
+            connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
+            for write in along:
+                write(connection, last_id)
+        return written
 
     def _append_on_server(self, ts: str, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
         """PostgreSQL: lock, seal, insert, move the head and write `along` in one statement, in autocommit
@@ -231,6 +247,8 @@ class AuditLog:
         }
         with db.autocommit_cursor(self._engine) as cursor:
             rows = cursor.execute(_APPEND, params).fetchall()
+        if not rows:
+            return []  # a second decision or end for a call (migration 0009): nothing was written
         written = []
         for body, (event_id, prev_hash, hashed) in zip(bodies, rows, strict=True):
             event = AuditEvent(**{**_fields(body), "id": int(event_id), "prev_hash": prev_hash, "hash": hashed})
@@ -273,6 +291,50 @@ class AuditLog:
         with self._read.connect() as connection, connection.execute(query.execution_options(yield_per=1000)) as rows:
             for row in rows:
                 yield _from_row(row._mapping)
+
+
+_END_KINDS: Mapping[str, str] = {
+    EventType.PERMISSION_DECISION: "decision",
+    EventType.POLICY_BLOCKED: "end",
+    EventType.TOOL_FINISHED: "end",
+}
+"""The events a call has at most one of each kind of (`call_ends`, migration 0009)."""
+
+
+def _ends_of(drafts: Sequence[EventDraft]) -> list[tuple[str, str]]:
+    """(run_id, kind) of each draft that records a call's decision or its end."""
+    return [(d.run_id, _END_KINDS[d.event_type]) for d in drafts if d.run_id is not None and d.event_type in _END_KINDS]
+
+
+def _has_an_end(connection: Connection, ends: Sequence[tuple[str, str]]) -> bool:
+    """Whether one of `ends` is recorded already (read under the chain's lock: no append can race it)."""
+    c = db.call_ends
+    wanted = tuple_(c.c.run_id, c.c.kind).in_(list(ends))
+    return connection.execute(select(c.c.run_id).where(wanted).limit(1)).first() is not None
+
+
+def _end_rows(written: Sequence[AuditEvent]) -> list[dict[str, Any]]:
+    seen: set[tuple[str, str]] = set()
+    rows = []
+    for event in written:
+        kind = _END_KINDS.get(event.event_type)
+        if kind is None or event.run_id is None or (event.run_id, kind) in seen:
+            continue
+        seen.add((event.run_id, kind))
+        rows.append({"run_id": event.run_id, "kind": kind, "event_id": event.id})
+    return rows
+
+
+def _log_second_end(drafts: Sequence[EventDraft]) -> None:
+    """One line for an append the store refused: the call it is about was already decided or ended."""
+    run_id = next(d.run_id for d in drafts if d.run_id is not None)
+    kinds = ", ".join(sorted({str(d.event_type) for d in drafts}))
+    log.warning(
+        "run %s: not recorded (%s): the call already has its decision or its end, recorded first "
+        "(e.g. by another gateway's sweep, after this gateway's lease ran out)",
+        run_id,
+        kinds,
+    )
 
 
 def _unsealed(event_id: int, ts: str, draft: EventDraft, prev_hash: str = "") -> AuditEvent:

@@ -236,6 +236,22 @@ class ToolCall(Base):
     )
 
 
+class CallEnd(Base):
+    """What closed a call, once (issue 26, item 3): its decision and its terminal event, each at most once.
+
+    `kind` is `decision` (an `mcp.permission.decision`) or `end` (its POLICY_BLOCKED or TOOL_FINISHED);
+    `event_id` the audit event that recorded it. The audit append inserts here, under the chain's
+    lock, with the events; an append that would record a second one for a call writes nothing
+    (gateway/audit.py): a gateway that lost its lease, and whose question another gateway closed,
+    cannot give the call a second outcome.
+    """
+
+    __tablename__ = "call_ends"
+    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    event_id: Mapped[int] = mapped_column(BigInteger)
+
+
 # The Core tables behind the models: the hot paths use Core statements, not the ORM.
 users = cast(Table, User.__table__)
 user_workspaces = cast(Table, UserWorkspace.__table__)
@@ -248,6 +264,7 @@ consent_grants = cast(Table, ConsentGrant.__table__)
 consent_requests = cast(Table, ConsentRequestRow.__table__)
 gateway_sessions = cast(Table, GatewaySession.__table__)
 tool_calls = cast(Table, ToolCall.__table__)
+call_ends = cast(Table, CallEnd.__table__)
 
 
 SQLITE_SYNC_MODES = ("normal", "full")
@@ -343,14 +360,19 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
     autocommit, for the statements every call runs (its authentication, its audit appends): each is
     its own transaction and one round trip. SQLAlchemy's Connection around a pooled connection cost
     more client CPU than the statement itself (issue 17); the pool, its idle ping and the bounds
-    of POSTGRES_BOUNDS are the same. A driver error comes out as SQLAlchemy's DBAPIError, as from
-    any other statement (so `storage_errors` turns it into a refusal); a broken connection is
-    dropped from the pool."""
+    of POSTGRES_BOUNDS are the same. A driver error, connecting included, comes out as SQLAlchemy's
+    DBAPIError, as from any other statement (so `storage_errors` turns it into a refusal); a broken
+    connection is dropped from the pool."""
     from psycopg.rows import namedtuple_row  # noqa: PLC0415  (PostgreSQL only: SQLite users never load it)
 
-    fairy = engine.raw_connection()
-    raw = cast(Any, fairy.driver_connection)  # a psycopg.Connection: the dialect is postgresql+psycopg
     dbapi_error = engine.dialect.loaded_dbapi.Error
+    try:
+        fairy = engine.raw_connection()
+    except dbapi_error as exc:
+        # The pool connects through the driver alone: a server that is down or refuses us comes out
+        # as psycopg's own error, where `Connection` would have wrapped it (issue 26, item 10).
+        raise DBAPIError.instance(None, None, exc, dbapi_error, connection_invalidated=True) from exc
+    raw = cast(Any, fairy.driver_connection)  # a psycopg.Connection: the dialect is postgresql+psycopg
     try:
         raw.autocommit = True
         with raw.cursor(row_factory=namedtuple_row) as cursor:
@@ -368,6 +390,13 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
             fairy.invalidate(exc)
         finally:
             fairy.close()  # back to the pool, or closed when invalidated: never left checked out
+
+
+def separate_engine(engine: Engine) -> Engine:
+    """Another engine on `engine`'s database, with a pool of its own: for work that must not wait for a
+    connection the calls hold (the lease, gateway/liveness.py). A SQLite URL's `synchronous=` is not
+    carried over: the default (normal) applies."""
+    return make_engine(engine.url.render_as_string(hide_password=False))
 
 
 def on_postgres(engine: Engine) -> bool:
@@ -402,7 +431,7 @@ def _sqlite_on_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-SCHEMA_HEAD = "0008"
+SCHEMA_HEAD = "0009"
 """The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
 
 

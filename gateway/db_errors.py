@@ -1,7 +1,8 @@
 """The one place a database failure becomes a refusal (spec section 8: fail closed): `storage_errors`.
 
-Every store wraps its database work in `with storage_errors(...)`: a SQLAlchemyError raised
-inside (DatabaseFileChangedError and DatabaseFileUnwritableError from gateway/db_file.py
+Every store wraps its database work in `with storage_errors(...)`, and gateway/db_threads.py wraps
+all database work done while serving in it once more: a SQLAlchemyError (or a driver's own error)
+raised inside (DatabaseFileChangedError and DatabaseFileUnwritableError from gateway/db_file.py
 included) is logged once with its cause (`describe_cause`: never the SQL, its parameters or the
 URL), then raised again as `StorageUnavailableError` from it, -32603 with the reason it carries.
 Callers branch on that class, never on the driver's exceptions or the reason's text.
@@ -10,6 +11,8 @@ Callers branch on that class, never on the driver's exceptions or the reason's t
 from __future__ import annotations
 
 import logging
+import sqlite3
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -40,13 +43,20 @@ def storage_errors(
     """
     try:
         yield
-    except SQLAlchemyError as exc:
+    except _storage_errors() as exc:
         if log is not None:
             subject = what if run_id is None else f"run {run_id}: {what}"
             cause = type(getattr(exc, "orig", None) or exc).__name__
             # No traceback: it would hold the SQL and its parameters.
             log.error("%s: %s", subject, describe_cause(exc), extra={RATE_KEY: (what, cause)})  # noqa: TRY400
         raise StorageUnavailableError(reason, detail) from exc
+
+
+def _storage_errors() -> tuple[type[Exception], ...]:
+    """SQLAlchemy's errors, and the drivers' own, which reach here when a connection is made outside a
+    SQLAlchemy Connection (the pool's connect, gateway/db.py `autocommit_cursor`): the drivers loaded."""
+    psycopg = sys.modules.get("psycopg")  # loaded only on PostgreSQL: never imported here for SQLite
+    return (SQLAlchemyError, sqlite3.Error) if psycopg is None else (SQLAlchemyError, sqlite3.Error, psycopg.Error)
 
 
 def cause_name(exc: StorageUnavailableError) -> str:

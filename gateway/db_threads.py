@@ -8,10 +8,20 @@ limit. So every database call made while serving goes through `in_db_thread`, wh
 it on one of a few worker threads and leaves the loop free.
 
 The threads are few on purpose (`DB_THREADS` per process, fewer than SQLAlchemy's pool
-holds): when the database is stuck, calls queue here, each bounded by the database's own
-timeouts (SQLite's busy timeout, PostgreSQL's lock and statement timeouts, gateway/db.py),
-instead of piling up connections. Database work is never abandoned half done nor skipped
-because its call is being cancelled: the call sees the cancellation once the work is finished.
+holds): when the database is stuck, calls queue here instead of piling up connections. Both
+waits are bounded (issue 26, item 3): work that has not started within the start bound
+(`MCP_GATEWAY_DB_WAIT_S`, default 10 s) is not started at all and its caller gets
+StorageUnavailableError (`database_unavailable`), and work that started is bounded by the
+database's own timeouts (SQLite's busy timeout, PostgreSQL's lock and statement timeouts,
+gateway/db.py). Without the first bound, 60 calls behind a held lock were answered after up to
+40 s, and with a holder that never let go each waited `ceil(N/4) x 10 s`. Work that started is
+never abandoned half done nor skipped because its call is being cancelled: the call sees the
+cancellation once the work is finished. A SQLAlchemy or driver error that escapes the work is
+translated here as any store does (gateway/db_errors.py), so no database failure reaches a
+client as `internal_error`.
+
+The gateway's lease is not renewed here but on a thread and a connection of its own
+(gateway/liveness.py `LeaseKeeper`): however long calls queue, the lease does not wait behind them.
 
 A hop is the gateway's dearest step after the database itself: on this project's 2-CPU VM,
 anyio's `to_thread.run_sync` cost 220-370 us of CPU per hop, a sixth of a cheap call
@@ -29,20 +39,70 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import os
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
+
+from gateway.db_errors import storage_errors
+from gateway.errors import Reason, StorageUnavailableError
+from gateway.logs import RATE_KEY
+
+log = logging.getLogger("gateway.db")
 
 DB_THREADS = 4
 """Worker threads for database work, per process."""
 
 LOOP_WAIT_S = 0.005
 """How long the event loop's thread waits for database work before yielding to the loop."""
+
+START_WAIT_ENV = "MCP_GATEWAY_DB_WAIT_S"
+"""Seconds database work may wait for a database thread before it is refused; default DEFAULT_START_WAIT_S."""
+DEFAULT_START_WAIT_S = 10.0
+_start_wait_s = DEFAULT_START_WAIT_S
+
+
+def start_wait_from(environ: Mapping[str, str]) -> float:
+    """The start bound `environ` asks for (START_WAIT_ENV), or the default with a warning when it is not a number
+    of seconds between 0 and 600."""
+    text = environ.get(START_WAIT_ENV, "").strip()
+    if not text:
+        return DEFAULT_START_WAIT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds <= 600:
+        log.warning("%s must be seconds between 0 and 600; using %s", START_WAIT_ENV, DEFAULT_START_WAIT_S)
+        return DEFAULT_START_WAIT_S
+    return seconds
+
+
+def set_start_wait(seconds: float) -> None:
+    """Set the start bound for this process (`serve` does, from its environment)."""
+    global _start_wait_s  # noqa: PLW0603
+    _start_wait_s = seconds
+
+
+def _not_started(waited_s: float) -> StorageUnavailableError:
+    log.error(
+        "database work waited %.1f s for a database thread (all %d busy: the database is locked or slow) and was "
+        "refused (database_unavailable); the bound is %s",
+        waited_s,
+        DB_THREADS,
+        START_WAIT_ENV,
+        extra={RATE_KEY: ("not_started",)},
+    )
+    return StorageUnavailableError(
+        Reason.DATABASE_UNAVAILABLE, "the gateway's database is busy or locked: the call could not start; nothing ran"
+    )
+
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -51,15 +111,32 @@ _T = TypeVar("_T")
 class _Job:
     """One piece of database work, its outcome, and how its caller is told."""
 
-    __slots__ = ("context", "done", "error", "guard", "loop", "result", "settled", "waiter", "work")
+    __slots__ = (
+        "context",
+        "done",
+        "dropped",
+        "error",
+        "guard",
+        "loop",
+        "queued_at",
+        "result",
+        "settled",
+        "started",
+        "waiter",
+        "work",
+    )
 
     def __init__(self, work: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
         self.work = work
         self.context = contextvars.copy_context()
         self.loop = loop
+        self.queued_at = time.monotonic()
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
+        self.started = False
+        self.dropped = False
+        """Set by a caller whose start bound passed first: the worker then skips the work."""
         self.waiter: asyncio.Future[None] | None = None
         """Set by a caller that stopped waiting on `settled`: the worker then wakes it through the loop."""
         self.guard = threading.Lock()
@@ -68,8 +145,13 @@ class _Job:
 
     def run(self) -> None:
         """On a worker thread."""
+        with self.guard:
+            if self.dropped:
+                return  # its caller was refused already: nobody waits for it
+            self.started = True
         try:
-            self.result = self.context.run(self.work)
+            with storage_errors("database work failed", log=log):
+                self.result = self.context.run(self.work)
         except BaseException as exc:  # handed to the caller, who raises it
             self.error = exc
         with self.guard:
@@ -81,15 +163,25 @@ class _Job:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
             self.loop.call_soon_threadsafe(_wake, waiter)
 
-    async def outcome(self) -> Any:
-        """On the event loop's thread: wait (on the thread, then on the loop), then return or raise."""
+    async def outcome(self, start_wait_s: float) -> Any:
+        """On the event loop's thread: wait (on the thread, then on the loop), then return or raise.
+
+        StorageUnavailableError when no thread took the work within `start_wait_s` of its queueing
+        (it then never runs)."""
         if not self.settled.acquire(timeout=LOOP_WAIT_S):
             with self.guard:
                 if not self.done:
                     self.waiter = self.loop.create_future()
             if self.waiter is not None:
                 with anyio.CancelScope(shield=True):
-                    await self.waiter
+                    with anyio.move_on_after(self.queued_at + start_wait_s - time.monotonic()):
+                        await asyncio.shield(self.waiter)
+                    if not self.waiter.done():
+                        with self.guard:
+                            self.dropped = not self.started
+                        if self.dropped:
+                            raise _not_started(time.monotonic() - self.queued_at)
+                        await self.waiter  # it started: the database's own timeouts bound it
         if self.error is not None:
             error, self.error = self.error, None
             try:
@@ -187,8 +279,10 @@ async def in_db_thread(work: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.k
     what happened (a person's decision, a run's end) is written even when the call is being
     cancelled, and the cancellation reaches the caller at its next checkpoint. Work that ends
     within `LOOP_WAIT_S` returns without a trip through the event loop (the module's docstring).
+    Work no thread took within the start bound is never run: StorageUnavailableError
+    (`database_unavailable`), as is a SQLAlchemy or driver error the work let out.
     """
     job = _Job(partial(work, *args, **kwargs), asyncio.get_running_loop())
     _here().put(job)
-    result: _T = await job.outcome()
+    result: _T = await job.outcome(_start_wait_s)
     return result

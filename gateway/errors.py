@@ -90,6 +90,7 @@ class Reason(StrEnum):
     # -32603
     AUDIT_UNAVAILABLE = "audit_unavailable"
     DATABASE_UNAVAILABLE = "database_unavailable"
+    ARTIFACTS_UNAVAILABLE = "artifacts_unavailable"
     INTERNAL_ERROR = "internal_error"
     TOOL_NOT_IMPLEMENTED = "tool_not_implemented"
     WORKSPACE_MISSING = "workspace_missing"
@@ -166,8 +167,9 @@ class InternalError(GatewayError):
 class StorageUnavailableError(InternalError):
     """The database failed (`audit_unavailable` for an audit append, else `database_unavailable`).
 
-    Raised only by `gateway.db_errors.storage_errors`, from the SQLAlchemyError, once its cause is
-    logged; nothing more is written for the call (no terminal event: the log itself may be gone).
+    Raised by `gateway.db_errors.storage_errors`, from the SQLAlchemyError, once its cause is logged,
+    and by gateway/db_threads.py for work no database thread could start within its bound; nothing
+    more is written for the call (no terminal event: the log itself may be gone).
     """
 
 

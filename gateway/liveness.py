@@ -1,8 +1,10 @@
 """Which gateways are alive, across processes and hosts (issue 12, item 4): a lease per serving process.
 
 Each `serve` process records a row in `gateway_sessions` under the session id its consent
-questions and runs carry, and renews its lease (`alive_until`) at every sweep
-(gateway/recovery.py); it sets `closed_at` when it stops cleanly. Another process judges it
+questions and runs carry, and renews its lease (`alive_until`) every sweep period on a thread and
+a connection of its own (`LeaseKeeper`), never in the queue calls' database work waits in: 80
+calls queued behind a locked row once kept a live gateway from renewing, and another gateway then
+closed its question as abandoned (issue 26, item 3). It sets `closed_at` when it stops cleanly. Another process judges it
 gone when its lease ran out or it closed, and, on the same kernel and in the same pid
 namespace, at once when its pid no longer is the process that registered (its start time
 differs, or no such pid): a `kill -9` is seen within a poll, not a lease. Across hosts the
@@ -13,8 +15,10 @@ lease alone decides, compared with the judge's clock: clocks must agree to well 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +26,11 @@ from pathlib import Path
 from sqlalchemy import Engine, delete, insert, select, update
 
 from gateway import db
-from gateway.db_errors import storage_errors
+from gateway.clock import Clock
+from gateway.db_errors import cause_name, storage_errors
+from gateway.errors import StorageUnavailableError
+
+log = logging.getLogger("gateway.liveness")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +151,80 @@ def _session(row: object) -> SessionRecord:
         float(m["alive_until"]),
         None if closed is None else float(closed),
     )
+
+
+class LeaseKeeper:
+    """Renews one session's lease every `period_s`, to `lease_s` ahead, on a daemon thread of its own
+    through an engine of its own (one connection): neither call traffic nor the database threads'
+    queue can delay it, and on PostgreSQL no lock a call waits for is one it needs (it touches only
+    its own `gateway_sessions` row). On SQLite a writer holding the file's lock (BEGIN IMMEDIATE)
+    holds it back too, as it holds back every other gateway's writes, closures included; it renews
+    as soon as the lock goes. A failed renewal is logged once (and once when it works again) and
+    retried the next period: nothing here can end the gateway.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        session_id: str,
+        identity: ProcessIdentity,
+        clock: Clock,
+        *,
+        period_s: float,
+        lease_s: float,
+    ) -> None:
+        self._engine = engine
+        self._store = SessionStore(engine)
+        self._session_id = session_id
+        self._identity = identity
+        self._clock = clock
+        self._period_s = period_s
+        self._lease_s = lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="gateway-lease", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop renewing (a renewal under way finishes; its engine is disposed by the thread)."""
+        self._stop.set()
+
+    def renew_once(self) -> None:
+        now = self._clock.now()
+        before = self._store.renew(self._session_id, self._identity, now, now + self._lease_s)
+        if before is not None and before <= now:
+            log.warning(
+                "this gateway's lease had run out %.0f s ago (the database was unreachable?): other gateways may "
+                "have closed its runs and questions as abandoned",
+                now - before,
+            )
+
+    def _keep(self) -> None:
+        failing = False
+        try:
+            while not self._stop.is_set():
+                try:
+                    self.renew_once()
+                except StorageUnavailableError as exc:
+                    if not failing:
+                        log.error(  # noqa: TRY400  (no traceback: the URL may hold a password)
+                            "this gateway's lease could not be renewed (%s); it retries every %s s",
+                            cause_name(exc),
+                            self._period_s,
+                        )
+                    failing = True
+                except Exception:
+                    if not failing:
+                        log.exception(
+                            "this gateway's lease could not be renewed; it retries every %s s", self._period_s
+                        )
+                    failing = True
+                else:
+                    if failing:
+                        log.warning("this gateway's lease is renewed again")
+                    failing = False
+                self._stop.wait(self._period_s)
+        finally:
+            with contextlib.suppress(Exception):
+                self._engine.dispose()

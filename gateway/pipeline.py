@@ -23,6 +23,7 @@ run) in one hop, with the refusal's events when one of them refuses.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -60,7 +61,7 @@ from gateway.grant_scope import workspace_spellings
 from gateway.preflight import check_run_paths
 from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.rbac import ADMIN_ROLE, require_permission
-from gateway.runs import RunRecord
+from gateway.runs import RunRecord, artifact_errors
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
 from gateway.services import Services
 from gateway.start_failures import describe_start_failure, start_step
@@ -289,7 +290,8 @@ class Pipeline:
         except GatewayError as exc:  # StorageUnavailableError included: `_refused` writes no event then
             if not trail.refusal_logged:
                 exc.stage = trail.stage
-                await in_db_thread(self._refused, trail, exc)
+                if trail.charge_id is not None or not _is_audit_failure(exc):  # else it has nothing to do:
+                    await in_db_thread(self._refused, trail, exc)  # no second wait for a busy database
             raise
         except Exception as exc:
             log.exception("run %s: unexpected failure", run_id)
@@ -299,10 +301,10 @@ class Pipeline:
             raise error from exc
         except anyio.get_cancelled_exc_class():
             # The client cancelled or went away; a running tool was killed by the runner.
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), contextlib.suppress(StorageUnavailableError):
                 run_status = "cancelled" if trail.executing else None
                 await in_db_thread(self._best_effort, trail, trail.cancelled(), run_status, "cancelled", None)
-            raise
+            raise  # the cancellation, even when the database could not take its trail (logged)
 
     # --- the stages: each a `step` or a `run` for a call and a `dry` for explain ---------------
 
@@ -631,7 +633,11 @@ class Pipeline:
             progress=progress,
         )
         try:
-            run = await spec.execute(request)
+            with artifact_errors(run_id):
+                run = await spec.execute(request)
+        except InternalError:
+            await in_db_thread(self.s.runs.finish, run_id, "failed", None)
+            raise
         except SandboxStartError as exc:
             trail.run_ms = 0  # nothing ran
             await in_db_thread(self.s.runs.finish, run_id, "failed_to_start", None)
@@ -643,14 +649,19 @@ class Pipeline:
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
         executed = EventDraft(EventType.SANDBOX_EXEC, tool_name=spec.name, detail=run.sandbox_detail(), **common)
         usage = await in_db_thread(self._ran, trail, executed, principal.name)
-        run.write_evidence(
-            Governance(
-                elapsed_ms_total=usage.elapsed_ms,
-                attempts_total=usage.attempts,
-                short_circuited=run.stopped,
-                policy_timeout_s=self.s.policy.sandbox.timeout_s,
-            )
-        )
+        try:
+            with artifact_errors(run_id):
+                run.write_evidence(
+                    Governance(
+                        elapsed_ms_total=usage.elapsed_ms,
+                        attempts_total=usage.attempts,
+                        short_circuited=run.stopped,
+                        policy_timeout_s=self.s.policy.sandbox.timeout_s,
+                    )
+                )
+        except InternalError:
+            await in_db_thread(self.s.runs.finish, run_id, "failed", run.exit_code)
+            raise
         refusal = run.refusal()
         status = refusal.reason if refusal else run.status()
         if not await in_db_thread(self.s.runs.finish, run_id, status, run.exit_code):

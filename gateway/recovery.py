@@ -3,7 +3,8 @@
 At start, before serving (`close_abandoned_runs`), and every sweep period while serving
 (`keep_sweeping`, its database work on a worker thread, never on the event loop), a gateway:
 
-- renews its own lease in `gateway_sessions` (gateway/liveness.py);
+- renews its own lease in `gateway_sessions` (gateway/liveness.py `LeaseKeeper`, on a thread and a
+  connection of its own: calls queued for the database never delay it);
 - closes each run still `running` past its deadline (when every process of the run is dead: the
   sandbox's watchdog) as `abandoned`, with TOOL_FINISHED `{status: abandoned, reason}`: at once
   when its gateway is gone (`gateway_lost`); when its gateway is alive, or unknown, only once the
@@ -35,6 +36,7 @@ from typing import cast
 import anyio
 import anyio.to_thread
 
+from gateway import db
 from gateway.audit import EventDraft, EventType
 from gateway.calls import Moved
 from gateway.consent import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
@@ -43,6 +45,7 @@ from gateway.db_errors import cause_name
 from gateway.db_threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason, StorageUnavailableError
 from gateway.liveness import (
+    LeaseKeeper,
     ProcessIdentity,
     SessionRecord,
     SessionStore,
@@ -281,11 +284,16 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
     session = services.consent.session_id
     services.runs.owner = session
     sessions = services.sessions
+    # The lease on a thread and a connection of its own, not in the database threads' queue (issue 26, item 3).
+    keeper = LeaseKeeper(
+        db.separate_engine(services.engine), session, here, services.clock, period_s=pace.period_s, lease_s=pace.lease_s
+    )
+    keeper.start()
     failing = False
     try:
         while True:
             try:
-                await in_db_thread(_tick, services, sessions, session, here, pace)
+                await in_db_thread(_tick, services, sessions, here, pace)
             except StorageUnavailableError as exc:
                 if not failing:
                     log.error("the sweep failed (%s); it retries every %s s", cause_name(exc), pace.period_s)  # noqa: TRY400  (the URL may hold a password)
@@ -296,6 +304,7 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
                 failing = False
             await anyio.sleep(pace.period_s)
     finally:
+        keeper.stop()
         with anyio.CancelScope(shield=True):
             try:
                 await in_db_thread(sessions.close, session, services.clock.now())
@@ -303,15 +312,8 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
                 log.warning("could not record this gateway's stop (%s); its lease runs out instead", cause_name(exc))
 
 
-def _tick(services: Services, sessions: SessionStore, session: str, here: ProcessIdentity, pace: Pace) -> None:
+def _tick(services: Services, sessions: SessionStore, here: ProcessIdentity, pace: Pace) -> None:
     now = services.clock.now()
-    before = sessions.renew(session, here, now, now + pace.lease_s)
-    if before is not None and before <= now:
-        log.warning(
-            "this gateway's lease had run out %.0f s ago (the database was unreachable?): other gateways may have "
-            "closed its runs and questions as abandoned",
-            now - before,
-        )
     sweep_once(services, pace, here)
     sessions.purge(now - SESSION_KEEP_S)
     services.consent_store.purge_expired(now)  # questions closed long ago (issue 12, item 7)

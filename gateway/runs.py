@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +14,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 
 from gateway import db
 from gateway.db_errors import storage_errors
+from gateway.errors import InternalError, Reason
+from gateway.logs import RATE_KEY
 
 log = logging.getLogger("gateway.runs")
 
@@ -32,6 +37,36 @@ class RunRecord:
 
 ABANDONED = "abandoned"
 """The status of a run whose end nobody recorded: its gateway died, or could not write it (gateway/recovery.py)."""
+
+
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+"""The errors of a disk that is full, over quota, read-only or failing (or a file over RLIMIT_FSIZE)."""
+
+
+@contextmanager
+def artifact_errors(run_id: str) -> Iterator[None]:
+    """Turn a storage failure writing `run_id`'s artifacts (its folder, output, junit.xml, evidence.json)
+    into -32603 `artifacts_unavailable`, with one ERROR line naming the cause (issue 26, item 10).
+
+    Without it a disk filling during a run was answered `internal_error` with a traceback. Other
+    OSErrors are not the disk's and stay unexpected."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            raise
+        cause = errno.errorcode.get(exc.errno or 0, "OSError")
+        log.error(  # noqa: TRY400  (the cause is the whole story: no traceback)
+            "run %s: its artifacts could not be written (artifacts_unavailable): %s %s",
+            run_id,
+            cause,
+            exc.strerror,
+            extra={RATE_KEY: ("artifacts", cause)},
+        )
+        raise InternalError(
+            Reason.ARTIFACTS_UNAVAILABLE,
+            f"the run's artifacts could not be written ({exc.strerror}): the gateway's disk is full or failing",
+        ) from exc
 
 
 class RunStore:

@@ -29,7 +29,7 @@ from gateway import __version__
 from gateway.auth import TOKEN_ENV, EnvToken, env_token
 from gateway.consent import Decision, InputRequired, NoAnswer, RoundTrip, decision_from_form, decision_schema
 from gateway.db_file import FileGuard, guard_of
-from gateway.db_threads import in_db_thread
+from gateway.db_threads import in_db_thread, set_start_wait, start_wait_from
 from gateway.errors import GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.permission_prompt import SPEC as CHECK_PERMISSION
 from gateway.permission_prompt import PermissionPrompt
@@ -299,6 +299,7 @@ async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE
     # A fatal signal the guard below could not prevent (a -shm made immutable in the microseconds
     # between its check and SQLite's write: SIGBUS) at least names itself on stderr.
     faulthandler.enable()
+    set_start_wait(start_wait_from(services.environ))  # database work not started in time is refused
     stopped = _Stopped()
     client_gone = False
     try:

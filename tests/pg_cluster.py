@@ -29,6 +29,8 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -81,6 +83,59 @@ def start_cluster(programs: Path) -> str:
     with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as connection:
         connection.execute("CREATE DATABASE gateway_tests")
     return f"postgresql+psycopg://postgres@127.0.0.1:{port}/gateway_tests"
+
+
+@dataclass
+class Cluster:
+    """A cluster of this process's own (`own_cluster`), for a test that stops its server: the suite's is shared."""
+
+    programs: Path
+    data: Path
+    user: str | None
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/gateway_tests"
+
+    def start(self) -> None:
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.data} -c fsync=off"
+        pg_ctl = [str(self.programs / "pg_ctl"), "-D", str(self.data / "data")]
+        _run([*pg_ctl, "-o", options, "-l", str(self.data / "log"), "-w", "start"], self.user)
+
+    def stop(self) -> None:
+        """Stop the server at once (`immediate`: as a crash or a killed host would)."""
+        subprocess.run(
+            [str(self.programs / "pg_ctl"), "-D", str(self.data / "data"), "-m", "immediate", "-w", "stop"],
+            user=self.user,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+
+@contextmanager
+def own_cluster() -> Iterator[Cluster]:
+    """A throwaway cluster with one empty database (`Cluster.url`), stopped and deleted afterwards."""
+    programs = server_programs()
+    if programs is None:
+        pytest.skip("no PostgreSQL server programs (initdb) here")
+    user = "postgres" if os.geteuid() == 0 else None
+    data = Path(tempfile.mkdtemp(prefix="mcp-gw-pg-own-"))
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        os.chown(data, entry.pw_uid, entry.pw_gid)
+    _run([str(programs / "initdb"), "-D", str(data / "data"), "-A", "trust", "-U", "postgres", "--no-sync"], user)
+    cluster = Cluster(programs, data, user, _free_port())
+    try:
+        cluster.start()
+        with psycopg.connect(f"host=127.0.0.1 port={cluster.port} user=postgres dbname=postgres") as connection:
+            connection.autocommit = True
+            connection.execute("CREATE DATABASE gateway_tests")
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:

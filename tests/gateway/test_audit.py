@@ -352,7 +352,7 @@ def test_verifying_from_a_verified_point_checks_what_came_after(log: AuditLog, e
     """The web console's incremental check: from a point verified before, the events appended since."""
     report, point = log.verify_after(GENESIS)
     assert report == ChainReport(ok=True, checked=len(DRAFTS)) and point == log.head()
-    log.append(*DRAFTS)
+    log.append(*(dataclasses.replace(d, run_id=f"{d.run_id}-again") for d in DRAFTS))  # r1 and r2 have their ends
     assert log.verify_after(point) == (ChainReport(ok=True, checked=2 * len(DRAFTS)), log.head())
     assert log.verify_after(log.head()) == (ChainReport(ok=True, checked=2 * len(DRAFTS)), log.head())
     # A new event edited: found from the point. An old one: only a check from the start finds it.
@@ -366,3 +366,58 @@ def test_verifying_from_a_verified_point_checks_what_came_after(log: AuditLog, e
     assert log.verify_after(GENESIS)[0] == ChainReport(False, 0, 1, "hash does not match the event's content")
     # A point beyond the head (the tail was cut since): not ok.
     assert not log.verify_after(ChainHead(10 * len(DRAFTS), GENESIS_HASH))[0].ok
+
+
+def _trail(engine: Engine, run_id: str) -> list[str]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT event_type FROM audit_events WHERE run_id = :r ORDER BY id"), {"r": run_id}
+        ).all()
+    return [row.event_type for row in rows]
+
+
+def _question_closed(run_id: str) -> list[EventDraft]:
+    """What a sweep writes for a consent question it closes as abandoned: the decision and the POLICY_BLOCKED."""
+    decided = EventDraft(
+        EventType.PERMISSION_DECISION,
+        run_id=run_id,
+        user="alice",
+        workspace="default",
+        tool_name="run_pytest",
+        detail={"decision": "DENY_ONCE", "origin": "no_answer"},
+    )
+    blocked = dataclasses.replace(
+        decided, event_type=EventType.POLICY_BLOCKED, code=-32008, detail={"status": "abandoned"}
+    )
+    return [decided, blocked]
+
+
+def test_a_call_gets_one_decision_and_one_end_whoever_writes_them(engine: Engine, clock: FakeClock) -> None:
+    """Issue 26, item 3: a gateway whose question another gateway closed (its lease having run out) wrote
+    a second decision and a second POLICY_BLOCKED. The store writes only the first of each kind."""
+    audit = AuditLog(engine, clock)
+    audit.append(EventDraft(EventType.MCP_TOOL_CALL, run_id="q1", user="alice", tool_name="run_pytest"))
+    assert len(audit.append(*_question_closed("q1"))) == 2  # the sweep's closure
+    head = audit.head()
+    # The live gateway, later: its decision alone, its POLICY_BLOCKED alone, both together, a TOOL_FINISHED.
+    late = _question_closed("q1")
+    finished = EventDraft(EventType.TOOL_FINISHED, run_id="q1", detail={"status": "error"})
+    for drafts in ([late[0]], [late[1]], late, [finished]):
+        assert audit.append(*drafts) == []
+    assert audit.head() == head
+    assert _trail(engine, "q1") == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
+    assert verify(audit).ok
+
+
+def test_an_append_with_a_second_end_writes_nothing_of_itself(engine: Engine, clock: FakeClock) -> None:
+    """Variants: the refused append's other events (and another call's in it) are not written either: an
+    append is all or nothing; calls without a run id (CLI events) and other calls are not held back."""
+    audit = AuditLog(engine, clock)
+    audit.append(*_question_closed("q1"))
+    mixed = [EventDraft(EventType.MCP_TOOL_CALL, run_id="q2"), *_question_closed("q1")]
+    assert audit.append(*mixed) == []
+    assert _trail(engine, "q2") == []
+    assert len(audit.append(*_question_closed("q2"))) == 2
+    cli = EventDraft(EventType.PERMISSION_DECISION, detail={"decision": "ALLOW_ALWAYS"})
+    assert len(audit.append(cli)) == 1 and len(audit.append(cli)) == 1
+    assert verify(audit).ok

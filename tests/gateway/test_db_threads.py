@@ -9,12 +9,16 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import pytest
+from sqlalchemy.exc import OperationalError
 
-from gateway.db_threads import DB_THREADS, LOOP_WAIT_S, in_db_thread
+from gateway import db_threads
+from gateway.db_threads import DB_THREADS, LOOP_WAIT_S, in_db_thread, start_wait_from
+from gateway.errors import Reason, StorageUnavailableError
 
 REQUEST = contextvars.ContextVar("request", default="none")
 
@@ -180,3 +184,100 @@ def test_a_forked_child_starts_threads_of_its_own() -> None:
             pytest.fail("the forked child's database work never ran")
         time.sleep(0.02)
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+@pytest.fixture
+def start_wait_s() -> Iterator[float]:
+    """A start bound of 0.5 s for the test, the default again after it."""
+    db_threads.set_start_wait(0.5)
+    yield 0.5
+    db_threads.set_start_wait(db_threads.DEFAULT_START_WAIT_S)
+
+
+def test_work_no_thread_takes_within_the_bound_is_refused_and_never_runs(start_wait_s: float) -> None:
+    """Issue 26, item 3: with every thread held (a lock another connection holds), work queued behind them
+    waited without bound: 60 calls, the last answered after 40 s. Now it is refused at the bound,
+    `database_unavailable`, and skipped when a thread comes free; the held work still finishes."""
+    release = threading.Event()
+    ran: list[int] = []
+
+    def held(index: int) -> int:
+        release.wait(10)
+        return index
+
+    def queued(index: int) -> None:
+        ran.append(index)
+
+    outcomes: dict[int, object] = {}
+
+    async def call(index: int, work: Any) -> None:
+        started = time.monotonic()
+        try:
+            outcomes[index] = await in_db_thread(work, index)
+        except StorageUnavailableError as exc:
+            outcomes[index] = (exc.reason, round(time.monotonic() - started, 1))
+
+    async def main() -> None:
+        with anyio.fail_after(30):
+            await calls()
+
+    async def calls() -> None:
+        async with anyio.create_task_group() as group:
+            for index in range(DB_THREADS):
+                group.start_soon(call, index, held)
+            await anyio.sleep(0.1)  # every thread has its held work
+            for index in range(DB_THREADS, 3 * DB_THREADS):
+                group.start_soon(call, index, queued)
+            await anyio.sleep(start_wait_s + 0.5)
+            release.set()
+
+    anyio.run(main)
+    assert {outcomes[i] for i in range(DB_THREADS)} == set(range(DB_THREADS))
+    refused = [outcomes[i] for i in range(DB_THREADS, 3 * DB_THREADS)]
+    assert all(isinstance(o, tuple) and o[0] == Reason.DATABASE_UNAVAILABLE for o in refused), refused
+    assert all(start_wait_s - 0.05 <= o[1] <= start_wait_s + 0.5 for o in refused if isinstance(o, tuple)), refused
+    time.sleep(0.3)  # the threads, free now, pass over the refused work
+    assert ran == []
+
+
+def test_work_that_started_is_bounded_by_the_database_not_the_start_bound(start_wait_s: float) -> None:
+    """Variant: the bound is on starting. Work that runs past it (a statement waiting for a lock, which
+    the database's own timeout ends) is waited for and its result returned."""
+
+    def slow() -> str:
+        time.sleep(start_wait_s + 0.5)
+        return "written"
+
+    async def main() -> str:
+        return await in_db_thread(slow)
+
+    assert anyio.run(main) == "written"
+
+
+def test_a_database_error_the_work_lets_out_is_a_storage_refusal() -> None:
+    """Issue 26, item 10, as a class: a SQLAlchemy or driver error that no store translated (a connection
+    opened outside `storage_errors`) reaches the caller as `database_unavailable`, not internal_error."""
+    import sqlite3
+
+    def from_sqlalchemy() -> None:
+        raise OperationalError("SELECT 1", {}, sqlite3.OperationalError("unable to open database file"))
+
+    def from_the_driver() -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    for work in (from_sqlalchemy, from_the_driver):
+
+        async def main(work: Any = work) -> None:
+            await in_db_thread(work)
+
+        with pytest.raises(StorageUnavailableError) as raised:
+            anyio.run(main)
+        assert raised.value.reason == Reason.DATABASE_UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("", 10.0), ("2.5", 2.5), ("600", 600.0), ("0", 10.0), ("-1", 10.0), ("601", 10.0), ("soon", 10.0), ("nan", 10.0)],
+)
+def test_the_start_bound_from_the_environment(value: str, seconds: float) -> None:
+    assert start_wait_from({"MCP_GATEWAY_DB_WAIT_S": value}) == seconds

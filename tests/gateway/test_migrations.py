@@ -152,3 +152,28 @@ def _has_append_function(engine: Engine) -> bool:
     with engine.connect() as connection:
         found = connection.execute(text("SELECT count(*) FROM pg_proc WHERE proname = 'gateway_audit_append'"))
         return bool(found.scalar_one())
+
+
+def test_0009_records_the_first_decision_and_end_of_each_call_already_logged(unmigrated: Engine) -> None:
+    """A log from before 0009 may hold a call's doubled decision and end (issue 26, item 3: the bug it
+    fixes); `call_ends` starts from the first of each, so the rule holds for those calls too."""
+    engine = unmigrated
+    command.upgrade(db._alembic_config(engine), "0008")
+    logged = [
+        (1, "r1", "mcp.permission.decision"), (2, "r1", "POLICY_BLOCKED"), (3, "r1", "mcp.permission.decision"),
+        (4, "r1", "POLICY_BLOCKED"), (5, "r2", "MCP_TOOL_CALL"), (6, "r2", "TOOL_FINISHED"), (7, None, "USER_ADDED"),
+    ]  # fmt: skip
+    with engine.begin() as connection:
+        connection.execute(
+            insert(db.audit_events),
+            [
+                {"id": i, "ts": "t", "event_type": kind, "run_id": run, "detail": "{}", "prev_hash": "", "hash": ""}
+                for i, run, kind in logged
+            ],
+        )
+
+    db.migrate(engine)
+
+    with engine.connect() as connection:
+        ends = {tuple(row) for row in connection.execute(select(db.call_ends))}
+    assert ends == {("r1", "decision", 1), ("r1", "end", 2), ("r2", "end", 6)}
