@@ -19,7 +19,8 @@ At start, before serving (`close_abandoned_runs`), and every sweep period while 
 
 Each closure is a conditional UPDATE, so of several gateways sweeping at once exactly one closes
 it and writes its events; if the events cannot be written the closure is undone for a later
-sweep. Each is logged once on stderr.
+sweep. Each is logged once on stderr. A sweep that fails never ends the gateway: the failure is
+logged once (gateway/tick_failures.py) and the next period retries.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import cast
 
 import anyio
 import anyio.to_thread
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.calls import Moved
@@ -53,6 +55,7 @@ from gateway.liveness import (
 )
 from gateway.runs import RunRecord
 from gateway.services import Services
+from gateway.tick_failures import FailureStreak
 from sandbox.leftovers import sweep_scratch
 
 log = logging.getLogger("gateway.recovery")
@@ -165,14 +168,33 @@ def sweep_once(
             services, questions, question, owner, now
         ):
             swept.questions.append(question.id)
-    for folder in sweep_scratch():
-        log.warning("removed %s, the scratch folder of a run whose gateway died", folder)
     return swept
 
 
+def remove_dead_scratch() -> None:
+    """Remove the scratch folders no live gateway holds (sandbox/leftovers.py); filesystem work only."""
+    for folder in sweep_scratch():
+        log.warning("removed %s, the scratch folder of a run whose gateway died", folder)
+
+
 def close_abandoned_runs(services: Services) -> list[str]:
-    """The sweep at start, before serving; the ids of the runs it closed."""
-    return sweep_once(services, pace_from(services.environ)).runs
+    """The sweep at start, before serving; the ids of the runs it closed.
+
+    The database's failures are the caller's to judge (gateway/cli_commands.py); anything else
+    the sweep meets is logged and left to the sweeps while serving: it never keeps serve from starting.
+    """
+    pace = pace_from(services.environ)
+    try:
+        remove_dead_scratch()
+    except Exception as exc:  # logged by the streak; a later sweep retries
+        FailureStreak("the scratch folder sweep at start-up", pace.period_s).failed(exc)
+    try:
+        return sweep_once(services, pace).runs
+    except (StorageUnavailableError, SQLAlchemyError):
+        raise
+    except Exception as exc:
+        FailureStreak("the sweep at start-up", pace.period_s).failed(exc)
+        return []
 
 
 def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
@@ -281,19 +303,23 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
     session = services.consent.session_id
     services.runs.owner = session
     sessions = services.sessions
-    failing = False
+    # No tick's failure ends the gateway (issue 26, item 2): each is logged once and retried.
+    database = FailureStreak("the sweep", pace.period_s)
+    scratch = FailureStreak("the scratch folder sweep", pace.period_s)
     try:
         while True:
             try:
                 await in_db_thread(_tick, services, sessions, session, here, pace)
-            except StorageUnavailableError as exc:
-                if not failing:
-                    log.error("the sweep failed (%s); it retries every %s s", cause_name(exc), pace.period_s)  # noqa: TRY400  (the URL may hold a password)
-                failing = True
+            except Exception as exc:  # cancellation is a BaseException: it passes
+                database.failed(exc)
             else:
-                if failing:
-                    log.warning("the sweep works again")
-                failing = False
+                database.worked()
+            try:
+                await anyio.to_thread.run_sync(remove_dead_scratch)
+            except Exception as exc:
+                scratch.failed(exc)
+            else:
+                scratch.worked()
             await anyio.sleep(pace.period_s)
     finally:
         with anyio.CancelScope(shield=True):
@@ -301,6 +327,8 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
                 await in_db_thread(sessions.close, session, services.clock.now())
             except StorageUnavailableError as exc:
                 log.warning("could not record this gateway's stop (%s); its lease runs out instead", cause_name(exc))
+            except Exception:
+                log.exception("could not record this gateway's stop; its lease runs out instead")
 
 
 def _tick(services: Services, sessions: SessionStore, session: str, here: ProcessIdentity, pace: Pace) -> None:

@@ -338,10 +338,14 @@ async def _stop_on_unwritable_files(scope: anyio.CancelScope, guard: FileGuard, 
     # The guard finds an unwritable file on whichever database thread checked it, and refuses that
     # transaction: one more would risk SIGBUS, so serving ends too. A pipe carries the news to
     # the loop from any thread; it stays open, as a database thread may still hold the hook.
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    guard.on_unwritable = partial(_wake, wake_write)
-    await anyio.wait_readable(wake_read)
+    try:
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        guard.on_unwritable = partial(_wake, wake_write)
+        await anyio.wait_readable(wake_read)
+    except Exception:  # never the gateway's end (issue 26, item 2): the guard still refuses each write
+        log.exception("the database file guard's watcher failed; the guard still refuses every unwritable write")
+        return
     stopped.status = 1  # the guard logged the line saying which file and what to do
     scope.cancel()
 
