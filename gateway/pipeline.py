@@ -476,6 +476,7 @@ class Pipeline:
                     reason=reason,
                     message=message,
                     result=result,
+                    session_id=self.s.consent.session_id,
                 ),
             )
         return (Moved(str(trail.entry.run_id), str(status), now, trail.workspace, code, reason, message, result),)

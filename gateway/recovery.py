@@ -14,6 +14,11 @@ At start, before serving (`close_abandoned_runs`), and every sweep period while 
   row, once its expiry and the grace have passed) as `abandoned`, with `mcp.permission.decision`
   (DENY_ONCE, `origin: no_answer`, `no_answer: gateway_lost`) and the call's POLICY_BLOCKED
   `{status: abandoned, reason: gateway_lost}`;
+- closes each run whose gateway is known dead on this machine (pid identity) at once, whatever its
+  deadline (its processes died with the gateway), charged what ran until the death was seen;
+- closes each call a dead gateway left open (gateway/open_calls.py: in-band consent, the budget,
+  the sandbox's start) with POLICY_BLOCKED (TOOL_FINISHED if its tool ran) `{status: abandoned,
+  reason: gateway_lost}`, its card closed, nothing charged when nothing ran (issue 26, item 9);
 - removes the scratch folders of dead runs (sandbox/leftovers.py);
 - while serving, also forgets sessions gone for a week and questions closed a day ago.
 
@@ -49,10 +54,13 @@ from gateway.liveness import (
     SessionRecord,
     SessionStore,
     StartTimeProbe,
+    is_alive_here,
+    is_dead_here,
     is_gone,
     start_time_of,
     this_process,
 )
+from gateway.open_calls import OpenCall, OpenCalls
 from gateway.runs import RunRecord
 from gateway.services import Services
 from gateway.tick_failures import FailureStreak
@@ -110,8 +118,17 @@ def run_end_reason(
     here: ProcessIdentity,
     probe: StartTimeProbe = start_time_of,
 ) -> str | None:
-    """Why `run`'s record is to be closed now, or None while nobody may close it yet."""
-    if run.deadline is None or now <= run.deadline:
+    """Why `run`'s record is to be closed now, or None while nobody may close it yet.
+
+    At once when its gateway is known dead on this machine (pid identity): the run's processes
+    died with it (the parent-death signals of sandbox/backends/pidns.py). Otherwise only past the
+    deadline, when the sandbox's watchdog has ended every process of the run for sure.
+    """
+    if run.deadline is None:
+        return None
+    if owner is not None and is_dead_here(owner, here, probe):
+        return GATEWAY_LOST
+    if now <= run.deadline:
         return None
     if run.session_id is None or (owner is not None and is_gone(owner, now, here, probe)):
         return GATEWAY_LOST  # recorded before gateways had sessions, or its gateway is gone
@@ -140,6 +157,7 @@ def is_orphaned(
 class Swept:
     runs: list[str] = field(default_factory=list)
     questions: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
 
 
 def sweep_once(
@@ -152,15 +170,17 @@ def sweep_once(
     here = here or this_process()
     now = services.clock.now()
     questions = services.consent_store
-    overdue = services.runs.fetch_overdue(now)
+    running = services.runs.fetch_running()
     unanswered = questions.fetch_unanswered()
     owners = services.sessions.fetch(
-        [r.session_id for r in overdue if r.session_id] + [q.session_id for q in unanswered]
+        [r.session_id for r in running if r.session_id] + [q.session_id for q in unanswered]
     )
     swept = Swept()
-    for run in overdue:
-        reason = run_end_reason(run, owners.get(run.session_id or ""), now, pace, here=here, probe=probe)
-        if reason is not None and _close_run(services, run, reason):
+    for run in running:
+        owner = owners.get(run.session_id or "")
+        reason = run_end_reason(run, owner, now, pace, here=here, probe=probe)
+        died = owner is not None and is_dead_here(owner, here, probe)
+        if reason is not None and _close_run(services, run, reason, died=died):
             swept.runs.append(run.run_id)
     for question in unanswered:
         owner = owners.get(question.session_id)
@@ -168,7 +188,21 @@ def sweep_once(
             services, questions, question, owner, now
         ):
             swept.questions.append(question.id)
+    calls = OpenCalls(services.engine)
+    left = calls.fetch()
+    callers = services.sessions.fetch({c.session_id for c in left})
+    for call in left:
+        caller = callers.get(call.session_id)
+        if caller is not None and _is_dead(caller, now, here, probe) and _close_call(services, calls, call):
+            swept.calls.append(call.run_id)
     return swept
+
+
+def _is_dead(session: SessionRecord, now: float, here: ProcessIdentity, probe: StartTimeProbe) -> bool:
+    """Whether `session`'s gateway will never end its calls: known dead here, or gone where pids cannot tell."""
+    if is_alive_here(session, here, probe):
+        return False  # its lease may have run out, but it is there and may still end them
+    return is_gone(session, now, here, probe)
 
 
 def remove_dead_scratch() -> None:
@@ -197,7 +231,7 @@ def close_abandoned_runs(services: Services) -> list[str]:
         return []
 
 
-def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
+def _close_run(services: Services, run: RunRecord, reason: str, *, died: bool) -> bool:
     if not services.runs.close(run.run_id):
         return False  # its gateway finished it, or another gateway closed it, first
     try:
@@ -216,6 +250,12 @@ def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
         services.runs.reopen(run.run_id)
         log.error("run %s: could not record its closure (audit log unavailable); a later sweep retries", run.run_id)  # noqa: TRY400
         return False
+    if died:
+        # It ran until its gateway died, seen by now at the latest (a sweep period after): that is
+        # charged, not the whole time limit. If the ledger fails (it logs why), the reservation stays.
+        ran_until = min(services.clock.now(), run.deadline or run.created_at)
+        with contextlib.suppress(StorageUnavailableError):
+            services.budget.settle_lost(run.run_id, round((ran_until - run.created_at) * 1000))
     why = (
         "its gateway is gone"
         if reason == GATEWAY_LOST
@@ -277,8 +317,45 @@ def _close_question(
 
 
 _RUN_ABANDONED = "closed as abandoned: the gateway running it is gone, or could not record its end"
+_CALL_ABANDONED = "closed as abandoned: the gateway handling this call died before it ended"
 _ASKER_GONE = "closed as abandoned: the gateway that asked is gone; nobody can answer it now"
 """What a card closed by a sweep says (gateway/calls.py)."""
+
+
+def _close_call(services: Services, calls: OpenCalls, call: OpenCall) -> bool:
+    """A call its dead gateway left open (waiting for consent in-band, the budget or the sandbox; or
+    ended without its terminal event): its terminal event, its card closed, nothing charged if nothing ran."""
+    if not calls.claim(call):
+        return False
+    executing = call.status == "running"
+    try:
+        services.audit.append(
+            EventDraft(
+                EventType.TOOL_FINISHED if executing else EventType.POLICY_BLOCKED,
+                run_id=call.run_id,
+                user=call.user,
+                workspace=call.workspace,
+                tool_name=call.tool_name,
+                detail={"status": "abandoned", "reason": GATEWAY_LOST},
+            ),
+            along=[Moved(call.run_id, "error", services.clock.now(), reason=GATEWAY_LOST, message=_CALL_ABANDONED)],
+        )
+    except StorageUnavailableError:
+        calls.reopen(call)
+        log.error("call %s: could not record its closure (audit log unavailable); a later sweep retries", call.run_id)  # noqa: TRY400
+        return False
+    if not call.has_run:  # nothing ran; a run that ended had its charge settled then
+        with contextlib.suppress(StorageUnavailableError):
+            services.budget.settle_unrun(call.run_id)
+    log.warning(
+        "call %s (user %s, tool %s) was left %s by gateway session %s, which died: closed as abandoned",
+        call.run_id,
+        call.user,
+        call.tool_name,
+        call.status,
+        call.session_id,
+    )
+    return True
 
 
 def _asked(question: PendingRequest) -> ConsentRequest:
