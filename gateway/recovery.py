@@ -62,7 +62,7 @@ from gateway.liveness import (
 )
 from gateway.open_calls import OpenCall, OpenCalls
 from gateway.runs import RunRecord
-from gateway.services import Services
+from gateway.services import Services, Stores
 from gateway.tick_failures import FailureStreak
 from sandbox.leftovers import sweep_scratch
 
@@ -161,7 +161,7 @@ class Swept:
 
 
 def sweep_once(
-    services: Services,
+    services: Stores,
     pace: Pace,
     here: ProcessIdentity | None = None,
     probe: StartTimeProbe = start_time_of,
@@ -231,7 +231,7 @@ def close_abandoned_runs(services: Services) -> list[str]:
         return []
 
 
-def _close_run(services: Services, run: RunRecord, reason: str, *, died: bool) -> bool:
+def _close_run(services: Stores, run: RunRecord, reason: str, *, died: bool) -> bool:
     if not services.runs.close(run.run_id):
         return False  # its gateway finished it, or another gateway closed it, first
     try:
@@ -272,7 +272,7 @@ def _close_run(services: Services, run: RunRecord, reason: str, *, died: bool) -
 
 
 def _close_question(
-    services: Services,
+    services: Stores,
     questions: ConsentStore,
     question: PendingRequest,
     owner: SessionRecord | None,
@@ -322,7 +322,7 @@ _ASKER_GONE = "closed as abandoned: the gateway that asked is gone; nobody can a
 """What a card closed by a sweep says (gateway/calls.py)."""
 
 
-def _close_call(services: Services, calls: OpenCalls, call: OpenCall) -> bool:
+def _close_call(services: Stores, calls: OpenCalls, call: OpenCall) -> bool:
     """A call its dead gateway left open (waiting for consent in-band, the budget or the sandbox; or
     ended without its terminal event): its terminal event, its card closed, nothing charged if nothing ran."""
     if not calls.claim(call):

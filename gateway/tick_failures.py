@@ -10,15 +10,15 @@ cancellation (a stop) still passes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.db_errors import cause_name
 from gateway.errors import StorageUnavailableError
-from gateway.logs import RATE_KEY
+from gateway.logs import RATE_KEY, describe_cause
 from gateway.start_failures import describe_start_failure
 from sandbox.errors import SandboxStartError
-
-log = logging.getLogger("gateway.recovery")
 
 
 @dataclass(slots=True)
@@ -27,24 +27,26 @@ class FailureStreak:
 
     what: str
     retry_s: float
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("gateway.recovery"))
     cause: str | None = None
     """What the last tick failed of (None: it worked)."""
 
     def failed(self, exc: Exception) -> None:
-        cause = _cause(exc)
+        cause, said = _cause(exc)
         if cause == self.cause:
             return  # logged when the streak began, or when its cause last changed
         self.cause = cause
         # Its own kind for the log's rate limit (gateway/logs.py): this streak's lines are few already.
         kind = {RATE_KEY: (self.what, cause)}
-        if isinstance(exc, StorageUnavailableError | SandboxStartError):
-            # Expected kinds, logged without their text: a database URL may hold a password.
-            log.error("%s failed (%s); it retries every %s s", self.what, cause, self.retry_s, extra=kind)
+        if isinstance(exc, StorageUnavailableError | SandboxStartError | SQLAlchemyError):
+            # Expected kinds, without a traceback (it would hold SQL and its parameters), the driver's
+            # text cut to its first line (gateway/logs.py): a database URL may hold a password.
+            self.log.error("%s failed (%s); it retries every %s s", self.what, said, self.retry_s, extra=kind)
         else:
-            log.error(
+            self.log.error(
                 "%s failed unexpectedly (%s); it retries every %s s",
                 self.what,
-                cause,
+                said,
                 self.retry_s,
                 exc_info=exc,
                 extra=kind,
@@ -52,13 +54,16 @@ class FailureStreak:
 
     def worked(self) -> None:
         if self.cause is not None:
-            log.warning("%s works again", self.what, extra={RATE_KEY: (self.what, None)})
+            self.log.warning("%s works again", self.what, extra={RATE_KEY: (self.what, None)})
         self.cause = None
 
 
-def _cause(exc: Exception) -> str:
+def _cause(exc: Exception) -> tuple[str, str]:
+    """What failed, to tell one streak from the next, and how the log line says it."""
     if isinstance(exc, StorageUnavailableError):
-        return cause_name(exc)
+        return cause_name(exc), cause_name(exc)
     if isinstance(exc, SandboxStartError):
-        return describe_start_failure(exc.reason)
-    return type(exc).__name__
+        return exc.reason, describe_start_failure(exc.reason)
+    if isinstance(exc, SQLAlchemyError):
+        return type(getattr(exc, "orig", None) or exc).__name__, describe_cause(exc)
+    return type(exc).__name__, type(exc).__name__
