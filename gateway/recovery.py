@@ -64,7 +64,7 @@ from gateway.open_calls import OpenCall, OpenCalls
 from gateway.runs import RunRecord
 from gateway.services import Services, Stores
 from gateway.tick_failures import FailureStreak
-from sandbox.leftovers import sweep_scratch
+from sandbox.leftovers import kill_unheld_uids, sweep_scratch
 
 log = logging.getLogger("gateway.recovery")
 
@@ -206,7 +206,10 @@ def _is_dead(session: SessionRecord, now: float, here: ProcessIdentity, probe: S
 
 
 def remove_dead_scratch() -> None:
-    """Remove the scratch folders no live gateway holds (sandbox/leftovers.py); filesystem work only."""
+    """End what runs of dead gateways left on this host (sandbox/leftovers.py): the processes of run
+    uids no gateway holds, then the scratch folders no gateway holds. No database work."""
+    for uid, pids in kill_unheld_uids().items():
+        log.warning("killed %d processes of run uid %d, which no gateway holds: its gateway died", len(pids), uid)
     for folder in sweep_scratch():
         log.warning("removed %s, the scratch folder of a run whose gateway died", folder)
 

@@ -27,7 +27,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox.backends.identity import DEFAULT_POOL
+from sandbox.backends.containment import sweep
+from sandbox.backends.identity import DEFAULT_POOL, default_lock_dir, live_uids
 from sandbox.errors import SandboxStartError
 
 SCRATCH_PREFIX = "mcp-run-"
@@ -150,3 +151,37 @@ def _still_named(parent_fd: int, name: str, held: os.stat_result) -> bool:
     except OSError:
         return False
     return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+def kill_unheld_uids(pool: range = DEFAULT_POOL, lock_dir: Path | None = None) -> dict[int, list[int]]:
+    """Kill every process of a run uid that no gateway holds; {uid: pids killed} (issue 26, item 9).
+
+    A gateway holds each run uid it hands out with a `flock` on the uid's file in the host's
+    lock folder (backends/identity.py `UidPool`) until the run is swept; the lock dies with the
+    gateway. A process of a pool uid nobody holds is what a dead gateway's run left: its
+    supervisors' parent-death signals end it at once and the watchdog at the deadline, and this
+    is the backstop that needs neither. Taking the lock first means no gateway hands the uid out
+    meanwhile (a uid with a live process is never handed out anyway). As root only: the lock
+    folder is root's, and only root can signal another uid's processes.
+    """
+    lock_dir = lock_dir or default_lock_dir()
+    if os.geteuid() != 0 or not lock_dir.is_dir() or lock_dir.is_symlink():
+        return {}
+    killed: dict[int, list[int]] = {}
+    for uid in sorted(live_uids() & set(pool)):
+        try:
+            fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live gateway's run
+        try:
+            pids = sweep(uid)
+        finally:
+            os.close(fd)
+        if pids:
+            killed[uid] = pids
+    return killed

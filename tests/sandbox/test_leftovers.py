@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.backends.identity import holding
 from sandbox.errors import SandboxStartError
 from sandbox.leftovers import (
     ROOT_MODE,
     ROOT_PREFIX,
     SCRATCH_PREFIX,
     UNSAFE_ROOT,
+    kill_unheld_uids,
     remove_if_abandoned,
     scratch_folder,
     scratch_root,
@@ -208,3 +210,40 @@ def test_a_scratch_root_someone_else_made_is_refused_with_the_reason(tmp_path: P
     with pytest.raises(SandboxStartError), scratch_folder("t", scratch_root(tmp_path)):
         pass
     assert list(decoy.iterdir()) == [], "nothing was made through the planted root"
+
+
+# Issue 26, item 9: the processes a dead gateway's run left, found by their run uid nobody holds.
+
+SWEPT_POOL = range(62300, 62302)  # apart from the default pool: no live gateway's sweep reaches it
+
+
+def _sleeping_as(uid: int) -> subprocess.Popen[bytes]:
+    def drop() -> None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+    return subprocess.Popen(["sleep", "60"], preexec_fn=drop)  # noqa: PLW1509  (a test's child, no threads to mind)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run uids, and their sweep, are root's")
+def test_the_processes_of_a_run_uid_nobody_holds_are_killed_and_a_held_ones_are_kept(tmp_path: Path) -> None:
+    left, running = SWEPT_POOL
+    orphan, live = _sleeping_as(left), _sleeping_as(running)
+    try:
+        with holding(running, tmp_path):  # a live gateway's run
+            killed = kill_unheld_uids(SWEPT_POOL, tmp_path)
+            assert killed == {left: [orphan.pid]}, killed
+            assert orphan.wait(timeout=10) == -9
+            assert live.poll() is None, "a held uid's process was killed"
+        assert kill_unheld_uids(SWEPT_POOL, tmp_path) == {running: [live.pid]}, "once nobody holds it"
+    finally:
+        for child in (orphan, live):
+            child.kill()
+            child.wait(timeout=10)
+
+
+def test_without_a_lock_folder_nothing_is_killed(tmp_path: Path) -> None:
+    assert kill_unheld_uids(SWEPT_POOL, tmp_path / "missing") == {}
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert kill_unheld_uids(SWEPT_POOL, tmp_path / "link") == {}
