@@ -52,6 +52,12 @@ def only_card(gateway: GatewayHome) -> dict[str, Any] | None:
     return None if row is None else dict(row._mapping)
 
 
+def asked(gateway: GatewayHome) -> bool:
+    """Whether a consent question is recorded (a connection per look: an open one would keep its snapshot)."""
+    with gateway.engine.connect() as connection:
+        return connection.execute(select(db.consent_requests.c.id)).first() is not None
+
+
 def terminal_events(gateway: GatewayHome, run_id: str) -> list[dict[str, Any]]:
     return [e for e in gateway.events_of(run_id) if e["event_type"] in ("POLICY_BLOCKED", "TOOL_FINISHED")]
 
@@ -157,3 +163,36 @@ def test_a_run_whose_gateway_was_killed_is_closed_at_the_next_sweep_charged_what
     assert (killed_at - started) * 1000 <= charged <= (closed_at - started) * 1000 + 100, (charged, started)
     assert charged < RUN_TIMEOUT_S * 1000 / 4, "not the whole time limit"
     assert [line for line in lines_naming(survivor, run_id) if "closed as abandoned" in line], survivor.stderr_text()
+
+
+def test_a_check_permission_question_killed_while_it_waits_is_closed_with_its_card(
+    db_url: str, make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    # Claude Code's permission prompt: its card names its gateway session too; the question's closure moves it.
+    rules = {"enabled": True, "ask": ["Bash(git push:*)"]}
+    gateway = make_gateway({"permission_prompt": rules, "consent": {"timeout_s": 120}})
+    gateway.add_user("alice", "USER")
+    survivor = open_session(gateway, env=SWEEPING)
+    asker = open_session(gateway, env={**SWEEPING, "MCP_GATEWAY_TOKEN": gateway.token("alice")})
+    arguments = {"tool_name": "Bash", "input": {"command": "git push"}, "tool_use_id": "toolu_1"}
+    asker.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "tools/call",
+            "params": {"name": "check_permission", "arguments": arguments},
+        }
+    )
+    card = wait_until(lambda: only_card(gateway), timeout=30)
+    assert card and card["status"] == "pending" and card["session_id"], card
+    assert wait_until(lambda: asked(gateway), timeout=30), "the question waits for an approver"
+    os.kill(asker.process.pid, signal.SIGKILL)
+    asker.process.wait(timeout=10)
+
+    run_id = str(card["run_id"])
+    assert wait_until(lambda: card_of(gateway, run_id)["status"] != "pending", timeout=15), survivor.stderr_text()
+    assert card_of(gateway, run_id)["status"] == "error"
+    ended = terminal_events(gateway, run_id)
+    assert [(e["event_type"], e["detail"]) for e in ended] == [("POLICY_BLOCKED", ABANDONED)], ended
+    verify = gateway.cli("audit", "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
