@@ -33,8 +33,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import cast
 
@@ -166,8 +167,21 @@ def sweep_once(
     here: ProcessIdentity | None = None,
     probe: StartTimeProbe = start_time_of,
 ) -> Swept:
-    """Close what nobody will close: overdue runs and orphaned questions (synchronous database work)."""
+    """Close what nobody will close: runs, questions and calls dead gateways left (synchronous database work).
+
+    One closure that fails (a row no closure expected) does not keep the others from closing: the
+    first failure is raised once all were tried, for the tick to log (gateway/tick_failures.py).
+    """
     here = here or this_process()
+    failed: list[Exception] = []
+
+    def each(close: Callable[[], bool]) -> bool:
+        try:
+            return close()
+        except Exception as exc:  # raised below, after the others
+            failed.append(exc)
+            return False
+
     now = services.clock.now()
     questions = services.consent_store
     running = services.runs.fetch_running()
@@ -180,12 +194,12 @@ def sweep_once(
         owner = owners.get(run.session_id or "")
         reason = run_end_reason(run, owner, now, pace, here=here, probe=probe)
         died = owner is not None and is_dead_here(owner, here, probe)
-        if reason is not None and _close_run(services, run, reason, died=died):
+        if reason is not None and each(partial(_close_run, services, run, reason, died=died)):
             swept.runs.append(run.run_id)
     for question in unanswered:
         owner = owners.get(question.session_id)
-        if is_orphaned(question, owner, now, pace, here=here, probe=probe) and _close_question(
-            services, questions, question, owner, now
+        if is_orphaned(question, owner, now, pace, here=here, probe=probe) and each(
+            partial(_close_question, services, questions, question, owner, now)
         ):
             swept.questions.append(question.id)
     calls = OpenCalls(services.engine)
@@ -193,8 +207,14 @@ def sweep_once(
     callers = services.sessions.fetch({c.session_id for c in left})
     for call in left:
         caller = callers.get(call.session_id)
-        if caller is not None and _is_dead(caller, now, here, probe) and _close_call(services, calls, call):
+        if (
+            caller is not None
+            and _is_dead(caller, now, here, probe)
+            and each(partial(_close_call, services, calls, call))
+        ):
             swept.calls.append(call.run_id)
+    if failed:
+        raise failed[0]
     return swept
 
 

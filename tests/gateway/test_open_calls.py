@@ -9,6 +9,7 @@ dead gateway left, and touches nothing else; sweeps after it, and two at once, w
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from sqlalchemy import Engine, insert, select
 
 from gateway import db
 from gateway.audit import EventDraft, EventType
+from gateway.budget import BudgetLedger
 from gateway.calls import Moved, Opened
 from gateway.consent_store import PendingRequest
 from gateway.liveness import ProcessIdentity
@@ -202,3 +204,28 @@ def test_two_sweeps_at_once_close_each_call_once(stores: Stores) -> None:
         ends = [kind for kind, _ in trail(stores, f"call-{index}")[1:] if kind != EventType.TOOL_STARTED]
         assert len(ends) == 1, (index, ends)
     assert stores.audit.verify().ok
+
+
+class _LedgerFailingFor(BudgetLedger):
+    """The real ledger, but settling one call's charge fails as a bug would (not a database error)."""
+
+    def __init__(self, stores: Stores, failing: str) -> None:
+        super().__init__(stores.engine, stores.clock)
+        self._failing = failing
+
+    def settle_unrun(self, run_id: str) -> None:
+        if run_id == self._failing:
+            raise RuntimeError("a bug")
+        super().settle_unrun(run_id)
+
+
+def test_one_closure_failing_keeps_no_other_from_closing_and_the_sweep_says_so(stores: Stores) -> None:
+    for run_id in ("first", "poison", "last"):
+        open_call(stores, run_id, "dead")
+    failing = dataclasses.replace(stores, budget=_LedgerFailingFor(stores, "poison"))
+    with pytest.raises(RuntimeError):
+        sweep(failing)
+    assert [charged(stores, run_id) for run_id in ("first", "poison", "last")] == [0, LIMIT_MS, 0]
+    assert all(card(stores, run_id) == ("error", "gateway_lost") for run_id in ("first", "last"))
+    sweep(stores)  # the next tick: nothing fails, nothing is closed twice
+    assert all(len(trail(stores, run_id)) == 2 for run_id in ("first", "poison", "last"))
