@@ -135,8 +135,8 @@ def test_an_entry_gone_replaced_or_not_a_gateways_is_left_alone(tmp_path: Path) 
     assert (target / "keep").read_text() == "keep", "a link was followed"
 
 
-def test_a_folder_renamed_away_while_held_is_not_removed_by_name(tmp_path: Path) -> None:
-    # The sweep locks what it opened; if the name now means another folder, it removes nothing.
+def test_a_held_folder_is_kept_and_removed_once_nobody_holds_it(tmp_path: Path) -> None:
+    # The sweep removes only a folder it could lock: a live gateway holds its run's.
     parent_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         abandoned = tmp_path / f"{SCRATCH_PREFIX}abandoned"
