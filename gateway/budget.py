@@ -178,6 +178,18 @@ class BudgetLedger:
                 update(db.budget_charges).where(db.budget_charges.c.run_id == run_id).values(elapsed_ms=0)
             )
 
+    def settle_lost(self, run_id: str, elapsed_ms: int) -> None:
+        """A run whose gateway died while it ran (its processes died with it): its reservation, still at
+        the worst case, settles at `elapsed_ms`, what ran until the death was seen; never raised."""
+        c = db.budget_charges
+        with (
+            storage_errors("a budget reservation could not be settled", log=log, run_id=run_id),
+            self._engine.begin() as connection,
+        ):
+            connection.execute(
+                update(c).where(c.c.run_id == run_id, c.c.elapsed_ms > elapsed_ms).values(elapsed_ms=max(0, elapsed_ms))
+            )
+
     def usage(self, user: str, limits: BudgetPolicy) -> Usage:
         now = self._clock.now()
         with storage_errors("the budget could not be read", log=log), self._read.connect() as connection:

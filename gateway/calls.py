@@ -126,6 +126,8 @@ class Opened:
     reason: str | None = None
     message: str | None = None
     result: list[dict[str, Any]] | None = None
+    session_id: str | None = None
+    """The gateway session the call runs in (gateway/open_calls.py finds the cards a dead one left)."""
 
     def __call__(self, connection: Connection, event_id: int) -> None:
         connection.execute(_INSERT, {**self._row(), "last_event_id": event_id})
@@ -150,6 +152,7 @@ class Opened:
             "reason": self.reason,
             "message": None if self.message is None else storable(self.message),
             "result": None if self.result is None else json.dumps(self.result, ensure_ascii=False),
+            "session_id": self.session_id,
         }
 
 

@@ -205,6 +205,9 @@ class GatewaySession(Base):
     closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
+_OPEN_CARD = text("status IN ('pending', 'running')")
+
+
 class ToolCall(Base):
     """A tools/call as the web console shows it (gateway/calls.py): written with the call's audit events.
 
@@ -230,9 +233,13 @@ class ToolCall(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     result: Mapped[str | None] = mapped_column(Text, nullable=True)
     last_event_id: Mapped[int] = mapped_column(BigInteger)
+    session_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The gateway session the call ran in (`gateway_sessions`; migration 0010, NULL before it): a card
+    left open by a gateway that died is closed by the sweep (gateway/recovery.py)."""
     __table_args__ = (
         Index("ix_tool_calls_last_event", "last_event_id"),
         Index("ix_tool_calls_workspace_event", "workspace", "last_event_id"),
+        Index("ix_tool_calls_open", "session_id", postgresql_where=_OPEN_CARD, sqlite_where=_OPEN_CARD),
     )
 
 
@@ -431,7 +438,7 @@ def _sqlite_on_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-SCHEMA_HEAD = "0009"
+SCHEMA_HEAD = "0010"
 """The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
 
 

@@ -85,10 +85,25 @@ def is_gone(session: SessionRecord, now: float, here: ProcessIdentity, probe: St
     the same kernel and pid namespace) its process is not there any more."""
     if session.closed_at is not None or session.alive_until <= now:
         return True
+    return is_dead_here(session, here, probe)
+
+
+def is_dead_here(session: SessionRecord, here: ProcessIdentity, probe: StartTimeProbe = start_time_of) -> bool:
+    """Whether `session`'s process is known dead (issue 26, item 9): seen from the same kernel and pid
+    namespace, its pid is no longer the process that registered. A lease that ran out proves no death."""
     theirs = session.identity
+    return _same_pids(theirs, here) and probe(theirs.pid) != theirs.pid_started
+
+
+def is_alive_here(session: SessionRecord, here: ProcessIdentity, probe: StartTimeProbe = start_time_of) -> bool:
+    """Whether `session`'s process is known alive: on the same kernel and pid namespace, its pid is still it."""
+    theirs = session.identity
+    return _same_pids(theirs, here) and probe(theirs.pid) == theirs.pid_started
+
+
+def _same_pids(theirs: ProcessIdentity, here: ProcessIdentity) -> bool:
     comparable = bool(theirs.boot_id and theirs.pid_namespace and theirs.pid_started)
-    same_pids = comparable and (theirs.boot_id, theirs.pid_namespace) == (here.boot_id, here.pid_namespace)
-    return same_pids and probe(theirs.pid) != theirs.pid_started
+    return comparable and (theirs.boot_id, theirs.pid_namespace) == (here.boot_id, here.pid_namespace)
 
 
 class SessionStore:

@@ -423,6 +423,7 @@ class PermissionPrompt:
                 reason=None if exc is None else exc.reason,
                 message=None if exc is None else exc.public_message(),
                 result=None if answer is None else outcome_content(ToolOutcome(answer)),
+                session_id=self.s.consent.session_id,  # a dead gateway's open card is closed (recovery.py)
             ),
         )
 

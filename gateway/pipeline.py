@@ -493,6 +493,7 @@ class Pipeline:
                     reason=reason,
                     message=message,
                     result=result,
+                    session_id=self.s.consent.session_id,
                 ),
             )
         return (Moved(card, str(status), now, trail.workspace, code, reason, message, result),)

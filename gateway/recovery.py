@@ -15,12 +15,18 @@ At start, before serving (`close_abandoned_runs`), and every sweep period while 
   row, once its expiry and the grace have passed) as `abandoned`, with `mcp.permission.decision`
   (DENY_ONCE, `origin: no_answer`, `no_answer: gateway_lost`) and the call's POLICY_BLOCKED
   `{status: abandoned, reason: gateway_lost}`;
+- closes each run whose gateway is known dead on this machine (pid identity) at once, whatever its
+  deadline (its processes died with the gateway), charged what ran until the death was seen;
+- closes each call a dead gateway left open (gateway/open_calls.py: in-band consent, the budget,
+  the sandbox's start) with POLICY_BLOCKED (TOOL_FINISHED if its tool ran) `{status: abandoned,
+  reason: gateway_lost}`, its card closed, nothing charged when nothing ran (issue 26, item 9);
 - removes the scratch folders of dead runs (sandbox/leftovers.py);
 - while serving, also forgets sessions gone for a week and questions closed a day ago.
 
 Each closure is a conditional UPDATE, so of several gateways sweeping at once exactly one closes
 it and writes its events; if the events cannot be written the closure is undone for a later
-sweep. Each is logged once on stderr.
+sweep. Each is logged once on stderr. A sweep that fails never ends the gateway: the failure is
+logged once (gateway/tick_failures.py) and the next period retries.
 """
 
 from __future__ import annotations
@@ -28,13 +34,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import cast
 
 import anyio
 import anyio.to_thread
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
 from gateway.audit import EventDraft, EventType
@@ -50,13 +58,17 @@ from gateway.liveness import (
     SessionRecord,
     SessionStore,
     StartTimeProbe,
+    is_alive_here,
+    is_dead_here,
     is_gone,
     start_time_of,
     this_process,
 )
+from gateway.open_calls import OpenCall, OpenCalls
 from gateway.runs import RunRecord
-from gateway.services import Services
-from sandbox.leftovers import sweep_scratch
+from gateway.services import Services, Stores
+from gateway.tick_failures import FailureStreak
+from sandbox.leftovers import kill_unheld_uids, sweep_scratch
 
 log = logging.getLogger("gateway.recovery")
 
@@ -110,8 +122,17 @@ def run_end_reason(
     here: ProcessIdentity,
     probe: StartTimeProbe = start_time_of,
 ) -> str | None:
-    """Why `run`'s record is to be closed now, or None while nobody may close it yet."""
-    if run.deadline is None or now <= run.deadline:
+    """Why `run`'s record is to be closed now, or None while nobody may close it yet.
+
+    At once when its gateway is known dead on this machine (pid identity): the run's processes
+    died with it (the parent-death signals of sandbox/backends/pidns.py). Otherwise only past the
+    deadline, when the sandbox's watchdog has ended every process of the run for sure.
+    """
+    if run.deadline is None:
+        return None
+    if owner is not None and is_dead_here(owner, here, probe):
+        return GATEWAY_LOST
+    if now <= run.deadline:
         return None
     if run.session_id is None or (owner is not None and is_gone(owner, now, here, probe)):
         return GATEWAY_LOST  # recorded before gateways had sessions, or its gateway is gone
@@ -140,45 +161,103 @@ def is_orphaned(
 class Swept:
     runs: list[str] = field(default_factory=list)
     questions: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
 
 
 def sweep_once(
-    services: Services,
+    services: Stores,
     pace: Pace,
     here: ProcessIdentity | None = None,
     probe: StartTimeProbe = start_time_of,
 ) -> Swept:
-    """Close what nobody will close: overdue runs and orphaned questions (synchronous database work)."""
+    """Close what nobody will close: runs, questions and calls dead gateways left (synchronous database work).
+
+    One closure that fails (a row no closure expected) does not keep the others from closing: the
+    first failure is raised once all were tried, for the tick to log (gateway/tick_failures.py).
+    """
     here = here or this_process()
+    failed: list[Exception] = []
+
+    def each(close: Callable[[], bool]) -> bool:
+        try:
+            return close()
+        except Exception as exc:  # raised below, after the others
+            failed.append(exc)
+            return False
+
     now = services.clock.now()
     questions = services.consent_store
-    overdue = services.runs.fetch_overdue(now)
+    running = services.runs.fetch_running()
     unanswered = questions.fetch_unanswered()
     owners = services.sessions.fetch(
-        [r.session_id for r in overdue if r.session_id] + [q.session_id for q in unanswered]
+        [r.session_id for r in running if r.session_id] + [q.session_id for q in unanswered]
     )
     swept = Swept()
-    for run in overdue:
-        reason = run_end_reason(run, owners.get(run.session_id or ""), now, pace, here=here, probe=probe)
-        if reason is not None and _close_run(services, run, reason):
+    for run in running:
+        owner = owners.get(run.session_id or "")
+        reason = run_end_reason(run, owner, now, pace, here=here, probe=probe)
+        died = owner is not None and is_dead_here(owner, here, probe)
+        if reason is not None and each(partial(_close_run, services, run, reason, died=died)):
             swept.runs.append(run.run_id)
     for question in unanswered:
         owner = owners.get(question.session_id)
-        if is_orphaned(question, owner, now, pace, here=here, probe=probe) and _close_question(
-            services, questions, question, owner, now
+        if is_orphaned(question, owner, now, pace, here=here, probe=probe) and each(
+            partial(_close_question, services, questions, question, owner, now)
         ):
             swept.questions.append(question.id)
-    for folder in sweep_scratch():
-        log.warning("removed %s, the scratch folder of a run whose gateway died", folder)
+    calls = OpenCalls(services.engine)
+    left = calls.fetch()
+    callers = services.sessions.fetch({c.session_id for c in left})
+    for call in left:
+        caller = callers.get(call.session_id)
+        if (
+            caller is not None
+            and _is_dead(caller, now, here, probe)
+            and each(partial(_close_call, services, calls, call))
+        ):
+            swept.calls.append(call.run_id)
+    if failed:
+        raise failed[0]
     return swept
 
 
+def _is_dead(session: SessionRecord, now: float, here: ProcessIdentity, probe: StartTimeProbe) -> bool:
+    """Whether `session`'s gateway will never end its calls: known dead here, or gone where pids cannot tell."""
+    if is_alive_here(session, here, probe):
+        return False  # its lease may have run out, but it is there and may still end them
+    return is_gone(session, now, here, probe)
+
+
+def remove_dead_scratch() -> None:
+    """End what runs of dead gateways left on this host (sandbox/leftovers.py): the processes of run
+    uids no gateway holds, then the scratch folders no gateway holds. No database work."""
+    for uid, pids in kill_unheld_uids().items():
+        log.warning("killed %d processes of run uid %d, which no gateway holds: its gateway died", len(pids), uid)
+    for folder in sweep_scratch():
+        log.warning("removed %s, the scratch folder of a run whose gateway died", folder)
+
+
 def close_abandoned_runs(services: Services) -> list[str]:
-    """The sweep at start, before serving; the ids of the runs it closed."""
-    return sweep_once(services, pace_from(services.environ)).runs
+    """The sweep at start, before serving; the ids of the runs it closed.
+
+    The database's failures are the caller's to judge (gateway/cli_commands.py); anything else
+    the sweep meets is logged and left to the sweeps while serving: it never keeps serve from starting.
+    """
+    pace = pace_from(services.environ)
+    try:
+        remove_dead_scratch()
+    except Exception as exc:  # logged by the streak; a later sweep retries
+        FailureStreak("the scratch folder sweep at start-up", pace.period_s).failed(exc)
+    try:
+        return sweep_once(services, pace).runs
+    except (StorageUnavailableError, SQLAlchemyError):
+        raise
+    except Exception as exc:
+        FailureStreak("the sweep at start-up", pace.period_s).failed(exc)
+        return []
 
 
-def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
+def _close_run(services: Stores, run: RunRecord, reason: str, *, died: bool) -> bool:
     if not services.runs.close(run.run_id):
         return False  # its gateway finished it, or another gateway closed it, first
     try:
@@ -197,6 +276,12 @@ def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
         services.runs.reopen(run.run_id)
         log.error("run %s: could not record its closure (audit log unavailable); a later sweep retries", run.run_id)  # noqa: TRY400
         return False
+    if died:
+        # It ran until its gateway died, seen by now at the latest (a sweep period after): that is
+        # charged, not the whole time limit. If the ledger fails (it logs why), the reservation stays.
+        ran_until = min(services.clock.now(), run.deadline or run.created_at)
+        with contextlib.suppress(StorageUnavailableError):
+            services.budget.settle_lost(run.run_id, round((ran_until - run.created_at) * 1000))
     why = (
         "its gateway is gone"
         if reason == GATEWAY_LOST
@@ -213,7 +298,7 @@ def _close_run(services: Services, run: RunRecord, reason: str) -> bool:
 
 
 def _close_question(
-    services: Services,
+    services: Stores,
     questions: ConsentStore,
     question: PendingRequest,
     owner: SessionRecord | None,
@@ -258,8 +343,45 @@ def _close_question(
 
 
 _RUN_ABANDONED = "closed as abandoned: the gateway running it is gone, or could not record its end"
+_CALL_ABANDONED = "closed as abandoned: the gateway handling this call died before it ended"
 _ASKER_GONE = "closed as abandoned: the gateway that asked is gone; nobody can answer it now"
 """What a card closed by a sweep says (gateway/calls.py)."""
+
+
+def _close_call(services: Stores, calls: OpenCalls, call: OpenCall) -> bool:
+    """A call its dead gateway left open (waiting for consent in-band, the budget or the sandbox; or
+    ended without its terminal event): its terminal event, its card closed, nothing charged if nothing ran."""
+    if not calls.claim(call):
+        return False
+    executing = call.status == "running"
+    try:
+        services.audit.append(
+            EventDraft(
+                EventType.TOOL_FINISHED if executing else EventType.POLICY_BLOCKED,
+                run_id=call.run_id,
+                user=call.user,
+                workspace=call.workspace,
+                tool_name=call.tool_name,
+                detail={"status": "abandoned", "reason": GATEWAY_LOST},
+            ),
+            along=[Moved(call.run_id, "error", services.clock.now(), reason=GATEWAY_LOST, message=_CALL_ABANDONED)],
+        )
+    except StorageUnavailableError:
+        calls.reopen(call)
+        log.error("call %s: could not record its closure (audit log unavailable); a later sweep retries", call.run_id)  # noqa: TRY400
+        return False
+    if not call.has_run:  # nothing ran; a run that ended had its charge settled then
+        with contextlib.suppress(StorageUnavailableError):
+            services.budget.settle_unrun(call.run_id)
+    log.warning(
+        "call %s (user %s, tool %s) was left %s by gateway session %s, which died: closed as abandoned",
+        call.run_id,
+        call.user,
+        call.tool_name,
+        call.status,
+        call.session_id,
+    )
+    return True
 
 
 def _asked(question: PendingRequest) -> ConsentRequest:
@@ -289,19 +411,23 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
         db.separate_engine(services.engine), session, here, services.clock, period_s=pace.period_s, lease_s=pace.lease_s
     )
     keeper.start()
-    failing = False
+    # No tick's failure ends the gateway (issue 26, item 2): each is logged once and retried.
+    database = FailureStreak("the sweep", pace.period_s)
+    scratch = FailureStreak("the scratch folder sweep", pace.period_s)
     try:
         while True:
             try:
                 await in_db_thread(_tick, services, sessions, here, pace)
-            except StorageUnavailableError as exc:
-                if not failing:
-                    log.error("the sweep failed (%s); it retries every %s s", cause_name(exc), pace.period_s)  # noqa: TRY400  (the URL may hold a password)
-                failing = True
+            except Exception as exc:  # cancellation is a BaseException: it passes
+                database.failed(exc)
             else:
-                if failing:
-                    log.warning("the sweep works again")
-                failing = False
+                database.worked()
+            try:
+                await anyio.to_thread.run_sync(remove_dead_scratch)
+            except Exception as exc:
+                scratch.failed(exc)
+            else:
+                scratch.worked()
             await anyio.sleep(pace.period_s)
     finally:
         keeper.stop()
@@ -310,6 +436,8 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
                 await in_db_thread(sessions.close, session, services.clock.now())
             except StorageUnavailableError as exc:
                 log.warning("could not record this gateway's stop (%s); its lease runs out instead", cause_name(exc))
+            except Exception:
+                log.exception("could not record this gateway's stop; its lease runs out instead")
 
 
 def _tick(services: Services, sessions: SessionStore, here: ProcessIdentity, pace: Pace) -> None:

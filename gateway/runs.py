@@ -101,10 +101,9 @@ class RunStore:
                 )
             )
 
-    def fetch_overdue(self, now: float) -> list[RunRecord]:
-        """Runs still `running` past their deadline: every process of theirs is dead (the sandbox's
-        watchdog), so only the record is left to close, by its gateway or by gateway/recovery.py."""
-        query = select(db.runs).where(db.runs.c.status == "running", db.runs.c.deadline < now)
+    def fetch_running(self) -> list[RunRecord]:
+        """Runs still `running`: gateway/recovery.py closes those whose gateway is dead, or past their deadline."""
+        query = select(db.runs).where(db.runs.c.status == "running")
         with storage_errors("runs could not be read", log=None), self._read.connect() as connection:
             return [_record(row) for row in connection.execute(query)]
 

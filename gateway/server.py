@@ -38,6 +38,7 @@ from gateway.progress import NO_PROGRESS, CallProgress, Notifier, progress_token
 from gateway.rbac import has_permission
 from gateway.recovery import keep_sweeping
 from gateway.services import Services
+from gateway.tick_failures import FailureStreak
 from gateway.tools.base import ToolSpec
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
@@ -336,14 +337,26 @@ class _Stopped:
     """The exit status, once something other than the end of stdin stopped serving."""
 
 
+WATCHER_RETRY_S = 1.0
+
+
 async def _stop_on_unwritable_files(scope: anyio.CancelScope, guard: FileGuard, stopped: _Stopped) -> None:
     # The guard finds an unwritable file on whichever database thread checked it, and refuses that
     # transaction: one more would risk SIGBUS, so serving ends too. A pipe carries the news to
     # the loop from any thread; it stays open, as a database thread may still hold the hook.
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    guard.on_unwritable = partial(_wake, wake_write)
-    await anyio.wait_readable(wake_read)
+    # Its own failure (no descriptor left for the pipe) is never the gateway's end (issue 26, item 2):
+    # logged once and retried, while the guard goes on refusing each transaction on an unwritable file.
+    trouble = FailureStreak("the database file guard's watcher", WATCHER_RETRY_S, log=log)
+    while True:
+        try:
+            wake_read, wake_write = os.pipe()
+            os.set_blocking(wake_write, False)
+            guard.on_unwritable = partial(_wake, wake_write)
+            await anyio.wait_readable(wake_read)
+            break
+        except Exception as exc:  # cancellation is a BaseException: it passes
+            trouble.failed(exc)
+        await anyio.sleep(WATCHER_RETRY_S)
     stopped.status = 1  # the guard logged the line saying which file and what to do
     scope.cancel()
 

@@ -78,6 +78,12 @@ START_STEPS: dict[str, StartStep] = {
         "a folder the run is granted (the interpreter's, the workspace, sandbox.allowed_paths) could not be opened",
         f"check those folders still exist; {POLICY_CHECK}",
     ),
+    "scratch_root_unsafe": StartStep(
+        "the folder that holds the runs' scratch folders (mcp-runs-<uid> in the temp folder) is not safe: "
+        "someone else may have made or changed it",
+        "remove it (someone else made it; check what it holds first) or give the gateway another TMPDIR; "
+        "the gateway makes it anew, mode 0711",
+    ),
     "scratch_unavailable": StartStep(
         "the run's scratch tmpfs could not be mounted",
         "run `mcp-gateway doctor`; or leave bounded_scratch out of sandbox.require",

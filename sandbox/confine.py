@@ -32,6 +32,7 @@ runs take no Python-level lock, import nothing and allocate almost nothing after
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from collections.abc import Callable, Set
@@ -45,7 +46,7 @@ from sandbox.backends import capabilities, cgroup, cgroup2, landlock, namespaces
 from sandbox.backends.bubblewrap import bubblewrap_available
 from sandbox.backends.cgroup import RunCgroup
 from sandbox.backends.cgroup2 import RunCgroup2
-from sandbox.backends.identity import DEFAULT_POOL, RunIdentity, drop_privileges
+from sandbox.backends.identity import DEFAULT_POOL, RunIdentity, drop_privileges, holding
 from sandbox.backends.scratch import (
     NamespacedScratch,
     NamespacedTree,
@@ -137,6 +138,11 @@ def probe_layers() -> LayerReport:
             ipc_namespace=namespaces.ipc_namespace_available(),
         )
     run_uid, run_gid = (DEFAULT_POOL.start, DEFAULT_POOL.start) if can_drop else (os.getuid(), os.getgid())
+    with holding(run_uid) if can_drop else contextlib.nullcontext():  # no sweep takes a probe for a leftover
+        return _rootless_layers(can_drop, groups, run_uid, run_gid)
+
+
+def _rootless_layers(can_drop: bool, groups: RunGroups, run_uid: int, run_gid: int) -> LayerReport:
     # The read-only tree (and the hidden state folder) is part of a rootless run's file grants: without it, no mode.
     user_ns = userns.user_namespace_available(run_uid, run_gid) and namespaced_tree_available(run_uid, run_gid)
     return LayerReport(

@@ -4,10 +4,11 @@ another workspace's card, run or question is answered as if it did not exist (40
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,10 @@ from gateway.consent_store import Grant
 from gateway.policy import Policy
 from gateway.rbac import ADMIN_ROLE, Permission, has_permission
 from gateway.services import Stores
+from gateway.tick_failures import FailureStreak
 from gateway.users import UserRecord
+
+log = logging.getLogger("gateway.console")
 
 PAGE = 50
 TEXT_LIMIT = 262_144
@@ -171,16 +175,24 @@ class ChainWatch:
     full_every_s: float = 60.0
     report: ChainReport | None = None
     checked_at: float | None = None
-    _started: bool = False
+    _thread: threading.Thread | None = None
+    _stopping: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """End the checks, waiting for the current one: for a caller that outlives its database (a test)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
     def start(self) -> None:
-        if not self._started:
-            self._started = True
-            threading.Thread(target=self._loop, name="chain-watch", daemon=True).start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="chain-watch", daemon=True)
+            self._thread.start()
 
     def _loop(self) -> None:
         verified, last_full = GENESIS, 0.0
-        while True:
+        trouble = FailureStreak("the audit chain check", self.every_s, log=log)  # logged once, retried
+        while not self._stopping.is_set():
             now = time.monotonic()
             try:
                 if now - last_full >= self.full_every_s:
@@ -189,11 +201,15 @@ class ChainWatch:
                 if not report.ok and verified != GENESIS:
                     report, head = self.stores.audit.verify_after(GENESIS)
                 verified = head if report.ok else GENESIS
-            except Exception:  # a database error: shown as not verified, retried
+            except Exception as exc:  # a database error: shown as not verified, retried
+                trouble.failed(exc)
                 report = ChainReport(False, 0, None, "the log could not be read")
                 verified = GENESIS
+            else:
+                trouble.worked()
             self.report, self.checked_at = report, time.time()
-            time.sleep(self.every_s)
+            if self._stopping.wait(self.every_s):
+                return
 
 
 def fetch_runs(stores: Stores, viewer: Viewer) -> list[Any]:

@@ -20,6 +20,7 @@ Do not use `Popen(user=..., group=..., extra_groups=...)`: CPython applies those
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import grp
@@ -27,7 +28,7 @@ import os
 import pwd
 import tempfile
 import threading
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +133,24 @@ class UidPool:
             fd = self._held.pop(identity.uid, None)
             if fd is not None:
                 os.close(fd)  # closing drops the flock
+
+
+@contextlib.contextmanager
+def holding(uid: int, lock_dir: Path | None = None) -> Iterator[None]:
+    """Hold `uid`'s lock, as `UidPool` does for a run, while something else runs as it (a probe): the
+    sweep of unheld run uids (sandbox/leftovers.py) then leaves it alone. Held already by a live
+    gateway's run: just as good. Without a lock folder (not root): nothing to hold, nobody sweeps."""
+    fd = None
+    with contextlib.suppress(OSError):
+        lock_dir = lock_dir or default_lock_dir()
+        lock_dir.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def drop_privileges(uid: int, gid: int) -> None:

@@ -26,7 +26,7 @@ import pytest
 from sandbox import RUN_GRACE_S
 from sandbox.backends.pidns import WATCHDOG_GRACE_S
 from sandbox.guarantees import Guarantee
-from sandbox.leftovers import SCRATCH_PREFIX
+from sandbox.leftovers import ROOT_PREFIX, SCRATCH_PREFIX
 from sandbox.limits import BACKENDS, Backend
 from tests.adversarial.conftest import RUN_UIDS, Arena, answer_allow_once, open_arena
 from tests.harness import StdioSession
@@ -353,7 +353,7 @@ def test_a_run_dies_with_its_gateway_and_the_next_gateway_closes_its_record(
         assert wait_until(lambda: arena.leftovers(marker) == [], timeout=2), "the run outlived it"
         status, deadline = run_row(arena, run_id)
         assert status == "running" and deadline is not None
-        scratch = list(own_tmp.glob(f"{SCRATCH_PREFIX}{run_id[:8]}-*"))
+        scratch = list((own_tmp / f"{ROOT_PREFIX}{os.geteuid()}").glob(f"{SCRATCH_PREFIX}{run_id[:8]}-*"))
         assert len(scratch) == 1, "the dead gateway's run left its scratch folder"
         time.sleep(max(0.0, deadline - time.time()) + 0.2)
         successor = StdioSession(arena.gateway, env=env)

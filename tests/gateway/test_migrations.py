@@ -15,6 +15,7 @@ from sqlalchemy import Engine, insert, inspect, select, text
 
 from gateway import db
 from gateway.audit import AuditLog, ChainReport, EventDraft, EventType
+from gateway.calls import Opened
 from tests.fakes import FakeClock
 
 
@@ -116,7 +117,7 @@ def test_0007_adds_tool_calls_and_goes_back(tmp_path: Path) -> None:
     db.migrate(engine)
     assert "tool_calls" in inspect(engine).get_table_names()
     indexes = {i["name"] for i in inspect(engine).get_indexes("tool_calls")}
-    assert indexes == {"ix_tool_calls_last_event", "ix_tool_calls_workspace_event"}
+    assert indexes == {"ix_tool_calls_last_event", "ix_tool_calls_workspace_event", "ix_tool_calls_open"}
     command.downgrade(db._alembic_config(engine), "0006")
     assert "tool_calls" not in inspect(engine).get_table_names()
     db.migrate(engine)
@@ -177,3 +178,23 @@ def test_0009_records_the_first_decision_and_end_of_each_call_already_logged(unm
     with engine.connect() as connection:
         ends = {tuple(row) for row in connection.execute(select(db.call_ends))}
     assert ends == {("r1", "decision", 1), ("r1", "end", 2), ("r2", "end", 6)}
+
+
+def test_0010_records_each_cards_session_on_both_appends_and_goes_back(unmigrated: Engine) -> None:
+    """0010 adds `tool_calls.session_id` (issue 26, item 9); the card a call opens carries its gateway
+    session, through PostgreSQL's server-side append too; the downgrade takes the column away again."""
+    engine = unmigrated
+    db.migrate(engine)
+    log = AuditLog(engine, FakeClock())
+    card = Opened("r1", "alice", "default", "mcp-write-gateway", "run_pytest", {}, "pending", 1.0, session_id="s1")
+    log.append(EventDraft(EventType.MCP_TOOL_CALL, run_id="r1", user="alice", tool_name="run_pytest"), along=[card])
+    with engine.connect() as connection:
+        assert connection.execute(select(db.tool_calls.c.session_id)).scalar_one() == "s1"
+    config = db._alembic_config(engine)
+    command.downgrade(config, "0009")
+    assert "session_id" not in {c["name"] for c in inspect(engine).get_columns("tool_calls")}
+    db.migrate(engine)
+    assert db.schema_is_current(engine)
+    with engine.connect() as connection:
+        assert connection.execute(select(db.tool_calls.c.session_id)).scalar_one() is None, "written before 0010"
+    assert AuditLog(engine, FakeClock()).verify().ok

@@ -82,3 +82,18 @@ def test_this_process_can_be_told_alive() -> None:
 @pytest.mark.parametrize(("text", "period"), [("", 30.0), ("0.5", 0.5), ("0", 30.0), ("nan", 30.0), ("x", 30.0)])
 def test_the_sweep_period_comes_from_the_environment(text: str, period: float) -> None:
     assert pace_from({"MCP_GATEWAY_SWEEP_S": text}).period_s == period
+
+
+def test_a_run_whose_gateway_is_known_dead_here_is_closed_before_its_deadline() -> None:
+    # Issue 26, item 9: its processes died with their gateway (the parent-death signals); the lease
+    # alone, or another machine's pid, proves no death: those wait for the deadline as before.
+    mine = ProcessIdentity("host-a", "boot-1", "ns-1", 7, "42")
+    early = run(NOW + 100)
+    assert run_end_reason(early, session(identity=mine), NOW, PACE, here=HERE, probe=pids({})) == GATEWAY_LOST
+    assert run_end_reason(early, session(identity=mine), NOW, PACE, here=HERE, probe=pids({7: "43"})) == GATEWAY_LOST
+    assert run_end_reason(early, session(identity=mine), NOW, PACE, here=HERE, probe=pids({7: "42"})) is None
+    expired = session(identity=mine, alive_until=NOW - 1)
+    assert run_end_reason(early, expired, NOW, PACE, here=HERE, probe=pids({7: "42"})) is None, "alive, lease out"
+    elsewhere = session(alive_until=NOW - 1)
+    assert run_end_reason(early, elsewhere, NOW, PACE, here=HERE, probe=pids({})) is None
+    assert run_end_reason(run(None), session(identity=mine), NOW, PACE, here=HERE, probe=pids({})) is None
