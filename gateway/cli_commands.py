@@ -38,6 +38,7 @@ from gateway.rbac import ADMIN_ROLE
 from gateway.recovery import close_abandoned_runs
 from gateway.services import Services, open_services, open_stores
 from gateway.settings import DB_ENV, Settings, resolve_settings
+from gateway.state_access import check_state_access, describe, describe_os_error, policy_access_problem
 from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.users import UserError, check_user_name
 from gateway.visible import visible
@@ -66,6 +67,7 @@ def dispatch(args: argparse.Namespace) -> int:
     handler = _HANDLERS[words]
     try:
         check_db_url(settings.db_url, "--db" if args.db else DB_ENV if os.environ.get(DB_ENV) else None)
+        _check_access(settings, args, words)
         return handler(settings, args)
     except UsageError as exc:
         # As argparse words its own usage errors, in one line: the flag, the value, the form it takes.
@@ -77,6 +79,9 @@ def dispatch(args: argparse.Namespace) -> int:
     except (SQLAlchemyError, StorageUnavailableError) as exc:
         name = cause_name(exc) if isinstance(exc, StorageUnavailableError) else type(exc).__name__
         print(f"mcp-gateway: database error ({name}); is `mcp-gateway init` done?", file=sys.stderr)
+        return 1
+    except PermissionError as exc:  # a path changed after check_state_access looked at it
+        print(f"mcp-gateway: {describe_os_error(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (`audit export | head`): stop quietly, as Unix tools do.
@@ -512,7 +517,11 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     """Probe this host as this user; judge it against the policy (the shipped default when there is none yet)."""
     from gateway.doctor import as_json, as_text, run_doctor  # noqa: PLC0415
 
-    if settings.policy_given is None and not os.path.lexists(settings.policy_path):
+    blocked = policy_access_problem(settings)
+    if blocked is not None:
+        print(f"mcp-gateway: {describe(blocked)}; judging this host against the shipped default", file=sys.stderr)
+        policy = load_policy(SHIPPED_POLICY, TOOL_NAMES)
+    elif settings.policy_given is None and not os.path.lexists(settings.policy_path):
         print(
             f"mcp-gateway: no policy at {settings.policy_path}: judging this host against the shipped default",
             file=sys.stderr,
@@ -523,6 +532,22 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     diagnosis = run_doctor(policy, probe_host(), host_facts())
     print(as_json(diagnosis) if args.format == "json" else as_text(diagnosis))
     return 0 if diagnosis.ok else 1
+
+
+def _check_access(settings: Settings, args: argparse.Namespace, words: tuple[str, str | None]) -> None:
+    """What the command needs of the state folder, the database and the policy, or one line on what is out of reach.
+
+    `doctor` probes the host (and says itself when the policy is out of reach); `demo` makes its
+    own state; `policy check FILE` reads only FILE; `policy check` and `policy explain --role`
+    read only the policy."""
+    if words in (("doctor", None), ("demo", None)) or (words == ("policy", "check") and args.file):
+        return
+    if words == ("policy", "check") or (words == ("policy", "explain") and args.role is not None):
+        blocked = policy_access_problem(settings)
+        if blocked is not None:
+            raise CommandError(describe(blocked))
+        return
+    check_state_access(settings, init=words == ("init", None))
 
 
 _Handler = Callable[[Settings, argparse.Namespace], int]

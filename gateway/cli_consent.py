@@ -27,7 +27,7 @@ from gateway.consent import (
     lasting_allow_channels,
 )
 from gateway.consent_store import Grant, GrantDecision
-from gateway.errors import CommandError, UsageError
+from gateway.errors import CommandError
 from gateway.grant_scope import normal_grant_arguments
 from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_path_arguments, agent_tool_consent
 from gateway.policy_trust import policy_for
@@ -112,7 +112,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         try:
             covered = normal_grant_arguments(arguments, names, agent_root)
         except ValueError as exc:
-            raise UsageError(f"--args: {exc}") from exc
+            raise CommandError(f"--args: {exc}") from exc  # a path outside the workspace: refused, not misused
     decision = Decision.ALLOW_ALWAYS if args.always else Decision.DENY_ALWAYS
     grant = Grant(
         id=0,
