@@ -21,7 +21,7 @@ from gateway.cli_consent import (
     cmd_consent_list,
     cmd_consent_revoke,
 )
-from gateway.cli_values import check_db_url, check_tls_pair, json_object_arg, since_arg
+from gateway.cli_values import check_db_url, check_home_folder, check_tls_pair, json_object_arg, since_arg
 from gateway.clock import iso_utc, new_token_id
 from gateway.db import make_engine, migrate, schema_is_current
 from gateway.db_errors import cause_name
@@ -37,7 +37,7 @@ from gateway.preflight import unreachable_run_paths
 from gateway.rbac import ADMIN_ROLE
 from gateway.recovery import close_abandoned_runs
 from gateway.services import Services, open_services, open_stores
-from gateway.settings import DB_ENV, Settings, resolve_settings
+from gateway.settings import DB_ENV, HOME_ENV, Settings, resolve_settings
 from gateway.state_access import check_state_access, describe, describe_os_error, policy_access_problem
 from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.users import UserError, check_user_name
@@ -67,6 +67,9 @@ def dispatch(args: argparse.Namespace) -> int:
     handler = _HANDLERS[words]
     try:
         check_db_url(settings.db_url, "--db" if args.db else DB_ENV if os.environ.get(DB_ENV) else None)
+        check_home_folder(
+            settings.home, "--home" if args.home else HOME_ENV if os.environ.get(HOME_ENV) else "~/.mcp-gateway"
+        )
         _check_access(settings, args, words)
         return handler(settings, args)
     except UsageError as exc:

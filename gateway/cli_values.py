@@ -4,7 +4,9 @@ one line naming the flag and the form it takes, as argparse says of the values i
 from __future__ import annotations
 
 import json
+import os
 import ssl
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
@@ -78,3 +80,11 @@ def check_tls_pair(cert: str | None, key: str | None) -> None:
             f"--tls-cert {visible(cert)} / --tls-key {visible(key)}: cannot load them ({why});"
             " give a readable PEM certificate and its private key"
         ) from exc
+
+
+def check_home_folder(home: Path, source: str) -> None:
+    """The state folder, when it exists, must be a folder (`source`: the flag or variable that named it)."""
+    if os.path.lexists(home) and not os.path.isdir(home):
+        raise UsageError(
+            f"{source} {visible(str(home))}: not a folder; give a state folder (`mcp-gateway --home DIR init`)"
+        )

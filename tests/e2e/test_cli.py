@@ -141,6 +141,7 @@ def test_values_read_after_argparse_are_usage_errors_naming_the_flag(tmp_path: P
         ),
         (("console", "--tls-cert", str(not_a_folder), "--tls-key", str(not_a_folder)), "--tls-cert", "PEM"),
         (("--db", "garbage", "user", "list"), "--db", "sqlite:///"),
+        (("--home", str(not_a_folder), "user", "list"), "--home", "not a folder"),
     ):
         result = gw(home, *args)
         assert result.returncode == 2, (args, result.stderr)
