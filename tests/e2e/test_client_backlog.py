@@ -12,11 +12,11 @@ import contextlib
 import json
 import os
 import select
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from typing import IO
 
 import psutil
 import pytest
@@ -29,22 +29,52 @@ RSS_GROWTH_BOUND = 48 * 1024 * 1024
 
 
 class RawClient:
-    """`serve` on pipes the test reads only when it chooses to (the harness's session reads at once)."""
+    """`serve` on pipes, or on socketpairs as a Node host gives them, that the test reads only when it
+    chooses to (the harness's session reads at once)."""
 
-    def __init__(self, gateway: GatewayHome) -> None:
+    def __init__(self, gateway: GatewayHome, kind: str) -> None:
         env = {k: v for k, v in os.environ.items() if k != "MCP_GATEWAY_TOKEN"}
         self.stderr = (gateway.root / "serve-backlog.log").open("wb")
-        self.process = subprocess.Popen(
-            gateway.cli_argv("serve"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env
-        )
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.stdin: IO[bytes] = self.process.stdin
-        self.stdout_fd = self.process.stdout.fileno()
+        self._sockets: tuple[socket.socket, socket.socket] | None = None
+        if kind == "pipe":
+            self.process = subprocess.Popen(
+                gateway.cli_argv("serve"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env
+            )
+            assert self.process.stdin is not None and self.process.stdout is not None
+            self.stdout_fd = self.process.stdout.fileno()
+        else:
+            client_in, serve_in = socket.socketpair()
+            client_out, serve_out = socket.socketpair()
+            self.process = subprocess.Popen(
+                gateway.cli_argv("serve"),
+                stdin=serve_in.fileno(),
+                stdout=serve_out.fileno(),
+                stderr=self.stderr,
+                env=env,
+            )
+            serve_in.close()
+            serve_out.close()
+            self._sockets = (client_in, client_out)
+            self.stdout_fd = client_out.fileno()
         self._buffer = b""
 
+    def write(self, data: bytes) -> None:
+        """Blocks while the gateway reads nothing and the pipe or socket buffer is full."""
+        if self._sockets is not None:
+            self._sockets[0].sendall(data)
+        else:
+            assert self.process.stdin is not None
+            self.process.stdin.write(data)
+            self.process.stdin.flush()
+
+    def end_input(self) -> None:
+        if self._sockets is not None:
+            self._sockets[0].shutdown(socket.SHUT_WR)
+        elif self.process.stdin is not None:
+            self.process.stdin.close()
+
     def send(self, message: dict[str, object]) -> None:
-        self.stdin.write(json.dumps(message).encode() + b"\n")
-        self.stdin.flush()
+        self.write(json.dumps(message).encode() + b"\n")
 
     def read_line(self, deadline: float) -> bytes:
         while b"\n" not in self._buffer:
@@ -62,8 +92,8 @@ class RawClient:
         return int(psutil.Process(self.process.pid).memory_info().rss)
 
     def close(self) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            self.stdin.close()
+        with contextlib.suppress(OSError):
+            self.end_input()
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -71,12 +101,14 @@ class RawClient:
             self.process.wait(timeout=10)
         if self.process.stdout is not None:
             self.process.stdout.close()
+        for end in self._sockets or ():
+            end.close()
         self.stderr.close()
 
 
-@pytest.fixture
-def raw_client(gateway: GatewayHome) -> Iterator[RawClient]:
-    client = RawClient(gateway)
+@pytest.fixture(params=["pipe", "socketpair"])
+def raw_client(gateway: GatewayHome, request: pytest.FixtureRequest) -> Iterator[RawClient]:
+    client = RawClient(gateway, request.param)
     try:
         yield client
     finally:
@@ -112,8 +144,7 @@ def test_a_client_that_writes_and_does_not_read_keeps_the_gateway_bounded_and_lo
     def write_all() -> None:
         try:
             for batch in batches:
-                client.stdin.write(batch)
-                client.stdin.flush()
+                client.write(batch)
         except OSError as exc:  # reported by the test below, not lost in a thread
             failed.append(exc)
         finally:
@@ -139,5 +170,5 @@ def test_a_client_that_writes_and_does_not_read_keeps_the_gateway_bounded_and_lo
     assert written.wait(30) and not failed, failed
     peak = max(peak, client.rss())
     assert peak - baseline < RSS_GROWTH_BOUND, f"RSS grew {(peak - baseline) >> 20} MiB"
-    client.stdin.close()
+    client.end_input()
     assert client.process.wait(timeout=30) == 0

@@ -248,3 +248,37 @@ def test_in_band_elicitations_stop_at_the_cap_and_share_it_with_every_other_chan
     # Every call past the budget stage holds one attempt, refused ones too (docs/decisions.md, 1).
     assert attempts == MAX_OPEN_QUESTIONS + EXTRA + 2 + 1 + 1
     assert gateway.chain_ok()
+
+
+def test_a_dialog_that_ends_without_an_answer_frees_its_place_at_once(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    """A cancelled call and a dialog the client fails each close their question: the next call is asked."""
+    gateway = make_gateway({"consent": {"timeout_s": 120}} | ROOMY_BUDGET)
+    gateway.add_user("alice", "USER")
+    dialog = open_session(gateway, capabilities=FORM)
+    ids = send_only(dialog, [legacy_call(gateway, "alice") for _ in range(MAX_OPEN_QUESTIONS)])
+    deadline = time.monotonic() + 30
+    while len(dialogs_of(dialog)) < MAX_OPEN_QUESTIONS:
+        assert time.monotonic() < deadline, len(dialogs_of(dialog))
+        dialog.pump(0.2)
+    (over,) = send_all(dialog, [legacy_call(gateway, "alice")])
+    assert over["error"]["data"]["reason"] == LIMIT
+
+    dialog.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ids[0]}})
+    failed = dialogs_of(dialog)[1]
+    dialog.send({"jsonrpc": "2.0", "id": failed["id"], "error": {"code": -32603, "message": "dialog crashed"}})
+    deadline = time.monotonic() + 30
+    while not dialog._pending:
+        assert time.monotonic() < deadline, "the call whose dialog failed was not answered"
+        dialog.pump(0.2)
+    (answered,) = dialog._pending.values()
+    assert answered["error"]["data"]["reason"] == "consent_no_answer", answered
+    while rows_of(gateway, "alice", "in_dialog") > MAX_OPEN_QUESTIONS - 2:
+        assert time.monotonic() < deadline, "the cancelled call's question stays open"
+        dialog.pump(0.2)
+    send_only(dialog, [legacy_call(gateway, "alice") for _ in range(2)])
+    while len(dialogs_of(dialog)) < MAX_OPEN_QUESTIONS + 2:
+        assert time.monotonic() < deadline, "two places freed, and still nobody asked"
+        dialog.pump(0.2)
+    assert rows_of(gateway, "alice", "in_dialog") == MAX_OPEN_QUESTIONS
