@@ -9,6 +9,7 @@ checked against an RSA public key (the HS/RS confusion) and `alg: none` is never
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
@@ -281,6 +282,13 @@ def require_active_user(user: UserRecord | None, claims: Claims, revoked: bool) 
     return Principal(user.name, user.role, user.workspaces, claims.workspace, claims.jti)
 
 
+class Unknown(enum.Enum):
+    TOKEN = "unknown"  # noqa: S105  (a marker, not a password)
+
+
+UNKNOWN_TOKEN = Unknown.TOKEN
+"""`TokenStore.fetch_revoked_at` of a jti no row holds."""
+
 _FETCH_REVOCATION = select(db.tokens.c.revoked_at).where(db.tokens.c.jti == bindparam("jti"))
 _FETCH_CALLER = FETCH_USER.add_columns(_FETCH_REVOCATION.scalar_subquery().label("token_revoked_at"))
 """The token's user and its revocation in one statement: one round trip per call on PostgreSQL."""
@@ -307,6 +315,13 @@ class TokenStore:
         statement = insert.on_conflict_do_update(index_elements=["jti"], set_={"revoked_at": now})
         with self._engine.begin() as connection:
             connection.execute(statement)
+
+    def fetch_revoked_at(self, jti: str) -> float | Unknown | None:
+        """When the jti was revoked (None: it is not), or `UNKNOWN_TOKEN` when this gateway never issued
+        nor revoked it: `token revoke` of a typo must not look like success."""
+        with self._read.connect() as connection:
+            row = connection.execute(_FETCH_REVOCATION, {"jti": jti}).one_or_none()
+        return UNKNOWN_TOKEN if row is None else row.revoked_at
 
     def is_revoked(self, jti: str, connection: Connection | None = None) -> bool:
         if connection is None:

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     add_consent_commands(sub)
     console = sub.add_parser("console", help="the web console: invocation cards, approvals, grants, audit, runs")
     console.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1, loopback)")
-    console.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    console.add_argument("--port", type=_port, default=8765, help="port (default 8765)")
     console.add_argument("--tls-cert", help="PEM certificate: required to listen on any non-loopback interface")
     console.add_argument("--tls-key", help="PEM private key of --tls-cert")
     sub.add_parser("demo", help="what `make demo` runs: a real MCP client session against the gateway")
@@ -122,6 +122,13 @@ def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     withdraw = consent.add_parser("revoke", help="revoke a stored decision by its id (see consent list)")
     withdraw.add_argument("grant_id", type=int)
     sub.add_parser("approvals", help="terminal approver for pending consent requests")
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535: argparse reports anything else as a usage error."""
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a port from 0 to 65535")
+    return int(text)
 
 
 def _format(parser: argparse.ArgumentParser) -> None:

@@ -14,19 +14,20 @@ from pathlib import Path
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
-from gateway.auth import KeyRing, Principal, ensure_keys, issue_token, jti_of
+from gateway.auth import UNKNOWN_TOKEN, KeyRing, Principal, decode_token, ensure_keys, issue_token, jti_of
 from gateway.cli_consent import (
     cmd_approvals,
     cmd_consent_grant,
     cmd_consent_list,
     cmd_consent_revoke,
 )
-from gateway.clock import iso_utc, new_token_id, parse_iso
+from gateway.cli_values import check_db_url, check_home_folder, check_tls_pair, json_object_arg, since_arg
+from gateway.clock import iso_utc, new_token_id
 from gateway.db import make_engine, migrate, schema_is_current
 from gateway.db_errors import cause_name
 from gateway.db_file import DatabaseFileUnwritableError
 from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
-from gateway.errors import CommandError, ConfigError, Reason, StorageUnavailableError
+from gateway.errors import AuthRequiredError, CommandError, ConfigError, Reason, StorageUnavailableError, UsageError
 from gateway.permission_prompt import explain as explain_agent_tool
 from gateway.pipeline import Pipeline, StageReport
 from gateway.policy import PolicyErrors, SandboxPolicy, load_policy
@@ -36,9 +37,11 @@ from gateway.preflight import unreachable_run_paths
 from gateway.rbac import ADMIN_ROLE
 from gateway.recovery import close_abandoned_runs
 from gateway.services import Services, open_services, open_stores
-from gateway.settings import Settings, resolve_settings
-from gateway.tools.registry import TOOL_NAMES
-from gateway.users import UserError
+from gateway.settings import DB_ENV, HOME_ENV, Settings, resolve_settings
+from gateway.state_access import check_state_access, describe, describe_os_error, policy_access_problem
+from gateway.tools.registry import TOOL_NAMES, TOOLS
+from gateway.users import UserError, check_user_name
+from gateway.visible import visible
 from sandbox import probe_host
 from sandbox.confine import LayerReport
 from sandbox.diagnose import host_facts, why_missing
@@ -60,15 +63,28 @@ def print_json(document: object) -> None:
 def dispatch(args: argparse.Namespace) -> int:
     """Run the command `args` names; refusals and database errors become a message and exit 1."""
     settings = resolve_settings(home=args.home, db=args.db, policy=args.policy)
-    handler = _HANDLERS[(args.command, getattr(args, "action", None))]
+    words = (args.command, getattr(args, "action", None))
+    handler = _HANDLERS[words]
     try:
+        check_db_url(settings.db_url, "--db" if args.db else DB_ENV if os.environ.get(DB_ENV) else None)
+        check_home_folder(
+            settings.home, "--home" if args.home else HOME_ENV if os.environ.get(HOME_ENV) else "~/.mcp-gateway"
+        )
+        _check_access(settings, args, words)
         return handler(settings, args)
+    except UsageError as exc:
+        # As argparse words its own usage errors, in one line: the flag, the value, the form it takes.
+        print(f"mcp-gateway {' '.join(w for w in words if w)}: error: {exc}", file=sys.stderr)
+        return 2
     except (CommandError, ConfigError, UserError) as exc:
         print(f"mcp-gateway: {exc}", file=sys.stderr)
         return 1
     except (SQLAlchemyError, StorageUnavailableError) as exc:
         name = cause_name(exc) if isinstance(exc, StorageUnavailableError) else type(exc).__name__
         print(f"mcp-gateway: database error ({name}); is `mcp-gateway init` done?", file=sys.stderr)
+        return 1
+    except PermissionError as exc:  # a path changed after check_state_access looked at it
+        print(f"mcp-gateway: {describe_os_error(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (`audit export | head`): stop quietly, as Unix tools do.
@@ -101,13 +117,13 @@ def _init_workspace(settings: Settings, given: str | None) -> Path | None:
     if given is None:
         return None
     if settings.policy_given is not None:
-        raise CommandError(
+        raise UsageError(
             "--workspace sets the workspace of the policy init writes, <home>/policy.yaml, but --policy or"
             " MCP_GATEWAY_POLICY names another policy: edit that one, or drop --policy"
         )
     folder = Path(os.path.realpath(Path(given).expanduser()))
     if not folder.is_dir():
-        raise CommandError(f"--workspace {given}: not a folder")
+        raise UsageError(f"--workspace {given}: not a folder; give an existing folder, the agent's project")
     home = Path(os.path.realpath(settings.home))
     if home == folder or folder in home.parents:
         raise CommandError(
@@ -151,6 +167,10 @@ def _check_role(services: Services, role: str) -> None:
 
 
 def cmd_user_add(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        check_user_name(args.name)
+    except UserError as exc:
+        raise UsageError(f"NAME: {exc}") from exc
     s = _services(settings)
     _check_role(s, args.role)
     workspaces = tuple(dict.fromkeys(args.workspace)) or (("default",) if "default" in s.policy.workspaces else ())
@@ -189,6 +209,7 @@ def cmd_user_passwd(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_console(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.console.serve import run_console  # noqa: PLC0415  (Starlette and uvicorn load only here)
 
+    check_tls_pair(args.tls_cert, args.tls_key)
     return run_console(settings, args.host, args.port, args.tls_cert, args.tls_key)
 
 
@@ -240,6 +261,8 @@ def cmd_token_issue(settings: Settings, args: argparse.Namespace) -> int:
         or (args.workspace not in record.workspaces and record.role != ADMIN_ROLE)
     ):
         raise CommandError(f"user {args.name!r} has no workspace {args.workspace!r}")
+    if not 1 <= args.ttl <= s.policy.auth.max_ttl_s:
+        raise UsageError(f"--ttl {args.ttl}: give seconds from 1 to the policy's max_ttl_s ({s.policy.auth.max_ttl_s})")
     now, jti = s.clock.now(), new_token_id()
     token = issue_token(s.keys, s.policy.auth, args.name, now=now, ttl_s=args.ttl, jti=jti, workspace=args.workspace)
     s.tokens.record_issued(jti, args.name, now, now + args.ttl)
@@ -249,17 +272,39 @@ def cmd_token_issue(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_token_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    """Revoke a token this gateway issued (by the token or its jti), or a token signed with its key.
+
+    Anything else revokes nothing and exits 1: a mistyped jti must not read as success while the
+    real token stays valid."""
     s = _services(settings)
     value: str = args.token_or_jti
     jti = value
-    if value.count(".") == 2:
+    is_token = value.count(".") == 2
+    if is_token:
         try:
             jti = jti_of(value)
         except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+            raise UsageError(f"TOKEN_OR_JTI: {exc}; give the token as `token issue` printed it, or its jti") from exc
+    revoked_at = s.tokens.fetch_revoked_at(jti)
+    if revoked_at is UNKNOWN_TOKEN:
+        if not is_token:
+            raise CommandError(
+                f"nothing revoked: no token with jti {visible(jti)!r} was issued here; give the whole token, or"
+                " find its jti in the TOKEN_ISSUED events of `mcp-gateway audit export`"
+            )
+        try:
+            decode_token(value, s.keys, s.policy.auth)  # minted elsewhere with this gateway's key: revocable
+        except AuthRequiredError as exc:
+            raise CommandError(
+                f"nothing revoked: the token (jti {visible(jti)!r}) was not issued here and is not one this"
+                f" gateway accepts ({exc.reason}); check --home and --db name the gateway that issued it"
+            ) from exc
+    elif revoked_at is not None:
+        print(f"token {visible(jti)} was revoked already, at {iso_utc(revoked_at)}", file=sys.stderr)
+        return 0
     s.tokens.revoke(jti, s.clock.now())
     s.audit.append(EventDraft(EventType.TOKEN_REVOKED, detail={"jti": jti}))
-    print(f"revoked token {jti}", file=sys.stderr)
+    print(f"revoked token {visible(jti)}", file=sys.stderr)
     return 0
 
 
@@ -374,22 +419,25 @@ def describe_layers(report: LayerReport, sandbox: SandboxPolicy) -> str:
 
 
 def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        arguments = json.loads(args.args)
-    except ValueError as exc:
-        raise CommandError("--args is not valid JSON") from exc
-    if not isinstance(arguments, dict):
-        raise CommandError("--args must be a JSON object")
+    arguments = json_object_arg(args.args)
+    if not args.agent and args.tool not in TOOLS:
+        # Exit 3 ("would be refused") for a typo would pass a CI gate that expects a refusal.
+        raise CommandError(
+            f"no tool named {visible(args.tool)!r} (known: {', '.join(sorted(TOOLS))}; Claude Code's: --agent)"
+        )
     if args.role is not None:
         if args.agent:
-            raise CommandError("--agent needs --user (check_permission reads the user's stored decisions)")
+            raise UsageError("--agent needs --user (check_permission reads the user's stored decisions)")
         services, given = _dry_services(settings, args.role, args.workspace)
         reports = Pipeline(services).explain(None, args.tool, arguments, given=given)
         return _print_explained(args, reports)
     if args.workspace is not None:
-        raise CommandError("--workspace goes with --role (a user's workspaces come from the database)")
+        raise UsageError("--workspace goes with --role (a user's workspaces come from the database)")
+    services = _services(settings)
+    if services.users.fetch(args.user) is None:
+        raise CommandError(f"no user named {visible(args.user)!r} (see `mcp-gateway user list`)")
     if args.agent:
-        steps = explain_agent_tool(_services(settings), args.user, args.tool, arguments)
+        steps = explain_agent_tool(services, args.user, args.tool, arguments)
         outcome = steps[-1][1].split()[0] if steps else "deny"
         if args.format == "json":
             print_json({"user": args.user, "tool": args.tool, "steps": [list(s) for s in steps], "result": outcome})
@@ -397,7 +445,7 @@ def cmd_policy_explain(settings: Settings, args: argparse.Namespace) -> int:
             for step, verdict in steps:
                 print(f"{step:<13}{verdict}")
         return EXPLAIN_REFUSED if outcome == "deny" else 0
-    return _print_explained(args, Pipeline(_services(settings)).explain(args.user, args.tool, arguments))
+    return _print_explained(args, Pipeline(services).explain(args.user, args.tool, arguments))
 
 
 def _dry_services(settings: Settings, role: str, workspace: str | None) -> tuple[Services, Principal]:
@@ -441,10 +489,7 @@ def _print_explained(args: argparse.Namespace, reports: list[StageReport]) -> in
 def cmd_audit_export(settings: Settings, args: argparse.Namespace) -> int:
     since = None
     if args.since:
-        try:
-            since = iso_utc(parse_iso(args.since))
-        except ValueError as exc:
-            raise CommandError("--since must be an ISO 8601 time, e.g. 2026-11-22T10:00:00Z") from exc
+        since = since_arg(args.since)
     out = sys.stdout
     for event in open_stores(settings).audit.events(since_ts=since):
         out.write(json.dumps(event.to_json(), sort_keys=True, ensure_ascii=False) + "\n")
@@ -475,7 +520,11 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     """Probe this host as this user; judge it against the policy (the shipped default when there is none yet)."""
     from gateway.doctor import as_json, as_text, run_doctor  # noqa: PLC0415
 
-    if settings.policy_given is None and not os.path.lexists(settings.policy_path):
+    blocked = policy_access_problem(settings)
+    if blocked is not None:
+        print(f"mcp-gateway: {describe(blocked)}; judging this host against the shipped default", file=sys.stderr)
+        policy = load_policy(SHIPPED_POLICY, TOOL_NAMES)
+    elif settings.policy_given is None and not os.path.lexists(settings.policy_path):
         print(
             f"mcp-gateway: no policy at {settings.policy_path}: judging this host against the shipped default",
             file=sys.stderr,
@@ -486,6 +535,22 @@ def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     diagnosis = run_doctor(policy, probe_host(), host_facts())
     print(as_json(diagnosis) if args.format == "json" else as_text(diagnosis))
     return 0 if diagnosis.ok else 1
+
+
+def _check_access(settings: Settings, args: argparse.Namespace, words: tuple[str, str | None]) -> None:
+    """What the command needs of the state folder, the database and the policy, or one line on what is out of reach.
+
+    `doctor` probes the host (and says itself when the policy is out of reach); `demo` makes its
+    own state; `policy check FILE` reads only FILE; `policy check` and `policy explain --role`
+    read only the policy."""
+    if words in (("doctor", None), ("demo", None)) or (words == ("policy", "check") and args.file):
+        return
+    if words == ("policy", "check") or (words == ("policy", "explain") and args.role is not None):
+        blocked = policy_access_problem(settings)
+        if blocked is not None:
+            raise CommandError(describe(blocked))
+        return
+    check_state_access(settings, init=words == ("init", None))
 
 
 _Handler = Callable[[Settings, argparse.Namespace], int]

@@ -10,6 +10,7 @@ import sys
 from gateway.approvals import approver_name, run_approvals
 from gateway.audit import EventDraft, EventType
 from gateway.canonical import args_hash
+from gateway.cli_values import json_object_arg, lifetime_arg
 from gateway.clock import iso_utc
 from gateway.consent import (
     CLI_CHANNEL,
@@ -24,7 +25,6 @@ from gateway.consent import (
     grant_decision,
     grant_expiry,
     lasting_allow_channels,
-    parse_duration,
 )
 from gateway.consent_store import Grant, GrantDecision
 from gateway.errors import CommandError
@@ -41,6 +41,8 @@ def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
     """One line per stored decision; an Allow whose channel may no longer make one is `ignored`."""
     counted = lasting_allow_channels(policy_for(settings, TOOL_NAMES).consent.channels)
     stores = open_stores(settings)
+    if args.user is not None and stores.users.fetch(args.user) is None:
+        raise CommandError(f"no user named {visible(args.user)!r} (see `mcp-gateway user list`)")
     now = stores.clock.now()
     rows: list[dict[str, object]] = []
     if args.format == "text":
@@ -98,13 +100,8 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
     if args.always and destructive:
         raise CommandError(f"{args.tool} is destructive: Allow always is refused for it (allow once at the prompt)")
     now = s.clock.now()
-    try:
-        lifetime = parse_duration(args.expires_in) if args.expires_in else None
-        arguments = json.loads(args.args) if args.args else None
-    except ValueError as exc:
-        raise CommandError(str(exc) if args.expires_in else "--args is not valid JSON") from exc
-    if arguments is not None and not isinstance(arguments, dict):
-        raise CommandError("--args must be a JSON object")
+    lifetime = lifetime_arg(args.expires_in) if args.expires_in else None
+    arguments = json_object_arg(args.args) if args.args else None
     expires_at = now + lifetime if lifetime else grant_expiry(tier, s.policy.consent, now) if args.always else None
     hashed = args_hash(arguments) if arguments is not None else None
     covered = None
@@ -115,7 +112,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         try:
             covered = normal_grant_arguments(arguments, names, agent_root)
         except ValueError as exc:
-            raise CommandError(f"--args: {exc}") from exc
+            raise CommandError(f"--args: {exc}") from exc  # a path outside the workspace: refused, not misused
     decision = Decision.ALLOW_ALWAYS if args.always else Decision.DENY_ALWAYS
     grant = Grant(
         id=0,

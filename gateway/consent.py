@@ -36,7 +36,7 @@ import anyio
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
-from gateway.consent_store import ConsentStore, Grant, GrantDecision, PendingRequest
+from gateway.consent_store import IN_DIALOG, ConsentStore, Grant, GrantDecision, PendingRequest
 from gateway.consent_text import prompt_for, redacted_preview
 from gateway.db_threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason
@@ -430,13 +430,20 @@ class ConsentStage:
         if isinstance(asker, RoundTrip):
             return await in_db_thread(self._round_trip, request, asker, choices)
         prompt = prompt_for(request, self._policy.locale)
-        with anyio.move_on_after(self._policy.timeout_s):
-            decision = await asker.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
-            if isinstance(decision, NoAnswer):
-                return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "elicitation", no_answer=decision.why)
-            offered = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
-            return Answer(offered, Origin.USER_PROMPT, "elicitation")
-        return None
+        # Stored while the dialog is open, so it counts in the cap of open questions (issue 26, item 15).
+        question = self._question(request, request.run_id, self._clock.now(), choices)
+        await in_db_thread(self._open, request, question, "elicitation", IN_DIALOG)
+        try:
+            with anyio.move_on_after(self._policy.timeout_s):
+                decision = await asker.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
+                if isinstance(decision, NoAnswer):
+                    return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "elicitation", no_answer=decision.why)
+                offered = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
+                return Answer(offered, Origin.USER_PROMPT, "elicitation")
+            return None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await in_db_thread(self._store.expire, request.run_id, self._clock.now(), IN_DIALOG)
 
     def _in_band(self, asker: ConsentAsker | RoundTrip | None) -> bool:
         """Whether the client answers: it declared elicitation, and the policy lets elicitation answer."""

@@ -7,7 +7,8 @@ approvers, and of an approver racing the gateway's own timeout, exactly one wins
 decision also needs the asking gateway alive (its lease in `gateway_sessions`, gateway/liveness.py).
 
 Questions are bounded: a user has at most `MAX_OPEN_QUESTIONS` open at once (`pending` for the
-approver, `awaiting_client` for a 2026-07-28 client's retry, until they expire), checked in the
+approver, `awaiting_client` for a 2026-07-28 client's retry, `in_dialog` while a client's own
+elicitation dialog asks it, until they expire), checked in the
 transaction that inserts one, under the user's row lock; past it the call is refused (-32008
 `consent_questions_limit`). `purge_expired` deletes questions closed or expired long ago; their
 audit events stay. Every text stored is `storable` (no NUL, no lone surrogate: PostgreSQL and
@@ -46,7 +47,10 @@ class GrantDecision(StrEnum):
 MAX_OPEN_QUESTIONS = 16
 """Open questions (`pending` + `awaiting_client`, unexpired) a user may have at once: a person
 answers a handful at a time, and one agent session asks one at a time (docs/operations.md)."""
-OPEN_STATUSES = ("pending", "awaiting_client")
+IN_DIALOG = "in_dialog"
+"""A question the client's own elicitation dialog asks (2025-era, in band): no approver may decide
+it, but it counts in the cap like any other, on every gateway sharing the database."""
+OPEN_STATUSES = ("pending", "awaiting_client", IN_DIALOG)
 PURGE_KEEP_S = 86400
 """How long a closed or expired question stays for `approvals` and operators, by default, before
 `purge_expired` deletes it (its audit events stay)."""
@@ -245,14 +249,16 @@ class ConsentStore:
             )
         return result.rowcount == 1
 
-    def expire(self, request_id: str, now: float) -> bool:
-        """Close an unanswered question; False when a decision got in first."""
+    def expire(self, request_id: str, now: float, waiting: str = "pending") -> bool:
+        """Close an unanswered question (`waiting`: its open status); False when a decision got in first.
+
+        An `in_dialog` question is closed so whatever its client answered: the answer is its audit event."""
         if not is_question_id(request_id):
             return False
         r = db.consent_requests
         with storage_errors("a consent question could not be closed", log=log), self._engine.begin() as connection:
             result = connection.execute(
-                update(r).where(r.c.id == request_id, r.c.status == "pending").values(status="expired", decided_at=now)
+                update(r).where(r.c.id == request_id, r.c.status == waiting).values(status="expired", decided_at=now)
             )
         return result.rowcount == 1
 

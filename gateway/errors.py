@@ -177,6 +177,11 @@ class CommandError(Exception):
     """A command's expected failure: one line on stderr, exit 1 (spec section 3)."""
 
 
+class UsageError(Exception):
+    """A command-line value of the wrong form, found once argparse is done: one line naming the flag and
+    the form it takes on stderr, exit 2 like argparse's own usage errors (spec section 3)."""
+
+
 class ConfigError(Exception):
     """A configuration file or value is invalid; `where` is `file:line` when known."""
 

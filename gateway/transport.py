@@ -26,6 +26,11 @@ kernel reports that at once), raises `ClientGoneError` out of the transport. Tha
 everything it served (calls in flight end as cancelled calls do: runs killed, terminal events
 written) and `serve` exits with one line on stderr. A client that is alive but does not read is
 only waited for: its answers queue behind the full pipe while runs keep their time limits.
+
+Such a client may go on writing (issue 26, item 15): 20,000 pings it never read the answers of
+held 20,000 answers in memory (RSS 101 -> 358 MB). So the reader passes no message on while more
+than `MAX_OUTBOUND_BACKLOG` messages wait to be written (`OutboundBacklog`): the client's writes
+then wait on its own full pipe, and once it reads, every answer follows, in order.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays a message may have (the message itself is depth 1)."""
 _CHUNK = 65536
+MAX_OUTBOUND_BACKLOG = 256
+"""Messages handed to the writer and not yet written past which no more input is read (see above)."""
 
 CLIENT_GONE = "the client stopped reading stdout (its end of the pipe is closed, EPIPE)"
 
@@ -178,6 +185,58 @@ class Wire:
                     await anyio.wait_writable(self._ready)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise ClientGoneError(CLIENT_GONE) from exc
+
+
+class OutboundBacklog:
+    """How many outgoing messages wait to be written; `wait_for_room` holds the reader while over `limit`.
+
+    Reading starts again once the writer is down to half the limit, not at each single write."""
+
+    def __init__(self, limit: int = MAX_OUTBOUND_BACKLOG) -> None:
+        self.limit = limit
+        self.waiting = 0
+        self._room = anyio.Event()
+        self._room.set()
+
+    def added(self) -> None:
+        self.waiting += 1
+        if self.waiting > self.limit and self._room.is_set():
+            self._room = anyio.Event()
+
+    def written(self) -> None:
+        self.waiting -= 1
+        if self.waiting <= self.limit // 2:
+            self._room.set()
+
+    async def wait_for_room(self) -> None:
+        await self._room.wait()
+
+
+class CountedSendStream:
+    """The SDK's write stream: each message counts in the backlog from the moment it is handed over.
+
+    The writer counts it written (`OutboundBacklog.written`); a send that fails never reached it."""
+
+    def __init__(self, inner: MemoryObjectSendStream[SessionMessage], backlog: OutboundBacklog) -> None:
+        self._inner = inner
+        self._backlog = backlog
+
+    async def send(self, item: SessionMessage, /) -> None:
+        self._backlog.added()
+        try:
+            await self._inner.send(item)
+        except BaseException:  # cancelled or closed while waiting: the writer will never count it
+            self._backlog.written()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> CountedSendStream:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -372,10 +431,8 @@ def _stdio_aside() -> Iterator[tuple[Wire, Wire]]:
 
 @asynccontextmanager
 async def stdio_transport(
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-) -> AsyncIterator[
-    tuple[MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
-]:
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_backlog: int = MAX_OUTBOUND_BACKLOG
+) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception], CountedSendStream]]:
     with _stdio_aside() as (wire_in, wire_out):
         write_lock = anyio.Lock()
 
@@ -386,6 +443,7 @@ async def stdio_transport(
         inbound_send, inbound_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         outbound_send, outbound_receive = anyio.create_memory_object_stream[SessionMessage](0)
         framer = LineFramer(max_message_bytes)
+        backlog = OutboundBacklog(max_backlog)
 
         async def read_loop() -> None:
             async with inbound_send:
@@ -401,6 +459,7 @@ async def stdio_transport(
                         if isinstance(outcome, bytes):
                             await write(outcome)
                         elif outcome is not None:
+                            await backlog.wait_for_room()  # a client that writes and does not read waits
                             await inbound_send.send(outcome)
                     if not chunk:
                         return
@@ -413,12 +472,15 @@ async def stdio_transport(
                     except Exception as exc:  # one bad message must not stop the writer
                         log.error("an outgoing message could not be encoded (%s); answered -32603", type(exc).__name__)  # noqa: TRY400  (one line, no traceback: the message may hold a token)
                         data = fallback_line(session_message)
-                    if data is not None:
-                        await write(data)
+                    try:
+                        if data is not None:
+                            await write(data)
+                    finally:
+                        backlog.written()
 
         async with task_group() as tg:  # the server's own failure leaves as itself, not as a group
             tg.start_soon(read_loop)
             tg.start_soon(write_loop)
             tg.start_soon(watch_client_reads, wire_out.fd)
-            yield inbound_receive, outbound_send
+            yield inbound_receive, CountedSendStream(outbound_send, backlog)
             tg.cancel_scope.cancel()

@@ -14,9 +14,13 @@ from tests.harness import REPO
 
 
 def gw(
-    home: Path, *args: str, policy: Path | None = None, stdin: str | None = None
+    home: Path,
+    *args: str,
+    policy: Path | None = None,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")} | (env or {})
     command = [
         sys.executable,
         "-m",
@@ -28,6 +32,13 @@ def gw(
         *args,
     ]
     return subprocess.run(command, capture_output=True, text=True, env=env, input=stdin, timeout=60, check=False)
+
+
+def gw_without_policy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`mcp-gateway --home HOME ARGS`: the policy is <home>/policy.yaml, as `init` writes it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")}
+    command = [sys.executable, "-m", "gateway", "--home", str(home), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
 
 
 def test_init_is_idempotent_and_keeps_the_key(tmp_path: Path) -> None:
@@ -82,10 +93,7 @@ def test_refused_operations_exit_1_with_one_line(tmp_path: Path) -> None:
         ("user", "disable", "nobody"),
         ("user", "set-role", "alice", "KING"),
         ("token", "issue", "nobody"),
-        ("token", "issue", "alice", "--ttl", "999999"),
         ("token", "issue", "alice", "--workspace", "elsewhere"),
-        ("policy", "explain", "--user", "alice", "--tool", "run_pytest", "--args", "{not json"),
-        ("audit", "export", "--since", "yesterday"),
     ):
         result = gw(home, *args)
         assert result.returncode == 1, (args, result.stderr)
@@ -97,6 +105,110 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     for args in ((), ("user",), ("user", "add", "x"), ("token", "issue", "a", "--ttl", "ten"), ("frobnicate",)):
         result = gw(tmp_path, *args)
         assert result.returncode == 2, (args, result.stderr)
+
+
+def test_values_read_after_argparse_are_usage_errors_naming_the_flag(tmp_path: Path) -> None:
+    """Dates, durations, JSON, lifetimes, ports, paths, URLs and names of the wrong form: exit 2, as
+    argparse answers an int that is not one, in one line that names the flag and the form it takes."""
+    home = tmp_path / "state"
+    assert gw(home, "init").returncode == 0
+    assert gw(home, "user", "add", "alice", "--role", "USER").returncode == 0
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    for args, flag, form in (
+        (("audit", "export", "--since", "garbage"), "--since", "ISO 8601"),
+        (("audit", "export", "--since", "2026-13-45"), "--since", "ISO 8601"),
+        (("audit", "export", "--since", "99999-01-01T00:00:00"), "--since", "ISO 8601"),
+        (("consent", "grant", "alice", "run_pytest", "--deny", "--expires-in", "5x"), "--expires-in", "7d"),
+        (("consent", "grant", "alice", "run_pytest", "--deny", "--expires-in", "0"), "--expires-in", "7d"),
+        (("consent", "grant", "alice", "run_pytest", "--deny", "--expires-in", "9" * 400 + "d"), "--expires-in", ""),
+        (("consent", "grant", "alice", "run_pytest", "--deny", "--args", "{not json"), "--args", "JSON object"),
+        (("consent", "grant", "alice", "run_pytest", "--deny", "--args", "[1]"), "--args", "JSON object"),
+        (("policy", "explain", "--user", "alice", "--tool", "run_pytest", "--args", "{not json"), "--args", "JSON"),
+        (("policy", "explain", "--user", "alice", "--tool", "run_pytest", "--args", '"x"'), "--args", "JSON object"),
+        (("policy", "explain", "--user", "alice", "--tool", "run_pytest", "--workspace", "w"), "--workspace", "--role"),
+        (("token", "issue", "alice", "--ttl", "0"), "--ttl", "max_ttl_s"),
+        (("token", "issue", "alice", "--ttl", "-5"), "--ttl", "max_ttl_s"),
+        (("token", "issue", "alice", "--ttl", "999999"), "--ttl", "max_ttl_s"),
+        (("token", "revoke", "a.b.c"), "TOKEN_OR_JTI", "token issue"),
+        (("user", "add", "bad\x1bname", "--role", "USER"), "NAME", "control characters"),
+        (("console", "--port", "99999"), "--port", "0 to 65535"),
+        (("console", "--port", "-1"), "--port", "0 to 65535"),
+        (
+            ("console", "--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(tmp_path / "none.key")),
+            "--tls-cert",
+            "PEM",
+        ),
+        (("console", "--tls-cert", str(not_a_folder), "--tls-key", str(not_a_folder)), "--tls-cert", "PEM"),
+        (("--db", "garbage", "user", "list"), "--db", "sqlite:///"),
+        (("--home", str(not_a_folder), "user", "list"), "--home", "not a folder"),
+    ):
+        result = gw(home, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert flag in result.stderr and form in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+        if args[0] != "console" or "--port" not in args:  # argparse's own: a usage line, then the error
+            assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+    bare = tmp_path / "bare"
+    for args, flag in (
+        (("init", "--workspace", str(tmp_path / "nowhere")), "--workspace"),
+        (("init", "--workspace", str(not_a_folder)), "--workspace"),
+    ):
+        result = gw_without_policy(bare, *args)
+        assert result.returncode == 2 and flag in result.stderr and "folder" in result.stderr, (args, result.stderr)
+    from_env = gw(home, "user", "list", env={"MCP_GATEWAY_DB": "not a url"})
+    assert from_env.returncode == 2 and "MCP_GATEWAY_DB" in from_env.stderr, from_env.stderr
+
+
+def test_names_and_ids_that_match_nothing_exit_1_saying_so(tmp_path: Path) -> None:
+    """A typo must never read as success (or, for `policy explain`, as a refusal a CI gate expects)."""
+    home = tmp_path / "state"
+    assert gw(home, "init").returncode == 0
+    assert gw(home, "user", "add", "alice", "--role", "USER").returncode == 0
+    token = gw(home, "token", "issue", "alice").stdout.strip()
+    jti = jwt.decode(token, options={"verify_signature": False})["jti"]
+    elsewhere = tmp_path / "elsewhere"
+    assert (
+        gw(elsewhere, "init").returncode == 0
+        and gw(elsewhere, "user", "add", "alice", "--role", "USER").returncode == 0
+    )
+    foreign = gw(elsewhere, "token", "issue", "alice").stdout.strip()
+    for args, words in (
+        (("token", "revoke", jti[:-1]), "nothing revoked"),
+        (("token", "revoke", jti + "x"), "audit export"),
+        (("token", "revoke", foreign), "not issued here"),
+        (("consent", "revoke", "99"), "no stored decision 99"),
+        (("consent", "list", "--user", "alcie"), "no user named 'alcie'"),
+        (("consent", "grant", "alcie", "run_pytest", "--deny"), "unknown user 'alcie'"),
+        (("policy", "explain", "--user", "alcie", "--tool", "run_pytest"), "no user named 'alcie'"),
+        (("policy", "explain", "--user", "alice", "--tool", "run_pytets"), "no tool named 'run_pytets'"),
+        (("policy", "explain", "--role", "USER", "--tool", "run_pytets"), "no tool named 'run_pytets'"),
+        (("user", "disable", "alcie"), "no user named 'alcie'"),
+        (("user", "set-role", "alcie", "USER"), "no user named 'alcie'"),
+        (("user", "passwd", "alcie"), "no user named 'alcie'"),
+        (("token", "issue", "alcie"), "no user named 'alcie'"),
+    ):
+        result = gw(home, *args, stdin="pw\n")
+        assert result.returncode == 1, (args, result.stderr)
+        assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+    events = gw(home, "audit", "export").stdout
+    assert '"TOKEN_REVOKED"' not in events, "nothing matched: nothing revoked, nothing logged"
+    still = gw(home, "policy", "explain", "--user", "alice", "--tool", "run_pytest", "--args", '{"test_path":"t"}')
+    assert still.returncode in (0, 3) and "alcie" not in still.stderr
+
+
+def test_token_revoke_by_jti_by_token_and_again(tmp_path: Path) -> None:
+    home = tmp_path / "state"
+    assert gw(home, "init").returncode == 0
+    assert gw(home, "user", "add", "alice", "--role", "USER").returncode == 0
+    first, second = (gw(home, "token", "issue", "alice").stdout.strip() for _ in range(2))
+    jti = jwt.decode(first, options={"verify_signature": False})["jti"]
+    by_jti = gw(home, "token", "revoke", jti)
+    assert by_jti.returncode == 0 and f"revoked token {jti}" in by_jti.stderr
+    again = gw(home, "token", "revoke", first)
+    assert again.returncode == 0 and "revoked already" in again.stderr, again.stderr
+    assert gw(home, "token", "revoke", second).returncode == 0
+    assert gw(home, "audit", "export").stdout.count('"TOKEN_REVOKED"') == 2, "once per token"
 
 
 def test_commands_before_init_fail_cleanly(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Issue 12, item 7: no caller can pile up consent questions.
 
 Before the fix, 1,200 concurrent `check_permission` "ask" questions all queued for the approver,
-and 2,000 first rounds of a 2026-07-28 client left 2,000 `awaiting_client` rows. Now a user has
+and 2,000 first rounds of a 2026-07-28 client left 2,000 `awaiting_client` rows; and (issue 26,
+item 15) one 2025-era session held 2,000 of its client's own elicitation dialogs open. Now a user has
 at most `MAX_OPEN_QUESTIONS` open questions (pending + awaiting_client, unexpired); past it a call
 is refused at once with -32008 `consent_questions_limit`, and still leaves its audit events.
 """
@@ -9,6 +10,7 @@ is refused at once with -32008 `consent_questions_limit`, and still leaves its a
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -186,3 +188,97 @@ def test_a_mix_of_out_of_band_runs_and_first_rounds_shares_one_cap(
     assert asked == MAX_OPEN_QUESTIONS
     assert all(a["error"]["data"]["reason"] in ("consent_timeout", LIMIT) for a in late)
     assert gateway.chain_ok()
+
+
+def legacy_call(gateway: GatewayHome, user: str) -> tuple[str, dict[str, Any]]:
+    token = gateway.token(user)
+    return "tools/call", {"name": "run_pytest", "arguments": {"test_path": "tests"}, "auth": {"token": token}}
+
+
+def dialogs_of(session: StdioSession) -> list[dict[str, Any]]:
+    return [m for m in session.unsolicited if m["method"] == "elicitation/create"]
+
+
+@on_both_engines
+def test_in_band_elicitations_stop_at_the_cap_and_share_it_with_every_other_channel(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    gateway = make_gateway({"consent": {"timeout_s": 15}} | ROOMY_BUDGET)
+    gateway.add_user("alice", "USER")
+    gateway.add_user("bob", "USER")
+    dialog = open_session(gateway, capabilities=FORM)  # declares elicitation and never answers a dialog
+    ids = send_only(dialog, [legacy_call(gateway, "alice") for _ in range(MAX_OPEN_QUESTIONS + EXTRA)])
+    deadline = time.monotonic() + 12
+    while len(dialog._pending) < EXTRA or len(dialogs_of(dialog)) < MAX_OPEN_QUESTIONS:
+        assert time.monotonic() < deadline, (len(dialog._pending), len(dialogs_of(dialog)))
+        dialog.pump(0.2)
+    refused = [dialog._pending.pop(i) for i in ids if i in dialog._pending]
+    assert len(refused) == EXTRA, "the calls past the cap are answered at once, the others wait for their dialog"
+    for response in refused:
+        assert_refused_with_its_trail(gateway, response)
+    dialog.pump(1.0)
+    assert len(dialogs_of(dialog)) == MAX_OPEN_QUESTIONS, "nobody is asked past the cap"
+    assert rows_of(gateway, "alice", "in_dialog") == MAX_OPEN_QUESTIONS
+
+    # One cap for every channel, on every gateway of the database: an out-of-band question from
+    # another gateway, and a 2026-07-28 first round, are refused too; another user is asked.
+    elsewhere = open_session(gateway)  # no elicitation: its questions wait for the approver
+    (out_of_band,) = send_all(elsewhere, [legacy_call(gateway, "alice")])
+    assert_refused_with_its_trail(gateway, out_of_band)
+    modern = open_session(gateway, initialize=False)
+    (first_round,) = send_all(modern, [("tools/call", modern_params(gateway, "alice"))])
+    assert_refused_with_its_trail(gateway, first_round)
+    (bob_id,) = send_only(dialog, [legacy_call(gateway, "bob")])
+    while len(dialogs_of(dialog)) < MAX_OPEN_QUESTIONS + 1:
+        assert time.monotonic() < deadline + 10, "bob was not asked"
+        dialog.pump(0.2)
+
+    # Unanswered, the dialogs time out and free their places: the next call is asked again.
+    waited = [dialog.wait_response(i, timeout=60) for i in ids if i not in {r["id"] for r in refused}]
+    assert all(w["error"]["data"]["reason"] == "consent_timeout" for w in waited), waited[0]
+    assert dialog.wait_response(bob_id, timeout=60)["error"]["data"]["reason"] == "consent_timeout"
+    assert rows_of(gateway, "alice", "in_dialog") == 0 and rows_of(gateway, "alice", "expired") == MAX_OPEN_QUESTIONS
+    send_only(dialog, [legacy_call(gateway, "alice")])
+    deadline = time.monotonic() + 20
+    while len(dialogs_of(dialog)) < MAX_OPEN_QUESTIONS + 2:
+        assert time.monotonic() < deadline, "a place freed, and still nobody asked"
+        dialog.pump(0.2)
+    with gateway.engine.connect() as connection:
+        attempts = connection.execute(select(func.count()).select_from(db.budget_charges)).scalar()
+    # Every call past the budget stage holds one attempt, refused ones too (docs/decisions.md, 1).
+    assert attempts == MAX_OPEN_QUESTIONS + EXTRA + 2 + 1 + 1
+    assert gateway.chain_ok()
+
+
+def test_a_dialog_that_ends_without_an_answer_frees_its_place_at_once(
+    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
+) -> None:
+    """A cancelled call and a dialog the client fails each close their question: the next call is asked."""
+    gateway = make_gateway({"consent": {"timeout_s": 120}} | ROOMY_BUDGET)
+    gateway.add_user("alice", "USER")
+    dialog = open_session(gateway, capabilities=FORM)
+    ids = send_only(dialog, [legacy_call(gateway, "alice") for _ in range(MAX_OPEN_QUESTIONS)])
+    deadline = time.monotonic() + 30
+    while len(dialogs_of(dialog)) < MAX_OPEN_QUESTIONS:
+        assert time.monotonic() < deadline, len(dialogs_of(dialog))
+        dialog.pump(0.2)
+    (over,) = send_all(dialog, [legacy_call(gateway, "alice")])
+    assert over["error"]["data"]["reason"] == LIMIT
+
+    dialog.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ids[0]}})
+    failed = dialogs_of(dialog)[1]
+    dialog.send({"jsonrpc": "2.0", "id": failed["id"], "error": {"code": -32603, "message": "dialog crashed"}})
+    deadline = time.monotonic() + 30
+    while not dialog._pending:
+        assert time.monotonic() < deadline, "the call whose dialog failed was not answered"
+        dialog.pump(0.2)
+    (answered,) = dialog._pending.values()
+    assert answered["error"]["data"]["reason"] == "consent_no_answer", answered
+    while rows_of(gateway, "alice", "in_dialog") > MAX_OPEN_QUESTIONS - 2:
+        assert time.monotonic() < deadline, "the cancelled call's question stays open"
+        dialog.pump(0.2)
+    send_only(dialog, [legacy_call(gateway, "alice") for _ in range(2)])
+    while len(dialogs_of(dialog)) < MAX_OPEN_QUESTIONS + 2:
+        assert time.monotonic() < deadline, "two places freed, and still nobody asked"
+        dialog.pump(0.2)
+    assert rows_of(gateway, "alice", "in_dialog") == MAX_OPEN_QUESTIONS

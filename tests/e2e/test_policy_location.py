@@ -120,15 +120,15 @@ def test_init_writes_the_home_policy_once_with_an_absolute_workspace(tmp_path: P
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "message", "code"),
     [
-        (("--workspace", "missing"), "--workspace missing: not a folder"),
-        (("--workspace", "."), "holds the state folder"),
+        (("--workspace", "missing"), "--workspace missing: not a folder", 2),  # a usage error
+        (("--workspace", "."), "holds the state folder", 1),  # a refusal
     ],
 )
-def test_init_refuses_a_workspace_it_cannot_use(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+def test_init_refuses_a_workspace_it_cannot_use(tmp_path: Path, args: tuple[str, ...], message: str, code: int) -> None:
     made = gw(tmp_path / "state", "init", *args, cwd=tmp_path)
-    assert made.returncode == 1 and message in made.stderr
+    assert made.returncode == code and message in made.stderr
     assert not (tmp_path / "state" / "policy.yaml").exists()
 
 

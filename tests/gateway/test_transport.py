@@ -19,6 +19,7 @@ from gateway.transport import (
     PARSE_ERROR,
     ClientGoneError,
     LineFramer,
+    OutboundBacklog,
     Wire,
     classify,
     encode_message,
@@ -338,3 +339,24 @@ def test_a_file_is_read_and_written_by_worker_threads(tmp_path: Path) -> None:
         assert anyio.run(reading.read) == b""
         anyio.run(writing.write, b"three\n")
     assert path.read_bytes() == b"one\ntwo\nthree\n"
+
+
+def test_the_backlog_holds_the_reader_past_its_limit_and_lets_it_go_at_half() -> None:
+    async def main() -> list[int]:
+        backlog = OutboundBacklog(limit=4)
+        released_at: list[int] = []
+        for _ in range(5):
+            backlog.added()
+        with anyio.move_on_after(0.05):
+            await backlog.wait_for_room()
+            released_at.append(backlog.waiting)  # not reached: 5 wait, over the limit of 4
+        for _ in range(3):
+            backlog.written()
+            with anyio.move_on_after(0.01):
+                await backlog.wait_for_room()
+                released_at.append(backlog.waiting)
+        with anyio.fail_after(1):
+            await backlog.wait_for_room()  # stays open until the limit is passed again
+        return released_at
+
+    assert anyio.run(main) == [2], "held at 4 and 3 (over half the limit), let go at 2"
