@@ -48,7 +48,7 @@ from gateway import db
 from gateway.audit import EventDraft, EventType
 from gateway.calls import Moved
 from gateway.consent import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
-from gateway.consent_store import ConsentStore, PendingRequest
+from gateway.consent_store import IN_DIALOG, ConsentStore, PendingRequest
 from gateway.db_errors import cause_name
 from gateway.db_threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason, StorageUnavailableError
@@ -373,6 +373,10 @@ def _close_call(services: Stores, calls: OpenCalls, call: OpenCall) -> bool:
     if not call.has_run:  # nothing ran; a run that ended had its charge settled then
         with contextlib.suppress(StorageUnavailableError):
             services.budget.settle_unrun(call.run_id)
+    # A dialog its dead gateway had open in the client is over: its place under the user's cap of
+    # open questions is given back now, not when the question would have expired.
+    with contextlib.suppress(StorageUnavailableError):
+        services.consent_store.expire(call.run_id, services.clock.now(), IN_DIALOG)
     log.warning(
         "call %s (user %s, tool %s) was left %s by gateway session %s, which died: closed as abandoned",
         call.run_id,

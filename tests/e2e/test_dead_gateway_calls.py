@@ -58,6 +58,12 @@ def asked(gateway: GatewayHome) -> bool:
         return connection.execute(select(db.consent_requests.c.id)).first() is not None
 
 
+def question_status(gateway: GatewayHome, run_id: str) -> str | None:
+    q = db.consent_requests
+    with gateway.engine.connect() as connection:
+        return connection.execute(select(q.c.status).where(q.c.id == run_id)).scalar_one_or_none()
+
+
 def terminal_events(gateway: GatewayHome, run_id: str) -> list[dict[str, Any]]:
     return [e for e in gateway.events_of(run_id) if e["event_type"] in ("POLICY_BLOCKED", "TOOL_FINISHED")]
 
@@ -71,6 +77,7 @@ def kill_during_the_consent_question(gateway: GatewayHome, open_session: Session
     card = only_card(gateway)
     assert card is not None and card["status"] == "pending", card
     assert charged_ms(gateway, card["run_id"]) == RUN_TIMEOUT_S * 1000, "the reservation: the whole time limit"
+    assert question_status(gateway, str(card["run_id"])) == "in_dialog", "the dialog holds a place under the cap"
     os.kill(asker.process.pid, signal.SIGKILL)
     asker.process.wait(timeout=10)
     return str(card["run_id"])
@@ -95,6 +102,7 @@ def test_a_call_killed_at_the_in_band_question_is_closed_by_another_gateways_swe
     assert wait_until(lambda: card_of(home, run_id)["status"] != "pending", timeout=15), survivor.stderr_text()
     assert_closed_as_abandoned(home, run_id, "POLICY_BLOCKED")
     assert charged_ms(home, run_id) == 0, "it waited for consent: nothing ran"
+    assert question_status(home, run_id) == "expired", "its place under the cap of open questions is given back"
     assert wait_until(lambda: lines_naming(survivor, run_id), 5)
     time.sleep(3 * PERIOD_S)  # later sweeps find nothing more to close, or to log
     assert len(lines_naming(survivor, run_id)) == 1, survivor.stderr_text()
@@ -111,6 +119,7 @@ def test_a_call_killed_at_the_in_band_question_is_closed_by_the_next_gateway_to_
     assert card_of(home, run_id)["status"] == "error", "closed at start, before the first answer"
     assert_closed_as_abandoned(home, run_id, "POLICY_BLOCKED")
     assert charged_ms(home, run_id) == 0
+    assert question_status(home, run_id) == "expired"
     assert len(lines_naming(successor, run_id)) == 1, successor.stderr_text()
 
 
