@@ -12,7 +12,8 @@ The answer is always a successful result holding one text block, the JSON
 a refusal at any stage, a failure of the gateway itself included, is a deny. Claude Code
 cannot send `params.auth`, so the session's token comes from the server's environment and is
 verified at every question, as a per-call token is (a revoked token or a disabled user denies
-from the next question on).
+from the next question on). A question that does carry `params.auth` (another client) is judged
+by that token alone: a bad one is refused, never replaced by the environment's.
 
 Questions are asked out of band only (`mcp-gateway approvals`): `-p` has no dialog, so
 elicitation to Claude Code would reach nobody. Every answer leaves `mcp.permission.decision`
@@ -196,6 +197,14 @@ def parse_use(arguments: Mapping[str, Any]) -> ToolUse:
 
 
 @dataclass(frozen=True, slots=True)
+class CallToken:
+    """What a question's `params.auth` held as its token, whatever its shape (None: no `token`, or
+    `params.auth` not an object): a question that carries `params.auth` is judged by it alone."""
+
+    value: object = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class _Asker:
     """Whose agent asks (the session token's user), and in which workspace its paths are judged."""
 
@@ -212,9 +221,12 @@ class PermissionPrompt:
             services.policy.permission_prompt.allow,
         )
 
-    async def check(self, arguments: Mapping[str, Any], progress: CallProgress = NO_PROGRESS) -> tuple[str, str]:
+    async def check(
+        self, arguments: Mapping[str, Any], progress: CallProgress = NO_PROGRESS, given: CallToken | None = None
+    ) -> tuple[str, str]:
         """Answer one question: (run_id, the answer's JSON text). Never raises a GatewayError.
-        While a person is asked, `progress` tells the caller where to answer and the time left."""
+        While a person is asked, `progress` tells the caller where to answer and the time left.
+        `given`: the question carried `params.auth` (its token is used, never MCP_GATEWAY_TOKEN)."""
         run_id = self.s.new_run_id()
         try:
             hashed = args_hash(dict(arguments))
@@ -222,7 +234,7 @@ class PermissionPrompt:
             hashed = None
         entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=TOOL_NAME, args_hash=hashed)
         try:
-            return run_id, await self._check(entry, arguments, progress)
+            return run_id, await self._check(entry, arguments, progress, given)
         except GatewayError as exc:
             # The audit log or the database failed (StorageUnavailableError): nothing can be vouched for.
             log.error("run %s: check_permission failed (%s); answered deny", run_id, type(exc).__name__)  # noqa: TRY400
@@ -231,8 +243,10 @@ class PermissionPrompt:
             log.exception("run %s: check_permission failed unexpectedly; answered deny", run_id)
             return run_id, deny_answer("mcp-write-gateway failed to decide; denied (see the gateway's log)")
 
-    async def _check(self, entry: EventDraft, arguments: Mapping[str, Any], progress: CallProgress) -> str:
-        question = _Question(arguments, entry, progress=progress)
+    async def _check(
+        self, entry: EventDraft, arguments: Mapping[str, Any], progress: CallProgress, given: CallToken | None
+    ) -> str:
+        question = _Question(arguments, entry, progress=progress, given=given)
         for step in STEPS:
             answer = await step.run(self, question)
             if answer is not None:
@@ -256,7 +270,7 @@ class PermissionPrompt:
 
     async def _authenticate(self, question: _Question) -> str | None:
         try:
-            token = self.s.environ.get(TOKEN_ENV, "").strip() or None
+            token = question.given.value if question.given else self.s.environ.get(TOKEN_ENV, "").strip() or None
             question.principal = await in_db_thread(self.s.authenticator.authenticate, token)
         except GatewayError as exc:
             return await self._blocked(question, exc)
@@ -342,7 +356,9 @@ class PermissionPrompt:
             named, event_type=EventType.POLICY_BLOCKED, code=exc.code,
             detail={"blocked_reason": exc.reason, "behavior": "deny"},
         )  # fmt: skip
-        why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == Reason.TOKEN_MISSING else exc.public_message()
+        from_env = question.given is None
+        why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == Reason.TOKEN_MISSING and from_env else None
+        why = why or exc.public_message()
         answer = deny_answer(f"mcp-write-gateway denied this tool use: {why}")
         card: tuple[Along, ...] = ()
         if question.principal is not None:  # a question from nobody known belongs to no workspace: no card
@@ -480,6 +496,8 @@ class _Question:
     root: Pinned | None = None
     use: ToolUse | None = None
     progress: CallProgress = NO_PROGRESS
+    given: CallToken | None = None
+    """The question's `params.auth` token, when it carried one; else MCP_GATEWAY_TOKEN is used."""
 
 
 _Shown = tuple[list[tuple[str, str]], "str | None"]
