@@ -66,6 +66,12 @@ from gateway.visible import visible
 from sandbox.pinned import Pinned
 
 log = logging.getLogger("gateway.permission_prompt")
+_READERS = 2
+"""Threads judging tool uses at once (reading a long command is CPU work): the rest wait their turn."""
+UNREADABLE_HINT = (
+    "Split it into shorter commands, or write the commands to a script file and run that "
+    "(a command past a bound of the gateway's reading is always denied)"
+)
 
 TOOL_NAME = "check_permission"
 AGENT_SERVER_ID = "claude-code"
@@ -220,6 +226,7 @@ class PermissionPrompt:
             services.policy.permission_prompt.ask,
             services.policy.permission_prompt.allow,
         )
+        self._readers: anyio.CapacityLimiter | None = None
 
     async def check(
         self, arguments: Mapping[str, Any], progress: CallProgress = NO_PROGRESS, given: CallToken | None = None
@@ -316,7 +323,10 @@ class PermissionPrompt:
         return judge(self._rules, use.tool, use.tool_input, str(root.path), os.path.realpath)
 
     async def _apply_rules(self, question: _Question) -> str | None:
-        judged = self._judge(question)
+        # Off the event loop: reading a command is bounded (gateway/shell/), but not free.
+        if self._readers is None:
+            self._readers = anyio.CapacityLimiter(_READERS)
+        judged = await anyio.to_thread.run_sync(self._judge, question, limiter=self._readers)
         if judged.verdict == "ask":
             return None
         return await in_db_thread(self._by_rule, _entry(question), _asker(question), _use(question), judged)
@@ -330,7 +340,8 @@ class PermissionPrompt:
             note = "" if eligible else "; not plain commands of literal words: no allow rule applies"
             shown.append(("parts", " | ".join(visible(part) for part in parts) + note))  # escaped as the approver shows
             shown.append(("runs", " | ".join(visible(program) for program in bash_programs(command))))
-        shown.append(("rules", f"{judged.verdict}  ({judged.rule or 'no rule matches'})"))
+        why = judged.rule or (f"not read: {judged.unreadable}" if judged.unreadable else "no rule matches")
+        shown.append(("rules", f"{judged.verdict}  ({why})"))
         return shown, None if judged.verdict == "ask" else judged.verdict
 
     async def _consent(self, question: _Question) -> str:
@@ -371,15 +382,18 @@ class PermissionPrompt:
         allow = judged.verdict == "allow"
         request = _request(entry, asker, use)
         answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, "rules")
-        text = (
-            allow_answer(use.tool_input)
-            if allow
-            else deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
-        )
+        if allow:
+            text = allow_answer(use.tool_input)
+        elif judged.unreadable is not None:
+            text = deny_answer(f"mcp-write-gateway denied this command unread: {judged.unreadable}. {UNREADABLE_HINT}")
+        else:
+            text = deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
+        reason = None if allow else "command_unreadable" if judged.unreadable else "rule_denied"
+        extra = {"rule": judged.rule} if judged.unreadable is None else {"bound": judged.unreadable}
         self.s.audit.append(
             _named(entry, asker),
-            decision_event(request, answer, None if allow else "rule_denied", {"rule": judged.rule}),
-            self._finished(entry, asker, use, "allow" if allow else "deny", rule=judged.rule),
+            decision_event(request, answer, reason, extra),
+            self._finished(entry, asker, use, "allow" if allow else "deny", rule=judged.rule, reason=reason),
             along=self._opened(entry, asker.user, asker.workspace, _asked(use), "done", answer=text),
         )
         return text
