@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.shell import lexer, tree
+from gateway.shell.code_builtins import assigned_code
 from gateway.shell.words import SimpleCommand, Unreadable, Word, decode_ansi_c
 from gateway.shell.wrappers import SHELLS, inner_commands, is_assignment, shell_command
 
@@ -176,6 +177,8 @@ class _Reader:
         for word in found.words:  # assignments too: `PS4='$(rm x)'`, `declare -i n; n='a[$(rm x)]'`
             if word.known and any(s in word.text for s in _SUBSTITUTIONS):
                 self.read(word.text, depth + 1)
+            for text in assigned_code(word):  # `PROMPT_COMMAND='rm x'`, `env 'BASH_FUNC_ls%%=() { rm x; }'`
+                self.read(text, depth + 1)
         work = [(words, 0) for words in _stripped(found.words)]
         visited: set[tuple[int, int]] = set()
         while work:
