@@ -72,6 +72,7 @@ UNREADABLE_HINT = (
     "Split it into shorter commands, or write the commands to a script file and run that "
     "(a command past a bound of the gateway's reading is always denied)"
 )
+UNREADABLE_PATH_HINT = "Use a shorter path (a path past a bound of the gateway's judging is always denied)"
 
 TOOL_NAME = "check_permission"
 AGENT_SERVER_ID = "claude-code"
@@ -385,10 +386,11 @@ class PermissionPrompt:
         if allow:
             text = allow_answer(use.tool_input)
         elif judged.unreadable is not None:
-            text = deny_answer(f"mcp-write-gateway denied this command unread: {judged.unreadable}. {UNREADABLE_HINT}")
+            hint = UNREADABLE_HINT if use.tool == "Bash" else UNREADABLE_PATH_HINT
+            text = deny_answer(f"mcp-write-gateway denied this {use.tool} use unread: {judged.unreadable}. {hint}")
         else:
             text = deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
-        reason = None if allow else "command_unreadable" if judged.unreadable else "rule_denied"
+        reason = None if allow else "input_unreadable" if judged.unreadable else "rule_denied"
         extra = {"rule": judged.rule} if judged.unreadable is None else {"bound": judged.unreadable}
         self.s.audit.append(
             _named(entry, asker),

@@ -222,6 +222,9 @@ def judge(
 ) -> Judgement:
     """deny > ask > allow; no match: ask. `realpath` (e.g. os.path.realpath) adds the resolved path."""
     if tool in PATH_ARGUMENT:
+        too_long = _unreadable_path(tool, tool_input)
+        if too_long is not None:
+            return Judgement("deny", None, too_long)
         return _judge_files(rules, file_use(tool, tool_input, root, realpath))
     if tool == "Bash":
         exceeded = _reading(str(tool_input.get("command", ""))).exceeded
@@ -235,6 +238,25 @@ def judge(
     if allowed is not None:
         return Judgement("allow", allowed.text)
     return Judgement("ask", None)
+
+
+MAX_PATH_CHARS = 4096
+"""The longest path (or Glob pattern, Grep glob) judged, Linux's PATH_MAX: a longer one is denied."""
+MAX_PATH_PARTS = 256
+"""The most `/`-separated parts a path may have: each folder above a path is judged against each rule."""
+
+
+def _unreadable_path(tool: str, tool_input: Mapping[str, Any]) -> str | None:
+    """Why a file tool's path is past a bound of judging (None: within them)."""
+    for name in dict.fromkeys((PATH_ARGUMENT[tool], "pattern", "glob")):
+        value = tool_input.get(name)
+        if not isinstance(value, str):
+            continue
+        if len(value) > MAX_PATH_CHARS:
+            return f"its {name} is {len(value)} characters long, over the {MAX_PATH_CHARS} the gateway judges"
+        if value.count("/") >= MAX_PATH_PARTS:
+            return f"its {name} has more than {MAX_PATH_PARTS} parts separated by /"
+    return None
 
 
 def _judge_files(rules: RuleSet, use: FileUse) -> Judgement:

@@ -17,7 +17,7 @@ import pytest
 from tests.e2e.test_claude_code import SessionFactory, answer, ask, events
 from tests.harness import GatewayHome, StdioSession
 
-RULES = {"enabled": True, "deny": ["Bash(rm:*)"], "ask": [], "allow": ["Bash"]}
+RULES = {"enabled": True, "deny": ["Bash(rm:*)", "Edit(secrets/**)"], "ask": [], "allow": ["Bash", "Read", "Glob"]}
 MAX_COMMAND_CHARS = 65_536
 """gateway/shell/invocations.py's bound, written here so that the test runs on the old code too."""
 PING_S = 2.0
@@ -31,10 +31,10 @@ def session(make_gateway: Callable[..., GatewayHome], open_session: SessionFacto
     return gw, open_session(gw, env={"MCP_GATEWAY_TOKEN": gw.token("alice")})
 
 
-def ping_after(session: StdioSession, command: str) -> tuple[float, int]:
-    """Send the command to check_permission and a ping right behind it: the ping's round trip, and the
-    check's request id."""
-    request_id = ask(session, "Bash", {"command": command})
+def ping_after(session: StdioSession, command: str, tool: str = "Bash", key: str = "command") -> tuple[float, int]:
+    """Send the command (or path) to check_permission and a ping right behind it: the ping's round trip,
+    and the check's request id."""
+    request_id = ask(session, tool, {key: command})
     started = time.monotonic()
     session.send({"jsonrpc": "2.0", "id": "ping-1", "method": "ping"})
     reply = session.wait_response("ping-1", timeout=PING_S)
@@ -62,7 +62,7 @@ def test_a_ping_behind_a_hostile_command_is_answered_at_once_and_the_command_den
     assert decided["behavior"] == "deny"
     assert bound in decided["message"] and "script file" in decided["message"], decided["message"]
     decision = events(gw, run_id)["mcp.permission.decision"]["detail"]
-    assert decision["reason"] == "command_unreadable" and bound in decision["bound"], decision
+    assert decision["reason"] == "input_unreadable" and bound in decision["bound"], decision
     assert events(gw, run_id)["TOOL_FINISHED"]["detail"]["behavior"] == "deny"
     assert len(command) > MAX_COMMAND_CHARS or bound != "characters long"
 
@@ -87,4 +87,17 @@ def test_three_thousand_xargs_before_rm_is_denied_by_the_rm_rule_or_a_bound(
     gw, stdio = session
     decided, run_id = answer(stdio, ask(stdio, "Bash", {"command": "xargs " * 3000 + "rm x"}), timeout=120)
     assert decided["behavior"] == "deny", decided
-    assert events(gw, run_id)["mcp.permission.decision"]["detail"]["reason"] in ("rule_denied", "command_unreadable")
+    assert events(gw, run_id)["mcp.permission.decision"]["detail"]["reason"] in ("rule_denied", "input_unreadable")
+
+
+@pytest.mark.parametrize(("tool", "key"), [("Edit", "file_path"), ("Read", "file_path"), ("Glob", "pattern")])
+def test_a_ping_behind_a_hostile_path_is_answered_at_once_and_the_path_denied(
+    session: tuple[GatewayHome, StdioSession], tool: str, key: str
+) -> None:
+    gw, stdio = session
+    took, request_id = ping_after(stdio, "a/" * 400_000 + "x", tool, key)  # judging it took hours
+
+    assert took < PING_S
+    decided, run_id = answer(stdio, request_id, timeout=120)
+    assert decided["behavior"] == "deny" and "shorter path" in decided["message"], decided
+    assert events(gw, run_id)["mcp.permission.decision"]["detail"]["reason"] == "input_unreadable"
