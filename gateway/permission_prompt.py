@@ -73,6 +73,7 @@ UNREADABLE_HINT = (
     "(a command past a bound of the gateway's reading is always denied)"
 )
 UNREADABLE_PATH_HINT = "Use a shorter path (a path past a bound of the gateway's judging is always denied)"
+UNREADABLE_URL_HINT = "Use a shorter URL (a URL past a bound of the gateway's judging is always denied)"
 
 TOOL_NAME = "check_permission"
 AGENT_SERVER_ID = "claude-code"
@@ -386,7 +387,7 @@ class PermissionPrompt:
         if allow:
             text = allow_answer(use.tool_input)
         elif judged.unreadable is not None:
-            hint = UNREADABLE_HINT if use.tool == "Bash" else UNREADABLE_PATH_HINT
+            hint = {"Bash": UNREADABLE_HINT, "WebFetch": UNREADABLE_URL_HINT}.get(use.tool, UNREADABLE_PATH_HINT)
             text = deny_answer(f"mcp-write-gateway denied this {use.tool} use unread: {judged.unreadable}. {hint}")
         else:
             text = deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')

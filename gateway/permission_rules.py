@@ -226,6 +226,11 @@ def judge(
         if too_long is not None:
             return Judgement("deny", None, too_long)
         return _judge_files(rules, file_use(tool, tool_input, root, realpath))
+    url = tool_input.get("url")
+    if tool == "WebFetch" and isinstance(url, str) and len(url) > MAX_URL_CHARS:
+        return Judgement(
+            "deny", None, f"its url is {len(url)} characters long, over the {MAX_URL_CHARS} the gateway judges"
+        )
     if tool == "Bash":
         exceeded = _reading(str(tool_input.get("command", ""))).exceeded
         if exceeded is not None:  # what the gateway cannot read in bounded time it never lets through
@@ -240,6 +245,8 @@ def judge(
     return Judgement("ask", None)
 
 
+MAX_URL_CHARS = 8192
+"""The longest WebFetch URL judged (each `@` in its authority is one more host to read): longer is denied."""
 MAX_PATH_CHARS = 4096
 """The longest path (or Glob pattern, Grep glob) judged, Linux's PATH_MAX: a longer one is denied."""
 MAX_PATH_PARTS = 256

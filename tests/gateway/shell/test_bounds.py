@@ -139,3 +139,16 @@ def test_a_deep_path_within_the_bounds_is_judged_quickly() -> None:
     for tool in ("Edit", "Read"):
         assert judge(rules, tool, {"file_path": "/".join(["abcdefghijklmno"] * 255)}, "/srv/ws", os.path.realpath)
     assert time.monotonic() - started < TIME_LIMIT_S
+
+
+def test_a_webfetch_url_past_the_bound_is_denied() -> None:
+    rules = RuleSet.parse([], [], ["WebFetch(domain:example.com)"])
+    long_url = "https://" + "a@" * 200_000 + "example.com/"  # every `@` was a host to read: over a second
+    started = time.monotonic()
+    verdict = judge(rules, "WebFetch", {"url": long_url})
+    assert (verdict.verdict, verdict.unreadable) == (
+        "deny",
+        f"its url is {len(long_url)} characters long, over the 8192 the gateway judges",
+    )
+    assert time.monotonic() - started < 1.0
+    assert judge(rules, "WebFetch", {"url": "https://example.com/" + "a" * 8000}).verdict == "allow"

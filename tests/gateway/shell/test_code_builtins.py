@@ -10,8 +10,10 @@ shells, not a guess. The same command, as an agent would send it, is then denied
 
 from __future__ import annotations
 
+import gzip
 import os
 import pty
+import re
 import select
 import shutil
 import signal
@@ -178,3 +180,27 @@ def test_the_inventory_is_every_code_builtin_bash_documents() -> None:
         "help", "kill", "wait", "disown", "suspend", "fg", "bg", "getopts", "caller", "compopt", "unalias",
     }  # fmt: skip
     assert builtins - set(CODE_BUILTINS) - wrappers - subscripts - no_code == set()
+
+
+def test_the_inventory_is_every_code_builtin_dash_documents() -> None:
+    """dash(1)'s Builtins section, each name dash itself calls a builtin: in the inventory for dash,
+    a wrapper, or named here as running no code of its own. (`fc -e` is documented but this dash is
+    built without line editing; bash's `fc` entry reads it all the same.)"""
+    manual = Path("/usr/share/man/man1/dash.1.gz")
+    if not manual.exists():
+        pytest.skip("dash(1) is not installed")
+    text = gzip.decompress(manual.read_bytes()).decode("utf-8", "replace")
+    section = text.split(".Ss Builtins", 1)[1].split(".Ss Command Line Editing", 1)[0]
+    named = set(re.findall(r"^\.It (?:Xo )?(?:\\&)?([a-z.\[:]+)", section, re.MULTILINE))
+    kinds = subprocess.run(["/bin/dash", "-c", 'for n in "$@"; do command -V "$n"; done', "-", *sorted(named)],
+                           capture_output=True, text=True, timeout=30, check=False).stdout  # fmt: skip
+    builtins = {line.split(" is ")[0] for line in kinds.splitlines() if "builtin" in line}
+    assert {"eval", "trap", "alias", ".", "command", "exec"} <= builtins
+    dash_code = {name for name, builtin in CODE_BUILTINS.items() if "dash" in builtin.shells}
+    wrappers = {"command", "exec"}
+    no_code = {
+        ":", "true", "false", "echo", "printf", "cd", "chdir", "pwd", "exit", "return", "break", "continue", "shift",
+        "export", "readonly", "unset", "set", "umask", "ulimit", "times", "type", "kill", "wait", "fg", "bg", "jobs",
+        "getopts", "read", "test", "[", "hash", "unalias", "local",
+    }  # fmt: skip
+    assert builtins - dash_code - wrappers - no_code == set()
