@@ -34,12 +34,13 @@ import string
 from dataclasses import dataclass
 
 from gateway.shell.code_builtins import CODE_BUILTINS, assigns_code_variable
-from gateway.shell.wrappers import WRAPPERS
+from gateway.shell.wrappers import SHELLS, WRAPPERS
 
 BARE = frozenset(string.ascii_letters + string.digits + "-_./:,+@%=")
 """What a word may hold outside quotes."""
 _NOT_IN_DOUBLE_QUOTES = frozenset('$`\\"!')
 _BLANKS = " \t"
+_TOKENS = re.compile(r"[\s;&|()`]+")
 
 RESERVED_WORDS = frozenset(
     ("!", "[[", "]]", "{", "}", "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for",
@@ -141,8 +142,11 @@ def _is_plain(words: list[str]) -> bool:
     values = [_unquoted(w) for w in words]
     if any("$(" in v or "`" in v or assigns_code_variable(v) for v in values):
         return False  # `printf -v 'a[$(rm x)]'`, `env PS4='...'`: code, whichever program is given it
-    # `command eval ...`, `sudo -u x source f`: a wrapper runs the builtin it names
-    return not (values[0] in WRAPPERS and any(v in DEFINING_BUILTINS or v in CODE_BUILTINS for v in values[1:]))
+    # `command eval ...`, `sudo -u x source f`, `bash -c 'mapfile -C ...'`: a wrapper or a shell runs
+    # the builtin it names, also inside a string it is given
+    if values[0] not in WRAPPERS and values[0] not in SHELLS:
+        return True
+    return not any(t in DEFINING_BUILTINS or t in CODE_BUILTINS for v in values[1:] for t in _TOKENS.split(v))
 
 
 def _unquoted(word: str) -> str:
