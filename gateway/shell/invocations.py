@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,10 @@ MAX_TEXTS = 256
 """How many texts (the command, its substitutions, shell strings, ...) are read."""
 MAX_INVOCATIONS = 2048
 """How many programs a command may be read to run."""
+TREE_SITTER_S = 0.5
+"""tree-sitter's time for one command, all its texts together (its error recovery is superlinear on
+some input, `{|{{||{...`): past it the rest is read by the lexer alone, and the reading is incomplete
+(never allowed by a rule). Honest commands of 64 KiB parse in about 30 ms."""
 MAX_WORK = 131_072
 """Characters parsed plus words looked at, over the whole reading: with the bounds above, this keeps
 the reading of any command under a second or so (each reader is linear in what it is handed)."""
@@ -130,6 +135,7 @@ class _Reader:
         self.texts = 0
         self.seen: dict[tuple[str, bool], int] = {}
         self.work = 0
+        self.deadline = time.monotonic() + TREE_SITTER_S
 
     def charge(self, units: int) -> None:
         self.work += units
@@ -164,10 +170,12 @@ class _Reader:
         """Both readers over `text` (the lexer alone if `lexer_only`): the simple commands, substitution
         bodies still to read, and whether tree-sitter read it without an error."""
         try:
-            parsed, clean = ([], True) if lexer_only else tree.parse(text)
+            parsed, clean = ([], True) if lexer_only else tree.parse(text, self.deadline)
         except Unreadable:
             raise
-        except Exception:  # a reader's failure must not become an allow: the reading is incomplete
+        except (
+            Exception
+        ):  # tree.ParseTooSlow among them  # a reader's failure must not become an allow: the reading is incomplete
             parsed, clean = [], False
         lexed, nested = lexer.lex(text)
         return parsed + lexed, nested, clean

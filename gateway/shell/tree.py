@@ -9,6 +9,8 @@ backslashes and `$'...'` decoded); a word holding an expansion is "not known".
 from __future__ import annotations
 
 import itertools
+import math
+import time
 
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
@@ -20,11 +22,24 @@ _BASH = Language(tree_sitter_bash.language())
 _NOT_WORDS = frozenset({"variable_assignment", "variable_assignments", "file_redirect", "heredoc_redirect",
                         "herestring_redirect", "comment"})  # fmt: skip
 _COMMANDS = frozenset({"command", "declaration_command", "unset_command"})
+_CHUNK = 65536
 
 
-def parse(text: str) -> tuple[list[SimpleCommand], bool]:
-    """The simple commands in `text`, and whether tree-sitter read all of it without an error."""
-    tree = Parser(_BASH).parse(text.encode("utf-8", "surrogatepass"))
+class ParseTooSlow(Exception):
+    """tree-sitter was still parsing at the deadline (its error recovery is superlinear on some input)."""
+
+
+def parse(text: str, deadline: float = math.inf) -> tuple[list[SimpleCommand], bool]:
+    """The simple commands in `text`, and whether tree-sitter read all of it without an error;
+    ParseTooSlow if the parse is still running at `deadline` (time.monotonic())."""
+    source = text.encode("utf-8", "surrogatepass")
+    try:
+        tree = Parser(_BASH).parse(
+            lambda offset, _point: source[offset : offset + _CHUNK],
+            progress_callback=lambda _offset, _has_error: time.monotonic() > deadline,
+        )
+    except ValueError:  # the callback cancelled the parse
+        raise ParseTooSlow from None
     found: dict[int, SimpleCommand] = {}
     statements: list[Node] = []
     pipelines: list[Node] = []

@@ -103,8 +103,18 @@ def test_the_work_bound_is_above_what_the_other_bounds_let_through() -> None:
         "a" + " " * (MAX_COMMAND_CHARS - 2) + "b",  # `\s*` around separators backtracks over blanks
         "find . " + "-exec " * 3000 + "rm x ;",
         "strace -f " * 30 + "ls",  # an unknown option read both ways at each wrapper: 2^30 readings
+        "".join("{|"[(i * 7919 % 13) % 2] for i in range(30_000)),  # tree-sitter's error recovery: 2 s for 20 KB
     ],
-    ids=["stars", "star-letters", "nested-braces", "escapes", "blanks", "find-exec", "unknown-options"],
+    ids=[
+        "stars",
+        "star-letters",
+        "nested-braces",
+        "escapes",
+        "blanks",
+        "find-exec",
+        "unknown-options",
+        "grammar-errors",
+    ],
 )
 def test_shapes_that_were_superlinear_read_in_bounded_time(command: str) -> None:
     rules = RuleSet.parse(["Bash(rm --no-preserve-root-of-the-system:*)"], [], ["Bash"])
