@@ -12,7 +12,8 @@ The answer is always a successful result holding one text block, the JSON
 a refusal at any stage, a failure of the gateway itself included, is a deny. Claude Code
 cannot send `params.auth`, so the session's token comes from the server's environment and is
 verified at every question, as a per-call token is (a revoked token or a disabled user denies
-from the next question on).
+from the next question on). A question that does carry `params.auth` (another client) is judged
+by that token alone: a bad one is refused, never replaced by the environment's.
 
 Questions are asked out of band only (`mcp-gateway approvals`): `-p` has no dialog, so
 elicitation to Claude Code would reach nobody. Every answer leaves `mcp.permission.decision`
@@ -65,6 +66,14 @@ from gateway.visible import visible
 from sandbox.pinned import Pinned
 
 log = logging.getLogger("gateway.permission_prompt")
+_READERS = 2
+"""Threads judging tool uses at once (reading a long command is CPU work): the rest wait their turn."""
+UNREADABLE_HINT = (
+    "Split it into shorter commands, or write the commands to a script file and run that "
+    "(a command past a bound of the gateway's reading is always denied)"
+)
+UNREADABLE_PATH_HINT = "Use a shorter path (a path past a bound of the gateway's judging is always denied)"
+UNREADABLE_URL_HINT = "Use a shorter URL (a URL past a bound of the gateway's judging is always denied)"
 
 TOOL_NAME = "check_permission"
 AGENT_SERVER_ID = "claude-code"
@@ -196,6 +205,14 @@ def parse_use(arguments: Mapping[str, Any]) -> ToolUse:
 
 
 @dataclass(frozen=True, slots=True)
+class CallToken:
+    """What a question's `params.auth` held as its token, whatever its shape (None: no `token`, or
+    `params.auth` not an object): a question that carries `params.auth` is judged by it alone."""
+
+    value: object = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class _Asker:
     """Whose agent asks (the session token's user), and in which workspace its paths are judged."""
 
@@ -211,10 +228,14 @@ class PermissionPrompt:
             services.policy.permission_prompt.ask,
             services.policy.permission_prompt.allow,
         )
+        self._readers: anyio.CapacityLimiter | None = None
 
-    async def check(self, arguments: Mapping[str, Any], progress: CallProgress = NO_PROGRESS) -> tuple[str, str]:
+    async def check(
+        self, arguments: Mapping[str, Any], progress: CallProgress = NO_PROGRESS, given: CallToken | None = None
+    ) -> tuple[str, str]:
         """Answer one question: (run_id, the answer's JSON text). Never raises a GatewayError.
-        While a person is asked, `progress` tells the caller where to answer and the time left."""
+        While a person is asked, `progress` tells the caller where to answer and the time left.
+        `given`: the question carried `params.auth` (its token is used, never MCP_GATEWAY_TOKEN)."""
         run_id = self.s.new_run_id()
         try:
             hashed = args_hash(dict(arguments))
@@ -222,7 +243,7 @@ class PermissionPrompt:
             hashed = None
         entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=TOOL_NAME, args_hash=hashed)
         try:
-            return run_id, await self._check(entry, arguments, progress)
+            return run_id, await self._check(entry, arguments, progress, given)
         except GatewayError as exc:
             # The audit log or the database failed (StorageUnavailableError): nothing can be vouched for.
             log.error("run %s: check_permission failed (%s); answered deny", run_id, type(exc).__name__)  # noqa: TRY400
@@ -231,8 +252,10 @@ class PermissionPrompt:
             log.exception("run %s: check_permission failed unexpectedly; answered deny", run_id)
             return run_id, deny_answer("mcp-write-gateway failed to decide; denied (see the gateway's log)")
 
-    async def _check(self, entry: EventDraft, arguments: Mapping[str, Any], progress: CallProgress) -> str:
-        question = _Question(arguments, entry, progress=progress)
+    async def _check(
+        self, entry: EventDraft, arguments: Mapping[str, Any], progress: CallProgress, given: CallToken | None
+    ) -> str:
+        question = _Question(arguments, entry, progress=progress, given=given)
         for step in STEPS:
             answer = await step.run(self, question)
             if answer is not None:
@@ -256,7 +279,7 @@ class PermissionPrompt:
 
     async def _authenticate(self, question: _Question) -> str | None:
         try:
-            token = self.s.environ.get(TOKEN_ENV, "").strip() or None
+            token = question.given.value if question.given else self.s.environ.get(TOKEN_ENV, "").strip() or None
             question.principal = await in_db_thread(self.s.authenticator.authenticate, token)
         except GatewayError as exc:
             return await self._blocked(question, exc)
@@ -302,7 +325,10 @@ class PermissionPrompt:
         return judge(self._rules, use.tool, use.tool_input, str(root.path), os.path.realpath)
 
     async def _apply_rules(self, question: _Question) -> str | None:
-        judged = self._judge(question)
+        # Off the event loop: reading a command is bounded (gateway/shell/), but not free.
+        if self._readers is None:
+            self._readers = anyio.CapacityLimiter(_READERS)
+        judged = await anyio.to_thread.run_sync(self._judge, question, limiter=self._readers)
         if judged.verdict == "ask":
             return None
         return await in_db_thread(self._by_rule, _entry(question), _asker(question), _use(question), judged)
@@ -316,7 +342,8 @@ class PermissionPrompt:
             note = "" if eligible else "; not plain commands of literal words: no allow rule applies"
             shown.append(("parts", " | ".join(visible(part) for part in parts) + note))  # escaped as the approver shows
             shown.append(("runs", " | ".join(visible(program) for program in bash_programs(command))))
-        shown.append(("rules", f"{judged.verdict}  ({judged.rule or 'no rule matches'})"))
+        why = judged.rule or (f"not read: {judged.unreadable}" if judged.unreadable else "no rule matches")
+        shown.append(("rules", f"{judged.verdict}  ({why})"))
         return shown, None if judged.verdict == "ask" else judged.verdict
 
     async def _consent(self, question: _Question) -> str:
@@ -342,7 +369,9 @@ class PermissionPrompt:
             named, event_type=EventType.POLICY_BLOCKED, code=exc.code,
             detail={"blocked_reason": exc.reason, "behavior": "deny"},
         )  # fmt: skip
-        why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == Reason.TOKEN_MISSING else exc.public_message()
+        from_env = question.given is None
+        why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == Reason.TOKEN_MISSING and from_env else None
+        why = why or exc.public_message()
         answer = deny_answer(f"mcp-write-gateway denied this tool use: {why}")
         card: tuple[Along, ...] = ()
         if question.principal is not None:  # a question from nobody known belongs to no workspace: no card
@@ -355,15 +384,19 @@ class PermissionPrompt:
         allow = judged.verdict == "allow"
         request = _request(entry, asker, use)
         answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, "rules")
-        text = (
-            allow_answer(use.tool_input)
-            if allow
-            else deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
-        )
+        if allow:
+            text = allow_answer(use.tool_input)
+        elif judged.unreadable is not None:
+            hint = {"Bash": UNREADABLE_HINT, "WebFetch": UNREADABLE_URL_HINT}.get(use.tool, UNREADABLE_PATH_HINT)
+            text = deny_answer(f"mcp-write-gateway denied this {use.tool} use unread: {judged.unreadable}. {hint}")
+        else:
+            text = deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
+        reason = None if allow else "input_unreadable" if judged.unreadable else "rule_denied"
+        extra = {"rule": judged.rule} if judged.unreadable is None else {"bound": judged.unreadable}
         self.s.audit.append(
             _named(entry, asker),
-            decision_event(request, answer, None if allow else "rule_denied", {"rule": judged.rule}),
-            self._finished(entry, asker, use, "allow" if allow else "deny", rule=judged.rule),
+            decision_event(request, answer, reason, extra),
+            self._finished(entry, asker, use, "allow" if allow else "deny", rule=judged.rule, reason=reason),
             along=self._opened(entry, asker.user, asker.workspace, _asked(use), "done", answer=text),
         )
         return text
@@ -481,6 +514,8 @@ class _Question:
     root: Pinned | None = None
     use: ToolUse | None = None
     progress: CallProgress = NO_PROGRESS
+    given: CallToken | None = None
+    """The question's `params.auth` token, when it carried one; else MCP_GATEWAY_TOKEN is used."""
 
 
 _Shown = tuple[list[tuple[str, str]], "str | None"]

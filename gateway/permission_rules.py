@@ -6,7 +6,8 @@ the other file tools with a path glob (relative to the workspace, `**` for any d
 `WebFetch(domain:host)` (that host exactly, any letter case). Deny wins over ask over allow;
 no match means ask.
 
-A Bash command is read twice (gateway/shell/). For deny and ask rules, every program it runs that
+A Bash command is read twice (gateway/shell/), within bounds (length, words, nesting, wrappers,
+work): a command past a bound is denied, whatever the rules say. For deny and ask rules, every program it runs that
 can be read (inside substitutions, subshells, groups, compound commands, `bash -c` and `eval`
 strings, through wrappers such as `env`, `sudo`, `xargs`, `find -exec`, with assignments, quoting,
 paths and blanks seen through): a deny or ask rule that matches any of them applies. For allow
@@ -56,7 +57,9 @@ class Rule:
 class Judgement:
     verdict: Verdict
     rule: str | None
-    """The rule that decided; None when no rule matched (ask)."""
+    """The rule that decided; None when no rule matched (ask) or the command could not be read (deny)."""
+    unreadable: str | None = None
+    """Set on a deny because a Bash command is past a bound of its reading: which bound, in words."""
 
 
 def parse_rule(text: str) -> Rule:
@@ -95,7 +98,7 @@ def bash_parts(command: str) -> tuple[list[str], bool]:
     return list(reading.parts), False
 
 
-_reading: Callable[[str], Reading] = functools.lru_cache(maxsize=256)(read_invocations)
+_reading: Callable[[str], Reading] = functools.lru_cache(maxsize=32)(read_invocations)
 """Each deny and ask rule asks about the same command: read it once."""
 
 
@@ -219,7 +222,19 @@ def judge(
 ) -> Judgement:
     """deny > ask > allow; no match: ask. `realpath` (e.g. os.path.realpath) adds the resolved path."""
     if tool in PATH_ARGUMENT:
+        too_long = _unreadable_path(tool, tool_input)
+        if too_long is not None:
+            return Judgement("deny", None, too_long)
         return _judge_files(rules, file_use(tool, tool_input, root, realpath))
+    url = tool_input.get("url")
+    if tool == "WebFetch" and isinstance(url, str) and len(url) > MAX_URL_CHARS:
+        return Judgement(
+            "deny", None, f"its url is {len(url)} characters long, over the {MAX_URL_CHARS} the gateway judges"
+        )
+    if tool == "Bash":
+        exceeded = _reading(str(tool_input.get("command", ""))).exceeded
+        if exceeded is not None:  # what the gateway cannot read in bounded time it never lets through
+            return Judgement("deny", None, exceeded)
     for verdict, listed in (("deny", rules.deny), ("ask", rules.ask)):
         hit = next((r for r in listed if _matches(r, tool, tool_input)), None)
         if hit is not None:
@@ -228,6 +243,27 @@ def judge(
     if allowed is not None:
         return Judgement("allow", allowed.text)
     return Judgement("ask", None)
+
+
+MAX_URL_CHARS = 8192
+"""The longest WebFetch URL judged (each `@` in its authority is one more host to read): longer is denied."""
+MAX_PATH_CHARS = 4096
+"""The longest path (or Glob pattern, Grep glob) judged, Linux's PATH_MAX: a longer one is denied."""
+MAX_PATH_PARTS = 256
+"""The most `/`-separated parts a path may have: each folder above a path is judged against each rule."""
+
+
+def _unreadable_path(tool: str, tool_input: Mapping[str, Any]) -> str | None:
+    """Why a file tool's path is past a bound of judging (None: within them)."""
+    for name in dict.fromkeys((PATH_ARGUMENT[tool], "pattern", "glob")):
+        value = tool_input.get(name)
+        if not isinstance(value, str):
+            continue
+        if len(value) > MAX_PATH_CHARS:
+            return f"its {name} is {len(value)} characters long, over the {MAX_PATH_CHARS} the gateway judges"
+        if value.count("/") >= MAX_PATH_PARTS:
+            return f"its {name} has more than {MAX_PATH_PARTS} parts separated by /"
+    return None
 
 
 def _judge_files(rules: RuleSet, use: FileUse) -> Judgement:

@@ -32,7 +32,7 @@ from gateway.db_file import FileGuard, guard_of
 from gateway.db_threads import in_db_thread, set_start_wait, start_wait_from
 from gateway.errors import GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.permission_prompt import SPEC as CHECK_PERMISSION
-from gateway.permission_prompt import PermissionPrompt
+from gateway.permission_prompt import CallToken, PermissionPrompt
 from gateway.pipeline import CallRequest, Pipeline
 from gateway.progress import NO_PROGRESS, CallProgress, Notifier, progress_token
 from gateway.rbac import has_permission
@@ -197,7 +197,8 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
 def build_server(services: Services) -> Server[Any]:
     pipeline = Pipeline(services)
     # Claude Code's permission prompt tool (spec section 9): offered only when the policy enables it,
-    # whatever params.auth says (it authenticates with the server's MCP_GATEWAY_TOKEN).
+    # whatever params.auth says; it authenticates with params.auth when present (never replaced), else
+    # with the server's MCP_GATEWAY_TOKEN.
     prompt = PermissionPrompt(services) if services.policy.permission_prompt.enabled else None
     extra = [tool_definition(CHECK_PERMISSION)] if prompt is not None else []
 
@@ -218,7 +219,8 @@ def build_server(services: Services) -> Server[Any]:
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
         if prompt is not None and params.name == CHECK_PERMISSION.name:
-            run_id, answer = await prompt.check(params.arguments or {}, progress_of(ctx))
+            given = CallToken(_token_of(ctx.params, services)) if "auth" in (ctx.params or {}) else None
+            run_id, answer = await prompt.check(params.arguments or {}, progress_of(ctx), given)
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=answer)], _meta={RUN_ID_META: run_id}
             )

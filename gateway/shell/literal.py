@@ -20,8 +20,11 @@ quoting included), backticks, `(`, `)`, `{`, `}`, `<`, `>`, `&` alone, `*`, `?`,
 non-ASCII character outside quotes (look-alike quotes and blanks among them). So are a
 command word holding `=` (an assignment), a reserved word in command position (`if`, `then`,
 `time`, `coproc`, `function`, ...), a builtin that changes how later words are read or which
-program a name runs (`alias`, `export`, `set`, `source`, `eval`, ...), and a command with no
-part at all.
+program a name runs (`alias`, `export`, `set`, `source`, `eval`, ...) or that runs code
+(gateway/shell/code_builtins.py: `mapfile -C`, `compgen -C`, `jobs -x`, ...), also behind a wrapper
+(`command eval`), a word holding `$(` or a backtick even quoted (an array subscript runs it:
+`printf -v 'a[$(rm x)]'`), an assignment to a variable the shell runs (`PS4=`, `PROMPT_COMMAND=`,
+`BASH_ENV=`), and a command with no part at all.
 """
 
 from __future__ import annotations
@@ -30,10 +33,14 @@ import re
 import string
 from dataclasses import dataclass
 
+from gateway.shell.code_builtins import CODE_BUILTINS, assigns_code_variable
+from gateway.shell.wrappers import SHELLS, WRAPPERS
+
 BARE = frozenset(string.ascii_letters + string.digits + "-_./:,+@%=")
 """What a word may hold outside quotes."""
 _NOT_IN_DOUBLE_QUOTES = frozenset('$`\\"!')
 _BLANKS = " \t"
+_TOKENS = re.compile(r"[\s;&|()`]+")
 
 RESERVED_WORDS = frozenset(
     ("!", "[[", "]]", "{", "}", "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for",
@@ -65,7 +72,7 @@ class LiteralCommand:
     @property
     def argv(self) -> tuple[str, ...]:
         """The words as the program receives them: each quoted span stands for its content."""
-        return tuple(re.sub(r"'([^']*)'|\"([^\"]*)\"", lambda m: m.group(1) or m.group(2) or "", w) for w in self.words)
+        return tuple(_unquoted(w) for w in self.words)
 
 
 def literal_commands(command: str) -> tuple[LiteralCommand, ...] | None:
@@ -128,6 +135,20 @@ def _quotable(text: str, *, double: bool) -> bool:
 
 def _is_plain(words: list[str]) -> bool:
     first = words[0]
-    if "=" in first or first.replace("'", "").replace('"', "") in RESERVED_WORDS | DEFINING_BUILTINS:
+    if "=" in first or _unquoted(first) in RESERVED_WORDS | DEFINING_BUILTINS | CODE_BUILTINS.keys():
         return False
-    return not any(w.startswith("=") for w in words)
+    if any(w.startswith("=") for w in words):
+        return False
+    values = [_unquoted(w) for w in words]
+    if any("$(" in v or "`" in v or assigns_code_variable(v) for v in values):
+        return False  # `printf -v 'a[$(rm x)]'`, `env PS4='...'`: code, whichever program is given it
+    # `command eval ...`, `sudo -u x source f`, `bash -c 'mapfile -C ...'`: a wrapper or a shell runs
+    # the builtin it names, also inside a string it is given
+    if values[0] not in WRAPPERS and values[0] not in SHELLS:
+        return True
+    return not any(t in DEFINING_BUILTINS or t in CODE_BUILTINS for v in values[1:] for t in _TOKENS.split(v))
+
+
+def _unquoted(word: str) -> str:
+    """The word's value: each quoted span stands for its content (no escapes exist in an eligible word)."""
+    return re.sub(r"'([^']*)'|\"([^\"]*)\"", lambda m: m.group(1) or m.group(2) or "", word)

@@ -9,6 +9,8 @@ backslashes and `$'...'` decoded); a word holding an expansion is "not known".
 from __future__ import annotations
 
 import itertools
+import math
+import time
 
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
@@ -20,38 +22,48 @@ _BASH = Language(tree_sitter_bash.language())
 _NOT_WORDS = frozenset({"variable_assignment", "variable_assignments", "file_redirect", "heredoc_redirect",
                         "herestring_redirect", "comment"})  # fmt: skip
 _COMMANDS = frozenset({"command", "declaration_command", "unset_command"})
+_CHUNK = 65536
 
 
-def parse(text: str) -> tuple[list[SimpleCommand], bool]:
-    """The simple commands in `text`, and whether tree-sitter read all of it without an error."""
-    tree = Parser(_BASH).parse(text.encode("utf-8", "surrogatepass"))
+class ParseTooSlow(Exception):
+    """tree-sitter was still parsing at the deadline (its error recovery is superlinear on some input)."""
+
+
+def parse(text: str, deadline: float = math.inf) -> tuple[list[SimpleCommand], bool]:
+    """The simple commands in `text`, and whether tree-sitter read all of it without an error;
+    ParseTooSlow if the parse is still running at `deadline` (time.monotonic())."""
+    source = text.encode("utf-8", "surrogatepass")
+    try:
+        tree = Parser(_BASH).parse(
+            lambda offset, _point: source[offset : offset + _CHUNK],
+            progress_callback=lambda _offset, _has_error: time.monotonic() > deadline,
+        )
+    except ValueError:  # the callback cancelled the parse
+        raise ParseTooSlow from None
     found: dict[int, SimpleCommand] = {}
+    statements: list[Node] = []
+    pipelines: list[Node] = []
     stack: list[Node] = [tree.root_node]
-    while stack:
+    while stack:  # one walk over the tree (each step through the bindings costs)
         node = stack.pop()
         stack.extend(reversed(node.children))
-        if node.type in _COMMANDS:
+        kind = node.type
+        if kind in _COMMANDS:
             found[node.id] = _command(node)
-    for node in _nodes(tree.root_node, "redirected_statement"):
+        elif kind == "redirected_statement":
+            statements.append(node)
+        elif kind == "pipeline":
+            pipelines.append(node)
+    for node in statements:
         body = node.child_by_field_name("body")
         if body is not None and body.id in found:
             found[body.id].stdin.extend(_heredocs(node))
-    for node in _nodes(tree.root_node, "pipeline"):
+    for node in pipelines:
         stages = [_command_id(c) for c in node.named_children]
         for before, after in itertools.pairwise(stages):
             if before in found and after in found:
                 found[after].piped_from = found[before]
     return list(found.values()), not tree.root_node.has_error
-
-
-def _nodes(root: Node, kind: str) -> list[Node]:
-    out, stack = [], [root]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.type == kind:
-            out.append(node)
-    return out
 
 
 def _command_id(node: Node) -> int:

@@ -17,8 +17,20 @@ Char = tuple[str, bool]
 EXPANSION: Char = ("", False)
 
 _MAX_BRACE_WORDS = 64
+MAX_BRACE_CHARS = 4096
+"""The longest word brace expansion is applied to (each of its words costs the word's length)."""
+_OCTAL = re.compile(r"[0-7]{0,2}")
+_HEX = {
+    "x": re.compile(r"[0-9A-Fa-f]{1,2}"),
+    "u": re.compile(r"[0-9A-Fa-f]{1,4}"),
+    "U": re.compile(r"[0-9A-Fa-f]{1,8}"),
+}
 _ESCAPES = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
             "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}  # fmt: skip
+
+
+class Unreadable(Exception):
+    """A bound of the reading was reached (its message names it): the command is denied unread."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +39,7 @@ class Word:
 
     text: str
     chars: tuple[Char, ...] = ()
-    pattern: re.Pattern[str] | None = field(default=None, compare=False)
+    pattern: Glob | None = field(default=None, compare=False)
     """Set when the word holds unquoted glob characters: the values it can take."""
 
     @property
@@ -40,7 +52,7 @@ class Word:
         if not self.known:
             return True
         if self.pattern is not None:
-            return self.pattern.fullmatch(literal) is not None
+            return self.pattern.fullmatch(literal)
         return self.text == literal
 
     def may_name(self, program: str) -> bool:
@@ -97,6 +109,8 @@ class WordBuilder:
 def expand_braces(chars: tuple[Char, ...]) -> list[tuple[Char, ...]]:
     """Bash's `a{b,c}d` -> `abd acd` on unquoted braces holding a comma (bounded); else the word as is."""
     out: list[tuple[Char, ...]] = []
+    if len(chars) > MAX_BRACE_CHARS and any(c == ("{", False) for c in chars):
+        raise Unreadable(f"a word of more than {MAX_BRACE_CHARS} characters holds braces to expand")
     pending = [chars]
     while pending and len(out) + len(pending) <= _MAX_BRACE_WORDS:
         word = pending.pop(0)
@@ -109,48 +123,80 @@ def expand_braces(chars: tuple[Char, ...]) -> list[tuple[Char, ...]]:
 
 
 def _brace_split(word: tuple[Char, ...]) -> list[tuple[Char, ...]] | None:
-    for start, (ch, quoted) in enumerate(word):
-        if ch != "{" or quoted:
+    """The word's leftmost brace expression holding a comma at its own level, expanded; None if none.
+    One pass: each `{` is matched to its `}` on a stack, commas counted at its level."""
+    opened: list[tuple[int, list[int]]] = []
+    best: tuple[int, list[int], int] | None = None
+    for j, (c, quoted) in enumerate(word):
+        if quoted:
             continue
-        depth, commas = 0, list[int]()
-        for j in range(start, len(word)):
-            c, q = word[j]
-            if q:
-                continue
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    if not commas:
-                        break
-                    bounds = [start, *commas, j]
-                    head, tail = word[:start], word[j + 1 :]
-                    return [head + word[a + 1 : b] + tail for a, b in itertools.pairwise(bounds)]
-            elif c == "," and depth == 1:
-                commas.append(j)
-    return None
+        if c == "{":
+            opened.append((j, []))
+        elif c == "," and opened:
+            opened[-1][1].append(j)
+        elif c == "}" and opened:
+            start, commas = opened.pop()
+            if commas and (best is None or start < best[0]):
+                best = (start, commas, j)
+    if best is None:
+        return None
+    start, commas, end = best
+    bounds = [start, *commas, end]
+    head, tail = word[:start], word[end + 1 :]
+    return [head + word[a + 1 : b] + tail for a, b in itertools.pairwise(bounds)]
 
 
-def _glob(chars: tuple[Char, ...]) -> re.Pattern[str]:
-    """A regex for the values an unquoted pattern may take; a bracket expression is any one character."""
-    regex, i = "", 0
+def _glob(chars: tuple[Char, ...]) -> Glob:
+    """The values an unquoted pattern may take; a bracket expression is any one character."""
+    tokens: list[str | None] = []  # a character, ANY_ONE (`?`, `[...]`), or None (`*`)
+    i = 0
     while i < len(chars):
         ch, quoted = chars[i]
         if quoted or ch not in "*?[":
-            regex += re.escape(ch)
+            tokens.append(ch)
         elif ch == "*":
-            regex += ".*"
+            if not tokens or tokens[-1] is not None:  # `**` is `*`
+                tokens.append(None)
         elif ch == "?":
-            regex += "."
+            tokens.append(_ANY_ONE)
         else:
             close = next((j for j in range(i + 2, len(chars)) if chars[j] == ("]", False)), None)
             if close is None:
-                regex += re.escape(ch)
+                tokens.append(ch)
             else:
-                regex, i = regex + ".", close
+                tokens.append(_ANY_ONE)
+                i = close
         i += 1
-    return re.compile(regex, re.DOTALL)
+    return Glob(tuple(tokens))
+
+
+_ANY_ONE = "\x00any"
+"""A token standing for any one character (never a character itself: it is longer than one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Glob:
+    """A shell pattern, matched without backtracking blow-up (a regex of `.*a.*a...` would be
+    exponential in the pattern's stars): the classic two-pointer match, O(len(pattern) * len(text))."""
+
+    tokens: tuple[str | None, ...]
+
+    def fullmatch(self, text: str) -> bool:
+        tokens, t, p = self.tokens, 0, 0
+        star, mark = -1, 0
+        while t < len(text):
+            if p < len(tokens) and tokens[p] is not None and (tokens[p] == _ANY_ONE or tokens[p] == text[t]):
+                t, p = t + 1, p + 1
+            elif p < len(tokens) and tokens[p] is None:
+                star, mark, p = p, t, p + 1
+            elif star >= 0:
+                mark += 1
+                t, p = mark, star + 1
+            else:
+                return False
+        while p < len(tokens) and tokens[p] is None:
+            p += 1
+        return p == len(tokens)
 
 
 def decode_ansi_c(body: str) -> str:
@@ -167,13 +213,12 @@ def decode_ansi_c(body: str) -> str:
         if nxt in _ESCAPES:
             out.append(_ESCAPES[nxt])
         elif nxt in "01234567":
-            digits = re.match(r"[0-7]{0,2}", body[i:])
+            digits = _OCTAL.match(body, i)
             value = nxt + (digits.group() if digits else "")
             out.append(chr(int(value, 8) & 0xFF))
             i += len(value) - 1
         elif nxt in "xuU":
-            width = {"x": 2, "u": 4, "U": 8}[nxt]
-            digits = re.match(f"[0-9A-Fa-f]{{1,{width}}}", body[i:])
+            digits = _HEX[nxt].match(body, i)
             if digits is None:
                 out.append("\\" + nxt)
             else:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.shell.code_builtins import CODE_BUILTINS, code_of
 from gateway.shell.words import EXPANSION, Word
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh", "rbash", "lksh", "pdksh"})
@@ -86,10 +87,8 @@ def inner_commands(name: str, args: Sequence[Word]) -> tuple[list[list[Word]], l
         return _find_exec(args), []
     if name in SHELLS:
         return [], shell_command(args) or []
-    if name == "eval":
-        return [], [" ".join(w.text for w in args)] if args else []
-    if name == "trap":
-        return [], [args[0].text] if args else []
+    if name in CODE_BUILTINS:
+        return code_of(name, args)
     wrapper = WRAPPERS.get(name)
     if wrapper is None:
         return [], []

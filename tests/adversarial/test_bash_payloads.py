@@ -105,9 +105,9 @@ def _random_word(rng: random.Random) -> str:
         if kind == "bare":
             pieces.append("".join(rng.choice(sorted(BARE)) for _ in range(rng.randint(1, 6))))
         elif kind == "single":
-            pieces.append(
-                "'" + "".join(rng.choice([c for c in printable if c != "'"]) for _ in range(rng.randint(0, 8))) + "'"
-            )
+            # no backtick and no `$(`: those make a word code even quoted (an array subscript runs them)
+            text = "".join(rng.choice([c for c in printable if c not in "'`"]) for _ in range(rng.randint(0, 8)))
+            pieces.append("'" + text.replace("$(", "$.(") + "'")
         else:
             allowed = [c for c in printable if c not in '$`\\"!']
             pieces.append('"' + "".join(rng.choice(allowed) for _ in range(rng.randint(0, 8))) + '"')

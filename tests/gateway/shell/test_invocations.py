@@ -81,7 +81,7 @@ def test_nested_shell_strings_are_read_to_a_bounded_depth() -> None:
     reading = read_invocations(command)
     assert "rm x" in {i.text for i in reading.invocations} and reading.complete
     deeper = read_invocations(f"sh -c {_quote(command)}")
-    assert not deeper.complete, "past the bound the reading is incomplete: never allowed by a rule"
+    assert not deeper.complete and deeper.exceeded, "past the bound: never allowed by a rule, denied"
 
 
 def _quote(text: str) -> str:
@@ -95,7 +95,7 @@ def test_a_command_tree_sitter_cannot_read_is_incomplete(command: str) -> None:
 
 def test_a_huge_command_stays_bounded() -> None:
     reading = read_invocations("; ".join(f"p{i} x" for i in range(5000)))
-    assert not reading.complete and len(reading.invocations) <= 2048
+    assert not reading.complete and reading.exceeded and len(reading.invocations) <= 2048
 
 
 def test_heredocs_are_stdin_not_commands_unless_a_shell_reads_them() -> None:
