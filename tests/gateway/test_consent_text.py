@@ -3,6 +3,7 @@ one line per argument, escaped, and a cut that makes Deny once the default."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import string
 
@@ -129,9 +130,12 @@ def test_the_stage_offers_deny_first_when_the_message_was_cut(engine: Engine) ->
         ConsentPolicy(timeout_s=5), AuditLog(engine, clock), ConsentStore(engine), clock, SequentialRunIds()
     )
     asker = Asker()
-    for arguments in ({"test_path": "tests"}, {"test_path": "tests", "keyword": "\u200b" * 512}):
-        with pytest.raises(ConsentDeniedError):
-            anyio.run(stage.require, request(**arguments), asker)
+    for run_id, arguments in (
+        ("r1", {"test_path": "tests"}),
+        ("r2", {"test_path": "tests", "keyword": "\u200b" * 512}),
+    ):
+        with pytest.raises(ConsentDeniedError):  # two calls, two run_ids: each question is stored under its call's
+            anyio.run(stage.require, dataclasses.replace(request(**arguments), run_id=run_id), asker)
     (plain_message, plain), (cut_message, cut) = asker.asked
     assert plain[0] is Decision.ALLOW_ONCE and "NOT SHOWN WHOLE" not in plain_message
     assert cut[0] is Decision.DENY_ONCE and "NOT SHOWN WHOLE" in cut_message
