@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, bindparam, select, tuple_, update
+from sqlalchemy import Connection, Engine, bindparam, select, update
 
 from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
@@ -306,11 +306,17 @@ def _ends_of(drafts: Sequence[EventDraft]) -> list[tuple[str, str]]:
     return [(d.run_id, _END_KINDS[d.event_type]) for d in drafts if d.run_id is not None and d.event_type in _END_KINDS]
 
 
+_FIND_END = select(db.call_ends.c.event_id).where(
+    db.call_ends.c.run_id == bindparam("run_id"), db.call_ends.c.kind == bindparam("kind")
+)
+"""Built once, one primary-key look-up per end: a tuple IN list was compiled anew at every append."""
+
+
 def _has_an_end(connection: Connection, ends: Sequence[tuple[str, str]]) -> bool:
     """Whether one of `ends` is recorded already (read under the chain's lock: no append can race it)."""
-    c = db.call_ends
-    wanted = tuple_(c.c.run_id, c.c.kind).in_(list(ends))
-    return connection.execute(select(c.c.run_id).where(wanted).limit(1)).first() is not None
+    return any(
+        connection.execute(_FIND_END, {"run_id": run_id, "kind": kind}).first() is not None for run_id, kind in ends
+    )
 
 
 def _end_rows(written: Sequence[AuditEvent]) -> list[dict[str, Any]]:
