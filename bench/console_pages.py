@@ -48,7 +48,7 @@ if str(REPO) not in sys.path:
 from gateway.audit import AuditLog, EventDraft, EventType  # noqa: E402
 from gateway.calls import Moved, Opened  # noqa: E402
 from gateway.clock import SystemClock  # noqa: E402
-from gateway.consent_store import ConsentStore, Grant, GrantDecision, PendingRequest  # noqa: E402
+from gateway.consent.store import ConsentStore, Grant, GrantDecision, PendingRequest  # noqa: E402
 from gateway.runs import RunRecord, RunStore  # noqa: E402
 from tests.harness import GatewayHome  # noqa: E402
 

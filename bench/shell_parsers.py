@@ -1,7 +1,7 @@
 """Which shell parser reads the review's commands right (issue 11, items 1 and 2): tree-sitter-bash or bashlex.
 
 Each case is a command and the programs bash runs when it runs it. Every parser's simple
-commands go through the same normaliser (gateway/shell/invocations.py: assignments and reserved
+commands go through the same normaliser (gateway/rules/shell/invocations.py: assignments and reserved
 words dropped, file names, wrappers, `bash -c`/`eval` strings, pipes into a shell), and a case is
 read right when every expected program is found. Columns: tree-sitter-bash alone, bashlex alone
 (if installed: `pip install bashlex`; it is not a dependency), our lexer alone, and the gateway
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from gateway.shell import invocations, lexer, tree
-from gateway.shell.words import SimpleCommand, Word, WordBuilder
+from gateway.rules.shell import invocations, lexer, tree
+from gateway.rules.shell.words import SimpleCommand, Word, WordBuilder
 
 CASES: list[tuple[str, set[str]]] = [
     # the review, item 1 (allow side): what hides behind an allowed `pytest`

@@ -29,9 +29,9 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import TextIO
 
 from gateway.clock import Clock
-from gateway.consent import Decision
-from gateway.consent_store import ConsentStore, PendingRequest
-from gateway.consent_text import copy_for, cut_notice
+from gateway.consent.stage import Decision
+from gateway.consent.store import ConsentStore, PendingRequest
+from gateway.consent.text import copy_for, cut_notice
 from gateway.liveness import SessionStore, is_gone, this_process
 from gateway.visible import Excerpt, excerpt, visible
 

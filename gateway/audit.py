@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, bindparam, select, update
 from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
 from gateway.clock import Clock, iso_utc
-from gateway.db_errors import storage_errors
+from gateway.db.errors import storage_errors
 from gateway.errors import Reason
 
 log = logging.getLogger("gateway.audit")

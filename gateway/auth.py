@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from gateway import db
 from gateway.clock import Clock
-from gateway.db_errors import storage_errors
+from gateway.db.errors import storage_errors
 from gateway.errors import AuthRequiredError, ConfigError, Reason
 from gateway.policy import AuthPolicy
 from gateway.users import FETCH_USER, UserRecord, UserStore, user_from_rows

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, delete, func, select, update
 
 from gateway import db
 from gateway.clock import Clock
-from gateway.db_errors import storage_errors
+from gateway.db.errors import storage_errors
 from gateway.errors import BudgetExceededError, Reason
 from gateway.policy import BudgetPolicy
 

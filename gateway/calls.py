@@ -11,7 +11,7 @@ no extra commit on any path, the refusal path included. Its status follows the c
 A call refused before anything ran goes from pending to error; `running` is never skipped on the
 way to `done`. A 2026-07-28 call that asks its person is two requests (the `input_required` round,
 then the retry with the answer) and one card, the first round's: the retry moves it once consent
-has found the answer to be that round's (gateway/pipeline.py `_card`; docs/decisions.md 61). The arguments are stored redacted as everywhere (`consent_text.redacted`), the
+has found the answer to be that round's (gateway/pipeline.py `_card`; docs/decisions.md 61). The arguments are stored redacted as everywhere (gateway/consent/text.py `redacted`), the
 result as MCP content blocks; either, past `STORED_CHARS`, is cut loudly (length and sha256 kept).
 `last_event_id`, the id of the audit event of the row's last change, only grows: it is the cursor
 the console's live view polls.
@@ -28,7 +28,7 @@ from sqlalchemy import Connection, Engine, bindparam, func, select, update
 
 from gateway import db
 from gateway.canonical import canonical_json, sha256_hex
-from gateway.consent_text import redacted
+from gateway.consent.text import redacted
 from gateway.tools.outcome import ToolOutcome
 from gateway.visible import storable
 

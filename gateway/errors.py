@@ -13,7 +13,7 @@
 | -32602 | InvalidParamsError      | unknown tool, arguments not matching the schema            |
 | -32603 | InternalError           | the gateway itself failed; nothing ran                     |
 | -32603 | StorageUnavailableError | an InternalError: the database failed (audit_unavailable,  |
-|        |                         | database_unavailable); raised by gateway/db_errors.py      |
+|        |                         | database_unavailable); raised by gateway/db/errors.py      |
 
 `reason` is a short slug for machines and reviewers (a `Reason`, every one listed in
 docs/error-codes.md); it never carries a secret or the text of a foreign exception.
@@ -167,8 +167,8 @@ class InternalError(GatewayError):
 class StorageUnavailableError(InternalError):
     """The database failed (`audit_unavailable` for an audit append, else `database_unavailable`).
 
-    Raised by `gateway.db_errors.storage_errors`, from the SQLAlchemyError, once its cause is logged,
-    and by gateway/db_threads.py for work no database thread could start within its bound; nothing
+    Raised by `gateway.db.errors.storage_errors`, from the SQLAlchemyError, once its cause is logged,
+    and by gateway/db/threads.py for work no database thread could start within its bound; nothing
     more is written for the call (no terminal event: the log itself may be gone).
     """
 

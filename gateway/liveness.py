@@ -27,7 +27,7 @@ from sqlalchemy import Engine, delete, insert, select, update
 
 from gateway import db
 from gateway.clock import Clock
-from gateway.db_errors import cause_name, storage_errors
+from gateway.db.errors import cause_name, storage_errors
 from gateway.errors import StorageUnavailableError
 
 log = logging.getLogger("gateway.liveness")

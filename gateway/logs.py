@@ -12,7 +12,7 @@ faster than the calls. The handler `serve` (and every command) logs through appl
   mistakes: malformed params, messages it drops) loses its traceback for the exception's class
   name, since pydantic's text echoes the client's input, tokens included.
 
-`describe_cause` is the one way a database failure is put into words (gateway/db_errors.py logs it): the driver's exception
+`describe_cause` is the one way a database failure is put into words (gateway/db/errors.py logs it): the driver's exception
 class and its first line, at most `CAUSE_CHARS` characters; never the SQL, its parameters or the
 URL (which may hold a password).
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, and_, exists, select, update
 
 from gateway import db
-from gateway.db_errors import storage_errors
+from gateway.db.errors import storage_errors
 
 OPEN = ("pending", "running")
 CLAIMED = "error"

@@ -40,7 +40,8 @@ from gateway.audit import Along, EventDraft, EventType
 from gateway.auth import TOKEN_ENV, Principal
 from gateway.calls import KIND_QUESTION, Moved, Opened, outcome_content
 from gateway.canonical import args_hash
-from gateway.consent import (
+from gateway.consent.grant_scope import absolute_spellings
+from gateway.consent.stage import (
     Answer,
     ConsentProfile,
     ConsentRequest,
@@ -49,15 +50,14 @@ from gateway.consent import (
     consent_profile,
     decision_event,
 )
-from gateway.db_threads import in_db_thread
+from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, GatewayError, InternalError, InvalidParamsError, Reason
-from gateway.file_rules import PATH_ARGUMENT
-from gateway.grant_scope import absolute_spellings
-from gateway.permission_rules import Judgement, RuleSet, bash_parts, bash_programs, judge
 from gateway.pipeline import caller_of
 from gateway.previews import preview
 from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.rbac import Permission, require_permission
+from gateway.rules.files import PATH_ARGUMENT
+from gateway.rules.permissions import Judgement, RuleSet, bash_parts, bash_programs, judge
 from gateway.scope import check_workspace_pinned, choose_workspace
 from gateway.services import Services
 from gateway.tools.base import ToolSpec
@@ -325,7 +325,7 @@ class PermissionPrompt:
         return judge(self._rules, use.tool, use.tool_input, str(root.path), os.path.realpath)
 
     async def _apply_rules(self, question: _Question) -> str | None:
-        # Off the event loop: reading a command is bounded (gateway/shell/), but not free.
+        # Off the event loop: reading a command is bounded (gateway/rules/shell/), but not free.
         if self._readers is None:
             self._readers = anyio.CapacityLimiter(_READERS)
         judged = await anyio.to_thread.run_sync(self._judge, question, limiter=self._readers)

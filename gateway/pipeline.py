@@ -17,7 +17,7 @@ event (1) is committed with that terminal event when the call is refused before 
 runs, and on its own before a tool (read or write) does anything; no answer leaves before
 its events are committed. If an audit event cannot be committed the call
 fails closed with -32603 and nothing (more) runs. Database work runs on worker threads
-(gateway/db_threads.py): consecutive steps (every stage that does not wait for a person or a
+(gateway/db/threads.py): consecutive steps (every stage that does not wait for a person or a
 run) in one hop, with the refusal's events when one of them refuses.
 """
 
@@ -39,14 +39,15 @@ from gateway.auth import Principal
 from gateway.budget import Usage, reservation_ms, spent_ms
 from gateway.calls import Moved, Opened, outcome_content
 from gateway.canonical import args_hash, is_text
-from gateway.consent import (
+from gateway.consent.grant_scope import workspace_spellings
+from gateway.consent.stage import (
     ConsentAsker,
     ConsentRequest,
     InputRequired,
     RoundTrip,
     consent_profile,
 )
-from gateway.db_threads import in_db_thread
+from gateway.db.threads import in_db_thread
 from gateway.errors import (
     AuthRequiredError,
     ConsentDeniedError,
@@ -57,7 +58,6 @@ from gateway.errors import (
     SandboxViolationError,
     StorageUnavailableError,
 )
-from gateway.grant_scope import workspace_spellings
 from gateway.preflight import check_run_paths
 from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.rbac import ADMIN_ROLE, require_permission
@@ -129,7 +129,7 @@ def caller_of(principal: Principal) -> Caller:
 
 
 STORED_NAME_MAX = 128
-"""The audit log's tool_name column (String(128) in gateway/db.py)."""
+"""The audit log's tool_name column (String(128) in gateway/db/__init__.py)."""
 
 
 def stored_tool_name(name: object) -> str:
@@ -434,7 +434,7 @@ class Pipeline:
                 reports.append(StageReport(stage.name, None, None, note))
         return reports
 
-    # --- synchronous database work: `_stages` runs each on a database thread (gateway/db_threads.py),
+    # --- synchronous database work: `_stages` runs each on a database thread (gateway/db/threads.py),
     # never on the event loop ---------------------------------------------------------------------
 
     def _log(

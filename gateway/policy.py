@@ -19,8 +19,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from gateway.errors import ConfigError
-from gateway.permission_rules import parse_rule
 from gateway.rbac import Permission
+from gateway.rules.permissions import parse_rule
 from sandbox.guarantees import ALWAYS_REQUIRED, LAYER_GUARANTEES, Guarantee, from_layers
 from sandbox.limits import BACKENDS, Backend, required_guarantees
 from sandbox.pinned import Pinned, pin

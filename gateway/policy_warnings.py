@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.code_runners import program_wide_code_runner
 from gateway.policy import Policy, SandboxPolicy
+from gateway.rules.code_runners import program_wide_code_runner
 from gateway.scope import is_within
 from sandbox.guarantees import DEFAULT_REQUIRED, Guarantee
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.url_hosts import read_host
+from gateway.rules.hosts import read_host
 from gateway.visible import visible
 from sandbox.beneath import open_beneath
 from sandbox.pinned import Pinned, open_without_links

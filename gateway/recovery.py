@@ -47,10 +47,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway import db
 from gateway.audit import EventDraft, EventType
 from gateway.calls import Moved
-from gateway.consent import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
-from gateway.consent_store import IN_DIALOG, ConsentStore, PendingRequest
-from gateway.db_errors import cause_name
-from gateway.db_threads import in_db_thread
+from gateway.consent.stage import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
+from gateway.consent.store import IN_DIALOG, ConsentStore, PendingRequest
+from gateway.db.errors import cause_name
+from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason, StorageUnavailableError
 from gateway.liveness import (
     LeaseKeeper,
@@ -240,7 +240,7 @@ def remove_dead_scratch() -> None:
 def close_abandoned_runs(services: Services) -> list[str]:
     """The sweep at start, before serving; the ids of the runs it closed.
 
-    The database's failures are the caller's to judge (gateway/cli_commands.py); anything else
+    The database's failures are the caller's to judge (gateway/cli/commands.py); anything else
     the sweep meets is logged and left to the sweeps while serving: it never keeps serve from starting.
     """
     pace = pace_from(services.environ)

@@ -13,7 +13,7 @@ from sqlalchemy import ColumnElement, Engine, String, any_, bindparam, select, u
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from gateway import db
-from gateway.db_errors import storage_errors
+from gateway.db.errors import storage_errors
 from gateway.errors import InternalError, Reason
 from gateway.logs import RATE_KEY
 

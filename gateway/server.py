@@ -27,9 +27,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
 from gateway.auth import TOKEN_ENV, EnvToken, env_token
-from gateway.consent import Decision, InputRequired, NoAnswer, RoundTrip, decision_from_form, decision_schema
-from gateway.db_file import FileGuard, guard_of
-from gateway.db_threads import in_db_thread, set_start_wait, start_wait_from
+from gateway.consent.stage import Decision, InputRequired, NoAnswer, RoundTrip, decision_from_form, decision_schema
+from gateway.db.file_guard import FileGuard, guard_of
+from gateway.db.threads import in_db_thread, set_start_wait, start_wait_from
 from gateway.errors import GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.permission_prompt import SPEC as CHECK_PERMISSION
 from gateway.permission_prompt import CallToken, PermissionPrompt
@@ -59,7 +59,7 @@ def answered_as_mcp_errors(what: str, new_run_id: Callable[[], str], *, tracebac
     """Every way a handler fails, as the MCPError the client gets (the one place that maps them).
 
     A refusal keeps its code and reason, the database failing included (StorageUnavailableError,
-    logged with its cause by the store: gateway/db_errors.py); anything else is -32603
+    logged with its cause by the store: gateway/db/errors.py); anything else is -32603
     `internal_error`, logged with its traceback unless `traceback` is False (for a handler whose
     locals hold a token). Never the SDK's `{"code": 0}` with Python's text.
     """

@@ -18,8 +18,8 @@ from gateway.audit import AuditLog
 from gateway.auth import Authenticator, KeyRing, TokenStore, load_keyring
 from gateway.budget import BudgetLedger
 from gateway.clock import Clock, IdFactory, SystemClock, new_run_id
-from gateway.consent import ConsentStage
-from gateway.consent_store import ConsentStore
+from gateway.consent.stage import ConsentStage
+from gateway.consent.store import ConsentStore
 from gateway.db import make_engine
 from gateway.liveness import SessionStore
 from gateway.policy import Policy

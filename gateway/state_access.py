@@ -115,7 +115,7 @@ def _refused(path: Path, mode: int, need: str) -> AccessProblem | None:
 def _bits_allow(info: os.stat_result, mode: int) -> bool:
     """Whether the permission bits that apply to this user allow `mode`: then what refuses it is no
     owner's business (an immutable or append-only file, a read-only mount, root included), and the
-    database's own guard names it (gateway/db_file.py)."""
+    database's own guard names it (gateway/db/file_guard.py)."""
     me = os.geteuid()
     if me == 0:
         return True

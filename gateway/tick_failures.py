@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.db_errors import cause_name
+from gateway.db.errors import cause_name
 from gateway.errors import StorageUnavailableError
 from gateway.logs import RATE_KEY, describe_cause
 from gateway.start_failures import describe_start_failure

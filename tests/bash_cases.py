@@ -226,7 +226,7 @@ DENIED = [
     pytest.param("! rm x", id="negation"),
     pytest.param("coproc rm x", id="coproc"),
     pytest.param("coproc N { rm x; }", id="coproc-named"),
-    # builtins and variables that run a string (issue 26, item 5; gateway/shell/code_builtins.py)
+    # builtins and variables that run a string (issue 26, item 5; gateway/rules/shell/code_builtins.py)
     pytest.param("echo victim | mapfile -t -c 1 -C rm", id="mapfile-callback"),
     pytest.param("echo victim | readarray -tc1 -Crm", id="readarray-callback-glued"),
     pytest.param("compgen -C 'rm -rf victim' x", id="compgen-command"),

@@ -26,7 +26,7 @@ from gateway import db
 from tests.harness import GatewayHome, StdioSession
 
 SQLITE_BUSY_S = 10.0
-"""SQLite's busy timeout and PostgreSQL's lock_timeout (gateway/db.py): how long a started statement waits."""
+"""SQLite's busy timeout and PostgreSQL's lock_timeout (gateway/db/__init__.py): how long a started statement waits."""
 
 
 @dataclass

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.approvals import actions_for
 from gateway.audit import EventDraft, EventType
 from gateway.calls import CallStore
-from gateway.consent import Decision
+from gateway.consent.stage import Decision
 from gateway.console import pages
 from gateway.console.copy import pick_locale, words_for
 from gateway.console.sessions import SessionBook, SignInLimit, StreamSlot, StreamSlots, tokens_match

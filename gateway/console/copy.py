@@ -1,14 +1,14 @@
 """The console's words in en-US and pt-BR, chosen from Accept-Language or the person's switch.
 
 A consent question's own words (its title, risk tiers, the five choices) come from
-gateway/consent_text.py, the copy the terminal approver and the elicitation form use.
+gateway/consent/text.py, the copy the terminal approver and the elicitation form use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.consent_text import copy_for
+from gateway.consent.text import copy_for
 
 LOCALES = ("en-US", "pt-BR")
 
@@ -179,7 +179,7 @@ _WORDS: Mapping[str, Mapping[str, str]] = {
 
 
 def words_for(locale: str) -> dict[str, str]:
-    """The console's words and the consent questions' (gateway/consent_text.py) for `locale`."""
+    """The console's words and the consent questions' (gateway/consent/text.py) for `locale`."""
     chosen = locale if locale in _WORDS else "en-US"
     return {**copy_for(chosen), **_WORDS[chosen]}
 

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlencode
 from gateway.approvals import actions_for, default_for, whole_of
 from gateway.audit import AuditEvent
 from gateway.clock import iso_utc
-from gateway.consent_store import Grant, PendingRequest
+from gateway.consent.store import Grant, PendingRequest
 from gateway.console.copy import LOCALES
 from gateway.console.html import Safe, el, join
 from gateway.console.shown import shown, shown_lines

@@ -17,7 +17,7 @@ from sqlalchemy import and_, select
 from gateway import db
 from gateway.audit import GENESIS, AuditEvent, ChainReport, _from_row
 from gateway.clock import iso_utc, parse_iso
-from gateway.consent_store import Grant
+from gateway.consent.store import Grant
 from gateway.policy import Policy
 from gateway.rbac import ADMIN_ROLE, Permission, has_permission
 from gateway.services import Stores

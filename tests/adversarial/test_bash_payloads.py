@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.permission_rules import RuleSet, judge
-from gateway.shell.literal import BARE, literal_commands
+from gateway.rules.permissions import RuleSet, judge
+from gateway.rules.shell.literal import BARE, literal_commands
 
 SHIPPED_LIKE = RuleSet.parse(["Bash(rm:*)", "Bash(curl:*)", "Bash(wget:*)"], [], ["Bash(pytest:*)"])
 BOTH = ("bash", "sh")
@@ -70,7 +70,7 @@ def _payload_ran(folder: Path, shell: str, command: str, proof: str) -> bool:
 
 
 def test_the_allow_side_reads_literal_words_exactly_as_bash_and_sh_do(tmp_path: Path) -> None:
-    """Soundness of gateway/shell/literal.py, measured: for allow-eligible commands built at random
+    """Soundness of gateway/rules/shell/literal.py, measured: for allow-eligible commands built at random
     from its whitelist (bare characters, single quotes holding any printable character, double
     quotes holding what it allows there, blanks and separators), the program receives in bash
     and in sh exactly the words the gateway matched rules against."""

@@ -19,7 +19,7 @@ from tests.harness import GatewayHome, StdioSession
 
 RULES = {"enabled": True, "deny": ["Bash(rm:*)", "Edit(secrets/**)"], "ask": [], "allow": ["Bash", "Read", "Glob"]}
 MAX_COMMAND_CHARS = 65_536
-"""gateway/shell/invocations.py's bound, written here so that the test runs on the old code too."""
+"""gateway/rules/shell/invocations.py's bound, written here so that the test runs on the old code too."""
 PING_S = 2.0
 """A ping's answer, generous for a busy machine: the loop is free, so it takes milliseconds."""
 

@@ -296,5 +296,5 @@ def test_version_prints_the_version_without_loading_the_commands(tmp_path: Path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{__version__}\n"
     imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if "|" in line}
-    heavy = {"gateway.cli_commands", "sqlalchemy", "mcp", "yaml", "jwt"} & imported
+    heavy = {"gateway.cli.commands", "sqlalchemy", "mcp", "yaml", "jwt"} & imported
     assert not heavy, f"--version imported {heavy}"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gateway.consent_store import ConsentStore, Grant, GrantDecision
+from gateway.consent.store import ConsentStore, Grant, GrantDecision
 from tests.harness import GatewayHome, StdioSession, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from gateway import db
-from gateway.consent_store import MAX_OPEN_QUESTIONS
+from gateway.consent.store import MAX_OPEN_QUESTIONS
 from tests.harness import GatewayHome, StdioSession
 from tests.pg_cluster import on_both_engines
 

@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_play
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.calls import Opened
 from gateway.clock import SystemClock
-from gateway.consent_store import ConsentStore, Grant, GrantDecision, PendingRequest
+from gateway.consent.store import ConsentStore, Grant, GrantDecision, PendingRequest
 from gateway.runs import RunRecord, RunStore
 from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, running_console
 from tests.harness import GatewayHome, StdioSession

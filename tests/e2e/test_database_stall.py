@@ -4,7 +4,7 @@ Before the fix every database call ran on the event loop that also answers `ping
 at their time limit. With another connection holding the write lock, a call that had to write
 (its audit events) froze the loop: `ping` waited for the lock, and a run's 3 s limit went by
 unenforced until the sandbox's watchdog ended it 2 s late (and the gateway saw its end later
-still). Now database work runs on worker threads (gateway/db_threads.py): the loop answers and
+still). Now database work runs on worker threads (gateway/db/threads.py): the loop answers and
 enforces while the call that needs the database waits, and that wait is bounded by the
 database's own timeouts.
 """

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from gateway import db
 from gateway.budget import BudgetLedger
 from gateway.clock import SystemClock
-from gateway.consent_store import ConsentStore
+from gateway.consent.store import ConsentStore
 from gateway.db import make_engine
 from gateway.policy import BudgetPolicy
 from tests.fleet import (

@@ -22,7 +22,7 @@ from sqlalchemy import select, text
 
 from gateway import db
 from gateway.clock import SystemClock
-from gateway.consent_store import ConsentStore
+from gateway.consent.store import ConsentStore
 from gateway.recovery import SWEEP_ENV, Pace
 from tests.e2e.test_run_pytest import ELICITATION, answer
 from tests.harness import GatewayHome, StdioSession

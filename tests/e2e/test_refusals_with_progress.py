@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 
 from gateway.calls import CallStore
-from gateway.consent import Decision
-from gateway.consent_store import ConsentStore
+from gateway.consent.stage import Decision
+from gateway.consent.store import ConsentStore
 from tests.harness import (
     FORM_ELICITATION,
     MODERN,

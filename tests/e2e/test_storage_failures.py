@@ -1,7 +1,7 @@
 """Issue 26, item 10: every storage failure is its documented reason with one log line, never a traceback.
 
 Before: with the PostgreSQL server stopped, 249 of 253 calls were answered `-32603 internal_error`
-with a traceback: `gateway/db.py` `autocommit_cursor` (a call's authentication and audit appends)
+with a traceback: `gateway/db/__init__.py` `autocommit_cursor` (a call's authentication and audit appends)
 opened its connection outside the error mapping, and the driver's own error went through. A disk
 filling while a run's artifacts were copied was `internal_error` with a traceback too.
 

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Engine
 
 from gateway.approvals import ESC, Approver, actions_for, decision_for_key, default_for, render, render_whole
-from gateway.consent import ConsentRequest, Decision
-from gateway.consent_store import ConsentStore, PendingRequest
-from gateway.consent_text import prompt_text
+from gateway.consent.stage import ConsentRequest, Decision
+from gateway.consent.store import ConsentStore, PendingRequest
+from gateway.consent.text import prompt_text
 from tests.fakes import T0, FakeClock
 
 

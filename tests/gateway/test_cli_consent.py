@@ -11,9 +11,9 @@ import pytest
 from gateway.approvals import approver_name
 from gateway.audit import AuditLog
 from gateway.canonical import args_hash
-from gateway.cli_consent import cmd_consent_grant
+from gateway.cli.consent import cmd_consent_grant
 from gateway.clock import SystemClock
-from gateway.consent_store import ConsentStore, GrantDecision
+from gateway.consent.store import ConsentStore, GrantDecision
 from gateway.permission_prompt import AGENT_SERVER_ID
 from tests.harness import GatewayHome
 

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 from gateway.audit import AuditLog, EventType
-from gateway.consent import (
+from gateway.consent.stage import (
     RISK_META_KEY,
     Answer,
     ConsentRequest,
@@ -29,7 +29,7 @@ from gateway.consent import (
     risk_tier,
     tool_fingerprint,
 )
-from gateway.consent_store import ConsentStore, Grant, GrantDecision
+from gateway.consent.store import ConsentStore, Grant, GrantDecision
 from gateway.errors import ConsentDeniedError
 from gateway.permission_prompt import AGENT_TOOLS, agent_tool_consent
 from gateway.policy import ConsentPolicy

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, func, select
 from gateway import db
 from gateway.audit import AuditLog, EventDraft, EventType, verify_chain
 from gateway.clock import SystemClock
-from gateway.consent_store import (
+from gateway.consent.store import (
     MAX_OPEN_QUESTIONS,
     ConsentStore,
     Grant,

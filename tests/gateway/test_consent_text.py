@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import Engine
 
 from gateway.audit import AuditLog
-from gateway.consent import ConsentRequest, ConsentStage, Decision, choices_for, decision_schema, deny_first
-from gateway.consent_store import ConsentStore
-from gateway.consent_text import _COPY, copy_for, is_secret_name, prompt_for, prompt_text, redacted_preview
+from gateway.consent.stage import ConsentRequest, ConsentStage, Decision, choices_for, decision_schema, deny_first
+from gateway.consent.store import ConsentStore
+from gateway.consent.text import _COPY, copy_for, is_secret_name, prompt_for, prompt_text, redacted_preview
 from gateway.errors import ConsentDeniedError
 from gateway.policy import ConsentPolicy
 from gateway.tools.registry import TOOLS

@@ -229,7 +229,7 @@ def test_a_cards_result_is_the_content_the_client_got_cut_loudly_past_the_limit(
 
 
 def test_a_permission_block_shows_the_whole_preview_escaped_and_no_allow_always_for_a_destructive_tool() -> None:
-    from gateway.consent_store import PendingRequest
+    from gateway.consent.store import PendingRequest
     from gateway.console.pages import question_block
     from gateway.console.views import Viewer
 

@@ -1,4 +1,4 @@
-"""Engine settings per dialect (gateway/db.py): PostgreSQL connections carry bounds on every wait (issue 12, item 1),
+"""Engine settings per dialect (gateway/db/__init__.py): PostgreSQL connections carry bounds on every wait (issue 12, item 1),
 and a pooled connection cut while idle is replaced before use (issue 17)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""gateway/db_file.py: a transaction on a SQLite file that was deleted or replaced is refused."""
+"""gateway/db/file_guard.py: a transaction on a SQLite file that was deleted or replaced is refused."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from gateway.db import make_engine
-from gateway.db_file import DatabaseFileChangedError, sqlite_file_of
+from gateway.db.file_guard import DatabaseFileChangedError, sqlite_file_of
 
 
 def _engine_on(path: Path) -> Engine:

@@ -1,4 +1,4 @@
-"""gateway/db_threads.py: database work on a few threads, the loop never held longer than LOOP_WAIT_S."""
+"""gateway/db/threads.py: database work on a few threads, the loop never held longer than LOOP_WAIT_S."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import anyio
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from gateway import db_threads
-from gateway.db_threads import DB_THREADS, LOOP_WAIT_S, in_db_thread, start_wait_from
+from gateway.db import threads as db_threads
+from gateway.db.threads import DB_THREADS, LOOP_WAIT_S, in_db_thread, start_wait_from
 from gateway.errors import Reason, StorageUnavailableError
 
 REQUEST = contextvars.ContextVar("request", default="none")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.permission_rules import Judgement, RuleSet, Verdict, judge, parse_rule
+from gateway.rules.permissions import Judgement, RuleSet, Verdict, judge, parse_rule
 
 ROOT = "/srv/ws"
 RULES = RuleSet.parse(

@@ -1,4 +1,4 @@
-"""gateway/grant_scope.py: a stored Deny for a path covers every spelling of it, what is under it, and
+"""gateway/consent/grant_scope.py: a stored Deny for a path covers every spelling of it, what is under it, and
 whatever else comes with the call (issue 11, item 8); an Allow stays exact."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.grant_scope import (
+from gateway.consent.grant_scope import (
     absolute_spellings,
     deny_covers,
     normal_grant_arguments,

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, select
 
 from gateway import db
 from gateway.clock import SystemClock
-from gateway.db_threads import DB_THREADS, in_db_thread
+from gateway.db.threads import DB_THREADS, in_db_thread
 from gateway.liveness import LeaseKeeper, SessionStore, this_process
 
 

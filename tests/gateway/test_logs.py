@@ -1,4 +1,4 @@
-"""gateway/logs.py and gateway/db_errors.py: the rate limit, one line per record, how a database failure is described."""
+"""gateway/logs.py and gateway/db/errors.py: the rate limit, one line per record, how a database failure is described."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from gateway.db_errors import storage_errors
+from gateway.db.errors import storage_errors
 from gateway.errors import Reason, StorageUnavailableError
 from gateway.logs import (
     CAUSE_CHARS,

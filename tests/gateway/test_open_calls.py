@@ -21,7 +21,7 @@ from gateway import db
 from gateway.audit import EventDraft, EventType
 from gateway.budget import BudgetLedger
 from gateway.calls import Moved, Opened
-from gateway.consent_store import PendingRequest
+from gateway.consent.store import PendingRequest
 from gateway.liveness import ProcessIdentity
 from gateway.policy import BudgetPolicy
 from gateway.recovery import Pace, sweep_once

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.permission_rules import Judgement, RuleSet, bash_parts, judge, parse_rule
+from gateway.rules.permissions import Judgement, RuleSet, bash_parts, judge, parse_rule
 from tests.bash_cases import DENIED, NEVER_ALLOWED, NOT_DENIED, STILL_ALLOWED
 
 ROOT = "/srv/ws"

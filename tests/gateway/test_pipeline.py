@@ -22,7 +22,7 @@ from sqlalchemy import Engine, text
 from gateway.audit import AuditEvent
 from gateway.auth import ensure_keys, issue_token
 from gateway.budget import Usage
-from gateway.consent import InputRequired, RoundTrip
+from gateway.consent.stage import InputRequired, RoundTrip
 from gateway.db import make_engine, migrate
 from gateway.errors import GatewayError, SandboxViolationError
 from gateway.pipeline import CallRequest, Pipeline, check_sandbox_ready

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gateway.consent_store import PendingRequest
+from gateway.consent.store import PendingRequest
 from gateway.liveness import ProcessIdentity, SessionRecord, StartTimeProbe, is_gone, start_time_of, this_process
 from gateway.recovery import END_NOT_RECORDED, GATEWAY_LOST, Pace, is_orphaned, pace_from, run_end_reason
 from gateway.runs import RunRecord

@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.consent import Decision, NoAnswer
-from gateway.db_threads import in_db_thread
+from gateway.consent.stage import Decision, NoAnswer
+from gateway.db.threads import in_db_thread
 from gateway.errors import GatewayError, Reason, ToolTimeoutError
 from gateway.pipeline import STAGES, CallRequest, Pipeline
 from gateway.policy import load_policy

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gateway.permission_rules import RuleSet, judge, parse_rule
 from gateway.previews import preview
-from gateway.url_hosts import read_host
+from gateway.rules.hosts import read_host
+from gateway.rules.permissions import RuleSet, judge, parse_rule
 
 ALLOW = ["WebFetch(domain:docs.example.com)", "WebFetch(domain:10.0.0.1)", "WebFetch(domain:xn--mnchen-3ya.de)"]
 DENY = [

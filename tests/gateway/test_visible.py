@@ -10,7 +10,7 @@ import unicodedata
 
 import pytest
 
-from gateway.consent_text import copy_for
+from gateway.consent.text import copy_for
 from gateway.visible import INDENT_MAX, MAX_MARKS, escape, excerpt, prints, visible
 
 # Default_Ignorable_Code_Point, Unicode's DerivedCoreProperties.txt: the characters a renderer

@@ -96,8 +96,8 @@ def _outputs(folder: Path) -> tuple[Path, Path]:
 
 def test_doctor_reports_cgroup_v2_and_the_kernels_landlock() -> None:
     # In process: a second interpreter costs seconds under the guest's emulation.
+    from gateway.cli.doctor import as_json, run_doctor
     from gateway.default_policy import SHIPPED_POLICY
-    from gateway.doctor import as_json, run_doctor
     from gateway.policy import load_policy
     from sandbox.diagnose import host_facts
 

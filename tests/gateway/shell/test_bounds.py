@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from gateway.permission_rules import RuleSet, judge
-from gateway.shell import read_invocations
-from gateway.shell.invocations import (
+from gateway.rules.permissions import RuleSet, judge
+from gateway.rules.shell import read_invocations
+from gateway.rules.shell.invocations import (
     MAX_COMMAND_CHARS,
     MAX_DEPTH,
     MAX_INVOCATIONS,
@@ -25,7 +25,7 @@ from gateway.shell.invocations import (
     MAX_WORK,
     MAX_WRAPPERS,
 )
-from gateway.shell.words import MAX_BRACE_CHARS
+from gateway.rules.shell.words import MAX_BRACE_CHARS
 
 DENY_RM = RuleSet.parse(["Bash(rm:*)"], [], ["Bash"])
 TIME_LIMIT_S = 10.0

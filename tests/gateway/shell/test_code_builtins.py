@@ -1,4 +1,4 @@
-"""The inventory of builtins, options and variables that run code (gateway/shell/code_builtins.py), proven
+"""The inventory of builtins, options and variables that run code (gateway/rules/shell/code_builtins.py), proven
 against the real shells (issue 26, item 5).
 
 Each entry of CODE_BUILTINS and CODE_VARIABLES has at least one proof below: a command that makes
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.permission_rules import RuleSet, judge
-from gateway.shell.code_builtins import CODE_BUILTINS, CODE_VARIABLES
+from gateway.rules.permissions import RuleSet, judge
+from gateway.rules.shell.code_builtins import CODE_BUILTINS, CODE_VARIABLES
 
 DENY_TOUCH = RuleSet.parse(["Bash(touch:*)"], [], ["Bash"])
 ALLOW_ALL = RuleSet.parse([], [], ["Bash"])

@@ -1,12 +1,12 @@
-"""The deny side's reading (gateway/shell/): words, wrappers, texts a shell runs, bounds."""
+"""The deny side's reading (gateway/rules/shell/): words, wrappers, texts a shell runs, bounds."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.shell import read_invocations
-from gateway.shell.invocations import MAX_DEPTH
-from gateway.shell.words import WordBuilder, decode_ansi_c, expand_braces, word_of
+from gateway.rules.shell import read_invocations
+from gateway.rules.shell.invocations import MAX_DEPTH
+from gateway.rules.shell.words import WordBuilder, decode_ansi_c, expand_braces, word_of
 
 
 def programs(command: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The allow side's whitelist lexer (gateway/shell/literal.py), character by character."""
+"""The allow side's whitelist lexer (gateway/rules/shell/literal.py), character by character."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import string
 
 import pytest
 
-from gateway.shell.literal import BARE, DEFINING_BUILTINS, RESERVED_WORDS, literal_commands
+from gateway.rules.shell.literal import BARE, DEFINING_BUILTINS, RESERVED_WORDS, literal_commands
 
 
 def argvs(command: str) -> list[tuple[str, ...]] | None:

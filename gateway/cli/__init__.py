@@ -1,7 +1,7 @@
 """The `mcp-gateway` command (spec section 3). Exit 0 success, 1 refused or failed, 2 usage.
 
 This module holds the argument parser and nothing heavy: the commands, with the database,
-the policy and the MCP SDK behind them, are imported from `gateway.cli_commands` once the
+the policy and the MCP SDK behind them, are imported from `gateway.cli.commands` once the
 arguments parse, so `--help` and a usage error answer at interpreter speed (issue 12, item 10).
 """
 
@@ -145,6 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    from gateway.cli_commands import dispatch  # noqa: PLC0415  (loads only once the arguments parse)
+    from gateway.cli.commands import dispatch  # noqa: PLC0415  (loads only once the arguments parse)
 
     return dispatch(args)

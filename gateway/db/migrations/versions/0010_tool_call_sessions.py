@@ -19,7 +19,7 @@ branch_labels = None
 depends_on = None
 
 _OPEN = sa.text("status IN ('pending', 'running')")
-_PREVIOUS = importlib.import_module("gateway.migrations.versions.0009_call_ends").APPEND
+_PREVIOUS = importlib.import_module("gateway.db.migrations.versions.0009_call_ends").APPEND
 _APPEND = _PREVIOUS.replace(
     "arguments, status, code, reason, message, result, last_event_id)",
     "arguments, status, code, reason, message, result, last_event_id, session_id)",

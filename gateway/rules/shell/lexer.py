@@ -11,7 +11,7 @@ exists so that a mistake of tree-sitter's fails toward deny or ask.
 
 from __future__ import annotations
 
-from gateway.shell.words import SimpleCommand, Word, WordBuilder, decode_ansi_c
+from gateway.rules.shell.words import SimpleCommand, Word, WordBuilder, decode_ansi_c
 
 _METACHARACTERS = " \t\n;&|()<>"
 _REDIRECTIONS = ("&>>", "<<<", "<<-", "&>", ">>", ">|", ">&", "<&", "<>", "<<", "<", ">")

@@ -40,7 +40,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 if TYPE_CHECKING:
     from alembic.config import Config
 
-from gateway.db_file import guard_file
+from gateway.db.file_guard import guard_file
 from gateway.errors import ConfigError
 
 GENESIS_HASH = "0" * 64
@@ -138,7 +138,7 @@ class ConsentGrant(Base):
     `args_hash` NULL covers any arguments. A grant applies only to the tool `fingerprint` it was
     made for, until `expires_at` (NULL: no expiry) and unless `revoked_at`. `channel` is who made
     it (`approver`, `elicitation`, `cli`; NULL: unknown, read as in-band); `arguments` (canonical
-    JSON) is what a Deny made for particular arguments covers (gateway/grant_scope.py).
+    JSON) is what a Deny made for particular arguments covers (gateway/consent/grant_scope.py).
     """
 
     __tablename__ = "consent_grants"
@@ -299,7 +299,7 @@ def make_engine(url: str) -> Engine:
         ping_when_idle(engine)
     if engine.dialect.name == "sqlite":
         # First: the file on disk must stay the one written to, and writable, before any pragma
-        # touches it (gateway/db_file.py).
+        # touches it (gateway/db/file_guard.py).
         guard_file(engine)
         event.listen(engine, "connect", partial(_sqlite_on_connect, sync.upper()))
         event.listen(engine, "begin", _sqlite_on_begin)

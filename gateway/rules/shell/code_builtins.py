@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.shell.words import Word, literal_word, word_of
+from gateway.rules.shell.words import Word, literal_word, word_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ CODE_BUILTINS: dict[str, CodeBuiltin] = {
     "enable": CodeBuiltin("loads", ("bash",), valued="f"),
 }
 """Builtin -> how it takes code. `command`, `builtin` and `exec` run the builtin or program they name
-(gateway/shell/wrappers.py), so `command eval ...` is `eval ...`."""
+(gateway/rules/shell/wrappers.py), so `command eval ...` is `eval ...`."""
 
 CODE_VARIABLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "PROMPT_COMMAND": ("evaluates its value before each prompt", ("bash",)),

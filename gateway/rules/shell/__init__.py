@@ -14,7 +14,7 @@ Two readers, one per side of a rule, because the two sides need opposite kinds o
   that a reader's mistake fails toward deny or ask).
 """
 
-from gateway.shell.invocations import Invocation, Reading, read_invocations
-from gateway.shell.literal import LiteralCommand, literal_commands
+from gateway.rules.shell.invocations import Invocation, Reading, read_invocations
+from gateway.rules.shell.literal import LiteralCommand, literal_commands
 
 __all__ = ["Invocation", "LiteralCommand", "Reading", "literal_commands", "read_invocations"]

@@ -21,7 +21,7 @@ non-ASCII character outside quotes (look-alike quotes and blanks among them). So
 command word holding `=` (an assignment), a reserved word in command position (`if`, `then`,
 `time`, `coproc`, `function`, ...), a builtin that changes how later words are read or which
 program a name runs (`alias`, `export`, `set`, `source`, `eval`, ...) or that runs code
-(gateway/shell/code_builtins.py: `mapfile -C`, `compgen -C`, `jobs -x`, ...), also behind a wrapper
+(gateway/rules/shell/code_builtins.py: `mapfile -C`, `compgen -C`, `jobs -x`, ...), also behind a wrapper
 (`command eval`), a word holding `$(` or a backtick even quoted (an array subscript runs it:
 `printf -v 'a[$(rm x)]'`), an assignment to a variable the shell runs (`PS4=`, `PROMPT_COMMAND=`,
 `BASH_ENV=`), and a command with no part at all.
@@ -33,8 +33,8 @@ import re
 import string
 from dataclasses import dataclass
 
-from gateway.shell.code_builtins import CODE_BUILTINS, assigns_code_variable
-from gateway.shell.wrappers import SHELLS, WRAPPERS
+from gateway.rules.shell.code_builtins import CODE_BUILTINS, assigns_code_variable
+from gateway.rules.shell.wrappers import SHELLS, WRAPPERS
 
 BARE = frozenset(string.ascii_letters + string.digits + "-_./:,+@%=")
 """What a word may hold outside quotes."""

@@ -15,17 +15,17 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import UNKNOWN_TOKEN, KeyRing, Principal, decode_token, ensure_keys, issue_token, jti_of
-from gateway.cli_consent import (
+from gateway.cli.consent import (
     cmd_approvals,
     cmd_consent_grant,
     cmd_consent_list,
     cmd_consent_revoke,
 )
-from gateway.cli_values import check_db_url, check_home_folder, check_tls_pair, json_object_arg, since_arg
+from gateway.cli.values import check_db_url, check_home_folder, check_tls_pair, json_object_arg, since_arg
 from gateway.clock import iso_utc, new_token_id
 from gateway.db import make_engine, migrate, schema_is_current
-from gateway.db_errors import cause_name
-from gateway.db_file import DatabaseFileUnwritableError
+from gateway.db.errors import cause_name
+from gateway.db.file_guard import DatabaseFileUnwritableError
 from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
 from gateway.errors import AuthRequiredError, CommandError, ConfigError, Reason, StorageUnavailableError, UsageError
 from gateway.permission_prompt import explain as explain_agent_tool
@@ -506,14 +506,14 @@ def cmd_audit_verify(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(settings: Settings, _args: argparse.Namespace) -> int:
-    from gateway.demo import run_demo  # noqa: PLC0415  (the MCP SDK loads only for the demo)
+    from gateway.cli.demo import run_demo  # noqa: PLC0415  (the MCP SDK loads only for the demo)
 
     return run_demo(settings, os.environ)
 
 
 def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
     """Probe this host as this user; judge it against the policy (the shipped default when there is none yet)."""
-    from gateway.doctor import as_json, as_text, run_doctor  # noqa: PLC0415
+    from gateway.cli.doctor import as_json, as_text, run_doctor  # noqa: PLC0415
 
     blocked = policy_access_problem(settings)
     if blocked is not None:

@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from gateway.clock import iso_utc, parse_iso
-from gateway.consent import parse_duration
+from gateway.consent.stage import parse_duration
 from gateway.errors import UsageError
 from gateway.visible import visible
 

@@ -13,11 +13,11 @@ waits are bounded (issue 26, item 3): work that has not started within the start
 (`MCP_GATEWAY_DB_WAIT_S`, default 10 s) is not started at all and its caller gets
 StorageUnavailableError (`database_unavailable`), and work that started is bounded by the
 database's own timeouts (SQLite's busy timeout, PostgreSQL's lock and statement timeouts,
-gateway/db.py). Without the first bound, 60 calls behind a held lock were answered after up to
+gateway/db/__init__.py). Without the first bound, 60 calls behind a held lock were answered after up to
 40 s, and with a holder that never let go each waited `ceil(N/4) x 10 s`. Work that started is
 never abandoned half done nor skipped because its call is being cancelled: the call sees the
 cancellation once the work is finished. A SQLAlchemy or driver error that escapes the work is
-translated here as any store does (gateway/db_errors.py), so no database failure reaches a
+translated here as any store does (gateway/db/errors.py), so no database failure reaches a
 client as `internal_error`.
 
 The gateway's lease is not renewed here but on a thread and a connection of its own
@@ -50,7 +50,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import anyio
 
-from gateway.db_errors import storage_errors
+from gateway.db.errors import storage_errors
 from gateway.errors import Reason, StorageUnavailableError
 from gateway.logs import RATE_KEY
 

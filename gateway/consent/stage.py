@@ -14,7 +14,7 @@ elicitation may allow once or for the session and may deny, but only the approve
 is stored: a client that answers its own form must not leave a lasting allow behind that other
 sessions use (docs/decisions.md). A stored Allow counts only when its channel may still make one;
 a stored Deny always counts. A Deny made for particular arguments covers them by meaning
-(gateway/grant_scope.py); an Allow, only those very arguments.
+(gateway/consent/grant_scope.py); an Allow, only those very arguments.
 
 The decisions themselves are pure functions of values and `now` (`consent_profile`, `choices_for`,
 `pick_grant`, `decision_event`); the stage only does the I/O around them.
@@ -36,11 +36,11 @@ import anyio
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
-from gateway.consent_store import IN_DIALOG, ConsentStore, Grant, GrantDecision, PendingRequest
-from gateway.consent_text import prompt_for, redacted_preview
-from gateway.db_threads import in_db_thread
+from gateway.consent.grant_scope import deny_covers
+from gateway.consent.store import IN_DIALOG, ConsentStore, Grant, GrantDecision, PendingRequest
+from gateway.consent.text import prompt_for, redacted_preview
+from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason
-from gateway.grant_scope import deny_covers
 from gateway.policy import ConsentPolicy
 from gateway.progress import NO_PROGRESS, CallProgress, seconds_left
 from gateway.visible import visible
@@ -221,7 +221,7 @@ def parse_duration(text: str) -> float:
     return int(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
 
 
-# --- the question (its words: gateway/consent_text.py) ---------------------------------------------
+# --- the question (its words: gateway/consent/text.py) ---------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +239,7 @@ class ConsentRequest:
     preview: str | None = None
     """What the call would do, in words a person reads (a command, a diff, a URL); None: the arguments say it."""
     path_spellings: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
-    """For each path argument of the tool, the call's spellings of it (gateway/grant_scope.py): what a
+    """For each path argument of the tool, the call's spellings of it (gateway/consent/grant_scope.py): what a
     Deny made for a path is compared with."""
 
 

@@ -153,7 +153,7 @@ class FileGuard:
         """Called (from whichever thread found it) each time a file is found unwritable; `serve` stops."""
 
     def on_connect(self, _dbapi_connection: Any, _record: Any) -> None:
-        # Before SQLite's first statement on this connection maps the -shm (gateway/db.py registers
+        # Before SQLite's first statement on this connection maps the -shm (gateway/db/__init__.py registers
         # this listener ahead of the pragmas).
         self.check_writable()
         self._check_shm_size()

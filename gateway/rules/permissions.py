@@ -6,7 +6,7 @@ the other file tools with a path glob (relative to the workspace, `**` for any d
 `WebFetch(domain:host)` (that host exactly, any letter case). Deny wins over ask over allow;
 no match means ask.
 
-A Bash command is read twice (gateway/shell/), within bounds (length, words, nesting, wrappers,
+A Bash command is read twice (gateway/rules/shell/), within bounds (length, words, nesting, wrappers,
 work): a command past a bound is denied, whatever the rules say. For deny and ask rules, every program it runs that
 can be read (inside substitutions, subshells, groups, compound commands, `bash -c` and `eval`
 strings, through wrappers such as `env`, `sudo`, `xargs`, `find -exec`, with assignments, quoting,
@@ -19,11 +19,11 @@ by a rule (it is asked about, or denied).
 A file path is judged as written and, when `judge` is given `realpath`, as the file it really
 is (symlinks followed): a deny or ask rule applies if it matches either, and allow rules must
 cover both. So `Edit(src/**)` never covers `src/link` pointing out of `src/`. `Read(...)` rules also
-judge Grep, Glob and LS, `Edit(...)` rules every tool that changes a file (gateway/file_rules.py).
+judge Grep, Glob and LS, `Edit(...)` rules every tool that changes a file (gateway/rules/files.py).
 
 A WebFetch URL's host is read as Claude Code's fetcher (Node, WHATWG) reads it, and every other
 plausible way: a deny or ask rule matches if any reading is its host; an allow rule only a plain URL
-whose WHATWG host is its host (gateway/url_hosts.py).
+whose WHATWG host is its host (gateway/rules/hosts.py).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.file_rules import PATH_ARGUMENT, PATH_RULE_TOOLS, FileUse, check_path_spec, covers, file_use, touches
-from gateway.shell import Invocation, Reading, literal_commands, read_invocations
-from gateway.url_hosts import check_domain, is_rule_host, reaches_rule_host, read_host
+from gateway.rules.files import PATH_ARGUMENT, PATH_RULE_TOOLS, FileUse, check_path_spec, covers, file_use, touches
+from gateway.rules.hosts import check_domain, is_rule_host, reaches_rule_host, read_host
+from gateway.rules.shell import Invocation, Reading, literal_commands, read_invocations
 
 Verdict = Literal["deny", "ask", "allow"]
 FILE_TOOLS = PATH_RULE_TOOLS
@@ -88,7 +88,7 @@ def parse_rule(text: str) -> Rule:
 
 def bash_parts(command: str) -> tuple[list[str], bool]:
     """The command's parts, and whether allow rules may judge it: only if every part is a plain
-    command of literal words (gateway/shell/literal.py) and the deny side could read all of it.
+    command of literal words (gateway/rules/shell/literal.py) and the deny side could read all of it.
     Parts of an eligible command are its words joined by one space; else the text cut at its
     separators."""
     literal = literal_commands(command)

@@ -29,11 +29,11 @@ from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, t
 
 from gateway import db
 from gateway.canonical import canonical_json
-from gateway.db_errors import storage_errors
+from gateway.db.errors import storage_errors
 from gateway.errors import ConsentDeniedError, Reason
 from gateway.visible import storable
 
-log = logging.getLogger("gateway.consent_store")
+log = logging.getLogger("gateway.consent.store")
 
 
 class GrantDecision(StrEnum):

@@ -135,5 +135,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(importlib.import_module("gateway.migrations.versions.0008_audit_append_function").APPEND)
+        op.execute(importlib.import_module("gateway.db.migrations.versions.0008_audit_append_function").APPEND)
     op.drop_table("call_ends")

@@ -15,8 +15,8 @@ import time
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
-from gateway.shell.lexer import substitution
-from gateway.shell.words import SimpleCommand, Word, WordBuilder, decode_ansi_c, literal_word
+from gateway.rules.shell.lexer import substitution
+from gateway.rules.shell.words import SimpleCommand, Word, WordBuilder, decode_ansi_c, literal_word
 
 _BASH = Language(tree_sitter_bash.language())
 _NOT_WORDS = frozenset({"variable_assignment", "variable_assignments", "file_redirect", "heredoc_redirect",

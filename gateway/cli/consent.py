@@ -10,9 +10,10 @@ import sys
 from gateway.approvals import approver_name, run_approvals
 from gateway.audit import EventDraft, EventType
 from gateway.canonical import args_hash
-from gateway.cli_values import json_object_arg, lifetime_arg
+from gateway.cli.values import json_object_arg, lifetime_arg
 from gateway.clock import iso_utc
-from gateway.consent import (
+from gateway.consent.grant_scope import normal_grant_arguments
+from gateway.consent.stage import (
     CLI_CHANNEL,
     UNKNOWN_CHANNEL,
     Answer,
@@ -26,9 +27,8 @@ from gateway.consent import (
     grant_expiry,
     lasting_allow_channels,
 )
-from gateway.consent_store import Grant, GrantDecision
+from gateway.consent.store import Grant, GrantDecision
 from gateway.errors import CommandError
-from gateway.grant_scope import normal_grant_arguments
 from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_path_arguments, agent_tool_consent
 from gateway.policy_trust import policy_for
 from gateway.services import Services, open_services, open_stores

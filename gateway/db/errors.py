@@ -1,8 +1,8 @@
 """The one place a database failure becomes a refusal (spec section 8: fail closed): `storage_errors`.
 
-Every store wraps its database work in `with storage_errors(...)`, and gateway/db_threads.py wraps
+Every store wraps its database work in `with storage_errors(...)`, and gateway/db/threads.py wraps
 all database work done while serving in it once more: a SQLAlchemyError (or a driver's own error)
-raised inside (DatabaseFileChangedError and DatabaseFileUnwritableError from gateway/db_file.py
+raised inside (DatabaseFileChangedError and DatabaseFileUnwritableError from gateway/db/file_guard.py
 included) is logged once with its cause (`describe_cause`: never the SQL, its parameters or the
 URL), then raised again as `StorageUnavailableError` from it, -32603 with the reason it carries.
 Callers branch on that class, never on the driver's exceptions or the reason's text.
@@ -54,7 +54,7 @@ def storage_errors(
 
 def _storage_errors() -> tuple[type[Exception], ...]:
     """SQLAlchemy's errors, and the drivers' own, which reach here when a connection is made outside a
-    SQLAlchemy Connection (the pool's connect, gateway/db.py `autocommit_cursor`): the drivers loaded."""
+    SQLAlchemy Connection (the pool's connect, gateway/db/__init__.py `autocommit_cursor`): the drivers loaded."""
     psycopg = sys.modules.get("psycopg")  # loaded only on PostgreSQL: never imported here for SQLite
     return (SQLAlchemyError, sqlite3.Error) if psycopg is None else (SQLAlchemyError, sqlite3.Error, psycopg.Error)
 

@@ -12,8 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.shell.code_builtins import CODE_BUILTINS, code_of
-from gateway.shell.words import EXPANSION, Word
+from gateway.rules.shell.code_builtins import CODE_BUILTINS, code_of
+from gateway.rules.shell.words import EXPANSION, Word
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh", "rbash", "lksh", "pdksh"})
 """Programs that read shell commands from `-c STRING`, a here-document or a pipe."""

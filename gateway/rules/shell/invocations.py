@@ -23,10 +23,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.shell import lexer, tree
-from gateway.shell.code_builtins import assigned_code
-from gateway.shell.words import SimpleCommand, Unreadable, Word, decode_ansi_c
-from gateway.shell.wrappers import SHELLS, inner_commands, is_assignment, shell_command
+from gateway.rules.shell import lexer, tree
+from gateway.rules.shell.code_builtins import assigned_code
+from gateway.rules.shell.words import SimpleCommand, Unreadable, Word, decode_ansi_c
+from gateway.rules.shell.wrappers import SHELLS, inner_commands, is_assignment, shell_command
 
 MAX_COMMAND_CHARS = 65_536
 """The longest command read, in characters: a longer one is denied unread."""

@@ -1,0 +1,8 @@
+"""The consent wing: the consent stage, its store and the words a person reads.
+
+- `stage.py`: the pipeline's consent stage (stored decisions, then the client's dialog, else
+  the database question a terminal approver or the console answers);
+- `store.py`: grants, denials and pending questions in the database;
+- `text.py`: the prompt a person is shown, escaped and cut;
+- `grant_scope.py`: what a stored grant or denial covers.
+"""
