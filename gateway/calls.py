@@ -11,7 +11,7 @@ no extra commit on any path, the refusal path included. Its status follows the c
 A call refused before anything ran goes from pending to error; `running` is never skipped on the
 way to `done`. A 2026-07-28 call that asks its person is two requests (the `input_required` round,
 then the retry with the answer) and one card, the first round's: the retry moves it once consent
-has found the answer to be that round's (gateway/pipeline.py `_card`; docs/decisions.md 61). The arguments are stored redacted as everywhere (gateway/consent/text.py `redacted`), the
+has found the answer to be that round's (gateway/pipeline.py `_card`; decision 61). The arguments are stored redacted as everywhere (gateway/consent/text.py `redacted`), the
 result as MCP content blocks; either, past `STORED_CHARS`, is cut loudly (length and sha256 kept).
 `last_event_id`, the id of the audit event of the row's last change, only grows: it is the cursor
 the console's live view polls.

@@ -12,7 +12,7 @@ gateways and approvers may share it; each question is decided once). No answer b
 `consent.channels` says which channel may answer and with what. By default the client's own
 elicitation may allow once or for the session and may deny, but only the approver's Allow always
 is stored: a client that answers its own form must not leave a lasting allow behind that other
-sessions use (docs/decisions.md). A stored Allow counts only when its channel may still make one;
+sessions use (decision 43). A stored Allow counts only when its channel may still make one;
 a stored Deny always counts. A Deny made for particular arguments covers them by meaning
 (gateway/consent/grant_scope.py); an Allow, only those very arguments.
 
