@@ -50,6 +50,7 @@ from gateway.consent.stage import (
     consent_profile,
     decision_event,
 )
+from gateway.consent.store import Channel
 from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.pipeline import caller_of
@@ -383,7 +384,7 @@ class PermissionPrompt:
     def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
         allow = judged.verdict == "allow"
         request = _request(entry, asker, use)
-        answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, "rules")
+        answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, Channel.RULES)
         if allow:
             text = allow_answer(use.tool_input)
         elif judged.unreadable is not None:

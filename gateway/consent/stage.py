@@ -37,7 +37,7 @@ from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
 from gateway.consent.grant_scope import deny_covers
-from gateway.consent.store import IN_DIALOG, ConsentStore, Grant, GrantDecision, PendingRequest
+from gateway.consent.store import Channel, ConsentStore, Grant, GrantDecision, PendingRequest, QuestionStatus
 from gateway.consent.text import prompt_for, redacted_preview
 from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason
@@ -150,19 +150,17 @@ def choices_for(destructive: bool, permitted: Collection[str] | None = None) -> 
     return every if permitted is None else tuple(d for d in every if d in permitted)
 
 
-UNKNOWN_CHANNEL = "elicitation"
+UNKNOWN_CHANNEL = Channel.ELICITATION
 """How a grant whose channel was never recorded is read: as made in band, the least trusted channel."""
-CLI_CHANNEL = "cli"
-"""`mcp-gateway consent grant`: whoever runs it holds the state folder and the database already."""
 
 
 def lasting_allow_channels(channels: Mapping[str, Collection[str]]) -> frozenset[str]:
     """The channels whose stored Allow always counts: those the policy lets answer Allow always, and the CLI."""
-    return frozenset({CLI_CHANNEL, *(name for name, answers in channels.items() if Decision.ALLOW_ALWAYS in answers)})
+    return frozenset({Channel.CLI, *(name for name, answers in channels.items() if Decision.ALLOW_ALWAYS in answers)})
 
 
 def pick_grant(
-    grants: Sequence[Grant], now: float, request: ConsentRequest, allow_from: Collection[str] = (CLI_CHANNEL,)
+    grants: Sequence[Grant], now: float, request: ConsentRequest, allow_from: Collection[str] = (Channel.CLI,)
 ) -> Grant | None:
     """The stored decision that answers this call: unrevoked, unexpired, made for this tool definition,
     and covering the call. A Deny covers any arguments, or those it was made for by meaning (every
@@ -309,7 +307,7 @@ class InputRequired(Exception):
 class Answer:
     decision: Decision
     origin: Origin
-    channel: str
+    channel: Channel
     decided_by: str | None = None
     no_answer: str | None = None
     """With Origin.NO_ANSWER: why nobody answered (NoAnswer.why)."""
@@ -326,7 +324,7 @@ def decision_event(
         "risk_tier": request.risk,
         "origin": str(answer.origin),
         "server_id": request.server_id,
-        "channel": answer.channel,
+        "channel": str(answer.channel),
         **(extra or {}),
     }
     if answer.decided_by:
@@ -396,12 +394,14 @@ class ConsentStage:
         grants = self._store.fetch_grants(request.user, request.workspace, request.server_id, request.tool_name)
         grant = pick_grant(grants, self._clock.now(), request, self._allow_from)
         if grant is not None:
-            answer = Answer(lasting_decision(grant.decision), Origin.CACHE_HIT, "stored", grant.granted_by)
+            answer = Answer(lasting_decision(grant.decision), Origin.CACHE_HIT, Channel.STORED, grant.granted_by)
             return self._conclude(request, answer, grant)
         if self._session_key(request) in self._session_allows:
-            return self._conclude(request, Answer(Decision.ALLOW_SESSION, Origin.CACHE_HIT, "session"), None)
+            return self._conclude(request, Answer(Decision.ALLOW_SESSION, Origin.CACHE_HIT, Channel.SESSION), None)
         if self._policy.mode == "deny":
-            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, "policy"), reason=Reason.CONSENT_MODE_DENY)
+            self._record(
+                request, Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.POLICY), reason=Reason.CONSENT_MODE_DENY
+            )
             raise ConsentDeniedError(Reason.CONSENT_MODE_DENY, _REFUSED_BY_POLICY)
         return None
 
@@ -415,7 +415,7 @@ class ConsentStage:
             self._record(request, answer, reason=Reason.CONSENT_NO_ANSWER)
             raise ConsentDeniedError(Reason.CONSENT_NO_ANSWER, _NO_ANSWER)
         if answer is None:
-            channel = "elicitation" if in_band else "approver"
+            channel = Channel.ELICITATION if in_band else Channel.APPROVER
             self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, channel), reason=Reason.CONSENT_TIMEOUT)
             raise ConsentDeniedError(Reason.CONSENT_TIMEOUT, _TIMED_OUT)
         return self._conclude(request, answer, None)
@@ -424,30 +424,30 @@ class ConsentStage:
         """The person's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client went away
         or failed the question; None when nobody answered in time."""
         if asker is None or not self._in_band(asker):
-            approver = choices_for(request.destructive, self._policy.channels.get("approver"))
+            approver = choices_for(request.destructive, self._policy.channels.get(Channel.APPROVER))
             return await self._ask_out_of_band(request, approver)
-        choices = choices_for(request.destructive, self._policy.channels.get("elicitation"))
+        choices = choices_for(request.destructive, self._policy.channels.get(Channel.ELICITATION))
         if isinstance(asker, RoundTrip):
             return await in_db_thread(self._round_trip, request, asker, choices)
         prompt = prompt_for(request, self._policy.locale)
         # Stored while the dialog is open, so it counts in the cap of open questions (issue 26, item 15).
         question = self._question(request, request.run_id, self._clock.now(), choices)
-        await in_db_thread(self._open, request, question, "elicitation", IN_DIALOG)
+        await in_db_thread(self._open, request, question, Channel.ELICITATION, QuestionStatus.IN_DIALOG)
         try:
             with anyio.move_on_after(self._policy.timeout_s):
                 decision = await asker.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
                 if isinstance(decision, NoAnswer):
-                    return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "elicitation", no_answer=decision.why)
+                    return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.ELICITATION, no_answer=decision.why)
                 offered = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
-                return Answer(offered, Origin.USER_PROMPT, "elicitation")
+                return Answer(offered, Origin.USER_PROMPT, Channel.ELICITATION)
             return None
         finally:
             with anyio.CancelScope(shield=True):
-                await in_db_thread(self._store.expire, request.run_id, self._clock.now(), IN_DIALOG)
+                await in_db_thread(self._store.expire, request.run_id, self._clock.now(), QuestionStatus.IN_DIALOG)
 
     def _in_band(self, asker: ConsentAsker | RoundTrip | None) -> bool:
         """Whether the client answers: it declared elicitation, and the policy lets elicitation answer."""
-        return asker is not None and bool(self._policy.channels.get("elicitation"))
+        return asker is not None and bool(self._policy.channels.get(Channel.ELICITATION))
 
     def _round_trip(self, request: ConsentRequest, trip: RoundTrip, choices: tuple[Decision, ...]) -> Answer | None:
         """First round: store the question and ask for a retry. Retry: the question it answers must be
@@ -462,7 +462,12 @@ class ConsentStage:
             # The question's id is this round's run_id, as an approver's question's is its call's: the
             # retry that answers it continues this round's card. Like any run_id, 128 random bits.
             state = request.run_id
-            self._open(request, self._question(request, state, now, choices), "elicitation", "awaiting_client")
+            self._open(
+                request,
+                self._question(request, state, now, choices),
+                Channel.ELICITATION,
+                QuestionStatus.AWAITING_CLIENT,
+            )
             raise InputRequired(prompt.text, decision_schema(deny_first(choices) if prompt.cut else choices), state)
         row = self._store.fetch_request(trip.state)
         same_call = row is not None and (row.user, row.workspace, row.tool_name, row.args_hash) == (
@@ -473,21 +478,27 @@ class ConsentStage:
         )
         if row is None or not same_call:
             self._record(
-                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason=Reason.CONSENT_STATE_INVALID
+                request,
+                Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.ELICITATION),
+                reason=Reason.CONSENT_STATE_INVALID,
             )
             raise ConsentDeniedError(Reason.CONSENT_STATE_INVALID, _STATE_INVALID)
         decision = decision_from_form(trip.action, trip.content, choices)
-        if not self._store.decide(trip.state, decision.value, f"client:{request.user}", now, waiting="awaiting_client"):
+        if not self._store.decide(
+            trip.state, decision.value, f"client:{request.user}", now, waiting=QuestionStatus.AWAITING_CLIENT
+        ):
             if row.expires_at <= now:
-                if row.status == "awaiting_client":  # a round's question nobody answered in time: its card
+                if row.status == QuestionStatus.AWAITING_CLIENT:  # a round's question nobody answered in time: its card
                     _answers(trip)
                 return None  # answered after consent.timeout_s: a timeout
             self._record(
-                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason=Reason.CONSENT_STATE_INVALID
+                request,
+                Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.ELICITATION),
+                reason=Reason.CONSENT_STATE_INVALID,
             )
             raise ConsentDeniedError(Reason.CONSENT_STATE_INVALID, _STATE_INVALID)  # answered already: a replay
         _answers(trip)
-        return Answer(decision, Origin.USER_PROMPT, "elicitation")
+        return Answer(decision, Origin.USER_PROMPT, Channel.ELICITATION)
 
     def _question(
         self, request: ConsentRequest, question_id: str, now: float, choices: tuple[Decision, ...]
@@ -511,7 +522,7 @@ class ConsentStage:
 
     async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
         question = self._question(request, request.run_id, self._clock.now(), choices)
-        await in_db_thread(self._open, request, question, "approver", "pending")
+        await in_db_thread(self._open, request, question, Channel.APPROVER, QuestionStatus.PENDING)
         pause, answer = _POLL_FIRST_S, None
         try:
             with anyio.move_on_after(self._policy.timeout_s):
@@ -529,7 +540,9 @@ class ConsentStage:
             return answer
         return await in_db_thread(self._answer_of, request.run_id, choices)
 
-    def _open(self, request: ConsentRequest, question: PendingRequest, channel: str, status: str) -> None:
+    def _open(
+        self, request: ConsentRequest, question: PendingRequest, channel: Channel, status: QuestionStatus
+    ) -> None:
         """Store the question, or record and raise the refusal when its user has too many open already."""
         try:
             self._store.insert_request(question, status=status)
@@ -539,12 +552,12 @@ class ConsentStage:
 
     def _answer_of(self, request_id: str, choices: tuple[Decision, ...]) -> Answer | None:
         row = self._store.fetch_request(request_id)
-        if row is None or row.status != "decided" or row.decision is None:
+        if row is None or row.status != QuestionStatus.DECIDED or row.decision is None:
             return None
         decision = Decision(row.decision) if row.decision in Decision.__members__ else Decision.DENY_ONCE
         if decision not in choices:
             decision = Decision.DENY_ONCE  # e.g. Allow always for a destructive tool: never granted
-        return Answer(decision, Origin.USER_PROMPT, "approver", row.decided_by)
+        return Answer(decision, Origin.USER_PROMPT, Channel.APPROVER, row.decided_by)
 
     def _conclude(self, request: ConsentRequest, answer: Answer, grant: Grant | None) -> Decision:
         """Store what lasts, audit the decision, and raise unless it allows."""

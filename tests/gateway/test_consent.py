@@ -29,7 +29,7 @@ from gateway.consent.stage import (
     risk_tier,
     tool_fingerprint,
 )
-from gateway.consent.store import ConsentStore, Grant, GrantDecision
+from gateway.consent.store import Channel, ConsentStore, Grant, GrantDecision
 from gateway.errors import ConsentDeniedError
 from gateway.permission_prompt import AGENT_TOOLS, agent_tool_consent
 from gateway.policy import ConsentPolicy
@@ -133,7 +133,7 @@ def test_a_lasting_decision_is_stored_as_allow_or_deny_and_read_back(decision: D
 
 DECISION_EVENTS = [
     pytest.param(
-        Answer(Decision.ALLOW_ALWAYS, Origin.CACHE_HIT, "stored", "approvals:bob"),
+        Answer(Decision.ALLOW_ALWAYS, Origin.CACHE_HIT, Channel.STORED, "approvals:bob"),
         None,
         {"grant_id": 7, "grant_channel": "approver"},
         {"decision": "ALLOW_ALWAYS", "origin": "cache_hit", "channel": "stored", "grant_id": 7,
@@ -141,7 +141,7 @@ DECISION_EVENTS = [
         id="a stored grant",
     ),
     pytest.param(
-        Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "elicitation", no_answer="client_gone"),
+        Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.ELICITATION, no_answer="client_gone"),
         "consent_no_answer",
         None,
         {"decision": "DENY_ONCE", "origin": "no_answer", "channel": "elicitation", "no_answer": "client_gone",
@@ -149,14 +149,14 @@ DECISION_EVENTS = [
         id="nobody answered",
     ),
     pytest.param(
-        Answer(Decision.ALLOW_ONCE, Origin.POLICY, "rules"),
+        Answer(Decision.ALLOW_ONCE, Origin.POLICY, Channel.RULES),
         None,
         {"rule": "Bash(pytest -q)"},
         {"decision": "ALLOW_ONCE", "origin": "policy", "channel": "rules", "rule": "Bash(pytest -q)"},
         id="an agent's rule",
     ),
     pytest.param(
-        Answer(Decision.DENY_ALWAYS, Origin.POLICY, "cli", "cli:root"),
+        Answer(Decision.DENY_ALWAYS, Origin.POLICY, Channel.CLI, "cli:root"),
         None,
         {"grant_id": 3, "expires_at": None},
         {"decision": "DENY_ALWAYS", "origin": "policy", "channel": "cli", "grant_id": 3, "expires_at": None,
