@@ -42,6 +42,7 @@ from gateway.calls import KIND_QUESTION, Moved, Opened, outcome_content
 from gateway.canonical import args_hash
 from gateway.consent.grant_scope import absolute_spellings
 from gateway.consent.stage import (
+    OUT_OF_BAND,
     Answer,
     ConsentProfile,
     ConsentRequest,
@@ -411,7 +412,7 @@ class PermissionPrompt:
         )
         append = self.s.audit.append
         try:
-            decision = await self.s.consent.require(request, None, progress)
+            decision = await self.s.consent.require(request, OUT_OF_BAND, progress)
         except ConsentDeniedError as exc:
             denied = deny_answer(exc.public_message())
             card = self._moved(entry, "done", denied)

@@ -3,7 +3,7 @@
 In order: a stored decision for (user, workspace, server, tool[, args]) that is unexpired and
 made for this very tool definition (its fingerprint) answers at once, Deny before Allow; then
 an "allow for the session" of this stdio session; then `consent.mode: deny` refuses; then a
-person is asked: through the client's elicitation when it declared it (`ConsentAsker`), or
+person is asked through a `ConsentChannel`: the client's elicitation when it declared it, or
 else out of band, the question waiting in the database for `mcp-gateway approvals` (several
 gateways and approvers may share it; each question is decided once). No answer before
 `consent.timeout_s` is a deny. Every decision, stored ones included, is audited as
@@ -270,18 +270,81 @@ class NoAnswer:
     invalid_answer: a response that is not an elicitation result."""
 
 
+class ConsentChannel(Protocol):
+    """A way of asking a person about a call (docs/consent.md, "The flow"), one of three: `Dialog` (the
+    client's own form, `elicitation/create`), `RoundTrip` (a 2026-07-28 client: the question goes back
+    with the result, the answer comes with the retry) and `OUT_OF_BAND` (a question in the database for
+    the terminal approver or the console). The stage picks the choices and the fallback; the channel asks."""
+
+    @property
+    def channel(self) -> Channel:
+        """Whose answers `consent.channels` limits, and the channel a timeout is recorded under: in band
+        (`elicitation`) or out of band (`approver`). An in-band channel the policy lets answer nothing
+        falls back to `OUT_OF_BAND`."""
+        ...
+
+    @property
+    def waits(self) -> bool:
+        """Whether the stage waits here for the answer (and tells the client so: gateway/progress.py)."""
+        ...
+
+    async def ask(self, stage: ConsentStage, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        """The person's answer among `choices`; None when nobody answered in time."""
+        ...
+
+
 class ConsentAsker(Protocol):
-    """A channel to the person behind the client. Returns their decision, None for decline/cancel,
-    or NoAnswer when nobody answered (the client went away or failed the question)."""
+    """The person behind the client, asked through its form (gateway/server.py `ElicitationAsker`). Returns
+    their decision, None for decline/cancel, or NoAnswer when nobody answered (the client went away or
+    failed the question)."""
 
     async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | NoAnswer | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Dialog:
+    """A 2025-era client that declared form elicitation: the stage asks it with `elicitation/create` and
+    waits for its answer, the question stored `in_dialog` meanwhile."""
+
+    client: ConsentAsker
+
+    @property
+    def channel(self) -> Channel:
+        return Channel.ELICITATION
+
+    @property
+    def waits(self) -> bool:
+        return True
+
+    async def ask(self, stage: ConsentStage, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        return await stage.ask_in_dialog(request, self.client, choices)
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfBand:
+    """A client that cannot elicit (or may not answer): the question waits in the database for the
+    terminal approver or the console, each question decided once (gateway/consent/actions.py)."""
+
+    @property
+    def channel(self) -> Channel:
+        return Channel.APPROVER
+
+    @property
+    def waits(self) -> bool:
+        return True
+
+    async def ask(self, stage: ConsentStage, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        return await stage.ask_out_of_band(request, choices)
+
+
+OUT_OF_BAND = OutOfBand()
 
 
 @dataclass(frozen=True, slots=True)
 class RoundTrip:
     """A 2026-07-28 client that declared elicitation: no server-to-client requests exist, so the
     question goes back as an `input_required` result and the answer comes with the client's retry
-    of the same call (`input_responses["consent"]`, the echoed `request_state`)."""
+    of the same call (`input_responses["consent"]`, the echoed `request_state`). Nothing waits here."""
 
     action: str | None = None
     """The retry's answer: accept, decline or cancel; None on the first round."""
@@ -291,6 +354,17 @@ class RoundTrip:
     on_question: Callable[[str], None] | None = None
     """Told the question's id once the retry's answer is found to be its own (this very call's, and the
     first to answer it): from then on the retry moves the first round's card, and opens none."""
+
+    @property
+    def channel(self) -> Channel:
+        return Channel.ELICITATION
+
+    @property
+    def waits(self) -> bool:
+        return False
+
+    async def ask(self, stage: ConsentStage, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        return await in_db_thread(stage.ask_round_trip, request, self, choices)
 
 
 class InputRequired(Exception):
@@ -367,7 +441,7 @@ class ConsentStage:
         self._allow_from = lasting_allow_channels(policy.channels)
 
     async def require(
-        self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None, progress: CallProgress = NO_PROGRESS
+        self, request: ConsentRequest, channel: ConsentChannel, progress: CallProgress = NO_PROGRESS
     ) -> Decision:
         """Return the allowing decision, or record the denial and raise ConsentDeniedError.
 
@@ -375,10 +449,10 @@ class ConsentStage:
         stored = await in_db_thread(self._stored, request)
         if stored is not None:
             return stored
-        if isinstance(asker, RoundTrip):  # the client asks and calls again: nothing waits here
-            return await self._asked(request, asker)
+        if not channel.waits:  # the round trip: the client asks and calls again
+            return await self._asked(request, channel)
         deadline = time.monotonic() + self._policy.timeout_s
-        where = "in your client's dialog" if self._in_band(asker) else "with `mcp-gateway approvals` or the console"
+        where = "in your client's dialog" if self._in_band(channel) else "with `mcp-gateway approvals` or the console"
 
         def describe() -> str:
             return (
@@ -387,7 +461,7 @@ class ConsentStage:
             )
 
         async with progress.waiting(describe):
-            return await self._asked(request, asker)
+            return await self._asked(request, channel)
 
     def _stored(self, request: ConsentRequest) -> Decision | None:
         """A stored grant or this session's allow decides (raising if it denies); None: a person must."""
@@ -405,9 +479,15 @@ class ConsentStage:
             raise ConsentDeniedError(Reason.CONSENT_MODE_DENY, _REFUSED_BY_POLICY)
         return None
 
-    async def _asked(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Decision:
-        answer = await self._ask(request, asker)
-        return await in_db_thread(self._concluded, request, answer, self._in_band(asker))
+    async def _asked(self, request: ConsentRequest, channel: ConsentChannel) -> Decision:
+        """The person's answer, through `channel` if the policy lets it answer, else out of band;
+        then what it decides (`_concluded`)."""
+        if not self._in_band(channel):
+            channel = OUT_OF_BAND
+        answer = await channel.ask(
+            self, request, choices_for(request.destructive, self._policy.channels.get(channel.channel))
+        )
+        return await in_db_thread(self._concluded, request, answer, self._in_band(channel))
 
     def _concluded(self, request: ConsentRequest, answer: Answer | None, in_band: bool) -> Decision:
         """What a person's answer (or its absence) decides, recorded."""
@@ -420,22 +500,18 @@ class ConsentStage:
             raise ConsentDeniedError(Reason.CONSENT_TIMEOUT, _TIMED_OUT)
         return self._conclude(request, answer, None)
 
-    async def _ask(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Answer | None:
-        """The person's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client went away
-        or failed the question; None when nobody answered in time."""
-        if asker is None or not self._in_band(asker):
-            approver = choices_for(request.destructive, self._policy.channels.get(Channel.APPROVER))
-            return await self._ask_out_of_band(request, approver)
-        choices = choices_for(request.destructive, self._policy.channels.get(Channel.ELICITATION))
-        if isinstance(asker, RoundTrip):
-            return await in_db_thread(self._round_trip, request, asker, choices)
+    async def ask_in_dialog(
+        self, request: ConsentRequest, client: ConsentAsker, choices: tuple[Decision, ...]
+    ) -> Answer | None:
+        """`Dialog`: the client's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client
+        went away or failed the question; None when nobody answered in time."""
         prompt = prompt_for(request, self._policy.locale)
         # Stored while the dialog is open, so it counts in the cap of open questions (issue 26, item 15).
         question = self._question(request, request.run_id, self._clock.now(), choices)
         await in_db_thread(self._open, request, question, Channel.ELICITATION, QuestionStatus.IN_DIALOG)
         try:
             with anyio.move_on_after(self._policy.timeout_s):
-                decision = await asker.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
+                decision = await client.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
                 if isinstance(decision, NoAnswer):
                     return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.ELICITATION, no_answer=decision.why)
                 offered = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
@@ -445,12 +521,12 @@ class ConsentStage:
             with anyio.CancelScope(shield=True):
                 await in_db_thread(self._store.expire, request.run_id, self._clock.now(), QuestionStatus.IN_DIALOG)
 
-    def _in_band(self, asker: ConsentAsker | RoundTrip | None) -> bool:
+    def _in_band(self, channel: ConsentChannel) -> bool:
         """Whether the client answers: it declared elicitation, and the policy lets elicitation answer."""
-        return asker is not None and bool(self._policy.channels.get(Channel.ELICITATION))
+        return channel.channel is Channel.ELICITATION and bool(self._policy.channels.get(Channel.ELICITATION))
 
-    def _round_trip(self, request: ConsentRequest, trip: RoundTrip, choices: tuple[Decision, ...]) -> Answer | None:
-        """First round: store the question and ask for a retry. Retry: the question it answers must be
+    def ask_round_trip(self, request: ConsentRequest, trip: RoundTrip, choices: tuple[Decision, ...]) -> Answer | None:
+        """`RoundTrip`, in a database thread. First round: store the question and ask for a retry. Retry: the question it answers must be
         this very call's (user, workspace, tool, arguments), still open, and is closed by this answer.
 
         `request_state` is only the question's id, 128 random bits: what it stands for is in the
@@ -520,7 +596,9 @@ class ConsentStage:
             choices=tuple(c.value for c in choices),
         )
 
-    async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+    async def ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        """`OUT_OF_BAND`: the decision an approver or the console stores for the question; None when none came
+        before `consent.timeout_s`."""
         question = self._question(request, request.run_id, self._clock.now(), choices)
         await in_db_thread(self._open, request, question, Channel.APPROVER, QuestionStatus.PENDING)
         pause, answer = _POLL_FIRST_S, None

@@ -12,12 +12,16 @@ from sqlalchemy import Engine, event
 
 from gateway.audit import AuditLog, EventType
 from gateway.consent.stage import (
+    OUT_OF_BAND,
     RISK_META_KEY,
     Answer,
+    ConsentChannel,
     ConsentRequest,
     ConsentStage,
     Decision,
+    Dialog,
     Origin,
+    RoundTrip,
     choices_for,
     consent_profile,
     decision_event,
@@ -356,7 +360,7 @@ def request(run_id: str = "r1", fingerprint: str = "f" * 64, destructive: bool =
 
 
 def require(stage: ConsentStage, req: ConsentRequest, asker: Asker) -> Decision:
-    return anyio.run(stage.require, req, asker)
+    return anyio.run(stage.require, req, Dialog(asker))
 
 
 def test_t7_allow_always_expires_after_the_tiers_days(stage: ConsentStage, clock: FakeClock) -> None:
@@ -415,7 +419,7 @@ def test_out_of_band_a_decision_made_before_the_question_closed_counts(
         async with anyio.create_task_group() as group:
             group.start_soon(approve_soon)
             with anyio.fail_after(10):
-                decision = await stage.require(request("r1"), None)
+                decision = await stage.require(request("r1"), OUT_OF_BAND)
         return decision
 
     assert anyio.run(main) is Decision.ALLOW_ONCE
@@ -437,7 +441,7 @@ def test_out_of_band_allow_always_for_a_destructive_tool_is_a_deny(
         async with anyio.create_task_group() as group:
             group.start_soon(answer)
             with anyio.fail_after(10), pytest.raises(ConsentDeniedError):
-                await stage.require(request("r1", destructive=True), None)
+                await stage.require(request("r1", destructive=True), OUT_OF_BAND)
 
     anyio.run(main)
     assert store.list_grants() == [], "nothing stored"
@@ -501,7 +505,7 @@ def test_with_elicitation_switched_off_a_client_that_can_elicit_is_asked_out_of_
         async with anyio.create_task_group() as group:
             group.start_soon(approve)
             with anyio.fail_after(10):
-                decision = await stage.require(request("r1"), Asker())  # the client could answer, but may not
+                decision = await stage.require(request("r1"), Dialog(Asker()))  # the client could answer, but may not
         return decision
 
     assert anyio.run(main) is Decision.ALLOW_ALWAYS
@@ -528,7 +532,15 @@ def test_the_approver_is_offered_only_what_its_channel_may_answer(engine: Engine
         async with anyio.create_task_group() as group:
             group.start_soon(answer)
             with anyio.fail_after(10), pytest.raises(ConsentDeniedError):
-                await stage.require(request("r1"), None)
+                await stage.require(request("r1"), OUT_OF_BAND)
 
     anyio.run(main)
     assert store.list_grants() == []
+
+
+def test_each_way_of_asking_is_a_consent_channel_in_band_or_out() -> None:
+    """`consent.channels` limits a channel's answers by its kind; only the round trip answers without waiting."""
+    ways: list[ConsentChannel] = [Dialog(Asker()), RoundTrip(), OUT_OF_BAND]
+    assert [(way.channel, way.waits) for way in ways] == [
+        (Channel.ELICITATION, True), (Channel.ELICITATION, False), (Channel.APPROVER, True),
+    ]  # fmt: skip
