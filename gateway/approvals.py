@@ -1,4 +1,4 @@
-"""`mcp-gateway approvals` (spec sections 3 and 7): a terminal approver for questions waiting in the database.
+"""`mcp-gateway approvals` (docs/consent.md, "The terminal approver"): questions waiting in the database, answered.
 
 A gateway whose client cannot elicit leaves its question in `consent_requests`; this loop
 shows each one (tool, server, user, workspace, risk, the arguments or preview, time left) with
@@ -59,7 +59,7 @@ def actions_for(destructive: bool, offered: Collection[str] | None = None) -> tu
 
 
 def default_for(destructive: bool, cut: bool = False, offered: Collection[str] | None = None) -> Decision:
-    """What Enter chooses: the least commitment (seed 000 R3); Deny once where the tool is
+    """What Enter chooses: the least commitment (decision 40); Deny once where the tool is
     destructive, the request was not shown whole, or Allow once is not offered."""
     allow_once = offered is None or Decision.ALLOW_ONCE in offered
     return Decision.DENY_ONCE if destructive or cut or not allow_once else Decision.ALLOW_ONCE

@@ -1,4 +1,4 @@
-"""The consent commands (spec sections 3 and 7): `consent list|grant|revoke` and `approvals`."""
+"""`consent list|grant|revoke` and `approvals` (docs/consent.md, "Reviewing and pre-approving")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 8 of the pipeline (spec section 7): a person's decision before a write tool runs.
+"""Stage 8 of the pipeline (docs/consent.md): a person's decision before a write tool runs.
 
 In order: a stored decision for (user, workspace, server, tool[, args]) that is unexpired and
 made for this very tool definition (its fingerprint) answers at once, Deny before Allow; then
@@ -12,7 +12,7 @@ gateways and approvers may share it; each question is decided once). No answer b
 `consent.channels` says which channel may answer and with what. By default the client's own
 elicitation may allow once or for the session and may deny, but only the approver's Allow always
 is stored: a client that answers its own form must not leave a lasting allow behind that other
-sessions use (docs/decisions.md). A stored Allow counts only when its channel may still make one;
+sessions use (decision 43). A stored Allow counts only when its channel may still make one;
 a stored Deny always counts. A Deny made for particular arguments covers them by meaning
 (gateway/consent/grant_scope.py); an Allow, only those very arguments.
 
@@ -79,7 +79,8 @@ class Origin(StrEnum):
 
 
 def risk_tier(annotations: Mapping[str, Any] | None, trusted: bool, declared: object = None) -> RiskTier:
-    """Spec section 7, with the MCP defaults for missing hints (destructive, open world).
+    """The tier (docs/consent.md, "Risk tiers and expiry"), with the MCP defaults for missing hints (destructive,
+    open world).
 
     `declared` is the server's own tier from the tool's `_meta`; it wins when it is a tier.
     """
@@ -105,7 +106,7 @@ def is_destructive(annotations: Mapping[str, Any] | None) -> bool:
 
 
 def tool_fingerprint(name: str, input_schema: Mapping[str, Any], annotations: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of the tool's name, inputSchema and annotations (spec section 7)."""
+    """sha256 of the canonical JSON of the tool's name, inputSchema and annotations (docs/consent.md, "The flow")."""
     document = {"name": name, "inputSchema": dict(input_schema), "annotations": dict(annotations)}
     return hashlib.sha256(canonical_json(document).encode()).hexdigest()
 
@@ -242,8 +243,8 @@ class ConsentRequest:
 
 
 def decision_schema(choices: tuple[Decision, ...]) -> dict[str, Any]:
-    """The form (spec section 7): one required string field `decision`, the choices as its enum;
-    when they start with a deny (`deny_first`), that is the field's default."""
+    """The form (docs/consent.md, "The prompt (elicitation)"): one required string field `decision`, the
+    choices as its enum; when they start with a deny (`deny_first`), that is the field's default."""
     field: dict[str, Any] = {"type": "string", "title": "Decision", "enum": [c.value.lower() for c in choices]}
     if choices and not choices[0].allows:
         field["default"] = choices[0].value.lower()
@@ -506,7 +507,7 @@ class ConsentStage:
         """`Dialog`: the client's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client
         went away or failed the question; None when nobody answered in time."""
         prompt = prompt_for(request, self._policy.locale)
-        # Stored while the dialog is open, so it counts in the cap of open questions (issue 26, item 15).
+        # Stored while the dialog is open, so it counts in the cap of open questions (decision 70).
         question = self._question(request, request.run_id, self._clock.now(), choices)
         await in_db_thread(self._open, request, question, Channel.ELICITATION, QuestionStatus.IN_DIALOG)
         try:
@@ -526,8 +527,9 @@ class ConsentStage:
         return channel.channel is Channel.ELICITATION and bool(self._policy.channels.get(Channel.ELICITATION))
 
     def ask_round_trip(self, request: ConsentRequest, trip: RoundTrip, choices: tuple[Decision, ...]) -> Answer | None:
-        """`RoundTrip`, in a database thread. First round: store the question and ask for a retry. Retry: the question it answers must be
-        this very call's (user, workspace, tool, arguments), still open, and is closed by this answer.
+        """`RoundTrip`, in a database thread. First round: store the question and ask for a retry. Retry: the
+        question it answers must be this very call's (user, workspace, tool, arguments), still open, and is
+        closed by this answer.
 
         `request_state` is only the question's id, 128 random bits: what it stands for is in the
         database, so a forged, replayed, stale or transplanted state finds nothing to answer.

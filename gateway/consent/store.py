@@ -1,4 +1,4 @@
-"""Stored consent decisions and the questions waiting for a person (spec section 7): the database side.
+"""Stored consent decisions and the questions waiting for a person (docs/consent.md): the database side.
 
 Grants are looked up with one indexed query per call (user, workspace, server, tool) and
 chosen in `consent.pick_grant`, a pure function. A pending request is decided at most once:

@@ -36,7 +36,7 @@ from gateway.consent.stage import (
 from gateway.consent.store import Channel, ConsentStore, Grant, GrantDecision
 from gateway.errors import ConsentDeniedError
 from gateway.permission_prompt import AGENT_TOOLS, agent_tool_consent
-from gateway.policy import ConsentPolicy
+from gateway.policy import CONSENT_CHANNELS, ConsentPolicy
 from gateway.tools.registry import TOOLS
 from tests.fakes import T0, FakeClock, SequentialRunIds
 
@@ -544,3 +544,8 @@ def test_each_way_of_asking_is_a_consent_channel_in_band_or_out() -> None:
     assert [(way.channel, way.waits) for way in ways] == [
         (Channel.ELICITATION, True), (Channel.ELICITATION, False), (Channel.APPROVER, True),
     ]  # fmt: skip
+
+
+def test_the_policys_consent_channels_are_channels() -> None:
+    """gateway/policy.py sits below the consent wing and spells `consent.channels`' keys itself."""
+    assert {Channel(name) for name in CONSENT_CHANNELS} == {Channel.ELICITATION, Channel.APPROVER}
