@@ -488,16 +488,15 @@ class ConsentStage:
         answer = await channel.ask(
             self, request, choices_for(request.destructive, self._policy.channels.get(channel.channel))
         )
-        return await in_db_thread(self._concluded, request, answer, self._in_band(channel))
+        return await in_db_thread(self._concluded, request, answer, channel.channel)
 
-    def _concluded(self, request: ConsentRequest, answer: Answer | None, in_band: bool) -> Decision:
-        """What a person's answer (or its absence) decides, recorded."""
+    def _concluded(self, request: ConsentRequest, answer: Answer | None, asked_on: Channel) -> Decision:
+        """What a person's answer (or its absence) decides, recorded; a timeout under the channel asked on."""
         if answer is not None and answer.origin is Origin.NO_ANSWER:
             self._record(request, answer, reason=Reason.CONSENT_NO_ANSWER)
             raise ConsentDeniedError(Reason.CONSENT_NO_ANSWER, _NO_ANSWER)
         if answer is None:
-            channel = Channel.ELICITATION if in_band else Channel.APPROVER
-            self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, channel), reason=Reason.CONSENT_TIMEOUT)
+            self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, asked_on), reason=Reason.CONSENT_TIMEOUT)
             raise ConsentDeniedError(Reason.CONSENT_TIMEOUT, _TIMED_OUT)
         return self._conclude(request, answer, None)
 

@@ -295,7 +295,7 @@ def _denied_at_the_approver(
 
 
 def test_the_consoles_deny_is_the_same_with_progress_on(gateway: GatewayHome, open_session: SessionFactory) -> None:
-    """The console's Deny goes through `ConsentStore.decide`, as this test calls it."""
+    """The console's Deny is `ConsentStore.decide` (through gateway/consent/actions.py), as this test calls it."""
     for era in ("", MODERN):
         session = open_session(gateway, initialize=era != MODERN)
         for decision, reason in (
