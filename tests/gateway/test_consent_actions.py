@@ -1,20 +1,22 @@
 """One decide and one revoke for every front end (gateway/consent/actions.py): the same question decided
-through the terminal approver and through the console's route, and the same grant revoked through
-`consent revoke` and the console's route, leave the same row and the same event, the front end named
-in it. Real database (SQLite file of a gateway home), the approver through its own loop, the console's
-routes through its ASGI app in process."""
+through the terminal approver (its loop in process, and `mcp-gateway approvals` in a pty) and through
+the console's route, and the same grant revoked through `consent revoke` and the console's route, leave
+the same row and the same event, the front end named in it. Real database (SQLite file of a gateway
+home); the console's routes through its ASGI app in process."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import io
+import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pexpect
 import pytest
 
 from gateway.approvals import Approver, approver_name
@@ -31,10 +33,10 @@ from gateway.policy_trust import policy_for
 from gateway.services import open_stores
 from gateway.tools.registry import TOOL_NAMES
 from tests.fakes import FakeClock, PressedKeys
-from tests.harness import ConsentDesk, GatewayHome
+from tests.harness import ConsentDesk, GatewayHome, as_approver, shows_request
 
 QUESTION = PendingRequest(
-    id="q-1",
+    id="q1",
     created_at=0.0,
     expires_at=0.0,
     session_id="s-1",
@@ -62,6 +64,19 @@ def through_the_approver(home: GatewayHome, clock: FakeClock, key: str) -> str:
     desk = ConsentDesk.on(home.engine, clock)
     Approver(desk, keys, io.StringIO(), locale="en-US", who="approvals:ada@host").run()  # type: ignore[arg-type]  # a fake for approvals.Keys
     return "approvals:ada@host"
+
+
+def through_the_terminal(home: GatewayHome, clock: FakeClock, key: str) -> str:
+    """Decide it with one key in a real `mcp-gateway approvals`, in a pty (its own clock: the wall's)."""
+    argv = home.cli_argv("approvals")
+    approver = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=60, dimensions=(50, 200)))
+    try:
+        assert shows_request(approver) == QUESTION.id
+        approver.send(key)
+        approver.expect({"1": "ALLOW_ONCE", "4": "DENY_ALWAYS"}[key])
+    finally:
+        approver.terminate(force=True)
+    return approver_name()
 
 
 def post(console: Console, path: str, form: dict[str, str], cookie: str) -> int:
@@ -140,6 +155,7 @@ def through_the_console(home: GatewayHome, clock: FakeClock, key: str) -> str:
 
 FRONT_ENDS: dict[str, tuple[Callable[[GatewayHome, FakeClock, str], str], str, str]] = {
     "approver": (through_the_approver, "APPROVER_DECISION", "approver"),
+    "approvals in a pty": (through_the_terminal, "APPROVER_DECISION", "approver"),
     "console": (through_the_console, "CONSOLE_DECISION", "console"),
 }
 
@@ -153,7 +169,7 @@ def events(home: GatewayHome, *kinds: str) -> list[dict[str, Any]]:
 def test_a_decision_through_each_front_end_leaves_the_same_row_and_event(
     home: GatewayHome, front_end: str, key: str, decision: str
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(time.time())  # the question must be open by the wall clock too: the pty's approver reads it
     decide, event_type, channel = FRONT_ENDS[front_end]
     store = ConsentStore(home.engine)
     store.insert_request(dataclasses.replace(QUESTION, created_at=clock.now(), expires_at=clock.now() + 60))
@@ -170,25 +186,29 @@ def test_a_decision_through_each_front_end_leaves_the_same_row_and_event(
     assert event["detail"] == {"decision": decision, "decided_by": who, "recorded": True, "channel": channel}
 
 
-@pytest.mark.parametrize("front_end", FRONT_ENDS)
-def test_a_decision_that_came_second_is_on_record_as_not_counted(home: GatewayHome, front_end: str) -> None:
+@pytest.mark.parametrize(
+    ("first", "second", "event_type"),
+    [
+        (Actor("console:bob", Channel.CONSOLE), Actor("approvals:ada@host", Channel.APPROVER), "APPROVER_DECISION"),
+        (Actor("approvals:bob@host", Channel.APPROVER), Actor("console:ada", Channel.CONSOLE), "CONSOLE_DECISION"),
+    ],
+    ids=["approver second", "console second"],
+)
+def test_a_decision_that_came_second_is_on_record_as_not_counted(
+    home: GatewayHome, first: Actor, second: Actor, event_type: str
+) -> None:
     clock = FakeClock()
     store = ConsentStore(home.engine)
     store.insert_request(dataclasses.replace(QUESTION, created_at=clock.now(), expires_at=clock.now() + 60))
-    first = (
-        Actor("console:bob", Channel.CONSOLE) if front_end == "approver" else Actor("approvals:b@h", Channel.APPROVER)
-    )
     assert decide_question(ConsentDesk.on(home.engine, clock), QUESTION.id, Decision.DENY_ONCE, first)
-    _, event_type, channel = FRONT_ENDS[front_end]
 
-    second = Actor(f"{channel}:ada", Channel(channel))
     assert not decide_question(ConsentDesk.on(home.engine, clock), QUESTION.id, Decision.ALLOW_ONCE, second)
 
     row = store.fetch_request(QUESTION.id)
     assert row is not None and (row.decision, row.decided_by) == ("DENY_ONCE", first.name)
     (event,) = events(home, event_type)
-    assert event["detail"] == {"decision": "ALLOW_ONCE", "decided_by": f"{channel}:ada", "recorded": False,
-                               "channel": channel}  # fmt: skip
+    assert event["detail"] == {"decision": "ALLOW_ONCE", "decided_by": second.name, "recorded": False,
+                               "channel": str(second.channel)}  # fmt: skip
 
 
 def test_only_a_front_end_that_decides_questions_may_decide_one(home: GatewayHome) -> None:
