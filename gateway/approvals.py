@@ -1,4 +1,4 @@
-"""`mcp-gateway approvals` (spec sections 3 and 7): a terminal approver for questions waiting in the database.
+"""`mcp-gateway approvals` (docs/consent.md, "The terminal approver"): questions waiting in the database, answered.
 
 A gateway whose client cannot elicit leaves its question in `consent_requests`; this loop
 shows each one (tool, server, user, workspace, risk, the arguments or preview, time left) with
@@ -28,9 +28,9 @@ import tty
 from collections.abc import Collection, Iterator, Mapping
 from typing import TextIO
 
-from gateway.clock import Clock
+from gateway.consent.actions import Actor, ConsentStores, decide_question
 from gateway.consent.stage import Decision
-from gateway.consent.store import ConsentStore, PendingRequest
+from gateway.consent.store import Channel, PendingRequest, QuestionStatus
 from gateway.consent.text import copy_for, cut_notice
 from gateway.liveness import SessionStore, is_gone, this_process
 from gateway.visible import Excerpt, excerpt, visible
@@ -59,7 +59,7 @@ def actions_for(destructive: bool, offered: Collection[str] | None = None) -> tu
 
 
 def default_for(destructive: bool, cut: bool = False, offered: Collection[str] | None = None) -> Decision:
-    """What Enter chooses: the least commitment (seed 000 R3); Deny once where the tool is
+    """What Enter chooses: the least commitment (decision 40); Deny once where the tool is
     destructive, the request was not shown whole, or Allow once is not offered."""
     allow_once = offered is None or Decision.ALLOW_ONCE in offered
     return Decision.DENY_ONCE if destructive or cut or not allow_once else Decision.ALLOW_ONCE
@@ -178,8 +178,7 @@ class Keys:
 class Approver:
     def __init__(
         self,
-        store: ConsentStore,
-        clock: Clock,
+        stores: ConsentStores,
         keys: Keys,
         out: TextIO,
         *,
@@ -187,14 +186,15 @@ class Approver:
         who: str | None = None,
         sessions: SessionStore | None = None,
     ) -> None:
-        self._store = store
+        self._stores = stores
+        self._store = stores.consent_store
         self._sessions = sessions
         self._here = this_process()
-        self._clock = clock
+        self._clock = stores.clock
         self._keys = keys
         self._out = out
         self._locale = locale
-        self._who = who or approver_name()
+        self._who = Actor(who or approver_name(), Channel.APPROVER)
 
     def run(self) -> int:
         """Answer questions until `q`, Ctrl-C or the end of input."""
@@ -225,7 +225,7 @@ class Approver:
             key = self._keys.read(min(left, 1.0))
             if key is None:
                 current = self._store.fetch_request(request.id)
-                if current is None or current.status != "pending":
+                if current is None or current.status != QuestionStatus.PENDING:
                     self._say("  -> no longer waiting: decided elsewhere or withdrawn")
                     return True
                 continue
@@ -243,7 +243,7 @@ class Approver:
                 continue
             if self._asker_gone(request):
                 self._say("  -> not recorded: the gateway that asked is gone, nobody would act on it")
-            elif self._store.decide(request.id, decision.value, self._who, self._clock.now()):
+            elif decide_question(self._stores, request.id, decision, self._who):
                 self._say(f"  -> {decision.value} ({copy[decision.value]})")
             else:
                 self._say("  -> not recorded: another approver decided first, or it expired")
@@ -263,6 +263,6 @@ class Approver:
 
 
 def run_approvals(
-    store: ConsentStore, clock: Clock, locale: str, stdin: TextIO | None = None, sessions: SessionStore | None = None
+    stores: ConsentStores, locale: str, stdin: TextIO | None = None, sessions: SessionStore | None = None
 ) -> int:
-    return Approver(store, clock, Keys(stdin or sys.stdin), sys.stdout, locale=locale, sessions=sessions).run()
+    return Approver(stores, Keys(stdin or sys.stdin), sys.stdout, locale=locale, sessions=sessions).run()

@@ -48,6 +48,8 @@ class EventType(StrEnum):
     """A sign-in to the web console, accepted or refused (detail.ok, detail.reason)."""
     CONSOLE_DECISION = "CONSOLE_DECISION"
     """A consent decision given in the web console (detail.recorded: whether it was the one that counted)."""
+    APPROVER_DECISION = "APPROVER_DECISION"
+    """The same, given in the terminal approver, `mcp-gateway approvals` (gateway/consent/actions.py)."""
 
 
 @dataclass(frozen=True, slots=True)

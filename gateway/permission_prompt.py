@@ -42,6 +42,7 @@ from gateway.calls import KIND_QUESTION, Moved, Opened, outcome_content
 from gateway.canonical import args_hash
 from gateway.consent.grant_scope import absolute_spellings
 from gateway.consent.stage import (
+    OUT_OF_BAND,
     Answer,
     ConsentProfile,
     ConsentRequest,
@@ -50,6 +51,7 @@ from gateway.consent.stage import (
     consent_profile,
     decision_event,
 )
+from gateway.consent.store import Channel
 from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, GatewayError, InternalError, InvalidParamsError, Reason
 from gateway.pipeline import caller_of
@@ -383,7 +385,7 @@ class PermissionPrompt:
     def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
         allow = judged.verdict == "allow"
         request = _request(entry, asker, use)
-        answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, "rules")
+        answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, Channel.RULES)
         if allow:
             text = allow_answer(use.tool_input)
         elif judged.unreadable is not None:
@@ -410,7 +412,7 @@ class PermissionPrompt:
         )
         append = self.s.audit.append
         try:
-            decision = await self.s.consent.require(request, None, progress)
+            decision = await self.s.consent.require(request, OUT_OF_BAND, progress)
         except ConsentDeniedError as exc:
             denied = deny_answer(exc.public_message())
             card = self._moved(entry, "done", denied)

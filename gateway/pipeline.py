@@ -41,7 +41,8 @@ from gateway.calls import Moved, Opened, outcome_content
 from gateway.canonical import args_hash, is_text
 from gateway.consent.grant_scope import workspace_spellings
 from gateway.consent.stage import (
-    ConsentAsker,
+    OUT_OF_BAND,
+    ConsentChannel,
     ConsentRequest,
     InputRequired,
     RoundTrip,
@@ -166,7 +167,7 @@ class _Walk:
     trail: _Trail | None = None
     """The call's audit trail; None in a dry run."""
     token: object = None
-    asker: ConsentAsker | RoundTrip | None = None
+    asker: ConsentChannel = OUT_OF_BAND
     progress: CallProgress = NO_PROGRESS
     user: str | None = None
     """A dry run's user (no token is involved)."""
@@ -237,9 +238,7 @@ class Pipeline:
             stage.dry(self, walk)
         return walk.admitted
 
-    async def call(
-        self, request: CallRequest, asker: ConsentAsker | RoundTrip | None = None
-    ) -> tuple[str, ToolOutcome]:
+    async def call(self, request: CallRequest, asker: ConsentChannel = OUT_OF_BAND) -> tuple[str, ToolOutcome]:
         """Run a call through every stage; return (run_id, outcome) or raise GatewayError with data.run_id."""
         run_id = self.s.new_run_id()
         try:

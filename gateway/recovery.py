@@ -48,7 +48,7 @@ from gateway import db
 from gateway.audit import EventDraft, EventType
 from gateway.calls import Moved
 from gateway.consent.stage import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
-from gateway.consent.store import IN_DIALOG, ConsentStore, PendingRequest
+from gateway.consent.store import Channel, ConsentStore, PendingRequest, QuestionStatus
 from gateway.db.errors import cause_name
 from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason, StorageUnavailableError
@@ -306,7 +306,7 @@ def _close_question(
 ) -> bool:
     if not questions.abandon(question.id, now):
         return False  # decided or closed first
-    nobody = Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "approver", no_answer=GATEWAY_LOST)
+    nobody = Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.APPROVER, no_answer=GATEWAY_LOST)
     decided = decision_event(_asked(question), nobody, Reason.CONSENT_NO_ANSWER)
     blocked = {"status": "abandoned", "reason": GATEWAY_LOST}
     try:
@@ -376,7 +376,7 @@ def _close_call(services: Stores, calls: OpenCalls, call: OpenCall) -> bool:
     # A dialog its dead gateway had open in the client is over: its place under the user's cap of
     # open questions is given back now, not when the question would have expired.
     with contextlib.suppress(StorageUnavailableError):
-        services.consent_store.expire(call.run_id, services.clock.now(), IN_DIALOG)
+        services.consent_store.expire(call.run_id, services.clock.now(), QuestionStatus.IN_DIALOG)
     log.warning(
         "call %s (user %s, tool %s) was left %s by gateway session %s, which died: closed as abandoned",
         call.run_id,

@@ -27,7 +27,17 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
 from gateway.auth import TOKEN_ENV, EnvToken, env_token
-from gateway.consent.stage import Decision, InputRequired, NoAnswer, RoundTrip, decision_from_form, decision_schema
+from gateway.consent.stage import (
+    OUT_OF_BAND,
+    ConsentChannel,
+    Decision,
+    Dialog,
+    InputRequired,
+    NoAnswer,
+    RoundTrip,
+    decision_from_form,
+    decision_schema,
+)
 from gateway.db.file_guard import FileGuard, guard_of
 from gateway.db.threads import in_db_thread, set_start_wait, start_wait_from
 from gateway.errors import GatewayError, InternalError, InvalidParamsError, Reason
@@ -159,20 +169,19 @@ class ElicitationAsker:
         return decision_from_form(result.action, result.content, choices)
 
 
-def asker_for(
-    ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams | None = None
-) -> ElicitationAsker | RoundTrip | None:
-    """How to ask the person behind this client: in-band where it declared form elicitation, else None
-    (the question then waits for `mcp-gateway approvals`). 2025-era sessions get `elicitation/create`;
-    2026-07-28 sessions, which have no server-to-client requests, an `input_required` round trip."""
+def asker_for(ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams | None = None) -> ConsentChannel:
+    """How to ask the person behind this client: in band where it declared form elicitation, else
+    `OUT_OF_BAND` (the question then waits for `mcp-gateway approvals` or the console). 2025-era sessions
+    get `elicitation/create`; 2026-07-28 sessions, which have no server-to-client requests, an
+    `input_required` round trip."""
     if not _can_elicit_form(ctx):
-        return None
+        return OUT_OF_BAND
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         answer = (params.input_responses or {}).get("consent") if params is not None else None
         if isinstance(answer, types.ElicitResult):
             return RoundTrip(answer.action, answer.content, params.request_state if params else None)
         return RoundTrip(state=params.request_state if params else None)
-    return ElicitationAsker(ctx)
+    return Dialog(ElicitationAsker(ctx))
 
 
 def progress_of(ctx: ServerRequestContext[Any, Any]) -> CallProgress:

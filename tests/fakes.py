@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from gateway.clock import RunId
 from sandbox.confine import LayerReport
@@ -51,3 +52,17 @@ FAKE_HOST = LayerReport(
     ipc_namespace=True,
 )
 """A host with every layer of every backend: stage 7 passes without probing the machine the tests run on."""
+
+
+class PressedKeys:
+    """Key presses for the terminal approver (gateway/approvals.py `Keys`), from a list; then the end of input."""
+
+    def __init__(self, *keys: str) -> None:
+        self.keys = list(keys)
+
+    @contextmanager
+    def reading(self) -> Iterator[PressedKeys]:
+        yield self
+
+    def read(self, timeout_s: float) -> str | None:
+        return self.keys.pop(0) if self.keys else ""

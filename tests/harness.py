@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import yaml
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 
 from gateway.audit import AuditLog, verify_chain
 from gateway.auth import ensure_keys, issue_token, load_keyring
-from gateway.clock import SystemClock, new_token_id
+from gateway.clock import Clock, SystemClock, new_token_id
+from gateway.consent.store import ConsentStore
 from gateway.db import make_engine, migrate
 from gateway.settings import Settings
 from gateway.users import UserStore
@@ -53,6 +54,30 @@ def modern_meta(capabilities: Mapping[str, Any] = FORM_ELICITATION) -> dict[str,
 
 if TYPE_CHECKING:
     import pexpect
+
+
+@dataclass(frozen=True)
+class ConsentDesk:
+    """The real stores a consent action writes to (gateway/consent/actions.py `ConsentStores`), on a
+    test's engine and clock."""
+
+    consent_store: ConsentStore
+    audit: AuditLog
+    clock: Clock
+
+    @classmethod
+    def on(cls, engine: Engine, clock: Clock) -> ConsentDesk:
+        return cls(ConsentStore(engine), AuditLog(engine, clock), clock)
+
+
+PERSONS_ACTS = frozenset({"APPROVER_DECISION", "CONSOLE_DECISION"})
+"""A person's decision through a front end (gateway/consent/actions.py): filed under the call's run_id, but
+written by the approver or the console, in no fixed order with the call's own events."""
+
+
+def without_acts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A call's own events: its trail without the acts of the people who answered it (`PERSONS_ACTS`)."""
+    return [e for e in events if e["event_type"] not in PERSONS_ACTS]
 
 
 def wipe_postgres(url: str) -> None:

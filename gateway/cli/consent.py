@@ -1,4 +1,4 @@
-"""The consent commands (spec sections 3 and 7): `consent list|grant|revoke` and `approvals`."""
+"""`consent list|grant|revoke` and `approvals` (docs/consent.md, "Reviewing and pre-approving")."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import json
 import sys
 
 from gateway.approvals import approver_name, run_approvals
-from gateway.audit import EventDraft, EventType
 from gateway.canonical import args_hash
 from gateway.cli.values import json_object_arg, lifetime_arg
 from gateway.clock import iso_utc
+from gateway.consent.actions import Actor, revoke_grant
 from gateway.consent.grant_scope import normal_grant_arguments
 from gateway.consent.stage import (
-    CLI_CHANNEL,
     UNKNOWN_CHANNEL,
     Answer,
     ConsentProfile,
@@ -27,7 +26,7 @@ from gateway.consent.stage import (
     grant_expiry,
     lasting_allow_channels,
 )
-from gateway.consent.store import Grant, GrantDecision
+from gateway.consent.store import Channel, Grant, GrantDecision
 from gateway.errors import CommandError
 from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_path_arguments, agent_tool_consent
 from gateway.policy_trust import policy_for
@@ -126,7 +125,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         granted_at=now,
         expires_at=expires_at,
         granted_by=f"cli:{approver_name().removeprefix('approvals:')}",
-        channel=CLI_CHANNEL,
+        channel=Channel.CLI,
         arguments=covered,
     )
     grant_id = s.consent_store.insert_grant(grant)
@@ -136,7 +135,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
         run_id="", user=record.name, workspace=workspace, server_id=server_id, tool_name=args.tool,
         args_hash="", arguments={}, risk=tier,
     )  # fmt: skip
-    answer = Answer(decision, Origin.POLICY, CLI_CHANNEL, decided_by=grant.granted_by)
+    answer = Answer(decision, Origin.POLICY, Channel.CLI, decided_by=grant.granted_by)
     event = decision_event(about, answer, extra={"grant_id": grant_id, "expires_at": expires_at})
     s.audit.append(dataclasses.replace(event, run_id=None, args_hash=hashed))
     until = iso_utc(expires_at) if expires_at is not None else "revoked"
@@ -159,19 +158,9 @@ def _grant_target(s: Services, tool: str, agent: bool) -> tuple[str, ConsentProf
 
 def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
     s = open_services(settings)
-    revoked = s.consent_store.revoke_grant(args.grant_id, s.clock.now())
+    revoked = revoke_grant(s, args.grant_id, Actor(approver_name(), Channel.CLI))
     if revoked is None:
         raise CommandError(f"no stored decision {args.grant_id} (or it is revoked already)")
-    s.audit.append(
-        EventDraft(
-            EventType.CONSENT_REVOKED,
-            user=revoked.user,
-            workspace=revoked.workspace,
-            tool_name=revoked.tool_name,
-            args_hash=revoked.args_hash,
-            detail={"grant_id": revoked.id, "decision": revoked.decision, "revoked_by": approver_name()},
-        )
-    )
     print(f"revoked {revoked.id} ({revoked.decision} for {revoked.user} / {revoked.tool_name})", file=sys.stderr)
     return 0
 
@@ -179,4 +168,4 @@ def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_approvals(settings: Settings, _args: argparse.Namespace) -> int:
     locale = policy_for(settings, TOOL_NAMES).consent.locale
     stores = open_stores(settings)
-    return run_approvals(stores.consent_store, stores.clock, locale, sessions=stores.sessions)
+    return run_approvals(stores, locale, sessions=stores.sessions)

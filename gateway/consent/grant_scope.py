@@ -1,4 +1,4 @@
-"""How far a stored decision for particular arguments reaches (spec section 7): allow narrowly, deny widely.
+"""How far a stored decision for particular arguments reaches (decision 44): allow narrowly, deny widely.
 
 An Allow always made for some arguments answers those very arguments only (their `args_hash`).
 A Deny always made for some arguments answers every call it could be about:

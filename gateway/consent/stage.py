@@ -1,9 +1,9 @@
-"""Stage 8 of the pipeline (spec section 7): a person's decision before a write tool runs.
+"""Stage 8 of the pipeline (docs/consent.md): a person's decision before a write tool runs.
 
 In order: a stored decision for (user, workspace, server, tool[, args]) that is unexpired and
 made for this very tool definition (its fingerprint) answers at once, Deny before Allow; then
 an "allow for the session" of this stdio session; then `consent.mode: deny` refuses; then a
-person is asked: through the client's elicitation when it declared it (`ConsentAsker`), or
+person is asked through a `ConsentChannel`: the client's elicitation when it declared it, or
 else out of band, the question waiting in the database for `mcp-gateway approvals` (several
 gateways and approvers may share it; each question is decided once). No answer before
 `consent.timeout_s` is a deny. Every decision, stored ones included, is audited as
@@ -37,7 +37,7 @@ from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
 from gateway.consent.grant_scope import deny_covers
-from gateway.consent.store import IN_DIALOG, ConsentStore, Grant, GrantDecision, PendingRequest
+from gateway.consent.store import Channel, ConsentStore, Grant, GrantDecision, PendingRequest, QuestionStatus
 from gateway.consent.text import prompt_for, redacted_preview
 from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason
@@ -79,7 +79,8 @@ class Origin(StrEnum):
 
 
 def risk_tier(annotations: Mapping[str, Any] | None, trusted: bool, declared: object = None) -> RiskTier:
-    """Spec section 7, with the MCP defaults for missing hints (destructive, open world).
+    """The tier (docs/consent.md, "Risk tiers and expiry"), with the MCP defaults for missing hints (destructive,
+    open world).
 
     `declared` is the server's own tier from the tool's `_meta`; it wins when it is a tier.
     """
@@ -105,7 +106,7 @@ def is_destructive(annotations: Mapping[str, Any] | None) -> bool:
 
 
 def tool_fingerprint(name: str, input_schema: Mapping[str, Any], annotations: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of the tool's name, inputSchema and annotations (spec section 7)."""
+    """sha256 of the canonical JSON of the tool's name, inputSchema and annotations (docs/consent.md, "The flow")."""
     document = {"name": name, "inputSchema": dict(input_schema), "annotations": dict(annotations)}
     return hashlib.sha256(canonical_json(document).encode()).hexdigest()
 
@@ -150,19 +151,17 @@ def choices_for(destructive: bool, permitted: Collection[str] | None = None) -> 
     return every if permitted is None else tuple(d for d in every if d in permitted)
 
 
-UNKNOWN_CHANNEL = "elicitation"
+UNKNOWN_CHANNEL = Channel.ELICITATION
 """How a grant whose channel was never recorded is read: as made in band, the least trusted channel."""
-CLI_CHANNEL = "cli"
-"""`mcp-gateway consent grant`: whoever runs it holds the state folder and the database already."""
 
 
 def lasting_allow_channels(channels: Mapping[str, Collection[str]]) -> frozenset[str]:
     """The channels whose stored Allow always counts: those the policy lets answer Allow always, and the CLI."""
-    return frozenset({CLI_CHANNEL, *(name for name, answers in channels.items() if Decision.ALLOW_ALWAYS in answers)})
+    return frozenset({Channel.CLI, *(name for name, answers in channels.items() if Decision.ALLOW_ALWAYS in answers)})
 
 
 def pick_grant(
-    grants: Sequence[Grant], now: float, request: ConsentRequest, allow_from: Collection[str] = (CLI_CHANNEL,)
+    grants: Sequence[Grant], now: float, request: ConsentRequest, allow_from: Collection[str] = (Channel.CLI,)
 ) -> Grant | None:
     """The stored decision that answers this call: unrevoked, unexpired, made for this tool definition,
     and covering the call. A Deny covers any arguments, or those it was made for by meaning (every
@@ -244,8 +243,8 @@ class ConsentRequest:
 
 
 def decision_schema(choices: tuple[Decision, ...]) -> dict[str, Any]:
-    """The form (spec section 7): one required string field `decision`, the choices as its enum;
-    when they start with a deny (`deny_first`), that is the field's default."""
+    """The form (docs/consent.md, "The prompt (elicitation)"): one required string field `decision`, the
+    choices as its enum; when they start with a deny (`deny_first`), that is the field's default."""
     field: dict[str, Any] = {"type": "string", "title": "Decision", "enum": [c.value.lower() for c in choices]}
     if choices and not choices[0].allows:
         field["default"] = choices[0].value.lower()
@@ -272,18 +271,81 @@ class NoAnswer:
     invalid_answer: a response that is not an elicitation result."""
 
 
+class ConsentChannel(Protocol):
+    """A way of asking a person about a call (docs/consent.md, "The flow"), one of three: `Dialog` (the
+    client's own form, `elicitation/create`), `RoundTrip` (a 2026-07-28 client: the question goes back
+    with the result, the answer comes with the retry) and `OUT_OF_BAND` (a question in the database for
+    the terminal approver or the console). The stage picks the choices and the fallback; the channel asks."""
+
+    @property
+    def channel(self) -> Channel:
+        """Whose answers `consent.channels` limits, and the channel a timeout is recorded under: in band
+        (`elicitation`) or out of band (`approver`). An in-band channel the policy lets answer nothing
+        falls back to `OUT_OF_BAND`."""
+        ...
+
+    @property
+    def waits(self) -> bool:
+        """Whether the stage waits here for the answer (and tells the client so: gateway/progress.py)."""
+        ...
+
+    async def ask(self, stage: ConsentStage, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        """The person's answer among `choices`; None when nobody answered in time."""
+        ...
+
+
 class ConsentAsker(Protocol):
-    """A channel to the person behind the client. Returns their decision, None for decline/cancel,
-    or NoAnswer when nobody answered (the client went away or failed the question)."""
+    """The person behind the client, asked through its form (gateway/server.py `ElicitationAsker`). Returns
+    their decision, None for decline/cancel, or NoAnswer when nobody answered (the client went away or
+    failed the question)."""
 
     async def ask(self, message: str, choices: tuple[Decision, ...]) -> Decision | NoAnswer | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Dialog:
+    """A 2025-era client that declared form elicitation: the stage asks it with `elicitation/create` and
+    waits for its answer, the question stored `in_dialog` meanwhile."""
+
+    client: ConsentAsker
+
+    @property
+    def channel(self) -> Channel:
+        return Channel.ELICITATION
+
+    @property
+    def waits(self) -> bool:
+        return True
+
+    async def ask(self, stage: ConsentStage, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        return await stage.ask_in_dialog(request, self.client, choices)
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfBand:
+    """A client that cannot elicit (or may not answer): the question waits in the database for the
+    terminal approver or the console, each question decided once (gateway/consent/actions.py)."""
+
+    @property
+    def channel(self) -> Channel:
+        return Channel.APPROVER
+
+    @property
+    def waits(self) -> bool:
+        return True
+
+    async def ask(self, stage: ConsentStage, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        return await stage.ask_out_of_band(request, choices)
+
+
+OUT_OF_BAND = OutOfBand()
 
 
 @dataclass(frozen=True, slots=True)
 class RoundTrip:
     """A 2026-07-28 client that declared elicitation: no server-to-client requests exist, so the
     question goes back as an `input_required` result and the answer comes with the client's retry
-    of the same call (`input_responses["consent"]`, the echoed `request_state`)."""
+    of the same call (`input_responses["consent"]`, the echoed `request_state`). Nothing waits here."""
 
     action: str | None = None
     """The retry's answer: accept, decline or cancel; None on the first round."""
@@ -293,6 +355,17 @@ class RoundTrip:
     on_question: Callable[[str], None] | None = None
     """Told the question's id once the retry's answer is found to be its own (this very call's, and the
     first to answer it): from then on the retry moves the first round's card, and opens none."""
+
+    @property
+    def channel(self) -> Channel:
+        return Channel.ELICITATION
+
+    @property
+    def waits(self) -> bool:
+        return False
+
+    async def ask(self, stage: ConsentStage, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        return await in_db_thread(stage.ask_round_trip, request, self, choices)
 
 
 class InputRequired(Exception):
@@ -309,7 +382,7 @@ class InputRequired(Exception):
 class Answer:
     decision: Decision
     origin: Origin
-    channel: str
+    channel: Channel
     decided_by: str | None = None
     no_answer: str | None = None
     """With Origin.NO_ANSWER: why nobody answered (NoAnswer.why)."""
@@ -326,7 +399,7 @@ def decision_event(
         "risk_tier": request.risk,
         "origin": str(answer.origin),
         "server_id": request.server_id,
-        "channel": answer.channel,
+        "channel": str(answer.channel),
         **(extra or {}),
     }
     if answer.decided_by:
@@ -369,7 +442,7 @@ class ConsentStage:
         self._allow_from = lasting_allow_channels(policy.channels)
 
     async def require(
-        self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None, progress: CallProgress = NO_PROGRESS
+        self, request: ConsentRequest, channel: ConsentChannel, progress: CallProgress = NO_PROGRESS
     ) -> Decision:
         """Return the allowing decision, or record the denial and raise ConsentDeniedError.
 
@@ -377,10 +450,10 @@ class ConsentStage:
         stored = await in_db_thread(self._stored, request)
         if stored is not None:
             return stored
-        if isinstance(asker, RoundTrip):  # the client asks and calls again: nothing waits here
-            return await self._asked(request, asker)
+        if not channel.waits:  # the round trip: the client asks and calls again
+            return await self._asked(request, channel)
         deadline = time.monotonic() + self._policy.timeout_s
-        where = "in your client's dialog" if self._in_band(asker) else "with `mcp-gateway approvals` or the console"
+        where = "in your client's dialog" if self._in_band(channel) else "with `mcp-gateway approvals` or the console"
 
         def describe() -> str:
             return (
@@ -389,69 +462,73 @@ class ConsentStage:
             )
 
         async with progress.waiting(describe):
-            return await self._asked(request, asker)
+            return await self._asked(request, channel)
 
     def _stored(self, request: ConsentRequest) -> Decision | None:
         """A stored grant or this session's allow decides (raising if it denies); None: a person must."""
         grants = self._store.fetch_grants(request.user, request.workspace, request.server_id, request.tool_name)
         grant = pick_grant(grants, self._clock.now(), request, self._allow_from)
         if grant is not None:
-            answer = Answer(lasting_decision(grant.decision), Origin.CACHE_HIT, "stored", grant.granted_by)
+            answer = Answer(lasting_decision(grant.decision), Origin.CACHE_HIT, Channel.STORED, grant.granted_by)
             return self._conclude(request, answer, grant)
         if self._session_key(request) in self._session_allows:
-            return self._conclude(request, Answer(Decision.ALLOW_SESSION, Origin.CACHE_HIT, "session"), None)
+            return self._conclude(request, Answer(Decision.ALLOW_SESSION, Origin.CACHE_HIT, Channel.SESSION), None)
         if self._policy.mode == "deny":
-            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, "policy"), reason=Reason.CONSENT_MODE_DENY)
+            self._record(
+                request, Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.POLICY), reason=Reason.CONSENT_MODE_DENY
+            )
             raise ConsentDeniedError(Reason.CONSENT_MODE_DENY, _REFUSED_BY_POLICY)
         return None
 
-    async def _asked(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Decision:
-        answer = await self._ask(request, asker)
-        return await in_db_thread(self._concluded, request, answer, self._in_band(asker))
+    async def _asked(self, request: ConsentRequest, channel: ConsentChannel) -> Decision:
+        """The person's answer, through `channel` if the policy lets it answer, else out of band;
+        then what it decides (`_concluded`)."""
+        if not self._in_band(channel):
+            channel = OUT_OF_BAND
+        answer = await channel.ask(
+            self, request, choices_for(request.destructive, self._policy.channels.get(channel.channel))
+        )
+        return await in_db_thread(self._concluded, request, answer, channel.channel)
 
-    def _concluded(self, request: ConsentRequest, answer: Answer | None, in_band: bool) -> Decision:
-        """What a person's answer (or its absence) decides, recorded."""
+    def _concluded(self, request: ConsentRequest, answer: Answer | None, asked_on: Channel) -> Decision:
+        """What a person's answer (or its absence) decides, recorded; a timeout under the channel asked on."""
         if answer is not None and answer.origin is Origin.NO_ANSWER:
             self._record(request, answer, reason=Reason.CONSENT_NO_ANSWER)
             raise ConsentDeniedError(Reason.CONSENT_NO_ANSWER, _NO_ANSWER)
         if answer is None:
-            channel = "elicitation" if in_band else "approver"
-            self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, channel), reason=Reason.CONSENT_TIMEOUT)
+            self._record(request, Answer(Decision.DENY_ONCE, Origin.TIMEOUT, asked_on), reason=Reason.CONSENT_TIMEOUT)
             raise ConsentDeniedError(Reason.CONSENT_TIMEOUT, _TIMED_OUT)
         return self._conclude(request, answer, None)
 
-    async def _ask(self, request: ConsentRequest, asker: ConsentAsker | RoundTrip | None) -> Answer | None:
-        """The person's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client went away
-        or failed the question; None when nobody answered in time."""
-        if asker is None or not self._in_band(asker):
-            approver = choices_for(request.destructive, self._policy.channels.get("approver"))
-            return await self._ask_out_of_band(request, approver)
-        choices = choices_for(request.destructive, self._policy.channels.get("elicitation"))
-        if isinstance(asker, RoundTrip):
-            return await in_db_thread(self._round_trip, request, asker, choices)
+    async def ask_in_dialog(
+        self, request: ConsentRequest, client: ConsentAsker, choices: tuple[Decision, ...]
+    ) -> Answer | None:
+        """`Dialog`: the client's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client
+        went away or failed the question; None when nobody answered in time."""
         prompt = prompt_for(request, self._policy.locale)
-        # Stored while the dialog is open, so it counts in the cap of open questions (issue 26, item 15).
+        # Stored while the dialog is open, so it counts in the cap of open questions (decision 70).
         question = self._question(request, request.run_id, self._clock.now(), choices)
-        await in_db_thread(self._open, request, question, "elicitation", IN_DIALOG)
+        await in_db_thread(self._open, request, question, Channel.ELICITATION, QuestionStatus.IN_DIALOG)
         try:
             with anyio.move_on_after(self._policy.timeout_s):
-                decision = await asker.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
+                decision = await client.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
                 if isinstance(decision, NoAnswer):
-                    return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "elicitation", no_answer=decision.why)
+                    return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.ELICITATION, no_answer=decision.why)
                 offered = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
-                return Answer(offered, Origin.USER_PROMPT, "elicitation")
+                return Answer(offered, Origin.USER_PROMPT, Channel.ELICITATION)
             return None
         finally:
             with anyio.CancelScope(shield=True):
-                await in_db_thread(self._store.expire, request.run_id, self._clock.now(), IN_DIALOG)
+                await in_db_thread(self._store.expire, request.run_id, self._clock.now(), QuestionStatus.IN_DIALOG)
 
-    def _in_band(self, asker: ConsentAsker | RoundTrip | None) -> bool:
+    def _in_band(self, channel: ConsentChannel) -> bool:
         """Whether the client answers: it declared elicitation, and the policy lets elicitation answer."""
-        return asker is not None and bool(self._policy.channels.get("elicitation"))
+        return channel.channel is Channel.ELICITATION and bool(self._policy.channels.get(Channel.ELICITATION))
 
-    def _round_trip(self, request: ConsentRequest, trip: RoundTrip, choices: tuple[Decision, ...]) -> Answer | None:
-        """First round: store the question and ask for a retry. Retry: the question it answers must be
-        this very call's (user, workspace, tool, arguments), still open, and is closed by this answer.
+    def ask_round_trip(self, request: ConsentRequest, trip: RoundTrip, choices: tuple[Decision, ...]) -> Answer | None:
+        """`RoundTrip`, in a database thread. First round: store the question and ask for a retry. Retry: the
+        question it answers must be this very call's (user, workspace, tool, arguments), still open, and is
+        closed by this answer.
 
         `request_state` is only the question's id, 128 random bits: what it stands for is in the
         database, so a forged, replayed, stale or transplanted state finds nothing to answer.
@@ -462,7 +539,12 @@ class ConsentStage:
             # The question's id is this round's run_id, as an approver's question's is its call's: the
             # retry that answers it continues this round's card. Like any run_id, 128 random bits.
             state = request.run_id
-            self._open(request, self._question(request, state, now, choices), "elicitation", "awaiting_client")
+            self._open(
+                request,
+                self._question(request, state, now, choices),
+                Channel.ELICITATION,
+                QuestionStatus.AWAITING_CLIENT,
+            )
             raise InputRequired(prompt.text, decision_schema(deny_first(choices) if prompt.cut else choices), state)
         row = self._store.fetch_request(trip.state)
         same_call = row is not None and (row.user, row.workspace, row.tool_name, row.args_hash) == (
@@ -473,21 +555,27 @@ class ConsentStage:
         )
         if row is None or not same_call:
             self._record(
-                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason=Reason.CONSENT_STATE_INVALID
+                request,
+                Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.ELICITATION),
+                reason=Reason.CONSENT_STATE_INVALID,
             )
             raise ConsentDeniedError(Reason.CONSENT_STATE_INVALID, _STATE_INVALID)
         decision = decision_from_form(trip.action, trip.content, choices)
-        if not self._store.decide(trip.state, decision.value, f"client:{request.user}", now, waiting="awaiting_client"):
+        if not self._store.decide(
+            trip.state, decision.value, f"client:{request.user}", now, waiting=QuestionStatus.AWAITING_CLIENT
+        ):
             if row.expires_at <= now:
-                if row.status == "awaiting_client":  # a round's question nobody answered in time: its card
+                if row.status == QuestionStatus.AWAITING_CLIENT:  # a round's question nobody answered in time: its card
                     _answers(trip)
                 return None  # answered after consent.timeout_s: a timeout
             self._record(
-                request, Answer(Decision.DENY_ONCE, Origin.POLICY, "elicitation"), reason=Reason.CONSENT_STATE_INVALID
+                request,
+                Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.ELICITATION),
+                reason=Reason.CONSENT_STATE_INVALID,
             )
             raise ConsentDeniedError(Reason.CONSENT_STATE_INVALID, _STATE_INVALID)  # answered already: a replay
         _answers(trip)
-        return Answer(decision, Origin.USER_PROMPT, "elicitation")
+        return Answer(decision, Origin.USER_PROMPT, Channel.ELICITATION)
 
     def _question(
         self, request: ConsentRequest, question_id: str, now: float, choices: tuple[Decision, ...]
@@ -509,9 +597,11 @@ class ConsentStage:
             choices=tuple(c.value for c in choices),
         )
 
-    async def _ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+    async def ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
+        """`OUT_OF_BAND`: the decision an approver or the console stores for the question; None when none came
+        before `consent.timeout_s`."""
         question = self._question(request, request.run_id, self._clock.now(), choices)
-        await in_db_thread(self._open, request, question, "approver", "pending")
+        await in_db_thread(self._open, request, question, Channel.APPROVER, QuestionStatus.PENDING)
         pause, answer = _POLL_FIRST_S, None
         try:
             with anyio.move_on_after(self._policy.timeout_s):
@@ -529,7 +619,9 @@ class ConsentStage:
             return answer
         return await in_db_thread(self._answer_of, request.run_id, choices)
 
-    def _open(self, request: ConsentRequest, question: PendingRequest, channel: str, status: str) -> None:
+    def _open(
+        self, request: ConsentRequest, question: PendingRequest, channel: Channel, status: QuestionStatus
+    ) -> None:
         """Store the question, or record and raise the refusal when its user has too many open already."""
         try:
             self._store.insert_request(question, status=status)
@@ -539,12 +631,12 @@ class ConsentStage:
 
     def _answer_of(self, request_id: str, choices: tuple[Decision, ...]) -> Answer | None:
         row = self._store.fetch_request(request_id)
-        if row is None or row.status != "decided" or row.decision is None:
+        if row is None or row.status != QuestionStatus.DECIDED or row.decision is None:
             return None
         decision = Decision(row.decision) if row.decision in Decision.__members__ else Decision.DENY_ONCE
         if decision not in choices:
             decision = Decision.DENY_ONCE  # e.g. Allow always for a destructive tool: never granted
-        return Answer(decision, Origin.USER_PROMPT, "approver", row.decided_by)
+        return Answer(decision, Origin.USER_PROMPT, Channel.APPROVER, row.decided_by)
 
     def _conclude(self, request: ConsentRequest, answer: Answer, grant: Grant | None) -> Decision:
         """Store what lasts, audit the decision, and raise unless it allows."""

@@ -1,4 +1,4 @@
-"""Stored consent decisions and the questions waiting for a person (spec section 7): the database side.
+"""Stored consent decisions and the questions waiting for a person (docs/consent.md): the database side.
 
 Grants are looked up with one indexed query per call (user, workspace, server, tool) and
 chosen in `consent.pick_grant`, a pure function. A pending request is decided at most once:
@@ -44,13 +44,51 @@ class GrantDecision(StrEnum):
     DENY = "DENY"
 
 
+class QuestionStatus(StrEnum):
+    """A question's `consent_requests.status`: open while it waits, then closed once."""
+
+    PENDING = "pending"
+    """Waits for a person out of band: the terminal approver or the console."""
+    AWAITING_CLIENT = "awaiting_client"
+    """Waits for a 2026-07-28 client's retry of the call (the round trip)."""
+    IN_DIALOG = "in_dialog"
+    """A question the client's own elicitation dialog asks (2025-era, in band): no approver may decide
+    it, but it counts in the cap like any other, on every gateway sharing the database."""
+    DECIDED = "decided"
+    EXPIRED = "expired"
+    """Nobody answered before `consent.timeout_s`, or the dialog that asked it is over."""
+    ABANDONED = "abandoned"
+    """Closed because the gateway that asked it is gone (gateway/recovery.py)."""
+
+
+OPEN_STATUSES = (QuestionStatus.PENDING, QuestionStatus.AWAITING_CLIENT, QuestionStatus.IN_DIALOG)
+
+
+class Channel(StrEnum):
+    """Who or what gave a consent decision, or through which front end a person acted: a grant's
+    `consent_grants.channel`, `detail.channel` of the audit events (docs/consent.md)."""
+
+    APPROVER = "approver"
+    """Out of band: a question in the database, answered by `mcp-gateway approvals` or the console."""
+    ELICITATION = "elicitation"
+    """In band: the client's own form (`elicitation/create`, or the 2026-07-28 round trip)."""
+    CLI = "cli"
+    """`mcp-gateway consent grant|revoke`: whoever runs it holds the state folder and the database."""
+    CONSOLE = "console"
+    """The web console (docs/console.md): its decisions and revocations."""
+    STORED = "stored"
+    """A stored grant answered the call (`mcp.permission.decision` only)."""
+    SESSION = "session"
+    """This stdio session's Allow for the session answered the call (`mcp.permission.decision` only)."""
+    POLICY = "policy"
+    """The policy answered: `consent.mode: deny` (`mcp.permission.decision` only)."""
+    RULES = "rules"
+    """Claude Code's permission rules answered (gateway/permission_prompt.py; `mcp.permission.decision` only)."""
+
+
 MAX_OPEN_QUESTIONS = 16
 """Open questions (`pending` + `awaiting_client`, unexpired) a user may have at once: a person
 answers a handful at a time, and one agent session asks one at a time (docs/operations.md)."""
-IN_DIALOG = "in_dialog"
-"""A question the client's own elicitation dialog asks (2025-era, in band): no approver may decide
-it, but it counts in the cap like any other, on every gateway sharing the database."""
-OPEN_STATUSES = ("pending", "awaiting_client", IN_DIALOG)
 PURGE_KEEP_S = 86400
 """How long a closed or expired question stays for `approvals` and operators, by default, before
 `purge_expired` deletes it (its audit events stay)."""
@@ -74,8 +112,8 @@ class Grant:
     granted_by: str
     revoked_at: float | None = None
     channel: str | None = None
-    """Who made it: `approver`, `elicitation` (the client, in band), `cli`; None: unknown (made before
-    the gateway recorded it), read as in band."""
+    """Who made it, a `Channel`: `approver`, `elicitation` (the client, in band), `cli`; None: unknown
+    (made before the gateway recorded it), read as in band."""
     arguments: Mapping[str, Any] | None = None
     """For a Deny made for particular arguments: what it covers, by meaning (gateway/grant_scope.py);
     None: `args_hash` alone decides (an Allow, or a Deny made before arguments were stored)."""
@@ -95,7 +133,8 @@ class PendingRequest:
     args_preview: str
     risk_tier: str
     destructive: bool
-    status: str = "pending"
+    status: str = QuestionStatus.PENDING
+    """A `QuestionStatus`."""
     preview: str | None = None
     """What the tool use would do, for the approver (a command, a diff, a URL); None: the arguments say it."""
     decision: str | None = None
@@ -158,6 +197,13 @@ class ConsentStore:
         with storage_errors("stored consent decisions could not be read", log=None), self._read.connect() as connection:
             return [_grant(row) for row in connection.execute(query)]
 
+    def fetch_grant(self, grant_id: int) -> Grant | None:
+        """One stored decision by its id, revoked or not; None when there is none."""
+        g = db.consent_grants
+        with storage_errors("stored consent decisions could not be read", log=None), self._read.connect() as connection:
+            row = connection.execute(select(g).where(g.c.id == grant_id)).first()
+        return None if row is None else _grant(row)
+
     def revoke_grant(self, grant_id: int, now: float) -> Grant | None:
         """Revoke one grant; None when there is no such unrevoked grant."""
         g = db.consent_grants
@@ -170,7 +216,7 @@ class ConsentStore:
 
     # --- pending requests -----------------------------------------------------------------------
 
-    def insert_request(self, request: PendingRequest, status: str = "pending") -> None:
+    def insert_request(self, request: PendingRequest, status: QuestionStatus = QuestionStatus.PENDING) -> None:
         """A question: `pending` waits for the approver; `awaiting_client` for a 2026-07-28 client's retry.
 
         Raises ConsentDeniedError (`consent_questions_limit`) when the user has `max_open` open already.
@@ -228,28 +274,37 @@ class ConsentStore:
         r = db.consent_requests
         query = (
             select(r)
-            .where(r.c.status == "pending", r.c.expires_at > now, _asker_not_gone(now))
+            .where(r.c.status == QuestionStatus.PENDING, r.c.expires_at > now, _asker_not_gone(now))
             .order_by(r.c.created_at, r.c.id)
         )
         with storage_errors("consent questions could not be read", log=None), self._read.connect() as connection:
             return [_request(row) for row in connection.execute(query)]
 
-    def decide(self, request_id: str, decision: str, decided_by: str, now: float, waiting: str = "pending") -> bool:
+    def decide(
+        self,
+        request_id: str,
+        decision: str,
+        decided_by: str,
+        now: float,
+        waiting: QuestionStatus = QuestionStatus.PENDING,
+    ) -> bool:
         """Record a person's decision; False when someone else decided first, the question expired, or (for
         the approver's `pending` questions) the gateway that asked is gone: no gateway would act on it."""
         if not is_question_id(request_id):
             return False
         r = db.consent_requests
-        live = _asker_not_gone(now) if waiting == "pending" else true()
+        live = _asker_not_gone(now) if waiting == QuestionStatus.PENDING else true()
         with storage_errors("a consent decision could not be recorded", log=log), self._engine.begin() as connection:
             result = connection.execute(
                 update(r)
                 .where(r.c.id == request_id, r.c.status == waiting, r.c.expires_at > now, live)
-                .values(status="decided", decision=decision, decided_by=storable(decided_by), decided_at=now)
+                .values(
+                    status=QuestionStatus.DECIDED, decision=decision, decided_by=storable(decided_by), decided_at=now
+                )
             )
         return result.rowcount == 1
 
-    def expire(self, request_id: str, now: float, waiting: str = "pending") -> bool:
+    def expire(self, request_id: str, now: float, waiting: QuestionStatus = QuestionStatus.PENDING) -> bool:
         """Close an unanswered question (`waiting`: its open status); False when a decision got in first.
 
         An `in_dialog` question is closed so whatever its client answered: the answer is its audit event."""
@@ -258,7 +313,9 @@ class ConsentStore:
         r = db.consent_requests
         with storage_errors("a consent question could not be closed", log=log), self._engine.begin() as connection:
             result = connection.execute(
-                update(r).where(r.c.id == request_id, r.c.status == waiting).values(status="expired", decided_at=now)
+                update(r)
+                .where(r.c.id == request_id, r.c.status == waiting)
+                .values(status=QuestionStatus.EXPIRED, decided_at=now)
             )
         return result.rowcount == 1
 
@@ -266,7 +323,7 @@ class ConsentStore:
         """Every `pending` question, expired ones included, for gateway/recovery.py to judge."""
         r = db.consent_requests
         with storage_errors("consent questions could not be read", log=None), self._read.connect() as connection:
-            return [_request(row) for row in connection.execute(select(r).where(r.c.status == "pending"))]
+            return [_request(row) for row in connection.execute(select(r).where(r.c.status == QuestionStatus.PENDING))]
 
     def abandon(self, request_id: str, now: float) -> bool:
         """Close a `pending` question whose gateway is gone as `abandoned`; False when it was decided or
@@ -274,7 +331,9 @@ class ConsentStore:
         r = db.consent_requests
         with storage_errors("a consent question could not be closed", log=None), self._engine.begin() as connection:
             result = connection.execute(
-                update(r).where(r.c.id == request_id, r.c.status == "pending").values(status=ABANDONED, decided_at=now)
+                update(r)
+                .where(r.c.id == request_id, r.c.status == QuestionStatus.PENDING)
+                .values(status=QuestionStatus.ABANDONED, decided_at=now)
             )
         return result.rowcount == 1
 
@@ -283,7 +342,9 @@ class ConsentStore:
         r = db.consent_requests
         with storage_errors("a consent question could not be reopened", log=None), self._engine.begin() as connection:
             connection.execute(
-                update(r).where(r.c.id == request_id, r.c.status == ABANDONED).values(status="pending", decided_at=None)
+                update(r)
+                .where(r.c.id == request_id, r.c.status == QuestionStatus.ABANDONED)
+                .values(status=QuestionStatus.PENDING, decided_at=None)
             )
 
     def purge_expired(self, now: float, keep_s: float = PURGE_KEEP_S) -> int:
@@ -302,10 +363,6 @@ class ConsentStore:
                 )
             )
         return int(result.rowcount)
-
-
-ABANDONED = "abandoned"
-"""A question closed because the gateway that asked it is gone (gateway/recovery.py)."""
 
 
 def _asker_not_gone(now: float) -> ColumnElement[bool]:

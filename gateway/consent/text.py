@@ -1,5 +1,5 @@
-"""The words of a consent question (spec section 7): the copy in each locale, the arguments as a
-person reads them, and the elicitation message.
+"""The words of a consent question (docs/consent.md, "The prompt (elicitation)"): the copy in each
+locale, the arguments as a person reads them, and the elicitation message.
 
 The arguments are shown one per line, `name: value` with the value as canonical JSON, so a long
 one cannot push the others out of sight; a value under a secret-looking name is `[redacted]`

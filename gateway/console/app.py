@@ -28,7 +28,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.approvals import actions_for
 from gateway.audit import EventDraft, EventType
 from gateway.calls import CallStore
+from gateway.consent.actions import Actor, decide_question, revoke_grant
 from gateway.consent.stage import Decision
+from gateway.consent.store import Channel
 from gateway.console import pages
 from gateway.console.copy import pick_locale, words_for
 from gateway.console.sessions import SessionBook, SignInLimit, StreamSlot, StreamSlots, tokens_match
@@ -281,7 +283,7 @@ class Endpoints:
         if chosen not in Decision.__members__ or Decision(chosen) not in offered:
             return RedirectResponse("/approvals?m=not_offered", status_code=303)
         decision = Decision(chosen)
-        recorded = await _run(_decide, self.c, question_id, decision, who)
+        recorded = await _run(decide_question, self.c.stores, question_id, decision, _actor(who))
         query = {"m": "decided", "d": decision.value} if recorded else {"m": "not_recorded"}
         return RedirectResponse("/approvals?" + urlencode(query), status_code=303)
 
@@ -298,14 +300,13 @@ class Endpoints:
         )
 
     async def revoke(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
-        grant_id_text = request.path_params["grant_id"]
-        grants = await _run(self.c.stores.consent_store.list_grants, None, True)
-        grant = next((g for g in grants if str(g.id) == grant_id_text), None)
+        grant_id = _grant_id(request.path_params["grant_id"])
+        grant = None if grant_id is None else await _run(self.c.stores.consent_store.fetch_grant, grant_id)
         if grant is None or not who.sees(grant.workspace):
             return self.not_found(request, who)
         if not who.may_decide:
             return _html(pages.message_page(words, who, "/grants", words["cannot_decide"]), 403)
-        await _run(_revoke, self.c, grant.id, who)
+        await _run(revoke_grant, self.c.stores, grant.id, _actor(who))
         return RedirectResponse("/grants", status_code=303)
 
     # --- audit -----------------------------------------------------------------------------------
@@ -481,41 +482,18 @@ def _dummy_hash() -> str:
 def _audit_sign_in(c: Console, name: str, ok: bool, reason: str | None) -> None:
     known = bool(name) and c.stores.users.fetch(name) is not None
     # A name that is no user is not stored: it may be a password typed into the wrong field.
-    detail: dict[str, Any] = {"ok": ok, "channel": "console"}
+    detail: dict[str, Any] = {"ok": ok, "channel": str(Channel.CONSOLE)}
     if reason:
         detail["reason"] = reason
     c.stores.audit.append(EventDraft(EventType.CONSOLE_SIGN_IN, user=name if known else None, detail=detail))
 
 
-def _decide(c: Console, question_id: str, decision: Decision, who: Viewer) -> bool:
-    now = c.stores.clock.now()
-    recorded = c.stores.consent_store.decide(question_id, decision.value, f"console:{who.name}", now)
-    question = c.stores.consent_store.fetch_request(question_id)
-    c.stores.audit.append(
-        EventDraft(
-            EventType.CONSOLE_DECISION,
-            run_id=question_id,
-            user=question.user if question else None,
-            workspace=question.workspace if question else None,
-            tool_name=question.tool_name if question else None,
-            args_hash=question.args_hash if question else None,
-            detail={"decision": decision.value, "decided_by": f"console:{who.name}", "recorded": recorded},
-        )
-    )
-    return recorded
+def _actor(who: Viewer) -> Actor:
+    return Actor(f"console:{who.name}", Channel.CONSOLE)
 
 
-def _revoke(c: Console, grant_id: int, who: Viewer) -> None:
-    revoked = c.stores.consent_store.revoke_grant(grant_id, c.stores.clock.now())
-    if revoked is None:
-        return
-    c.stores.audit.append(
-        EventDraft(
-            EventType.CONSENT_REVOKED,
-            user=revoked.user,
-            workspace=revoked.workspace,
-            tool_name=revoked.tool_name,
-            args_hash=revoked.args_hash,
-            detail={"grant_id": revoked.id, "decision": revoked.decision, "revoked_by": f"console:{who.name}"},
-        )
-    )
+def _grant_id(text: str) -> int | None:
+    """A grant id as its page links it (`str(id)`); None for anything else, which no grant has."""
+    if not (text.isdecimal() and len(text) < 19 and str(int(text)) == text):
+        return None
+    return int(text)

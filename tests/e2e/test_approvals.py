@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from gateway import db
-from tests.harness import Approver, GatewayHome, StdioSession, shows_request
+from tests.harness import Approver, GatewayHome, StdioSession, shows_request, without_acts
 from tests.pg_cluster import on_both_engines
 
 SessionFactory = Callable[..., StdioSession]
@@ -76,6 +76,11 @@ def test_the_approver_shows_the_request_and_allow_once_runs_the_call(
     detail = decision_of(gateway, run_id)
     assert detail["decision"] == "ALLOW_ONCE" and detail["origin"] == "user_prompt"
     assert detail["channel"] == "approver" and detail["decided_by"].startswith("approvals:")
+    (act,) = [e for e in gateway.events_of(run_id) if e["event_type"] == "APPROVER_DECISION"]
+    assert act["detail"] == {
+        "decision": "ALLOW_ONCE", "decided_by": detail["decided_by"], "recorded": True, "channel": "approver",
+    }  # fmt: skip
+    assert (act["user"], act["workspace"], act["tool_name"]) == ("alice", "default", "run_pytest")
 
 
 @pytest.mark.parametrize(("key", "reason"), [("3", "consent_denied"), (ESC, "consent_denied")], ids=["3", "Esc"])
@@ -94,8 +99,11 @@ def test_deny_once_and_esc_refuse_the_call(
     approver.expect("DENY_ONCE")
     response = session.wait_response(call_id)
     assert response["error"]["code"] == -32008 and response["error"]["data"]["reason"] == reason
-    kinds = [e["event_type"] for e in gateway.events_of(run_id)]
+    events = gateway.events_of(run_id)
+    kinds = [e["event_type"] for e in without_acts(events)]
     assert kinds == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"], "nothing ran"
+    (act,) = [e for e in events if e["event_type"] == "APPROVER_DECISION"]
+    assert (act["detail"]["decision"], act["detail"]["recorded"]) == ("DENY_ONCE", True)
 
 
 def test_enter_takes_the_default_and_deny_always_is_remembered(

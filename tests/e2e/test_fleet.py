@@ -48,7 +48,7 @@ from tests.fleet import (
     gather,
     unanswered,
 )
-from tests.harness import GatewayHome, StdioSession, as_approver
+from tests.harness import GatewayHome, StdioSession, as_approver, without_acts
 from tests.pg_cluster import ENGINES, URL_VARIABLE, drop_database, new_database, pg_missing, pg_required
 
 pytestmark = pytest.mark.timeout(300)
@@ -287,18 +287,26 @@ def test_each_consent_question_is_decided_once_whoever_races_for_it(fleet: Fleet
 
     won = [q for questions in wins.values() for q in questions]
     assert len(won) == len(set(won)), "two deciders won one question"
-    events = events_by_run(fleet.home)
+    logged = events_by_run(fleet.home)
+    events = {run_id: without_acts(trail) for run_id, trail in logged.items()}
     store = ConsentStore(fleet.home.engine)
     by_approver = 0
     for answer in answers:
         row = store.fetch_request(answer.run_id)  # an out-of-band question's id is its call's run_id
         assert row is not None and row.status == "decided", (answer.response, row)
         winners = [name for name, questions in wins.items() if answer.run_id in questions]
+        # The approver's every key press is on record (APPROVER_DECISION); only a win says `recorded`.
+        acts = [e["detail"] for e in logged[answer.run_id] if e["event_type"] == "APPROVER_DECISION"]
+        counted = [act for act in acts if act["recorded"]]
         if str(row.decided_by).startswith("approvals:"):
             by_approver += 1
             assert winners == [] and row.decision == "ALLOW_ONCE", (row, winners)
+            assert counted == [
+                {"decision": "ALLOW_ONCE", "decided_by": row.decided_by, "recorded": True, "channel": "approver"}
+            ], acts
         else:
             assert winners == [row.decided_by] and row.decision == DECIDERS[winners[0]], (row, winners)
+            assert counted == [], acts
         (decision,) = decisions_of(events, answer.run_id)
         assert decision["detail"]["decision"] == row.decision and decision["detail"]["decided_by"] == row.decided_by
         if row.decision == "ALLOW_ONCE":

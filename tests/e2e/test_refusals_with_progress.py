@@ -41,6 +41,7 @@ from tests.harness import (
     modern_meta,
     shows_request,
     venv_beside,
+    without_acts,
 )
 
 SessionFactory = Callable[..., StdioSession]
@@ -120,9 +121,10 @@ def round_trip(
 
 
 def trail_of(gateway: GatewayHome, run_id: str, user: str) -> list[dict[str, Any]]:
-    """The call's audit events in order, each without its ids, times and measurements, the user unnamed."""
+    """The call's audit events in order, each without its ids, times and measurements, the user unnamed (an
+    approver's or the console's act apart: its own order, `without_acts`; tests/e2e/test_approvals.py checks it)."""
     trail = []
-    for event in gateway.events_of(run_id):
+    for event in without_acts(gateway.events_of(run_id)):
         kept = {k: v for k, v in event.items() if k not in VOLATILE}
         detail = {k: v for k, v in event["detail"].items() if k not in VOLATILE | MEASURED}
         if "decided_by" in detail:
@@ -293,7 +295,7 @@ def _denied_at_the_approver(
 
 
 def test_the_consoles_deny_is_the_same_with_progress_on(gateway: GatewayHome, open_session: SessionFactory) -> None:
-    """The console's Deny goes through `ConsentStore.decide`, as this test calls it."""
+    """The console's Deny is `ConsentStore.decide` (through gateway/consent/actions.py), as this test calls it."""
     for era in ("", MODERN):
         session = open_session(gateway, initialize=era != MODERN)
         for decision, reason in (

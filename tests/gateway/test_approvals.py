@@ -5,17 +5,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import Engine
 
 from gateway.approvals import ESC, Approver, actions_for, decision_for_key, default_for, render, render_whole
 from gateway.consent.stage import ConsentRequest, Decision
-from gateway.consent.store import ConsentStore, PendingRequest
+from gateway.consent.store import PendingRequest
 from gateway.consent.text import prompt_text
-from tests.fakes import T0, FakeClock
+from tests.fakes import T0, FakeClock, PressedKeys
+from tests.harness import ConsentDesk
 
 
 @pytest.mark.parametrize(
@@ -137,25 +136,12 @@ def test_a_cut_preview_is_announced_with_its_length_and_hash_and_enter_denies() 
     assert f"sha256 {digest}…" in whole and "[Enter] Deny once" in whole
 
 
-class Keys:
-    """Key presses from a list; then the end of input."""
-
-    def __init__(self, *keys: str) -> None:
-        self.keys = list(keys)
-
-    @contextmanager
-    def reading(self) -> Iterator[Keys]:
-        yield self
-
-    def read(self, timeout_s: float) -> str | None:
-        return self.keys.pop(0) if self.keys else ""
-
-
 def approve(engine: Engine, request: PendingRequest, *keys: str) -> tuple[str, PendingRequest | None]:
-    store = ConsentStore(engine)
+    desk = ConsentDesk.on(engine, FakeClock())
+    store = desk.consent_store
     store.insert_request(request)
     out = io.StringIO()
-    Approver(store, FakeClock(), Keys(*keys), out, locale="en-US", who="approvals:t@h").run()  # type: ignore[arg-type]  # a fake for approvals.Keys, which Approver names as a class, not a protocol
+    Approver(desk, PressedKeys(*keys), out, locale="en-US", who="approvals:t@h").run()  # type: ignore[arg-type]  # a fake for approvals.Keys, which Approver names as a class, not a protocol
     return out.getvalue(), store.fetch_request(request.id)
 
 

@@ -12,12 +12,16 @@ from sqlalchemy import Engine, event
 
 from gateway.audit import AuditLog, EventType
 from gateway.consent.stage import (
+    OUT_OF_BAND,
     RISK_META_KEY,
     Answer,
+    ConsentChannel,
     ConsentRequest,
     ConsentStage,
     Decision,
+    Dialog,
     Origin,
+    RoundTrip,
     choices_for,
     consent_profile,
     decision_event,
@@ -29,10 +33,10 @@ from gateway.consent.stage import (
     risk_tier,
     tool_fingerprint,
 )
-from gateway.consent.store import ConsentStore, Grant, GrantDecision
+from gateway.consent.store import Channel, ConsentStore, Grant, GrantDecision
 from gateway.errors import ConsentDeniedError
 from gateway.permission_prompt import AGENT_TOOLS, agent_tool_consent
-from gateway.policy import ConsentPolicy
+from gateway.policy import CONSENT_CHANNELS, ConsentPolicy
 from gateway.tools.registry import TOOLS
 from tests.fakes import T0, FakeClock, SequentialRunIds
 
@@ -133,7 +137,7 @@ def test_a_lasting_decision_is_stored_as_allow_or_deny_and_read_back(decision: D
 
 DECISION_EVENTS = [
     pytest.param(
-        Answer(Decision.ALLOW_ALWAYS, Origin.CACHE_HIT, "stored", "approvals:bob"),
+        Answer(Decision.ALLOW_ALWAYS, Origin.CACHE_HIT, Channel.STORED, "approvals:bob"),
         None,
         {"grant_id": 7, "grant_channel": "approver"},
         {"decision": "ALLOW_ALWAYS", "origin": "cache_hit", "channel": "stored", "grant_id": 7,
@@ -141,7 +145,7 @@ DECISION_EVENTS = [
         id="a stored grant",
     ),
     pytest.param(
-        Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, "elicitation", no_answer="client_gone"),
+        Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.ELICITATION, no_answer="client_gone"),
         "consent_no_answer",
         None,
         {"decision": "DENY_ONCE", "origin": "no_answer", "channel": "elicitation", "no_answer": "client_gone",
@@ -149,14 +153,14 @@ DECISION_EVENTS = [
         id="nobody answered",
     ),
     pytest.param(
-        Answer(Decision.ALLOW_ONCE, Origin.POLICY, "rules"),
+        Answer(Decision.ALLOW_ONCE, Origin.POLICY, Channel.RULES),
         None,
         {"rule": "Bash(pytest -q)"},
         {"decision": "ALLOW_ONCE", "origin": "policy", "channel": "rules", "rule": "Bash(pytest -q)"},
         id="an agent's rule",
     ),
     pytest.param(
-        Answer(Decision.DENY_ALWAYS, Origin.POLICY, "cli", "cli:root"),
+        Answer(Decision.DENY_ALWAYS, Origin.POLICY, Channel.CLI, "cli:root"),
         None,
         {"grant_id": 3, "expires_at": None},
         {"decision": "DENY_ALWAYS", "origin": "policy", "channel": "cli", "grant_id": 3, "expires_at": None,
@@ -356,7 +360,7 @@ def request(run_id: str = "r1", fingerprint: str = "f" * 64, destructive: bool =
 
 
 def require(stage: ConsentStage, req: ConsentRequest, asker: Asker) -> Decision:
-    return anyio.run(stage.require, req, asker)
+    return anyio.run(stage.require, req, Dialog(asker))
 
 
 def test_t7_allow_always_expires_after_the_tiers_days(stage: ConsentStage, clock: FakeClock) -> None:
@@ -415,7 +419,7 @@ def test_out_of_band_a_decision_made_before_the_question_closed_counts(
         async with anyio.create_task_group() as group:
             group.start_soon(approve_soon)
             with anyio.fail_after(10):
-                decision = await stage.require(request("r1"), None)
+                decision = await stage.require(request("r1"), OUT_OF_BAND)
         return decision
 
     assert anyio.run(main) is Decision.ALLOW_ONCE
@@ -437,7 +441,7 @@ def test_out_of_band_allow_always_for_a_destructive_tool_is_a_deny(
         async with anyio.create_task_group() as group:
             group.start_soon(answer)
             with anyio.fail_after(10), pytest.raises(ConsentDeniedError):
-                await stage.require(request("r1", destructive=True), None)
+                await stage.require(request("r1", destructive=True), OUT_OF_BAND)
 
     anyio.run(main)
     assert store.list_grants() == [], "nothing stored"
@@ -501,7 +505,7 @@ def test_with_elicitation_switched_off_a_client_that_can_elicit_is_asked_out_of_
         async with anyio.create_task_group() as group:
             group.start_soon(approve)
             with anyio.fail_after(10):
-                decision = await stage.require(request("r1"), Asker())  # the client could answer, but may not
+                decision = await stage.require(request("r1"), Dialog(Asker()))  # the client could answer, but may not
         return decision
 
     assert anyio.run(main) is Decision.ALLOW_ALWAYS
@@ -528,7 +532,20 @@ def test_the_approver_is_offered_only_what_its_channel_may_answer(engine: Engine
         async with anyio.create_task_group() as group:
             group.start_soon(answer)
             with anyio.fail_after(10), pytest.raises(ConsentDeniedError):
-                await stage.require(request("r1"), None)
+                await stage.require(request("r1"), OUT_OF_BAND)
 
     anyio.run(main)
     assert store.list_grants() == []
+
+
+def test_each_way_of_asking_is_a_consent_channel_in_band_or_out() -> None:
+    """`consent.channels` limits a channel's answers by its kind; only the round trip answers without waiting."""
+    ways: list[ConsentChannel] = [Dialog(Asker()), RoundTrip(), OUT_OF_BAND]
+    assert [(way.channel, way.waits) for way in ways] == [
+        (Channel.ELICITATION, True), (Channel.ELICITATION, False), (Channel.APPROVER, True),
+    ]  # fmt: skip
+
+
+def test_the_policys_consent_channels_are_channels() -> None:
+    """gateway/policy.py sits below the consent wing and spells `consent.channels`' keys itself."""
+    assert {Channel(name) for name in CONSENT_CHANNELS} == {Channel.ELICITATION, Channel.APPROVER}

@@ -19,6 +19,7 @@ from gateway.consent.store import (
     Grant,
     GrantDecision,
     PendingRequest,
+    QuestionStatus,
     check_open_questions,
     is_question_id,
 )
@@ -111,7 +112,9 @@ def test_retry_after_is_never_past_a_questions_lifetime() -> None:
 def test_the_cap_counts_open_questions_of_the_user_only(engine: Engine) -> None:
     store = with_users(engine, "alice", "bob")
     for n in range(MAX_OPEN_QUESTIONS):
-        store.insert_request(question(f"a{n}"), status="awaiting_client" if n % 2 else "pending")
+        store.insert_request(
+            question(f"a{n}"), status=QuestionStatus.AWAITING_CLIENT if n % 2 else QuestionStatus.PENDING
+        )
     with pytest.raises(ConsentDeniedError):
         store.insert_request(question("over"))
     store.insert_request(question("b0", user="bob"))
@@ -133,7 +136,7 @@ def race_inserts(engine: Engine, attempts: int) -> tuple[int, int]:
         own = ConsentStore(engine)  # one store per gateway, one database
         barrier.wait()
         try:
-            own.insert_request(question(f"race{n}"), status="awaiting_client")
+            own.insert_request(question(f"race{n}"), status=QuestionStatus.AWAITING_CLIENT)
             outcomes.append(True)
         except ConsentDeniedError:
             outcomes.append(False)
@@ -173,9 +176,9 @@ def test_every_text_of_a_question_is_stored_without_nul_on_postgres(engine: Engi
     store = with_users(engine, "alice")
     store.insert_request(
         question("q1", args_preview="command: a\x00b", preview="$ a\x00b\n+\ud800", tool_name="Ba\x00sh"),
-        status="awaiting_client",
+        status=QuestionStatus.AWAITING_CLIENT,
     )
-    assert store.decide("q1", "DENY_ONCE", "client:ali\x00ce", T0 + 1, waiting="awaiting_client")
+    assert store.decide("q1", "DENY_ONCE", "client:ali\x00ce", T0 + 1, waiting=QuestionStatus.AWAITING_CLIENT)
     stored = store.fetch_request("q1")
     assert stored is not None
     assert (stored.args_preview, stored.preview) == ("command: a\\u0000b", "$ a\\u0000b\n+\\ud800")
@@ -197,7 +200,7 @@ def test_purge_deletes_questions_closed_or_expired_long_ago_and_leaves_the_audit
     store.decide("decided-old", "ALLOW_ONCE", "approvals:x", T0 + 5)
     store.insert_request(question("expired-old", at=T0))
     store.expire("expired-old", T0 + TIMEOUT_S)
-    store.insert_request(question("abandoned-old", at=T0), status="awaiting_client")  # never answered
+    store.insert_request(question("abandoned-old", at=T0), status=QuestionStatus.AWAITING_CLIENT)  # never answered
     store.insert_request(question("decided-recent", at=T0 + day))
     store.decide("decided-recent", "DENY_ONCE", "approvals:x", T0 + day + 5)
     store.insert_request(question("open", user="bob", at=T0 + day + 500))

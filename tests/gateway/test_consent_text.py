@@ -12,7 +12,15 @@ import pytest
 from sqlalchemy import Engine
 
 from gateway.audit import AuditLog
-from gateway.consent.stage import ConsentRequest, ConsentStage, Decision, choices_for, decision_schema, deny_first
+from gateway.consent.stage import (
+    ConsentRequest,
+    ConsentStage,
+    Decision,
+    Dialog,
+    choices_for,
+    decision_schema,
+    deny_first,
+)
 from gateway.consent.store import ConsentStore
 from gateway.consent.text import _COPY, copy_for, is_secret_name, prompt_for, prompt_text, redacted_preview
 from gateway.errors import ConsentDeniedError
@@ -135,7 +143,7 @@ def test_the_stage_offers_deny_first_when_the_message_was_cut(engine: Engine) ->
         ("r2", {"test_path": "tests", "keyword": "\u200b" * 512}),
     ):
         with pytest.raises(ConsentDeniedError):  # two calls, two run_ids: each question is stored under its call's
-            anyio.run(stage.require, dataclasses.replace(request(**arguments), run_id=run_id), asker)
+            anyio.run(stage.require, dataclasses.replace(request(**arguments), run_id=run_id), Dialog(asker))
     (plain_message, plain), (cut_message, cut) = asker.asked
     assert plain[0] is Decision.ALLOW_ONCE and "NOT SHOWN WHOLE" not in plain_message
     assert cut[0] is Decision.DENY_ONCE and "NOT SHOWN WHOLE" in cut_message

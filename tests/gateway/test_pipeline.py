@@ -22,7 +22,7 @@ from sqlalchemy import Engine, text
 from gateway.audit import AuditEvent
 from gateway.auth import ensure_keys, issue_token
 from gateway.budget import Usage
-from gateway.consent.stage import InputRequired, RoundTrip
+from gateway.consent.stage import OUT_OF_BAND, ConsentChannel, InputRequired, RoundTrip
 from gateway.db import make_engine, migrate
 from gateway.errors import GatewayError, SandboxViolationError
 from gateway.pipeline import CallRequest, Pipeline, check_sandbox_ready
@@ -83,7 +83,7 @@ class InProcess:
         return issue_token(self.services.keys, self.services.policy.auth, user, now=now, ttl_s=600, jti=jti)
 
     def call(
-        self, tool: str, arguments: Mapping[str, Any], token: object, asker: RoundTrip | None = None
+        self, tool: str, arguments: Mapping[str, Any], token: object, asker: ConsentChannel = OUT_OF_BAND
     ) -> tuple[str, ToolOutcome]:
         async def bounded() -> tuple[str, ToolOutcome]:
             with anyio.fail_after(5):

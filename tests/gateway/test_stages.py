@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.consent.stage import Decision, NoAnswer
+from gateway.consent.stage import Decision, Dialog, NoAnswer
 from gateway.db.threads import in_db_thread
 from gateway.errors import GatewayError, Reason, ToolTimeoutError
 from gateway.pipeline import STAGES, CallRequest, Pipeline
@@ -102,7 +102,7 @@ def services_of(home: GatewayHome, *extra: ToolSpec) -> Services:
 
 def call(services: Services, token: str, tool: str, arguments: Mapping[str, Any]) -> tuple[str, ToolOutcome]:
     request = CallRequest(tool, arguments, token)
-    return anyio.run(Pipeline(services).call, request, Allows())
+    return anyio.run(Pipeline(services).call, request, Dialog(Allows()))
 
 
 def kinds(home: GatewayHome, run_id: str) -> list[str]:
