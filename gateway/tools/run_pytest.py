@@ -30,6 +30,7 @@ from gateway.tools.outcome import ResourceLink, ToolOutcome
 from gateway.tools.suite_progress import COUNT_STYLE, SuiteProgress
 from sandbox import Limits, RunResult, guarantees, run_sandboxed
 from sandbox.confine import LayerReport
+from sandbox.layers import Layer
 from sandbox.leftovers import scratch_folder
 from sandbox.pinned import Pinned
 from sandbox.runner import MAX_COLLECTED_BYTES, KilledBy
@@ -430,7 +431,7 @@ def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result
             "confinement": {
                 "backend": limits.backend,
                 "landlock_abi": host.landlock,
-                "rootless": "user_namespace" in result.layers,
+                "rootless": Layer.USER_NAMESPACE in result.layers,
                 "required": sorted(limits.required),
                 "guarantees": {str(g): list(layers) for g, layers in guarantees.held(frozenset(result.layers)).items()},
             },
