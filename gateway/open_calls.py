@@ -18,6 +18,7 @@ from sqlalchemy import Engine, and_, exists, select, update
 
 from gateway import db
 from gateway.db.errors import storage_errors
+from gateway.runs import RunStatus
 
 OPEN = ("pending", "running")
 CLAIMED = "error"
@@ -48,7 +49,7 @@ class OpenCalls:
             select(t.c.run_id, t.c.status, t.c.session_id, t.c.user_name, t.c.workspace, t.c.tool_name, r.c.run_id)
             .select_from(t.outerjoin(r, r.c.run_id == t.c.run_id))
             .where(t.c.status.in_(OPEN), t.c.session_id.is_not(None), ~asked)
-            .where(r.c.status.is_(None) | r.c.status.not_in(("running", "abandoned")))
+            .where(r.c.status.is_(None) | r.c.status.not_in((RunStatus.RUNNING, RunStatus.ABANDONED)))
         )
         with storage_errors("open calls could not be read", log=None), self._read.connect() as connection:
             rows = connection.execute(query).all()

@@ -65,7 +65,7 @@ from gateway.liveness import (
     this_process,
 )
 from gateway.open_calls import OpenCall, OpenCalls
-from gateway.runs import RunRecord
+from gateway.runs import RunRecord, RunStatus
 from gateway.services import Services, Stores
 from gateway.tick_failures import FailureStreak
 from sandbox.leftovers import kill_unheld_uids, sweep_scratch
@@ -268,7 +268,7 @@ def _close_run(services: Stores, run: RunRecord, reason: str, *, died: bool) -> 
                 user=run.user,
                 workspace=run.workspace,
                 tool_name=run.tool_name,
-                detail={"status": "abandoned", "reason": reason},
+                detail={"status": RunStatus.ABANDONED, "reason": reason},
             ),
             along=[Moved(run.run_id, "error", services.clock.now(), reason=reason, message=_RUN_ABANDONED)],
         )

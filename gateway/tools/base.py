@@ -23,7 +23,7 @@ from gateway.tools.outcome import ToolOutcome
 
 if TYPE_CHECKING:
     from gateway.policy import SandboxPolicy
-    from gateway.runs import RunStore
+    from gateway.runs import RunStatus, RunStore
     from sandbox.confine import LayerReport
     from sandbox.pinned import Pinned
 
@@ -87,7 +87,7 @@ class ToolRun(Protocol):
         """The error the call answers with when the run was stopped for a limit, else None."""
         ...
 
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         """The status of the run record and of TOOL_FINISHED when there is no refusal: `ok` or `error`."""
         ...
 

@@ -25,6 +25,7 @@ from xml.parsers import expat
 from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.progress import NO_PROGRESS, CallProgress
+from gateway.runs import RunStatus
 from gateway.tools.base import ExecutionRequest, Governance
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from gateway.tools.suite_progress import COUNT_STYLE, SuiteProgress
@@ -107,8 +108,8 @@ class PytestRun:
     def refusal(self) -> GatewayError | None:
         return refusal_for(self.result, self.limits.timeout_s, self.policy)
 
-    def status(self) -> str:
-        return "error" if is_tool_error(self.result) else "ok"
+    def status(self) -> RunStatus:
+        return RunStatus.ERROR if is_tool_error(self.result) else RunStatus.OK
 
     def write_evidence(self, governance: Governance) -> None:
         write_evidence(self.run_dir, governance, self.limits, self.result, self.host)
