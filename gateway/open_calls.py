@@ -1,4 +1,4 @@
-"""The calls a gateway left open when it died (issue 26, item 9): their cards, found and claimed for the sweep.
+"""The calls a gateway left open when it died (decision 69): their cards, found and claimed for the sweep.
 
 Every `MCP_TOOL_CALL` the log keeps without a terminal event has a card still `pending` or
 `running` (gateway/calls.py: the entry event and the card's first row are one commit), and the

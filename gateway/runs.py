@@ -1,4 +1,4 @@
-"""Runs and their artifact folders (spec section 5): who ran what, in which workspace."""
+"""Runs and their artifact folders (docs/operations.md, "The state folder"): who ran what, in which workspace."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS
 @contextmanager
 def artifact_errors(run_id: str) -> Iterator[None]:
     """Turn a storage failure writing `run_id`'s artifacts (its folder, output, junit.xml, evidence.json)
-    into -32603 `artifacts_unavailable`, with one ERROR line naming the cause (issue 26, item 10).
+    into -32603 `artifacts_unavailable`, with one ERROR line naming the cause
+    (docs/operations.md, "A disk that fills during a run").
 
     Without it a disk filling during a run was answered `internal_error` with a traceback. Other
     OSErrors are not the disk's and stay unexpected."""

@@ -1,4 +1,4 @@
-"""Which isolation layers a run gets, and the child-side plan that applies them in order (issues 3, 14).
+"""Which isolation layers a run gets, and the child-side plan that applies them in order (decisions 17, 57).
 
 Everything that allocates (Landlock rule fds, the seccomp program, the tmpfs, the cgroup
 files, ctypes pointers) is prepared in the parent; the child's `preexec_fn` only makes system

@@ -1,4 +1,4 @@
-"""Why a guarantee is missing on this host, and the fix, in words an operator can act on (issue 14, items 3 and 5).
+"""Why a guarantee is missing on this host, and the fix, in words an operator can act on (`mcp-gateway doctor`; decision 56).
 
 `probe_host` says which layers work here; this module says why the others do not, from facts
 of the host (who the gateway runs as, its capabilities, the kernel's user-namespace switches,

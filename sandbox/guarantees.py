@@ -1,4 +1,4 @@
-"""What a run is promised, and which mechanisms of this host keep each promise (issue 14, item 3).
+"""What a run is promised, and which mechanisms of this host keep each promise (decision 56).
 
 A policy says what must hold for a run (`sandbox.require`), not how: the same guarantee is kept
 by different mechanisms on different hosts. A gateway started as root gives each run a pool uid

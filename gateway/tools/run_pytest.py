@@ -1,4 +1,4 @@
-"""`run_pytest` (spec section 5): structured arguments in, pytest's counts and artifacts out.
+"""`run_pytest` (docs/clients.md; decision 12): structured arguments in, pytest's counts and artifacts out.
 
 Only the structured arguments become pytest flags. The command line closes the ways a
 workspace could steer pytest from outside its own config: `python -I -B` (no PYTHON*
@@ -316,7 +316,7 @@ def read_outcome(run_id: str, run_dir: Path, result: RunResult) -> ToolOutcome:
 
 
 def refusal_for(result: RunResult, timeout_s: float, policy: SandboxPolicy) -> GatewayError | None:
-    """The error a run that the sandbox had to stop answers with (spec section 4, stage 9)."""
+    """The error a run that the sandbox had to stop answers with (stage 9: docs/error-codes.md, -32006 and -32007)."""
     if result.killed_by is KilledBy.TIMEOUT:
         return ToolTimeoutError(Reason.TIMEOUT, f"killed after {timeout_s:g} s")
     if result.killed_by is KilledBy.OUTPUT:
