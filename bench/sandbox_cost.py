@@ -6,7 +6,7 @@
       network and mount namespaces with the scratch tmpfs, Landlock, seccomp, watched on a
       pidfd, then the cgroup emptied;
     - the same as an ordinary user's gateway runs it (rootless: a user namespace per run, made
-      by the child; issue 14), through a worker process of an ordinary uid, one pipe round trip
+      by the child; decision 57), through a worker process of an ordinary uid, one pipe round trip
       a run; and as root without CAP_SYS_ADMIN (a pool uid, then the rootless steps);
     - `sandbox.run_unsafe_unconfined`: the same supervision (session, pidfd wait, output
       cap) with no confinement;
@@ -15,7 +15,7 @@
       tmpfs made, `ChildPlan` as `preexec_fn`, blocking wait, one uid held for the whole
       run), the same without the cgroup, the uid pool's acquire + release, and the sweep of
       a uid with no process.
-    Target (issue 3, acceptance 3): run_sandboxed p50 at most 1.35x bare.
+    Target: run_sandboxed p50 at most 1.35x bare.
 (b) the sample project's suite (`examples/sample_project`, `tests`), in the workspace that
     tests.harness.GatewayHome copies it to, in interleaved rounds, all in that one folder:
     - bare `python -m pytest -q tests`, as a developer runs it (PYTEST_* variables dropped);

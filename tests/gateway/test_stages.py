@@ -1,4 +1,4 @@
-"""The stage list, in process (issue 13): one order for a call and its dry run, and tools that plug in.
+"""The stage list, in process (decision 52): one order for a call and its dry run, and tools that plug in.
 
 A real state folder and SQLite database (tests/harness.py), the real pipeline and stores; only
 the person answering consent is a small object of this file, and the second write tool is a
