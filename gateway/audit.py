@@ -5,7 +5,7 @@ where the event is every exported field but the two hashes. Events are numbered 
 and `audit_head` keeps the last id and hash, so an edited, deleted, reordered or truncated
 log fails `verify_chain`. Appends lock `audit_head`, so several gateways can share a log: on
 PostgreSQL the whole append is one statement, `gateway_audit_append` (migration 0008), so the lock
-is held while the server works, never across a round trip to a gateway (docs/decisions.md 62).
+is held while the server works, never across a round trip to a gateway (decision 62).
 A call has at most one decision and one terminal event: an append that would record a second one
 writes nothing (`call_ends`, migration 0009), whichever gateway sends it.
 """

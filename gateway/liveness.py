@@ -9,7 +9,7 @@ gone when its lease ran out or it closed, and, on the same kernel and in the sam
 namespace, at once when its pid no longer is the process that registered (its start time
 differs, or no such pid): a `kill -9` is seen within a poll, not a lease. Across hosts the
 lease alone decides, compared with the judge's clock: clocks must agree to well within a lease
-(docs/decisions.md, section 50).
+(decision 50).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class ConsentPolicy:
     )
     """Who may answer a question and with which decisions (consent.Decision values): `elicitation`, the
     client in band; `approver`, a person at `mcp-gateway approvals`. An empty set: never asked. By
-    default only the approver's Allow always is stored (docs/decisions.md)."""
+    default only the approver's Allow always is stored (decision 43)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,7 +97,7 @@ def open_services(
     or on a policy file someone other than the gateway's user could have written (gateway/policy_trust.py).
 
     Without `host`, the host is probed here (once per process): its probes fork, so this runs
-    before the server starts any thread (docs/decisions.md 48)."""
+    before the server starts any thread (decision 48)."""
     policy = policy or policy_for(settings, TOOL_NAMES)
     host = host or probe_host()
     stores = open_stores(settings, clock, engine=engine)

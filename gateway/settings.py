@@ -2,7 +2,7 @@
 
 The policy's default is `<home>/policy.yaml`, never the working folder: an MCP client starts
 `serve` in whatever folder it likes (Claude Code: the agent's project), so a `./policy.yaml`
-there may be the agent's own (docs/decisions.md). A relative `--policy`/`MCP_GATEWAY_POLICY`
+there may be the agent's own (decision 42). A relative `--policy`/`MCP_GATEWAY_POLICY`
 still names a file under the working folder, because a person typed it; `serve` refuses one.
 """
 

@@ -16,7 +16,7 @@ combining marks in a row are kept (more can draw over the lines around them).
 `visible` is idempotent: what it returns it returns unchanged, so text escaped when it is stored
 is escaped again, harmlessly, when it is shown. The price: an escape the agent typed literally
 (`\\u202e`, `\u2420\u00d79`) looks like one the gateway wrote. That can only make a request look stranger,
-never hide a character (decisions.md 40).
+never hide a character (decision 40).
 
 `storable` is narrower: it escapes, the same way, only what no database text column can hold
 (NUL, lone surrogates), for every text the consent path stores whatever escaped it before.

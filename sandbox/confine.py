@@ -25,7 +25,7 @@ mount tree in place of Landlock, and installs the same seccomp program just befo
 A policy requires guarantees, not layers (sandbox/guarantees.py): every layer the host has is
 applied, and `plan_layers` refuses a run when a required guarantee has no layer to keep it.
 
-`preexec_fn` is a deliberate choice (docs/decisions.md): it is the cheapest way to apply the
+`preexec_fn` is a deliberate choice (decision 17): it is the cheapest way to apply the
 layers (+1-2 ms a spawn against +15-30 ms for a second Python interpreter), and the steps it
 runs take no Python-level lock, import nothing and allocate almost nothing after fork.
 """

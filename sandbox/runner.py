@@ -208,7 +208,7 @@ def probe_host() -> LayerReport:
     """The layers this kernel and process can enforce, probed once per process.
 
     The probes start children with `preexec_fn`: call it while the process has one thread (the
-    gateway does, in `open_services`, before serving; docs/decisions.md 48)."""
+    gateway does, in `open_services`, before serving; decision 48)."""
     return probe_layers()
 
 

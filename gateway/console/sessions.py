@@ -112,7 +112,7 @@ def address_key(address: str) -> str:
 
     Each process on the host can connect from any address of 127.0.0.0/8 (and from ::1): keyed by
     the address itself, the per-address limit would bind no local process at all. Counted together,
-    local sign-ins share the limit, whichever local process or user makes them (docs/decisions.md 65).
+    local sign-ins share the limit, whichever local process or user makes them (decision 65).
     """
     text = address.strip("[]")
     try:

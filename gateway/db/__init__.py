@@ -280,7 +280,7 @@ SQLITE_SYNC_MODES = ("normal", "full")
 def make_engine(url: str) -> Engine:
     """An engine with the per-dialect settings the rest of the code relies on.
 
-    A SQLite URL may end in `?synchronous=full` (default `normal`, see docs/decisions.md).
+    A SQLite URL may end in `?synchronous=full` (default `normal`, see decision 9).
     """
     try:
         parsed = make_url(url)

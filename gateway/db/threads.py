@@ -25,7 +25,7 @@ The gateway's lease is not renewed here but on a thread and a connection of its 
 
 A hop is the gateway's dearest step after the database itself: on this project's 2-CPU VM,
 anyio's `to_thread.run_sync` cost 220-370 us of CPU per hop, a sixth of a cheap call
-(docs/decisions.md 64). Most of that is the way back: the worker wakes the loop through its
+(decision 64). Most of that is the way back: the worker wakes the loop through its
 self-pipe, and the loop's iteration and anyio's bookkeeping follow. Here the calling thread
 first waits for the work itself, up to `LOOP_WAIT_S`, on a lock the worker releases; most
 database work (a call's authentication and audit append) ends within it, and the loop

@@ -244,7 +244,7 @@ def test_in_band_elicitations_stop_at_the_cap_and_share_it_with_every_other_chan
         dialog.pump(0.2)
     with gateway.engine.connect() as connection:
         attempts = connection.execute(select(func.count()).select_from(db.budget_charges)).scalar()
-    # Every call past the budget stage holds one attempt, refused ones too (docs/decisions.md, 1).
+    # Every call past the budget stage holds one attempt, refused ones too (decision 1).
     assert attempts == MAX_OPEN_QUESTIONS + EXTRA + 2 + 1 + 1
     assert gateway.chain_ok()
 

@@ -83,7 +83,7 @@ def test_allowed_run_matches_bare_pytest_and_leaves_a_full_trail(
     assert any(c["type"] == "resource_link" and run_id in c["uri"] for c in result["content"])
     prompt = session.unsolicited[-1]["params"]
     assert "run_pytest" in prompt["message"] and "alice" in prompt["message"]
-    # No allow_always in band by default (consent.channels, docs/decisions.md).
+    # No allow_always in band by default (consent.channels, decision 43).
     assert prompt["requestedSchema"]["properties"]["decision"]["enum"] == [
         "allow_once", "allow_session", "deny_once", "deny_always"
     ]  # fmt: skip

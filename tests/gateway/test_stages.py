@@ -232,7 +232,7 @@ def test_a_refused_call_and_a_read_tools_call_each_take_one_hop_to_a_database_th
     make_gateway: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stages that do not wait run together on one database thread, with the refusal's events
-    (decisions.md 63): each hop wakes a thread twice, which a fleet on shared CPUs pays for."""
+    (decision 63): each hop wakes a thread twice, which a fleet on shared CPUs pays for."""
     home: GatewayHome = make_gateway({"sandbox": {"enabled": False}})
     home.add_user("alice")
     home.add_user("vic", "VIEWER")
