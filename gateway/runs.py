@@ -38,7 +38,8 @@ class RunRecord:
 
 
 class RunStatus(StrEnum):
-    """What the `runs` table records of a run, and TOOL_FINISHED's `status` for a run that ended."""
+    """What the `runs` table records of a run; a run that ended by itself, or that a sweep closed, has the
+    same `status` in its TOOL_FINISHED."""
 
     RUNNING = "running"
     """Inserted before anything runs; every other status is how it ended."""
