@@ -19,6 +19,7 @@ from sandbox.backends import capabilities, cgroup
 from sandbox.backends.bubblewrap import BWRAP
 from sandbox.confine import LayerReport
 from sandbox.guarantees import Guarantee, held, mechanisms_for
+from sandbox.layers import Layer
 from sandbox.limits import Backend
 
 OPERATIONS = "docs/operations.md"
@@ -176,7 +177,7 @@ class Line:
 
     guarantee: Guarantee
     required: bool
-    layers: tuple[str, ...]
+    layers: tuple[Layer, ...]
     options: tuple[str, ...] = ()
     """Each way it is kept here, for humans: `cgroup`, `rlimits + uid_drop`."""
     why: str = ""
