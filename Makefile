@@ -1,4 +1,4 @@
-# The two quick-start commands: `make demo` and `make test` (spec section 1); `make unit` is the
+# The two quick-start commands: `make demo` and `make test` (README.md, "Quick start"); `make unit` is the
 # fast loop while working on the code, `make system-deps` what CI installs first (.ci/run).
 # The sandboxed test runs exec this venv's interpreter as an unprivileged uid, so the venv
 # is built from an interpreter every user can reach (Debian's, not one under /root).

@@ -1,4 +1,4 @@
-"""What joining the run's cgroup costs a spawn, v1 against v2, side by side in one run (issue 14, item 2).
+"""What joining the run's cgroup costs a spawn, v1 against v2, side by side in one run (decision 58).
 
 Spawns `/bin/true` with `subprocess.run` and a `preexec_fn`, in interleaved rounds, with a pause
 between spawns as a gateway has between runs (back to back, the cost hides: the kernel's

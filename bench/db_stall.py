@@ -1,4 +1,4 @@
-"""100 calls in flight while another connection holds the lock they need for 60 s (issue 26, item 3).
+"""100 calls in flight while another connection holds the lock they need for 60 s (decision 67).
 
 For SQLite (`BEGIN IMMEDIATE` on the file) and PostgreSQL (`audit_head` `FOR UPDATE`, on a
 throwaway cluster of tests/pg_cluster.py): one `serve` with the default start bound

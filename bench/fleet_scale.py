@@ -1,4 +1,4 @@
-"""Many gateways on one database (issue 17): calls/s, p50/p99 and the correctness counts.
+"""Many gateways on one database (decision 62): calls/s, p50/p99 and the correctness counts.
 
 For each engine (SQLite, PostgreSQL) and each fleet size N (default 1, 8, 32), N `mcp-gateway
 serve` processes share one fresh database, state folder and policy, as a team's agent hosts

@@ -1,9 +1,9 @@
-"""What the hardening of issue 10 costs: the tree before it against the working tree, side by side in one run.
+"""What the hardening of decisions 30-38 costs: the tree before it against the working tree, side by side in one run.
 
-Issue 10, acceptance 3: the cost of the fixes (a trivial spawn, the sample suite, a refused
+The cost of the fixes (a trivial spawn, the sample suite, a refused
 call) next to the figures before, in one run. Two trees are measured:
 
-- before: a commit (`--old`, default 3006320, the commit the review attacked), written out
+- before: a commit (`--old`, default 3006320, the commit an outside review attacked), written out
   with `git archive` into a temporary folder;
 - after: the working tree as it is when the script starts (tracked and untracked files,
   what .gitignore leaves out excepted), copied into the same temporary folder, so that edits
@@ -158,7 +158,7 @@ class TreeWorker:
             raise BenchError(f"modules from outside {self.tree}: {foreign[:5]}")
 
     def hello(self) -> dict[str, Any]:
-        probe = getattr(self.sandbox, "probe_host", None) or self.sandbox.layers  # layers(): before issue 13
+        probe = getattr(self.sandbox, "probe_host", None) or self.sandbox.layers  # layers(): the older trees' name
         report = probe()
         fields = dataclasses.asdict(report) if dataclasses.is_dataclass(report) and not isinstance(report, type) else {}
         names = [f"{k} (ABI {v})" if k == "landlock" else k for k, v in fields.items() if v]
@@ -545,7 +545,7 @@ def run(args: argparse.Namespace, tmp: Path, workers: list[Worker], deadline: fl
         if "error" in hello[worker.name]:
             raise BenchError(f"the {worker.name} tree does not load: {hello[worker.name]['error']}")
     print(
-        f"hardening cost (issue 10): before = {old} (git archive); after = the working tree"
+        f"hardening cost (decisions 30-38): before = {old} (git archive); after = the working tree"
         f" (HEAD {head} + {changed} changed or new paths; {files} files copied at {taken})"
     )
     print(

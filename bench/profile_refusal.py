@@ -5,7 +5,7 @@ state folder as the stdio benchmark (SQLite `synchronous=normal`, the default, a
 ending in `?synchronous=full`) and times, call by call:
 
 - on the normal folder, each stage of a VIEWER's refused `run_pytest` in pipeline order
-  (spec section 4), through the gateway's public functions: ids and the arguments' hash,
+  (docs/architecture.md), through the gateway's public functions: ids and the arguments' hash,
   `Authenticator.authenticate` (and, apart, its two parts: the JWT checks, then the
   revocation and user reads on one read-only connection), authorization (-32003), the
   one `AuditLog.append` of MCP_TOOL_CALL and POLICY_BLOCKED, `to_mcp_error`;

@@ -6,7 +6,7 @@
       network and mount namespaces with the scratch tmpfs, Landlock, seccomp, watched on a
       pidfd, then the cgroup emptied;
     - the same as an ordinary user's gateway runs it (rootless: a user namespace per run, made
-      by the child; issue 14), through a worker process of an ordinary uid, one pipe round trip
+      by the child; decision 57), through a worker process of an ordinary uid, one pipe round trip
       a run; and as root without CAP_SYS_ADMIN (a pool uid, then the rootless steps);
     - `sandbox.run_unsafe_unconfined`: the same supervision (session, pidfd wait, output
       cap) with no confinement;
@@ -15,7 +15,7 @@
       tmpfs made, `ChildPlan` as `preexec_fn`, blocking wait, one uid held for the whole
       run), the same without the cgroup, the uid pool's acquire + release, and the sweep of
       a uid with no process.
-    Target (issue 3, acceptance 3): run_sandboxed p50 at most 1.35x bare.
+    Target: run_sandboxed p50 at most 1.35x bare.
 (b) the sample project's suite (`examples/sample_project`, `tests`), in the workspace that
     tests.harness.GatewayHome copies it to, in interleaved rounds, all in that one folder:
     - bare `python -m pytest -q tests`, as a developer runs it (PYTEST_* variables dropped);
@@ -77,6 +77,7 @@ from sandbox.backends.landlock import runtime_read_only_paths  # noqa: E402
 from sandbox.backends.scratch import ScratchSpace, files_for  # noqa: E402
 from sandbox.confine import ChildPlan, LayerReport, RunGroups  # noqa: E402
 from sandbox.errors import SandboxStartError  # noqa: E402
+from sandbox.layers import Layer  # noqa: E402
 from sandbox.limits import LAYERS  # noqa: E402
 from sandbox.pinned import pin  # noqa: E402
 from tests.harness import GatewayHome, StdioSession, reachable_by_everyone  # noqa: E402
@@ -264,7 +265,7 @@ def confined(
     limits: Limits,
     *,
     host: LayerReport | None = None,
-    layers: frozenset[str] = frozenset(),
+    layers: frozenset[Layer] = frozenset(),
 ) -> Callable[[], Awaitable[None]]:
     """`run_sandboxed` of the trivial command, as `host` says this host is (default: probed); it must get `layers`."""
 
@@ -334,7 +335,7 @@ def trivial_sides(root: Path, pool: UidPool) -> tuple[list[Side], Callable[[], N
     # Root without CAP_SYS_ADMIN (a default container): a pool uid, then the rootless steps.
     no_sys_admin = dataclasses.replace(probe_host(), user_namespace=True)
     sandboxed_pool_userns = confined(
-        root, cwd, out, limits, host=no_sys_admin, layers=frozenset({"uid_drop", "user_namespace"})
+        root, cwd, out, limits, host=no_sys_admin, layers=frozenset({Layer.UID_DROP, Layer.USER_NAMESPACE})
     )
     rootless = RootlessWorker(root / "rootless")
     sandboxed_v2 = on_cgroup_v2(root, cwd, out, limits)
@@ -598,7 +599,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     report = probe_host()
     active = [
-        f"{name} (ABI {report.landlock})" if name == "landlock" else name for name in LAYERS if getattr(report, name)
+        f"{layer} (ABI {report.landlock})" if layer is Layer.LANDLOCK else layer
+        for layer in LAYERS
+        if report.has(layer)
     ]
     print(
         f"sandbox cost: python {platform.python_version()}, Linux {platform.release()}, {os.cpu_count()} cpus;"

@@ -1,4 +1,4 @@
-"""Which shell parser reads the review's commands right (issue 11, items 1 and 2): tree-sitter-bash or bashlex.
+"""Which shell parser reads an outside review's commands right (decision 41): tree-sitter-bash or bashlex.
 
 Each case is a command and the programs bash runs when it runs it. Every parser's simple
 commands go through the same normaliser (gateway/rules/shell/invocations.py: assignments and reserved
@@ -19,11 +19,11 @@ from gateway.rules.shell import invocations, lexer, tree
 from gateway.rules.shell.words import SimpleCommand, Word, WordBuilder
 
 CASES: list[tuple[str, set[str]]] = [
-    # the review, item 1 (allow side): what hides behind an allowed `pytest`
+    # the review's allow side: what hides behind an allowed `pytest`
     ("pytest () ( rm -rf ~ ) && pytest -q", {"pytest", "rm"}),
     ("pytest ${x:=$'a[\\x24(touch P)]'} $[x]", {"pytest", "touch"}),
     ("pytest -q > ~/.bashrc", {"pytest"}),
-    # the review, item 2 (deny side)
+    # the review's deny side
     ("FOO=1 rm -rf ~", {"rm"}),
     ("command rm x", {"rm"}),
     ("\\rm x", {"rm"}),

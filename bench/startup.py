@@ -1,4 +1,4 @@
-"""How long the gateway takes to start (issue 12, item 10): `--help`, and `serve` answering `initialize`.
+"""How long the gateway takes to start (decision 48): `--help`, and `serve` answering `initialize`.
 
 Hosts start one `serve` per session, so the time to the `initialize` answer is paid on every
 session. Rows, each a fresh process, timed from `Popen` to the end of the output the row waits

@@ -15,7 +15,7 @@ time, each round trip timed with `time.perf_counter_ns`.
 On each gateway a VIEWER calls `run_pytest` with a valid token in `params.auth.token`. It
 passes authentication (JWT; revocation and user read on one read-only connection) and is
 refused at authorization with -32003 once MCP_TOOL_CALL and POLICY_BLOCKED are committed,
-in one transaction, to the hash-chained log (spec sections 4 and 8).
+in one transaction, to the hash-chained log (docs/architecture.md, "The call pipeline").
 
 All servers stay up for the whole run. After an unmeasured warm-up on each, the measured
 calls run in blocks whose order rotates so machine noise falls on all alike. The script

@@ -1,4 +1,4 @@
-"""`python -m gateway` is the `mcp-gateway` command (spec section 1)."""
+"""`python -m gateway` is the `mcp-gateway` command (README.md)."""
 
 from gateway.cli import main
 

@@ -1,4 +1,4 @@
-"""The append-only, hash-chained audit log (spec section 8).
+"""The append-only, hash-chained audit log (docs/operations.md, "Audit log").
 
 Each event stores `prev_hash` and `hash = sha256(prev_hash + canonical JSON of the event)`,
 where the event is every exported field but the two hashes. Events are numbered 1, 2, 3...
@@ -385,7 +385,7 @@ def _cut(body: AuditEvent) -> tuple[bytes, bytes]:
 def _pg_array(values: Sequence[str | int | bytes | None]) -> str:
     """PostgreSQL's text form of an array, `{"a",NULL,"b"}`, for a parameter the statement casts
     (`::text[]`, `::integer[]`, `::bytea[]`). Given a list, psycopg looks at its elements to choose a
-    dumper, at every call: about a tenth of a PostgreSQL gateway's time (issue 17), for the text it
+    dumper, at every call: about a tenth of a PostgreSQL gateway's time (decision 64), for the text it
     sends anyway. Every string is quoted, so a value spelled NULL, or holding braces, commas or
     spaces, stays itself; inside the quotes only a backslash and a double quote are escaped."""
     return "{" + ",".join(_pg_element(value) for value in values) + "}"

@@ -1,4 +1,4 @@
-"""Stage 2 of the pipeline (spec section 4): a per-call JWT becomes a Principal, or -32001.
+"""Stage 2 of the pipeline (docs/architecture.md): a per-call JWT becomes a Principal, or -32001.
 
 pyjwt checks the signature, the algorithm, `iss`, `aud` and the presence of the required
 claims; the lifetime (`exp`, `nbf`, `iat`, the policy's max TTL) is checked here by a pure

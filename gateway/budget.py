@@ -1,4 +1,4 @@
-"""Stage 6 of the pipeline (spec section 4): a per-user budget over a sliding window.
+"""Stage 6 of the pipeline (docs/architecture.md): a per-user budget over a sliding window.
 
 A write call reserves, before it runs, one attempt and its worst case: its whole time
 limit (so concurrent calls cannot both take the last attempt, nor together start more run

@@ -1,4 +1,4 @@
-"""Canonical JSON and the argument hash of spec section 8 (sorted keys, no spaces, UTF-8)."""
+"""Canonical JSON and the argument hash of the audit log (sorted keys, no spaces, UTF-8; docs/operations.md)."""
 
 from __future__ import annotations
 

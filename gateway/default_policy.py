@@ -1,4 +1,4 @@
-"""The shipped default policy (spec section 6) and `init`'s copy of it at `<home>/policy.yaml` (spec section 3).
+"""The shipped default policy (docs/policy.md) and `init`'s copy of it at `<home>/policy.yaml` (docs/operations.md).
 
 The copy keeps the shipped file's comments (it documents itself) and changes only the
 workspaces: each becomes absolute, so that the copy names the same folders from its new place

@@ -1,4 +1,4 @@
-"""The refusals a tools/call can end in, one class per JSON-RPC code (spec section 4).
+"""The refusals a tools/call can end in, one class per JSON-RPC code (docs/error-codes.md).
 
 | code   | class                   | when                                                       |
 |--------|-------------------------|------------------------------------------------------------|
@@ -174,12 +174,12 @@ class StorageUnavailableError(InternalError):
 
 
 class CommandError(Exception):
-    """A command's expected failure: one line on stderr, exit 1 (spec section 3)."""
+    """A command's expected failure: one line on stderr, exit 1 (docs/operations.md)."""
 
 
 class UsageError(Exception):
     """A command-line value of the wrong form, found once argparse is done: one line naming the flag and
-    the form it takes on stderr, exit 2 like argparse's own usage errors (spec section 3)."""
+    the form it takes on stderr, exit 2 like argparse's own usage errors (docs/operations.md)."""
 
 
 class ConfigError(Exception):

@@ -1,10 +1,10 @@
-"""Which gateways are alive, across processes and hosts (issue 12, item 4): a lease per serving process.
+"""Which gateways are alive, across processes and hosts (decision 50): a lease per serving process.
 
 Each `serve` process records a row in `gateway_sessions` under the session id its consent
 questions and runs carry, and renews its lease (`alive_until`) every sweep period on a thread and
 a connection of its own (`LeaseKeeper`), never in the queue calls' database work waits in: 80
 calls queued behind a locked row once kept a live gateway from renewing, and another gateway then
-closed its question as abandoned (issue 26, item 3). It sets `closed_at` when it stops cleanly. Another process judges it
+closed its question as abandoned (decision 67). It sets `closed_at` when it stops cleanly. Another process judges it
 gone when its lease ran out or it closed, and, on the same kernel and in the same pid
 namespace, at once when its pid no longer is the process that registered (its start time
 differs, or no such pid): a `kill -9` is seen within a poll, not a lease. Across hosts the
@@ -89,7 +89,7 @@ def is_gone(session: SessionRecord, now: float, here: ProcessIdentity, probe: St
 
 
 def is_dead_here(session: SessionRecord, here: ProcessIdentity, probe: StartTimeProbe = start_time_of) -> bool:
-    """Whether `session`'s process is known dead (issue 26, item 9): seen from the same kernel and pid
+    """Whether `session`'s process is known dead (decision 69): seen from the same kernel and pid
     namespace, its pid is no longer the process that registered. A lease that ran out proves no death."""
     theirs = session.identity
     return _same_pids(theirs, here) and probe(theirs.pid) != theirs.pid_started

@@ -1,4 +1,4 @@
-"""What reaches stderr, and how often (issue 12, item 5; operations.md "Logs").
+"""What reaches stderr, and how often (docs/operations.md, "Logs").
 
 Every failure of the gateway's own is logged with its cause, and no input can make the log grow
 faster than the calls. The handler `serve` (and every command) logs through applies, in order:

@@ -1,4 +1,4 @@
-"""The calls a gateway left open when it died (issue 26, item 9): their cards, found and claimed for the sweep.
+"""The calls a gateway left open when it died (decision 69): their cards, found and claimed for the sweep.
 
 Every `MCP_TOOL_CALL` the log keeps without a terminal event has a card still `pending` or
 `running` (gateway/calls.py: the entry event and the card's first row are one commit), and the
@@ -18,6 +18,7 @@ from sqlalchemy import Engine, and_, exists, select, update
 
 from gateway import db
 from gateway.db.errors import storage_errors
+from gateway.runs import RunStatus
 
 OPEN = ("pending", "running")
 CLAIMED = "error"
@@ -48,7 +49,7 @@ class OpenCalls:
             select(t.c.run_id, t.c.status, t.c.session_id, t.c.user_name, t.c.workspace, t.c.tool_name, r.c.run_id)
             .select_from(t.outerjoin(r, r.c.run_id == t.c.run_id))
             .where(t.c.status.in_(OPEN), t.c.session_id.is_not(None), ~asked)
-            .where(r.c.status.is_(None) | r.c.status.not_in(("running", "abandoned")))
+            .where(r.c.status.is_(None) | r.c.status.not_in((RunStatus.RUNNING, RunStatus.ABANDONED)))
         )
         with storage_errors("open calls could not be read", log=None), self._read.connect() as connection:
             rows = connection.execute(query).all()

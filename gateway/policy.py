@@ -1,4 +1,4 @@
-"""policy.yaml (spec section 6): strict loading with file:line errors, into frozen values.
+"""policy.yaml (docs/policy.md): strict loading with file:line errors, into frozen values.
 
 The loader walks PyYAML's node tree rather than the loaded dict so that every error can
 name the line it is about, and so that a duplicated key (which plain `yaml.safe_load`

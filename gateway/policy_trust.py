@@ -1,4 +1,4 @@
-"""Which policy file the gateway acts on (spec section 2): one nobody but its own user or root could write.
+"""Which policy file the gateway acts on (decision 42): one nobody but its own user or root could write.
 
 The policy decides what agents may do, so it must come from the person who runs the gateway:
 not from the agent it governs, nor from another user of the host. Before the file is read,

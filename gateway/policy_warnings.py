@@ -1,4 +1,4 @@
-"""What `policy check` warns about (spec section 6): settings that are valid but risky.
+"""What `policy check` warns about (docs/policy.md): settings that are valid but risky.
 
 Each warning names the policy file and says what the setting lets happen; none of them stops the
 gateway, whose policy loader (gateway/policy.py) refuses only what is invalid.

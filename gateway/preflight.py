@@ -1,4 +1,4 @@
-"""Preflight (issue 14, item 4): every path a run needs is reachable by the run's identity, before the budget.
+"""Preflight (decision 54): every path a run needs is reachable by the run's identity, before the budget.
 
 A run executes this gateway's interpreter as an unprivileged pool uid with no groups
 (sandbox/backends/identity.py), reads the standard library and the venv's site-packages, and reads

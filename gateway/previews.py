@@ -1,4 +1,4 @@
-"""What an agent's tool use would do, as a person at `mcp-gateway approvals` reads it (spec section 9).
+"""What an agent's tool use would do, as a person at `mcp-gateway approvals` reads it (docs/claude-code.md, "What the approver shows").
 
 Bash shows its command, WebFetch its URL and host, and Edit, MultiEdit and Write a unified diff
 against the file as it is now. The current file is read only inside the workspace, opened

@@ -1,4 +1,4 @@
-"""Stage 3 of the pipeline (spec section 4): a role's permissions must include the tool's."""
+"""Stage 3 of the pipeline (docs/architecture.md): a role's permissions must include the tool's."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class Permission(StrEnum):
 
 
 ADMIN_ROLE = "ADMIN"
-"""The one role that reads every workspace's runs (spec section 5)."""
+"""The one role that reads every workspace's runs (decision 6)."""
 
 
 def has_permission(roles: Mapping[str, frozenset[Permission]], role: str, permission: Permission) -> bool:

@@ -1,4 +1,4 @@
-"""What a gateway closes for gateways that died or could not record an end (issue 10 item 4, issue 12 item 4).
+"""What a gateway closes for gateways that died or could not record an end (docs/operations.md; decisions 38, 50, 69).
 
 At start, before serving (`close_abandoned_runs`), and every sweep period while serving
 (`keep_sweeping`, its database work on a worker thread, never on the event loop), a gateway:
@@ -19,7 +19,7 @@ At start, before serving (`close_abandoned_runs`), and every sweep period while 
   deadline (its processes died with the gateway), charged what ran until the death was seen;
 - closes each call a dead gateway left open (gateway/open_calls.py: in-band consent, the budget,
   the sandbox's start) with POLICY_BLOCKED (TOOL_FINISHED if its tool ran) `{status: abandoned,
-  reason: gateway_lost}`, its card closed, nothing charged when nothing ran (issue 26, item 9);
+  reason: gateway_lost}`, its card closed, nothing charged when nothing ran;
 - removes the scratch folders of dead runs (sandbox/leftovers.py);
 - while serving, also forgets sessions gone for a week and questions closed a day ago.
 
@@ -65,7 +65,7 @@ from gateway.liveness import (
     this_process,
 )
 from gateway.open_calls import OpenCall, OpenCalls
-from gateway.runs import RunRecord
+from gateway.runs import RunRecord, RunStatus
 from gateway.services import Services, Stores
 from gateway.tick_failures import FailureStreak
 from sandbox.leftovers import kill_unheld_uids, sweep_scratch
@@ -268,7 +268,7 @@ def _close_run(services: Stores, run: RunRecord, reason: str, *, died: bool) -> 
                 user=run.user,
                 workspace=run.workspace,
                 tool_name=run.tool_name,
-                detail={"status": "abandoned", "reason": reason},
+                detail={"status": RunStatus.ABANDONED, "reason": reason},
             ),
             along=[Moved(run.run_id, "error", services.clock.now(), reason=reason, message=_RUN_ABANDONED)],
         )
@@ -410,12 +410,12 @@ async def keep_sweeping(services: Services, pace: Pace | None = None) -> None:
     session = services.consent.session_id
     services.runs.owner = session
     sessions = services.sessions
-    # The lease on a thread and a connection of its own, not in the database threads' queue (issue 26, item 3).
+    # The lease on a thread and a connection of its own, not in the database threads' queue (decision 67).
     keeper = LeaseKeeper(
         db.separate_engine(services.engine), session, here, services.clock, period_s=pace.period_s, lease_s=pace.lease_s
     )
     keeper.start()
-    # No tick's failure ends the gateway (issue 26, item 2): each is logged once and retried.
+    # No tick's failure ends the gateway (decision 68): each is logged once and retried.
     database = FailureStreak("the sweep", pace.period_s)
     scratch = FailureStreak("the scratch folder sweep", pace.period_s)
     try:
@@ -448,4 +448,4 @@ def _tick(services: Services, sessions: SessionStore, here: ProcessIdentity, pac
     now = services.clock.now()
     sweep_once(services, pace, here)
     sessions.purge(now - SESSION_KEEP_S)
-    services.consent_store.purge_expired(now)  # questions closed long ago (issue 12, item 7)
+    services.consent_store.purge_expired(now)  # questions closed long ago (docs/operations.md)

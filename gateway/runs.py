@@ -1,4 +1,4 @@
-"""Runs and their artifact folders (spec section 5): who ran what, in which workspace."""
+"""Runs and their artifact folders (docs/operations.md, "The state folder"): who ran what, in which workspace."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from sqlalchemy import ColumnElement, Engine, String, any_, bindparam, select, update
@@ -28,6 +29,7 @@ class RunRecord:
     tool_name: str
     created_at: float
     status: str
+    """A RunStatus, as stored (a record written by an older gateway keeps its own spelling)."""
     exit_code: int | None
     deadline: float | None = None
     """When no process of the run can be alive any more (sandbox watchdog); None for older records."""
@@ -35,8 +37,28 @@ class RunRecord:
     """The gateway session running it (gateway/liveness.py); None for records older than migration 0006."""
 
 
-ABANDONED = "abandoned"
-"""The status of a run whose end nobody recorded: its gateway died, or could not write it (gateway/recovery.py)."""
+class RunStatus(StrEnum):
+    """What the `runs` table records of a run; a run that ended by itself, or that a sweep closed, has the
+    same `status` in its TOOL_FINISHED."""
+
+    RUNNING = "running"
+    """Inserted before anything runs; every other status is how it ended."""
+    OK = "ok"
+    """The tool ran and reported success."""
+    ERROR = "error"
+    """The tool ran and reported failure (failing tests, a non-zero exit)."""
+    # The sandbox stopped the run for a limit: the status is the reason the call was refused with.
+    TIMEOUT = Reason.TIMEOUT
+    OUTPUT_LIMIT = Reason.OUTPUT_LIMIT
+    MEMORY_LIMIT = Reason.MEMORY_LIMIT
+    FAILED = "failed"
+    """The gateway failed during the run (its artifacts or events could not be written)."""
+    FAILED_TO_START = "failed_to_start"
+    """The sandbox could not start it: nothing ran (`sandbox_start_failed`)."""
+    CANCELLED = "cancelled"
+    """The client cancelled the call while it ran."""
+    ABANDONED = "abandoned"
+    """Nobody recorded its end: its gateway died, or could not write it (gateway/recovery.py)."""
 
 
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
@@ -46,7 +68,8 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS
 @contextmanager
 def artifact_errors(run_id: str) -> Iterator[None]:
     """Turn a storage failure writing `run_id`'s artifacts (its folder, output, junit.xml, evidence.json)
-    into -32603 `artifacts_unavailable`, with one ERROR line naming the cause (issue 26, item 10).
+    into -32603 `artifacts_unavailable`, with one ERROR line naming the cause
+    (docs/operations.md, "A disk that fills during a run").
 
     Without it a disk filling during a run was answered `internal_error` with a traceback. Other
     OSErrors are not the disk's and stay unexpected."""
@@ -103,7 +126,7 @@ class RunStore:
 
     def fetch_running(self) -> list[RunRecord]:
         """Runs still `running`: gateway/recovery.py closes those whose gateway is dead, or past their deadline."""
-        query = select(db.runs).where(db.runs.c.status == "running")
+        query = select(db.runs).where(db.runs.c.status == RunStatus.RUNNING)
         with storage_errors("runs could not be read", log=None), self._read.connect() as connection:
             return [_record(row) for row in connection.execute(query)]
 
@@ -116,8 +139,8 @@ class RunStore:
         with storage_errors("a run could not be closed", log=None), self._engine.begin() as connection:
             changed = connection.execute(
                 update(db.runs)
-                .where(db.runs.c.run_id == run_id, db.runs.c.status == "running")
-                .values(status=ABANDONED)
+                .where(db.runs.c.run_id == run_id, db.runs.c.status == RunStatus.RUNNING)
+                .values(status=RunStatus.ABANDONED)
             ).rowcount
         return bool(changed)
 
@@ -126,19 +149,19 @@ class RunStore:
         with storage_errors("a run could not be reopened", log=None), self._engine.begin() as connection:
             connection.execute(
                 update(db.runs)
-                .where(db.runs.c.run_id == run_id, db.runs.c.status == ABANDONED)
-                .values(status="running")
+                .where(db.runs.c.run_id == run_id, db.runs.c.status == RunStatus.ABANDONED)
+                .values(status=RunStatus.RUNNING)
             )
 
     def finish(self, run_id: str, status: str, exit_code: int | None) -> bool:
-        """Record how the run ended; False when it was closed as `abandoned` already (that record stays)."""
+        """Record how the run ended (a RunStatus); False when it was closed as `abandoned` already (that record stays)."""
         with (
             storage_errors("the run's end could not be recorded", log=log, run_id=run_id),
             self._engine.begin() as connection,
         ):
             changed = connection.execute(
                 update(db.runs)
-                .where(db.runs.c.run_id == run_id, db.runs.c.status != ABANDONED)
+                .where(db.runs.c.run_id == run_id, db.runs.c.status != RunStatus.ABANDONED)
                 .values(status=status, exit_code=exit_code)
             ).rowcount
         return bool(changed)

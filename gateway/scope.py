@@ -1,4 +1,4 @@
-"""Stages 4 and 5 of the pipeline (spec section 4): the call against the policy, then the schema.
+"""Stages 4 and 5 of the pipeline (docs/architecture.md): the call against the policy, then the schema.
 
 `check_call` decides which workspace a call acts in and whether its arguments stay inside
 the policy (allowlist, workspace, paths, timeout); `check_arguments` validates them

@@ -1,4 +1,4 @@
-"""The stdio MCP server (spec sections 4-5): SDK wiring, and the one place errors become MCPError.
+"""The stdio MCP server (docs/architecture.md, "How a request flows"): SDK wiring, and the one place errors become MCPError.
 
 Every refusal leaves a handler through `to_mcp_error`, with `data.run_id` and
 `data.reason`; anything unexpected is logged (never with arguments or tokens) and
@@ -205,7 +205,7 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
 
 def build_server(services: Services) -> Server[Any]:
     pipeline = Pipeline(services)
-    # Claude Code's permission prompt tool (spec section 9): offered only when the policy enables it,
+    # Claude Code's permission prompt tool (docs/claude-code.md): offered only when the policy enables it,
     # whatever params.auth says; it authenticates with params.auth when present (never replaced), else
     # with the server's MCP_GATEWAY_TOKEN.
     prompt = PermissionPrompt(services) if services.policy.permission_prompt.enabled else None
@@ -355,7 +355,7 @@ async def _stop_on_unwritable_files(scope: anyio.CancelScope, guard: FileGuard, 
     # The guard finds an unwritable file on whichever database thread checked it, and refuses that
     # transaction: one more would risk SIGBUS, so serving ends too. A pipe carries the news to
     # the loop from any thread; it stays open, as a database thread may still hold the hook.
-    # Its own failure (no descriptor left for the pipe) is never the gateway's end (issue 26, item 2):
+    # Its own failure (no descriptor left for the pipe) is never the gateway's end (decision 68):
     # logged once and retried, while the guard goes on refusing each transaction on an unwritable file.
     trouble = FailureStreak("the database file guard's watcher", WATCHER_RETRY_S, log=log)
     while True:

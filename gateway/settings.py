@@ -1,4 +1,4 @@
-"""Where the gateway keeps its state (spec section 2): flag > environment variable > default.
+"""Where the gateway keeps its state (docs/operations.md, "The state folder"): flag > environment variable > default.
 
 The policy's default is `<home>/policy.yaml`, never the working folder: an MCP client starts
 `serve` in whatever folder it likes (Claude Code: the agent's project), so a `./policy.yaml`

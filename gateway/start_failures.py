@@ -1,4 +1,4 @@
-"""What a `sandbox_start_failed` says (issue 14, item 4): the sandbox's step slug -> what failed and the fix.
+"""What a `sandbox_start_failed` says (docs/error-codes.md): the sandbox's step slug -> what failed and the fix.
 
 The sandbox raises `SandboxStartError(slug)` when a run could not start (sandbox/errors.py); the
 slug names the step. The client's message and the gateway's log line say which step failed and

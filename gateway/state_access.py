@@ -1,8 +1,8 @@
-"""Whether this user can use the state folder, its database and its policy (spec section 2), said in one line.
+"""Whether this user can use the state folder, its database and its policy (docs/operations.md, "The state folder"), said in one line.
 
 Another user's state folder used to read as "no policy ... run init" (the folder could not be
-searched, so the policy looked absent), and `init` then ended in a PermissionError traceback
-(issue 26, item 13). Before a command touches its state, `check_state_access` finds the first
+searched, so the policy looked absent), and `init` then ended in a PermissionError traceback.
+Before a command touches its state, `check_state_access` finds the first
 path it would need and cannot use: a folder on the way it may not enter, the state folder, the
 SQLite database and its -wal/-shm, the signing keys, the policy, each checked for the access
 the command needs, and names that path, its owner and what to do instead.

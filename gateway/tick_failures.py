@@ -1,4 +1,4 @@
-"""How a periodic task of a serving gateway fails (issue 26, item 2): logged once, retried, never fatal.
+"""How a periodic task of a serving gateway fails (decision 68): logged once, retried, never fatal.
 
 A background task (the sweep, the lease renewal, the scratch folder sweep) runs in ticks. A tick
 that raises must not end the gateway and its calls with it, and a cause that lasts must not

@@ -1,4 +1,4 @@
-"""Newline-delimited JSON-RPC over stdin/stdout that answers malformed input (spec section 4).
+"""Newline-delimited JSON-RPC over stdin/stdout that answers malformed input (decisions 10 and 47).
 
 The SDK's stdio transport drops a line it cannot parse without a reply. A gateway must
 answer every message, and must not let one hostile line cost unbounded memory, so this
@@ -20,14 +20,14 @@ child process can never write into the JSON-RPC stream. The client's pipes (or s
 Node host gives them) are read and written from the event loop without blocking it (`Wire`):
 a call's request and answer cost no thread hop.
 
-A client that closes its end of stdout can never be answered again (issue 12, item 9): a write
+A client that closes its end of stdout can never be answered again (docs/operations.md, "The client stops reading"): a write
 that fails with EPIPE, or a pipe whose reader is gone while there is nothing to write (the
 kernel reports that at once), raises `ClientGoneError` out of the transport. That cancels
 everything it served (calls in flight end as cancelled calls do: runs killed, terminal events
 written) and `serve` exits with one line on stderr. A client that is alive but does not read is
 only waited for: its answers queue behind the full pipe while runs keep their time limits.
 
-Such a client may go on writing (issue 26, item 15): 20,000 pings it never read the answers of
+Such a client may go on writing (decision 70): 20,000 pings it never read the answers of
 held 20,000 answers in memory (RSS 101 -> 358 MB). So the reader passes no message on while more
 than `MAX_OUTBOUND_BACKLOG` messages wait to be written (`OutboundBacklog`): the client's writes
 then wait on its own full pipe, and once it reads, every answer follows, in order.

@@ -1,4 +1,4 @@
-"""Users, their roles and workspaces (spec section 3: `user add/list/disable/set-role`)."""
+"""Users, their roles and workspaces (docs/operations.md, "Users": `user add/list/disable/set-role`)."""
 
 from __future__ import annotations
 

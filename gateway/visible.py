@@ -1,4 +1,4 @@
-"""What a person is shown of a request, on every channel (spec sections 7 and 9): every character
+"""What a person is shown of a request, on every channel (decision 40): every character
 visibly printing, and every cut explicit.
 
 `visible` is the one escaping of the elicitation message, the terminal approver, the questions

@@ -1,4 +1,4 @@
-"""Runs a command confined and limited, and reports how it ended (spec sections 4-6).
+"""Runs a command confined and limited, and reports how it ended (docs/security-model.md, "The sandbox").
 
 This package never imports `gateway`: limits come in as values, outcomes go out as values.
 """

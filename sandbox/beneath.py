@@ -1,4 +1,4 @@
-"""Open a file beneath a pinned folder, following no link, with no check-then-open gap (issue 11, item 10).
+"""Open a file beneath a pinned folder, following no link, with no check-then-open gap (decision 28).
 
 A path checked and then opened can be re-pointed in between: a folder swapped for a symlink after
 `realpath` said "inside" sends the open outside. `open_beneath(dir_fd, relative, flags)` resolves

@@ -1,4 +1,4 @@
-"""A run's stdout and stderr through pipes, copied into files by the gateway with its own cap (issue 10, item 1).
+"""A run's stdout and stderr through pipes, copied into files by the gateway with its own cap (decision 36).
 
 The run never holds a descriptor of a host file. A file descriptor lets its holder grow the
 file by means no size check sees: `fallocate(FALLOC_FL_KEEP_SIZE)` reserves blocks without

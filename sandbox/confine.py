@@ -1,4 +1,4 @@
-"""Which isolation layers a run gets, and the child-side plan that applies them in order (issues 3, 14).
+"""Which isolation layers a run gets, and the child-side plan that applies them in order (decisions 17, 57).
 
 Everything that allocates (Landlock rule fds, the seccomp program, the tmpfs, the cgroup
 files, ctypes pointers) is prepared in the parent; the child's `preexec_fn` only makes system
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import TracebackType
+from typing import assert_never
 
 from sandbox import guarantees
 from sandbox.backends import capabilities, cgroup, cgroup2, landlock, namespaces, netns, pidns, rlimits, seccomp, userns
@@ -57,6 +58,7 @@ from sandbox.backends.scratch import (
 )
 from sandbox.errors import SandboxStartError
 from sandbox.guarantees import Guarantee
+from sandbox.layers import Layer
 from sandbox.limits import BACKEND_LAYERS, LAYERS, Backend, Limits
 from sandbox.pinned import Pinned
 
@@ -92,12 +94,40 @@ class LayerReport:
     """Without `cgroup`: why not, and the fix (`cgroup_fix`), as discovery found them."""
     cgroup_fix: str = ""
 
-    def available(self, backend: Backend | None = None) -> frozenset[str]:
+    def has(self, layer: Layer) -> bool:
+        """Whether this host can apply `layer`."""
+        match layer:
+            case Layer.UID_DROP:
+                return self.uid_drop
+            case Layer.USER_NAMESPACE:
+                return self.user_namespace
+            case Layer.CGROUP:
+                return self.cgroup
+            case Layer.NETWORK_NAMESPACE:
+                return self.network_namespace
+            case Layer.IPC_NAMESPACE:
+                return self.ipc_namespace
+            case Layer.SCRATCH_TMPFS:
+                return self.scratch_tmpfs
+            case Layer.RLIMITS:
+                return self.rlimits
+            case Layer.LANDLOCK:
+                return self.landlock > 0
+            case Layer.SECCOMP:
+                return self.seccomp
+            case Layer.PID_NAMESPACE:
+                return self.pid_namespace
+            case Layer.MOUNT_TREE:
+                return self.mount_tree
+            case _:
+                assert_never(layer)
+
+    def available(self, backend: Backend | None = None) -> frozenset[Layer]:
         """The layers this host has (of `backend`, when given)."""
         names = LAYERS if backend is None else BACKEND_LAYERS[backend]
-        return frozenset(name for name in names if getattr(self, name))
+        return frozenset(layer for layer in names if self.has(layer))
 
-    def guarantees(self, backend: Backend) -> dict[Guarantee, tuple[str, ...]]:
+    def guarantees(self, backend: Backend) -> dict[Guarantee, tuple[Layer, ...]]:
         """Each guarantee a run of `backend` gets here -> the layers keeping it."""
         return guarantees.held(self.available(backend))
 
@@ -192,7 +222,7 @@ def _seccomp_platform() -> bool:
     return platform.system() == "Linux" and platform.machine() == "x86_64"
 
 
-def plan_layers(report: LayerReport, limits: Limits) -> frozenset[str]:
+def plan_layers(report: LayerReport, limits: Limits) -> frozenset[Layer]:
     """The layers a run gets: every layer of its backend the host has; raises if a required guarantee is missing."""
     gaps = report.missing(limits.backend, limits.required)
     if gaps:
@@ -200,7 +230,7 @@ def plan_layers(report: LayerReport, limits: Limits) -> frozenset[str]:
     return report.available(limits.backend)
 
 
-ROOT_LAYERS = frozenset(LAYERS) - {"user_namespace"}
+ROOT_LAYERS = frozenset(LAYERS) - {Layer.USER_NAMESPACE}
 """Every layer but the user namespace: a root gateway's runs (ChildPlan's default)."""
 
 
@@ -217,7 +247,7 @@ class ChildPlan:
         read_only: tuple[Path | Pinned, ...],
         read_write: tuple[Path, ...],
         *,
-        active: Set[str] = ROOT_LAYERS,
+        active: Set[Layer] = ROOT_LAYERS,
         group: RunCgroup | RunCgroup2 | None = None,
         scratch: ScratchSpace | None = None,
         child_scratch: NamespacedScratch | None = None,
@@ -226,13 +256,13 @@ class ChildPlan:
     ) -> None:
         """`identity`: the run's pool uid (root), None for a rootless run (the gateway's own uid, in a user namespace).
         `scratch`: a tmpfs the gateway made (root); `child_scratch`: one the child makes in its user namespace."""
-        rootless = "user_namespace" in active
-        if not rootless and (identity is None or "uid_drop" not in active):
+        rootless = Layer.USER_NAMESPACE in active
+        if not rootless and (identity is None or Layer.UID_DROP not in active):
             raise SandboxStartError("guarantee_unavailable:own_identity")
         # With bubblewrap, Landlock and seccomp are not applied here: Landlock would forbid
         # bubblewrap's mounts, and the filter its namespaces; bubblewrap installs the filter.
         native = limits.backend == "native"
-        self._identity = identity if "uid_drop" in active else None
+        self._identity = identity if Layer.UID_DROP in active else None
         self._group = group
         self._cgroup_namespace = isinstance(group, RunCgroup2) and "nsdelegate" in group.controls
         # The run's cwd by fd (a pinned workspace), not by path: Popen(cwd=path) would resolve the
@@ -243,13 +273,13 @@ class ChildPlan:
             uid, gid = (identity.uid, identity.gid) if identity is not None else (os.getuid(), os.getgid())
             self._namespace = userns.UserNamespace(uid, gid, network=limits.network)
         # Rootless, the user namespace's own unshare makes the network and IPC namespaces.
-        self._unshare_network = not rootless and "network_namespace" in active and not limits.network
-        self._unshare_ipc = not rootless and "ipc_namespace" in active
+        self._unshare_network = not rootless and Layer.NETWORK_NAMESPACE in active and not limits.network
+        self._unshare_ipc = not rootless and Layer.IPC_NAMESPACE in active
         # Natively the supervisors make the PID namespace (`status_fd` gets the command's status);
         # bubblewrap makes its own, and one supervisor outside it is the watchdog (pidns.py).
         self._supervisor = (
             pidns.RunSupervisor(timeout_s=limits.timeout_s, status_fd=status_fd if native else -1, namespace=native)
-            if not native or "pid_namespace" in active
+            if not native or Layer.PID_NAMESPACE in active
             else None
         )
         self._scratch = scratch
@@ -259,10 +289,10 @@ class ChildPlan:
         # its permissions already (and may not even reach it to mount over it).
         hidden = limits.hidden if identity is None else ()
         self._tree = NamespacedTree(hidden) if rootless and native else None
-        self._rlimits = rlimits.ResourceLimits.from_limits(limits) if "rlimits" in active else None
+        self._rlimits = rlimits.ResourceLimits.from_limits(limits) if Layer.RLIMITS in active else None
         self._landlock: landlock.PreparedLandlock | None = None
         self._seccomp: seccomp.SeccompProgram | None = None
-        if native and "landlock" in active:
+        if native and Layer.LANDLOCK in active:
             rules = landlock.LandlockRules(
                 read_only=read_only,
                 read_write=read_write,
@@ -271,7 +301,7 @@ class ChildPlan:
                 late_read_write=child_scratch is not None,
             )
             self._landlock = landlock.prepare_landlock(rules)
-        if native and "seccomp" in active:
+        if native and Layer.SECCOMP in active:
             try:
                 self._seccomp = seccomp.prepare(allow_network=limits.network)
             except BaseException:

@@ -1,4 +1,4 @@
-"""Why a guarantee is missing on this host, and the fix, in words an operator can act on (issue 14, items 3 and 5).
+"""Why a guarantee is missing on this host, and the fix, in words an operator can act on (`mcp-gateway doctor`; decision 56).
 
 `probe_host` says which layers work here; this module says why the others do not, from facts
 of the host (who the gateway runs as, its capabilities, the kernel's user-namespace switches,
@@ -19,6 +19,7 @@ from sandbox.backends import capabilities, cgroup
 from sandbox.backends.bubblewrap import BWRAP
 from sandbox.confine import LayerReport
 from sandbox.guarantees import Guarantee, held, mechanisms_for
+from sandbox.layers import Layer
 from sandbox.limits import Backend
 
 OPERATIONS = "docs/operations.md"
@@ -176,7 +177,7 @@ class Line:
 
     guarantee: Guarantee
     required: bool
-    layers: tuple[str, ...]
+    layers: tuple[Layer, ...]
     options: tuple[str, ...] = ()
     """Each way it is kept here, for humans: `cgroup`, `rlimits + uid_drop`."""
     why: str = ""

@@ -1,4 +1,4 @@
-"""What a run is promised, and which mechanisms of this host keep each promise (issue 14, item 3).
+"""What a run is promised, and which mechanisms of this host keep each promise (decision 56).
 
 A policy says what must hold for a run (`sandbox.require`), not how: the same guarantee is kept
 by different mechanisms on different hosts. A gateway started as root gives each run a pool uid
@@ -8,8 +8,8 @@ mechanisms this host has (sandbox/confine.py `LayerReport`); `held` maps them to
 the runner applies every mechanism it has and refuses to start a run when a required guarantee
 has none.
 
-Mechanism names are the runner's layers (`sandbox.limits.LAYERS`, plus `user_namespace`), and
-they are what evidence.json and the audit's `SANDBOX_EXEC` report as `layers`.
+Mechanism names are the runner's layers (`sandbox.layers.Layer`), and they are what evidence.json
+and the audit's `SANDBOX_EXEC` report as `layers`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Set
 from enum import StrEnum
 from types import MappingProxyType
+
+from sandbox.layers import Layer
 
 
 class Guarantee(StrEnum):
@@ -49,26 +51,26 @@ MEANING: Mapping[Guarantee, str] = MappingProxyType(
     }
 )  # fmt: skip
 
-_KEPT_BY: Mapping[Guarantee, tuple[frozenset[str], ...]] = MappingProxyType(
+_KEPT_BY: Mapping[Guarantee, tuple[frozenset[Layer], ...]] = MappingProxyType(
     {
         # Each entry: alternative sets of mechanisms; the guarantee holds when one set is all there.
-        Guarantee.OWN_IDENTITY: (frozenset({"uid_drop"}), frozenset({"user_namespace"})),
-        Guarantee.FILE_GRANTS: (frozenset({"landlock"}), frozenset({"mount_tree"})),
-        Guarantee.NO_NETWORK: (frozenset({"network_namespace"}),),
-        Guarantee.BOUNDED_SCRATCH: (frozenset({"scratch_tmpfs"}),),
-        Guarantee.MEMORY_TOTAL: (frozenset({"cgroup"}),),
+        Guarantee.OWN_IDENTITY: (frozenset({Layer.UID_DROP}), frozenset({Layer.USER_NAMESPACE})),
+        Guarantee.FILE_GRANTS: (frozenset({Layer.LANDLOCK}), frozenset({Layer.MOUNT_TREE})),
+        Guarantee.NO_NETWORK: (frozenset({Layer.NETWORK_NAMESPACE}),),
+        Guarantee.BOUNDED_SCRATCH: (frozenset({Layer.SCRATCH_TMPFS}),),
+        Guarantee.MEMORY_TOTAL: (frozenset({Layer.CGROUP}),),
         # RLIMIT_NPROC counts the processes of a uid in a user namespace: the run's alone when the
         # uid is a pool uid of its own, or when the run has a user namespace of its own (Linux 5.14+).
         Guarantee.PROCESS_TOTAL: (
-            frozenset({"cgroup"}),
-            frozenset({"rlimits", "uid_drop"}),
-            frozenset({"rlimits", "user_namespace"}),
+            frozenset({Layer.CGROUP}),
+            frozenset({Layer.RLIMITS, Layer.UID_DROP}),
+            frozenset({Layer.RLIMITS, Layer.USER_NAMESPACE}),
         ),
-        Guarantee.PROCESS_LIMITS: (frozenset({"rlimits"}),),
-        Guarantee.SYSCALL_FILTER: (frozenset({"seccomp"}),),
-        Guarantee.WHOLE_RUN_KILL: (frozenset({"pid_namespace"}), frozenset({"cgroup"})),
-        Guarantee.PROCESS_ISOLATION: (frozenset({"pid_namespace"}),),
-        Guarantee.IPC_ISOLATION: (frozenset({"ipc_namespace"}),),
+        Guarantee.PROCESS_LIMITS: (frozenset({Layer.RLIMITS}),),
+        Guarantee.SYSCALL_FILTER: (frozenset({Layer.SECCOMP}),),
+        Guarantee.WHOLE_RUN_KILL: (frozenset({Layer.PID_NAMESPACE}), frozenset({Layer.CGROUP})),
+        Guarantee.PROCESS_ISOLATION: (frozenset({Layer.PID_NAMESPACE}),),
+        Guarantee.IPC_ISOLATION: (frozenset({Layer.IPC_NAMESPACE}),),
     }
 )
 
@@ -83,24 +85,24 @@ subtree); where it has one, runs get it anyway (docs/security-model.md)."""
 
 LAYER_GUARANTEES: Mapping[str, tuple[Guarantee, ...]] = MappingProxyType(
     {
-        "uid_drop": (Guarantee.OWN_IDENTITY,),
-        "cgroup": (Guarantee.MEMORY_TOTAL, Guarantee.PROCESS_TOTAL),
-        "network_namespace": (Guarantee.NO_NETWORK,),
-        "ipc_namespace": (Guarantee.IPC_ISOLATION,),
-        "scratch_tmpfs": (Guarantee.BOUNDED_SCRATCH,),
-        "rlimits": (Guarantee.PROCESS_LIMITS,),
-        "landlock": (Guarantee.FILE_GRANTS,),
-        "mount_tree": (Guarantee.FILE_GRANTS,),
-        "seccomp": (Guarantee.SYSCALL_FILTER,),
-        "pid_namespace": (Guarantee.WHOLE_RUN_KILL, Guarantee.PROCESS_ISOLATION),
+        Layer.UID_DROP: (Guarantee.OWN_IDENTITY,),
+        Layer.CGROUP: (Guarantee.MEMORY_TOTAL, Guarantee.PROCESS_TOTAL),
+        Layer.NETWORK_NAMESPACE: (Guarantee.NO_NETWORK,),
+        Layer.IPC_NAMESPACE: (Guarantee.IPC_ISOLATION,),
+        Layer.SCRATCH_TMPFS: (Guarantee.BOUNDED_SCRATCH,),
+        Layer.RLIMITS: (Guarantee.PROCESS_LIMITS,),
+        Layer.LANDLOCK: (Guarantee.FILE_GRANTS,),
+        Layer.MOUNT_TREE: (Guarantee.FILE_GRANTS,),
+        Layer.SECCOMP: (Guarantee.SYSCALL_FILTER,),
+        Layer.PID_NAMESPACE: (Guarantee.WHOLE_RUN_KILL, Guarantee.PROCESS_ISOLATION),
     }
 )
 """The guarantees each name of the old `sandbox.required_layers` stood for (policy migration)."""
 
 
-def held(mechanisms: Set[str]) -> dict[Guarantee, tuple[str, ...]]:
+def held(mechanisms: Set[Layer]) -> dict[Guarantee, tuple[Layer, ...]]:
     """Each guarantee these mechanisms keep -> the mechanisms keeping it (every alternative that holds)."""
-    out: dict[Guarantee, tuple[str, ...]] = {}
+    out: dict[Guarantee, tuple[Layer, ...]] = {}
     for guarantee, alternatives in _KEPT_BY.items():
         keeping = [name for option in alternatives if option <= mechanisms for name in sorted(option)]
         if keeping:
@@ -108,14 +110,14 @@ def held(mechanisms: Set[str]) -> dict[Guarantee, tuple[str, ...]]:
     return out
 
 
-def missing(mechanisms: Set[str], required: Iterable[Guarantee]) -> list[Guarantee]:
+def missing(mechanisms: Set[Layer], required: Iterable[Guarantee]) -> list[Guarantee]:
     """The required guarantees no set of these mechanisms keeps, in declaration order."""
     kept = held(mechanisms)
     wanted = set(required)
     return [g for g in Guarantee if g in wanted and g not in kept]
 
 
-def mechanisms_for(guarantee: Guarantee) -> tuple[frozenset[str], ...]:
+def mechanisms_for(guarantee: Guarantee) -> tuple[frozenset[Layer], ...]:
     """The alternative mechanism sets that keep `guarantee`."""
     return _KEPT_BY[guarantee]
 

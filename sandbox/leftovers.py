@@ -1,4 +1,4 @@
-"""What a gateway killed mid-run leaves on the host, and the sweep that removes it (issue 10 item 4, issue 26 item 2).
+"""What a gateway killed mid-run leaves on the host, and the sweep that removes it (decisions 38 and 68).
 
 The PID namespace and its watchdog end every process of such a run (backends/pidns.py), and
 its cgroups are emptied and reused by the next run of the same uid (backends/cgroup.py). What
@@ -154,7 +154,7 @@ def _still_named(parent_fd: int, name: str, held: os.stat_result) -> bool:
 
 
 def kill_unheld_uids(pool: range = DEFAULT_POOL, lock_dir: Path | None = None) -> dict[int, list[int]]:
-    """Kill every process of a run uid that no gateway holds; {uid: pids killed} (issue 26, item 9).
+    """Kill every process of a run uid that no gateway holds; {uid: pids killed} (decision 69).
 
     A gateway holds each run uid it hands out with a `flock` on the uid's file in the host's
     lock folder (backends/identity.py `UidPool`) until the run is swept; the lock dies with the

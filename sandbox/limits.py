@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from sandbox.guarantees import ALWAYS_REQUIRED, DEFAULT_REQUIRED, Guarantee
+from sandbox.layers import Layer
 from sandbox.pinned import Pinned
 
 MIB = 1024 * 1024
@@ -19,26 +20,26 @@ namespace's two supervisors (backends/pidns.py); with bubblewrap the watchdog, b
 Backend = Literal["native", "bubblewrap"]
 BACKENDS: tuple[Backend, ...] = ("native", "bubblewrap")
 
-BACKEND_LAYERS: Mapping[Backend, tuple[str, ...]] = MappingProxyType(
+BACKEND_LAYERS: Mapping[Backend, tuple[Layer, ...]] = MappingProxyType(
     {
         # Every layer applied by the gateway itself, in the child between fork and exec.
         "native": (
-            "uid_drop", "user_namespace", "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits",
-            "landlock", "seccomp", "pid_namespace",
+            Layer.UID_DROP, Layer.USER_NAMESPACE, Layer.CGROUP, Layer.NETWORK_NAMESPACE, Layer.IPC_NAMESPACE,
+            Layer.SCRATCH_TMPFS, Layer.RLIMITS, Layer.LANDLOCK, Layer.SECCOMP, Layer.PID_NAMESPACE,
         ),
         # The same steps up to the uid drop (or the user namespace), then bubblewrap: its mount
         # tree stands in for Landlock (which would forbid bubblewrap's own mounts) and it installs
         # the seccomp program just before the command.
         "bubblewrap": (
-            "uid_drop", "user_namespace", "cgroup", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits",
-            "mount_tree", "pid_namespace", "seccomp",
+            Layer.UID_DROP, Layer.USER_NAMESPACE, Layer.CGROUP, Layer.NETWORK_NAMESPACE, Layer.IPC_NAMESPACE,
+            Layer.SCRATCH_TMPFS, Layer.RLIMITS, Layer.MOUNT_TREE, Layer.PID_NAMESPACE, Layer.SECCOMP,
         ),
     }
 )  # fmt: skip
 """The layers (mechanisms) each backend applies where the host has them (sandbox/confine.py;
 sandbox/guarantees.py maps them to what a policy requires)."""
 
-LAYERS: tuple[str, ...] = tuple(dict.fromkeys(name for names in BACKEND_LAYERS.values() for name in names))
+LAYERS: tuple[Layer, ...] = tuple(dict.fromkeys(name for names in BACKEND_LAYERS.values() for name in names))
 """Every layer the sandbox knows, of either backend."""
 
 

@@ -1,4 +1,4 @@
-"""Paths pinned by identity: opened once without following links, then used by fd (issue 10, item 3).
+"""Paths pinned by identity: opened once without following links, then used by fd (decision 30).
 
 A policy names its workspaces and `allowed_paths` by path, and a path can be re-pointed
 later: a tenant who may rename their workspace folder can put a symlink to a parent (or to

@@ -1,4 +1,4 @@
-"""Whether the run's identity can reach a path, from permission bits alone (issue 14: preflight).
+"""Whether the run's identity can reach a path, from permission bits alone (preflight: decision 54).
 
 The run does not have the gateway's uid: as root, each run gets a pool uid of its own with no
 supplementary groups (sandbox/backends/identity.py), so `os.access` (which answers for the

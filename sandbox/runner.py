@@ -38,6 +38,7 @@ from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, files_for
 from sandbox.capture import OutputCapture
 from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers, run_groups
 from sandbox.errors import SandboxStartError
+from sandbox.layers import Layer
 from sandbox.limits import Limits
 from sandbox.pinned import Pinned
 from sandbox.task_groups import task_group
@@ -70,7 +71,7 @@ class RunResult:
     oom_kills: int = 0
     forks_refused: int = 0
     """fork/clone calls the run's process limit refused (cgroup layer only)."""
-    layers: tuple[str, ...] = ()
+    layers: tuple[Layer, ...] = ()
     """The isolation layers this run got, in the order they were applied."""
     collected: Mapping[str, Path] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     """Scratch files copied out (name -> where), those that were regular files under the size cap."""
@@ -107,20 +108,20 @@ async def run_sandboxed(
     then whatever the run left behind, daemonized grandchildren included, is killed before this
     returns. `on_stdout` sees the kept stdout as it arrives (a run's progress; it must not raise).
     `host` is what this host can enforce (default: probed once); a layer it lacks is
-    left out unless `limits.required_layers` names it. Raises SandboxStartError when a required
-    layer is missing or cannot be applied: nothing ran.
+    left out unless a guarantee the run requires (`limits.required`) needs it. Raises SandboxStartError
+    when a required guarantee has no layer here, or a layer cannot be applied: nothing ran.
     """
     report = host or probe_host()
     active = plan_layers(report, limits)
-    identity = _POOL.acquire() if "uid_drop" in active else None
+    identity = _POOL.acquire() if Layer.UID_DROP in active else None
     owner = (identity.uid, identity.gid) if identity is not None else (os.getuid(), os.getgid())
     group: RunCgroup | RunCgroup2 | None = None
     try:
         with contextlib.ExitStack() as stack:
-            if "cgroup" in active:
+            if Layer.CGROUP in active:
                 group = stack.enter_context(_run_cgroup(identity, limits, report.cgroup_version))
             space, child_scratch = None, None
-            if "scratch_tmpfs" in active and "user_namespace" in active:
+            if Layer.SCRATCH_TMPFS in active and Layer.USER_NAMESPACE in active:
                 child_scratch = NamespacedScratch(
                     scratch,
                     limits.scratch_bytes,
@@ -128,7 +129,7 @@ async def run_sandboxed(
                     *owner,
                 )
                 stack.callback(child_scratch.close)
-            elif "scratch_tmpfs" in active:
+            elif Layer.SCRATCH_TMPFS in active:
                 space = stack.enter_context(
                     ScratchSpace(scratch, limits.scratch_bytes, files_for(limits.scratch_bytes), *owner)
                 )
@@ -170,7 +171,7 @@ async def run_sandboxed(
             if limits.backend == "bubblewrap":
                 if ended_on_its_own and not command_ran(os.pread(status_fd, 4096, 0)):
                     raise SandboxStartError("bubblewrap_failed")  # bwrap could not build the tree (stderr.txt says why)
-            elif "pid_namespace" in active:
+            elif Layer.PID_NAMESPACE in active:
                 result = _with_command_status(result, os.pread(status_fd, 64, 0))
             collected = _collect(space, scratch, collect)
             if group is not None:
@@ -213,8 +214,8 @@ def probe_host() -> LayerReport:
 
 _POOL = UidPool()
 _APPLY_ORDER = (
-    "cgroup", "user_namespace", "network_namespace", "ipc_namespace", "scratch_tmpfs", "rlimits", "uid_drop", "landlock",
-    "mount_tree", "pid_namespace", "seccomp",
+    Layer.CGROUP, Layer.USER_NAMESPACE, Layer.NETWORK_NAMESPACE, Layer.IPC_NAMESPACE, Layer.SCRATCH_TMPFS, Layer.RLIMITS,
+    Layer.UID_DROP, Layer.LANDLOCK, Layer.MOUNT_TREE, Layer.PID_NAMESPACE, Layer.SECCOMP,
 )  # fmt: skip
 
 
@@ -222,7 +223,7 @@ def _command(
     argv: list[str],
     limits: Limits,
     *,
-    active: frozenset[str],
+    active: frozenset[Layer],
     read_only: tuple[Path | Pinned, ...],
     scratch: Path,
     cwd: Path,
@@ -238,7 +239,7 @@ def _command(
     stack.callback(os.close, status)
     if limits.backend != "bubblewrap":
         return argv, (), status
-    program = stack.enter_context(_seccomp_memfd(limits)) if "seccomp" in active else None
+    program = stack.enter_context(_seccomp_memfd(limits)) if Layer.SECCOMP in active else None
     prefix = bubblewrap_argv(read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program, status_fd=status)
     pinned = tuple(grant.fd for grant in read_only if isinstance(grant, Pinned))  # for --ro-bind-fd
     return [*prefix, *argv], (*pinned, status) if program is None else (*pinned, program, status), status

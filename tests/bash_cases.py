@@ -1,4 +1,4 @@
-"""Bash commands for the rule tests (issue 11, items 1 and 2), one table per promise, shared by the unit
+"""Bash commands for the rule tests (decision 41), one table per promise, shared by the unit
 tests (tests/gateway/test_permission_rules.py), the end-to-end sample (tests/e2e/test_bash_rules.py)
 and the proof that the allow-side cases are dangerous (tests/adversarial/test_bash_payloads.py).
 
@@ -16,7 +16,7 @@ import pytest
 CR, NUL = "\r", "\x00"
 
 NEVER_ALLOWED = [
-    # the review's three
+    # the three an outside review found
     pytest.param("pytest () ( rm -rf ~ ) && pytest -q", id="function-named-pytest"),
     pytest.param("pytest ${x:=$'a[\\x24(touch P)]'} $[x]", id="ansi-c-smuggled-into-arithmetic"),
     pytest.param("pytest -q > ~/.bashrc", id="redirection"),
@@ -119,7 +119,7 @@ STILL_ALLOWED = [
 ]
 
 DENIED = [
-    # the review's nine
+    # the nine an outside review found
     pytest.param("FOO=1 rm -rf ~", id="assignment"),
     pytest.param("command rm x", id="command"),
     pytest.param("\\rm x", id="backslash"),
@@ -226,7 +226,7 @@ DENIED = [
     pytest.param("! rm x", id="negation"),
     pytest.param("coproc rm x", id="coproc"),
     pytest.param("coproc N { rm x; }", id="coproc-named"),
-    # builtins and variables that run a string (issue 26, item 5; gateway/rules/shell/code_builtins.py)
+    # builtins and variables that run a string (gateway/rules/shell/code_builtins.py)
     pytest.param("echo victim | mapfile -t -c 1 -C rm", id="mapfile-callback"),
     pytest.param("echo victim | readarray -tc1 -Crm", id="readarray-callback-glued"),
     pytest.param("compgen -C 'rm -rf victim' x", id="compgen-command"),

@@ -1,4 +1,4 @@
-"""Many calls in flight while another connection holds the lock they need (issue 26, item 3): the
+"""Many calls in flight while another connection holds the lock they need (decision 67): the
 scenario behind tests/e2e/test_database_saturation.py (a short hold) and bench/db_stall.py (60 s).
 
 One `serve`, `calls` tools/call lines written to its stdin at once while another connection holds

@@ -1,4 +1,4 @@
-"""Many `mcp-gateway serve` processes on one database, driven as real stdio clients (issue 17, acceptance 2).
+"""Many `mcp-gateway serve` processes on one database, driven as real stdio clients (decision 62).
 
 `Fleet` starts N gateways on one state folder, policy and database (as a team's agent hosts
 share them), fires a batch of `tools/call`s at all of them at once (one thread per gateway,
@@ -95,7 +95,7 @@ class Answer:
 @dataclass(slots=True)
 class Fleet:
     """`size` serve processes on `home`'s state folder, policy and database; none declares elicitation,
-    so a consent question waits in the database for `mcp-gateway approvals` (spec section 7)."""
+    so a consent question waits in the database for `mcp-gateway approvals` (docs/consent.md)."""
 
     home: GatewayHome
     size: int

@@ -1,4 +1,4 @@
-"""A guest with another kernel and a cgroup-v2-only hierarchy, for the host matrix (issue 14).
+"""A guest with another kernel and a cgroup-v2-only hierarchy, for the host matrix (decision 59).
 
 `Guest.boot(checkout)` starts QEMU on Debian's distribution kernel (`linux-image-amd64`, 6.1:
 Landlock ABI 2) with `cgroup_no_v1=all`, 2 vCPUs, 3 GiB of RAM and no network device (loopback

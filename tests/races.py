@@ -1,4 +1,4 @@
-"""A folder swapped for a symlink, over and over, by another process: the race of issue 11, item 10.
+"""A folder swapped for a symlink, over and over, by another process: the race a check-then-open loses (decision 28).
 
 `FolderSwapper(folder, link_target)` keeps exchanging `folder` (a real folder) with a symlink to
 `link_target`, atomically (renameat2 RENAME_EXCHANGE), in a child process so the swaps run truly in

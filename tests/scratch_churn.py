@@ -1,4 +1,4 @@
-"""Another process making and removing `mcp-run-*` folders as fast as it can (issue 26, item 2).
+"""Another process making and removing `mcp-run-*` folders as fast as it can (decision 68).
 
 `python -m tests.scratch_churn <folder> <seconds> [uid]`: churns in `folder` for at most `seconds`
 (or until killed), as `uid` when given (root drops to it first), and prints how many folders it

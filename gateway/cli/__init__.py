@@ -1,8 +1,8 @@
-"""The `mcp-gateway` command (spec section 3). Exit 0 success, 1 refused or failed, 2 usage.
+"""The `mcp-gateway` command (docs/operations.md). Exit 0 success, 1 refused or failed, 2 usage.
 
 This module holds the argument parser and nothing heavy: the commands, with the database,
 the policy and the MCP SDK behind them, are imported from `gateway.cli.commands` once the
-arguments parse, so `--help` and a usage error answer at interpreter speed (issue 12, item 10).
+arguments parse, so `--help` and a usage error answer at interpreter speed (decision 48).
 """
 
 from __future__ import annotations

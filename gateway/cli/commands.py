@@ -1,4 +1,4 @@
-"""The commands of `mcp-gateway` (spec section 3); `gateway.cli` parses the arguments and calls `dispatch`."""
+"""The commands of `mcp-gateway` (docs/operations.md); `gateway.cli` parses the arguments and calls `dispatch`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`mcp-gateway demo` (spec section 3): a real MCP client session against `mcp-gateway serve`.
+"""`mcp-gateway demo` (README.md, "Quick start"): a real MCP client session against `mcp-gateway serve`.
 
 It builds a throw-away state folder, adds a USER and a VIEWER, issues tokens, and drives
 the gateway over stdio with the SDK's own client, sending `params.auth` on every call
@@ -36,7 +36,7 @@ from gateway.tools.registry import TOOL_NAMES
 
 
 class AuthedCallToolParams(types.CallToolRequestParams):
-    """tools/call params with the gateway's per-call `auth` object (spec section 4)."""
+    """tools/call params with the gateway's per-call `auth` object (docs/clients.md)."""
 
     auth: dict[str, str]
 

@@ -1,4 +1,4 @@
-"""`mcp-gateway doctor`: what this host gives a run, as the user the gateway runs as (issue 14, item 5).
+"""`mcp-gateway doctor`: what this host gives a run, as the user the gateway runs as (docs/security-model.md, "Guarantees").
 
 It probes each layer with a throwaway child (sandbox.probe_host: the runner's own steps), maps
 them to the guarantees a policy can require (sandbox/guarantees.py), and for each guarantee

@@ -1,4 +1,4 @@
-"""Command-line values read once argparse is done (spec section 3): a bad one is a `UsageError`, exit 2,
+"""Command-line values read once argparse is done (docs/operations.md; decision 70): a bad one is a `UsageError`, exit 2,
 one line naming the flag and the form it takes, as argparse says of the values it checks itself."""
 
 from __future__ import annotations

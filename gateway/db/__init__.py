@@ -1,4 +1,4 @@
-"""Tables, engine set-up and migrations (spec section 2): the only module with DDL.
+"""Tables, engine set-up and migrations (docs/architecture.md, "Database"): the only module with DDL.
 
 The same code runs on SQLite and PostgreSQL. Writers are serialised the portable way:
 SQLite transactions start with BEGIN IMMEDIATE (one writer at a time, no upgrade
@@ -133,7 +133,7 @@ class Run(Base):
 
 
 class ConsentGrant(Base):
-    """A stored decision (spec section 7): ALLOW or DENY for (user, workspace, server, tool[, args_hash]).
+    """A stored decision (docs/consent.md): ALLOW or DENY for (user, workspace, server, tool[, args_hash]).
 
     `args_hash` NULL covers any arguments. A grant applies only to the tool `fingerprint` it was
     made for, until `expires_at` (NULL: no expiry) and unless `revoked_at`. `channel` is who made
@@ -244,7 +244,7 @@ class ToolCall(Base):
 
 
 class CallEnd(Base):
-    """What closed a call, once (issue 26, item 3): its decision and its terminal event, each at most once.
+    """What closed a call, once (decision 67): its decision and its terminal event, each at most once.
 
     `kind` is `decision` (an `mcp.permission.decision`) or `end` (its POLICY_BLOCKED or TOOL_FINISHED);
     `event_id` the audit event that recorded it. The audit append inserts here, under the chain's
@@ -280,7 +280,7 @@ SQLITE_SYNC_MODES = ("normal", "full")
 def make_engine(url: str) -> Engine:
     """An engine with the per-dialect settings the rest of the code relies on.
 
-    A SQLite URL may end in `?synchronous=full` (default `normal`, decision 9).
+    A SQLite URL may end in `?synchronous=full` (default `normal`, see decision 9).
     """
     try:
         parsed = make_url(url)
@@ -315,7 +315,7 @@ POSTGRES_BOUNDS: Mapping[str, str] = MappingProxyType(
         "keepalives_interval": "10",
         "keepalives_count": "3",
         # Server side: no wait for a lock, no statement, no idle open transaction lasts without end,
-        # so one stuck gateway, migration or psql session cannot freeze every gateway (issue 12, item 1).
+        # so one stuck gateway, migration or psql session cannot freeze every gateway (decision 49).
         "options": "-c lock_timeout=10000 -c statement_timeout=30000 -c idle_in_transaction_session_timeout=60000",
     }
 )
@@ -329,7 +329,7 @@ IDLE_PING_S = 1.0
 def ping_when_idle(engine: Engine) -> None:
     """Check a pooled connection that sat idle before handing it out, as `pool_pre_ping` does, but
     not one used within IDLE_PING_S: a busy gateway takes a connection for every transaction, and a
-    ping each time was a round trip more on every one of them (issue 17). A server restarted or a
+    ping each time was a round trip more on every one of them (decision 62). A server restarted or a
     connection cut while the pool held it idle is found here and replaced; one cut within the last
     second fails its first statement instead (the call fails closed, -32603) and SQLAlchemy
     replaces the pool's connections."""
@@ -366,7 +366,7 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
     """PostgreSQL: a psycopg cursor (rows as named tuples) on one of the pool's connections, in
     autocommit, for the statements every call runs (its authentication, its audit appends): each is
     its own transaction and one round trip. SQLAlchemy's Connection around a pooled connection cost
-    more client CPU than the statement itself (issue 17); the pool, its idle ping and the bounds
+    more client CPU than the statement itself (decision 62); the pool, its idle ping and the bounds
     of POSTGRES_BOUNDS are the same. A driver error, connecting included, comes out as SQLAlchemy's
     DBAPIError, as from any other statement (so `storage_errors` turns it into a refusal); a broken
     connection is dropped from the pool."""
@@ -377,7 +377,7 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
         fairy = engine.raw_connection()
     except dbapi_error as exc:
         # The pool connects through the driver alone: a server that is down or refuses us comes out
-        # as psycopg's own error, where `Connection` would have wrapped it (issue 26, item 10).
+        # as psycopg's own error, where `Connection` would have wrapped it (then `database_unavailable`).
         raise DBAPIError.instance(None, None, exc, dbapi_error, connection_invalidated=True) from exc
     raw = cast(Any, fairy.driver_connection)  # a psycopg.Connection: the dialect is postgresql+psycopg
     try:
@@ -444,7 +444,7 @@ SCHEMA_HEAD = "0010"
 
 def _alembic_config(engine: Engine) -> Config:
     # Alembic (and the Mako and Pygments it brings) loads only for `init` and the migrations
-    # themselves: `serve` and every other command start without it (issue 12, item 10).
+    # themselves: `serve` and every other command start without it (decision 48).
     from alembic.config import Config  # noqa: PLC0415
 
     config = Config()

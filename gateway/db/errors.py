@@ -1,4 +1,4 @@
-"""The one place a database failure becomes a refusal (spec section 8: fail closed): `storage_errors`.
+"""The one place a database failure becomes a refusal (docs/error-codes.md: fail closed): `storage_errors`.
 
 Every store wraps its database work in `with storage_errors(...)`, and gateway/db/threads.py wraps
 all database work done while serving in it once more: a SQLAlchemyError (or a driver's own error)

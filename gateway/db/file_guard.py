@@ -1,4 +1,4 @@
-"""The SQLite file a gateway writes must stay the file on disk (issue 12, item 2).
+"""The SQLite file a gateway writes must stay the file on disk (decision 45).
 
 A SQLite connection keeps writing to the file it opened. After `rm gateway.db*` (or a file
 moved over it, or a fresh `init` in its place) a serving gateway would go on appending to an
@@ -14,9 +14,9 @@ deleted by someone else, and the events committed to it but not yet checkpointed
 what another process reads. (A connection that finds no WAL yet records none, and checks once
 it has seen one.) On PostgreSQL there is no file to watch.
 
-The files must also stay writable (issue 12, item 9). SQLite memory-maps the `-shm` index: once
-that file is made immutable (`chattr +i`) or truncated under an open connection, the next access
-to the mapping kills the process with SIGBUS, with no log line and no audit event for the calls
+The files must also stay writable (docs/operations.md, "The database's side files"). SQLite
+memory-maps the `-shm` index: once that file is made immutable (`chattr +i`) or truncated under an
+open connection, the next access to the mapping kills the process with SIGBUS, with no log line and no audit event for the calls
 in flight. So before every connection's first statement and every transaction the guard reads
 the immutable and append-only attributes of the database, `-wal` and `-shm` (a statx each), and
 checks that `-shm` has not shrunk under the connection. A file found unwritable refuses the
@@ -91,7 +91,7 @@ def _statx(path: bytes) -> bytes | None:
     function = _statx_function()
     if function is None:
         return None
-    import ctypes  # noqa: PLC0415  (only once a database is opened: keeps `--help` fast, issue 12 item 10)
+    import ctypes  # noqa: PLC0415  (only once a database is opened: keeps `--help` fast, decision 48)
 
     buffer = ctypes.create_string_buffer(_STATX_SIZE)
     if function(_AT_FDCWD, path, 0, 0, buffer) != 0:

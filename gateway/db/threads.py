@@ -1,4 +1,4 @@
-"""Database work off the event loop (issue 12, item 1), at the cost of one thread hop (issue 17).
+"""Database work off the event loop (decision 51), at the cost of one thread hop (decisions 63, 64).
 
 The stores are synchronous (SQLAlchemy Core), and a database call can wait for seconds: a
 lock another gateway or a psql session holds, a PostgreSQL server that stopped answering.
@@ -9,7 +9,7 @@ it on one of a few worker threads and leaves the loop free.
 
 The threads are few on purpose (`DB_THREADS` per process, fewer than SQLAlchemy's pool
 holds): when the database is stuck, calls queue here instead of piling up connections. Both
-waits are bounded (issue 26, item 3): work that has not started within the start bound
+waits are bounded (decision 67): work that has not started within the start bound
 (`MCP_GATEWAY_DB_WAIT_S`, default 10 s) is not started at all and its caller gets
 StorageUnavailableError (`database_unavailable`), and work that started is bounded by the
 database's own timeouts (SQLite's busy timeout, PostgreSQL's lock and statement timeouts,

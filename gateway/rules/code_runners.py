@@ -1,4 +1,4 @@
-"""Programs that run code or files their arguments name (spec section 9): what an allow rule on them lets through.
+"""Programs that run code or files their arguments name (docs/claude-code.md): what an allow rule on them lets through.
 
 `policy check` warns on a program-wide allow rule (`Bash(prog:*)`, `Bash(prog*)`, `Bash(prog *)`)
 for one of these: Claude Code runs an allowed command in its own shell, unsandboxed, so such a

@@ -1,4 +1,4 @@
-"""Claude Code's file rules (spec section 9; issue 11, item 9): what a tool use reads or changes, and
+"""Claude Code's file rules (docs/claude-code.md; decision 39): what a tool use reads or changes, and
 whether a rule's path glob touches or covers it.
 
 Claude Code applies `Edit(...)` rules to every tool that changes files and `Read(...)` rules to every

@@ -1,4 +1,4 @@
-"""The host a WebFetch URL reaches, read as Claude Code's fetcher reads it (spec section 9; issue 11, item 3).
+"""The host a WebFetch URL reaches, read as Claude Code's fetcher reads it (docs/claude-code.md; decision 39).
 
 Claude Code fetches with Node, and Node reads a URL by the WHATWG URL standard; `ada-url` is the
 parser Node itself is built on. Python's urllib reads some URLs otherwise: after a backslash

@@ -1,4 +1,4 @@
-"""Claude Code permission rules (spec section 9): parsing, and the pure verdict for one tool use.
+"""Claude Code permission rules (docs/claude-code.md, "Rules"): parsing, and the pure verdict for one tool use.
 
 Rules use Claude Code's syntax: `Tool` (every use of the tool), `Bash(prefix:*)` (a command
 that is the prefix or starts with it and a space), `Bash(exact command)`, `Edit(src/**)` and

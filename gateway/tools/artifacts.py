@@ -1,4 +1,4 @@
-"""The read tools (spec section 5): list_artifacts, get_evidence, get_artifact_content.
+"""The read tools (docs/clients.md; decisions 5 and 6): list_artifacts, get_evidence, get_artifact_content.
 
 A run of a workspace the caller cannot see answers exactly as a run that does not exist,
 so one tenant cannot learn another's run ids. Artifact names are plain file names inside

@@ -1,4 +1,4 @@
-"""What a tool is to the pipeline (spec section 5): a `ToolSpec` that carries its own behaviour.
+"""What a tool is to the pipeline (docs/architecture.md, "Where a new tool plugs in"): a `ToolSpec` that carries its own behaviour.
 
 A read tool has a `read`: a function of the runs the caller may see, run in process. A write
 tool (`sandboxed`) has an `execute`: given one admitted call (`ExecutionRequest`), it runs in
@@ -23,7 +23,7 @@ from gateway.tools.outcome import ToolOutcome
 
 if TYPE_CHECKING:
     from gateway.policy import SandboxPolicy
-    from gateway.runs import RunStore
+    from gateway.runs import RunStatus, RunStore
     from sandbox.confine import LayerReport
     from sandbox.pinned import Pinned
 
@@ -52,7 +52,7 @@ class ExecutionRequest:
 
 @dataclass(frozen=True, slots=True)
 class Governance:
-    """evidence.json's `governance`: the user's window totals including this run (spec section 5)."""
+    """evidence.json's `governance`: the user's window totals including this run."""
 
     elapsed_ms_total: int
     attempts_total: int
@@ -87,7 +87,7 @@ class ToolRun(Protocol):
         """The error the call answers with when the run was stopped for a limit, else None."""
         ...
 
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         """The status of the run record and of TOOL_FINISHED when there is no refusal: `ok` or `error`."""
         ...
 

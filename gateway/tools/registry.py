@@ -1,4 +1,4 @@
-"""The tool catalogue (spec section 5): each tool's name, permission, schema, annotations and behaviour.
+"""The tool catalogue (docs/architecture.md, "Where a new tool plugs in"): each tool's name, permission, schema, annotations and behaviour.
 
 A read tool carries its `read`, a write tool its `execute` (gateway/tools/base.py says what each
 must do); the pipeline calls them and never names a tool. A new tool is one more entry here.

@@ -1,4 +1,4 @@
-"""`run_pytest` (spec section 5): structured arguments in, pytest's counts and artifacts out.
+"""`run_pytest` (docs/clients.md; decision 12): structured arguments in, pytest's counts and artifacts out.
 
 Only the structured arguments become pytest flags. The command line closes the ways a
 workspace could steer pytest from outside its own config: `python -I -B` (no PYTHON*
@@ -25,11 +25,13 @@ from xml.parsers import expat
 from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.progress import NO_PROGRESS, CallProgress
+from gateway.runs import RunStatus
 from gateway.tools.base import ExecutionRequest, Governance
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from gateway.tools.suite_progress import COUNT_STYLE, SuiteProgress
 from sandbox import Limits, RunResult, guarantees, run_sandboxed
 from sandbox.confine import LayerReport
+from sandbox.layers import Layer
 from sandbox.leftovers import scratch_folder
 from sandbox.pinned import Pinned
 from sandbox.runner import MAX_COLLECTED_BYTES, KilledBy
@@ -106,8 +108,8 @@ class PytestRun:
     def refusal(self) -> GatewayError | None:
         return refusal_for(self.result, self.limits.timeout_s, self.policy)
 
-    def status(self) -> str:
-        return "error" if is_tool_error(self.result) else "ok"
+    def status(self) -> RunStatus:
+        return RunStatus.ERROR if is_tool_error(self.result) else RunStatus.OK
 
     def write_evidence(self, governance: Governance) -> None:
         write_evidence(self.run_dir, governance, self.limits, self.result, self.host)
@@ -314,7 +316,7 @@ def read_outcome(run_id: str, run_dir: Path, result: RunResult) -> ToolOutcome:
 
 
 def refusal_for(result: RunResult, timeout_s: float, policy: SandboxPolicy) -> GatewayError | None:
-    """The error a run that the sandbox had to stop answers with (spec section 4, stage 9)."""
+    """The error a run that the sandbox had to stop answers with (stage 9: docs/error-codes.md, -32006 and -32007)."""
     if result.killed_by is KilledBy.TIMEOUT:
         return ToolTimeoutError(Reason.TIMEOUT, f"killed after {timeout_s:g} s")
     if result.killed_by is KilledBy.OUTPUT:
@@ -430,7 +432,7 @@ def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result
             "confinement": {
                 "backend": limits.backend,
                 "landlock_abi": host.landlock,
-                "rootless": "user_namespace" in result.layers,
+                "rootless": Layer.USER_NAMESPACE in result.layers,
                 "required": sorted(limits.required),
                 "guarantees": {str(g): list(layers) for g, layers in guarantees.held(frozenset(result.layers)).items()},
             },

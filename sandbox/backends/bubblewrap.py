@@ -1,4 +1,4 @@
-"""The bubblewrap backend: a PID namespace and a minimal mount tree around the command (issue 3; research L9).
+"""The bubblewrap backend: a PID namespace and a minimal mount tree around the command (decision 26).
 
 bubblewrap (Debian's `bubblewrap`, not setuid) is started by the child after the steps that
 need root and after the uid drop (sandbox/confine.py): run by root it would keep

@@ -1,4 +1,4 @@
-"""This process's effective capabilities, read from /proc/self/status (issue 14: root without CAP_SYS_ADMIN)."""
+"""This process's effective capabilities, read from /proc/self/status (root without CAP_SYS_ADMIN: decision 57)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The run's cgroup (v1): one memory and one process limit for the run as a whole, and a kill that misses no process (issue 3; research L7).
+"""The run's cgroup (v1): one memory and one process limit for the run as a whole, and a kill that misses no process (decision 22).
 
 RLIMIT_AS is per process and RLIMIT_NPROC per uid: N processes may each hold the memory limit.
 A memory cgroup holds the run's processes together to `memory_limit_mb` (swap included, and

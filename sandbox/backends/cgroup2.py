@@ -1,4 +1,4 @@
-"""The run's cgroup (v2): memory, swap and process totals for the run as a whole, and a kill that misses no process (issue 14, item 2).
+"""The run's cgroup (v2): memory, swap and process totals for the run as a whole, and a kill that misses no process (decision 58).
 
 The v2 counterpart of cgroup.py (v1, which stays), usable as root and by an ordinary user who
 owns a delegated subtree (systemd's `Delegate=yes`, `systemd-run --user --scope -p Delegate=yes`).

@@ -1,4 +1,4 @@
-"""The last sweep: SIGKILL every process of a run's uid until none is left (issue 3; research L8, E8).
+"""The last sweep: SIGKILL every process of a run's uid until none is left (docs/security-model.md, layer 12).
 
 A double-fork + `setsid` grandchild leaves the process group and the process tree, so
 `killpg` and psutil's recursive child kill miss it. Its uid does not change (no_new_privs, no

@@ -1,4 +1,4 @@
-"""Unprivileged identity: one pool uid per run and the preexec step that drops to it (issue 3; research L0, L3).
+"""Unprivileged identity: one pool uid per run and the preexec step that drops to it (decision 18).
 
 Running as root breaks RLIMIT_NPROC, lets the child raise its own rlimits, and lets it read
 `/proc/<gateway>/environ` and every root-only file. Each run therefore gets a uid (and a gid of

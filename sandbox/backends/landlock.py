@@ -1,4 +1,4 @@
-"""Landlock through raw syscalls: filesystem, TCP and scope rules for a child (spec section 6, research L4).
+"""Landlock through raw syscalls: filesystem, TCP and scope rules for a child (docs/security-model.md, layer 7).
 
 Two halves, because the rules must be applied in the child between fork and exec:
 

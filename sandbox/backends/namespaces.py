@@ -1,4 +1,4 @@
-"""`unshare(2)` for the child's namespace steps, and the IPC namespace (issue 10, item 2; research L6).
+"""`unshare(2)` for the child's namespace steps, and the IPC namespace (decision 37).
 
 Every namespace step runs in `preexec_fn` before the uid drop: `unshare` needs CAP_SYS_ADMIN.
 

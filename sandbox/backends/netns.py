@@ -1,4 +1,4 @@
-"""No network: a fresh network namespace for the child, made in `preexec_fn` (issue 3; research L6).
+"""No network: a fresh network namespace for the child, made in `preexec_fn` (docs/security-model.md, layer 3).
 
 A new network namespace holds one interface, `lo`, and it is down: no route exists at all, so
 TCP, UDP (which Landlock ABI 7 does not cover) and DNS fail, and abstract unix sockets of the

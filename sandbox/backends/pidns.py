@@ -1,4 +1,4 @@
-"""A run's supervisors: a PID namespace for native runs, and a watchdog that needs no gateway on both backends (issue 10, item 4).
+"""A run's supervisors: a PID namespace for native runs, and a watchdog that needs no gateway on both backends (decision 38).
 
 Without it, a run whose gateway is SIGKILLed lives on: a `setsid` daemon leaves the process
 group, the uid sweep and the cgroup kill are the gateway's own acts, and RLIMIT_CPU does not

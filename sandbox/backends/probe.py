@@ -1,4 +1,4 @@
-"""Trying a layer's real step in a throwaway child: the probes behind `sandbox.probe_host()` (issue 3)."""
+"""Trying a layer's real step in a throwaway child: the probes behind `sandbox.probe_host()` (docs/security-model.md, "Which layers are active")."""
 
 from __future__ import annotations
 

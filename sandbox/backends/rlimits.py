@@ -1,4 +1,4 @@
-"""Per-process resource limits, soft = hard, set in the child before the uid drop (issue 3; research L2).
+"""Per-process resource limits, soft = hard, set in the child before the uid drop (docs/security-model.md, layer 5).
 
 Limits as root mean little: root ignores RLIMIT_NPROC and may raise any hard limit again. They
 hold once `identity.drop_privileges` has run, so `apply()` goes before it in `preexec_fn`.

@@ -1,4 +1,4 @@
-"""A bounded scratch space: a private tmpfs over the run's scratch folder, in a mount namespace of its own (issue 3; research L6).
+"""A bounded scratch space: a private tmpfs over the run's scratch folder, in a mount namespace of its own (decision 23).
 
 RLIMIT_FSIZE bounds one file, not a disk: many files, or many empty ones (inodes), still fill
 it. A tmpfs has a size and an inode count of its own, so the run's only writable place is

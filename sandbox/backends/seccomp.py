@@ -1,4 +1,4 @@
-"""The seccomp layer (L5, spec section 6): a default-allow BPF filter that shuts the kernel's escape hatches.
+"""The seccomp layer (docs/security-model.md, layer 8): a default-allow BPF filter that shuts the kernel's escape hatches.
 
 `build_filter` is pure: it returns the classic BPF program (an array of `struct sock_filter`)
 as bytes, so tests can read it back. `prepare` runs in the gateway and does everything that

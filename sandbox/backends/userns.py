@@ -1,4 +1,4 @@
-"""The run's own user namespace: confinement without root (issue 14, item 1).
+"""The run's own user namespace: confinement without root (decision 57).
 
 A gateway started by an ordinary user cannot give a run a uid of its own, nor make namespaces
 or mounts on the host. A user namespace lets it do the rest anyway: the child unshares a new

@@ -1,4 +1,4 @@
-"""Hostile suites run through the real gateway over stdio, judged from outside (issue 3, acceptance 1).
+"""Hostile suites run through the real gateway over stdio, judged from outside: the host's files, processes and the audit log.
 
 An `Arena` is one gateway state folder, one `mcp-gateway serve` session that declared
 elicitation and answers every consent prompt with `allow_once`, and a workspace the hostile

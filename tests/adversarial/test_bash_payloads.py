@@ -1,4 +1,4 @@
-"""The allow-side cases of issue 11 item 1 are real: run in bash and sh, the hidden payload runs.
+"""The allow-side cases of tests/bash_cases.py are real: run in bash and sh, the hidden payload runs.
 
 Each command starts with `pytest`, which `allow: Bash(pytest:*)` used to allow, and hides a
 payload. Here the payload is harmless (`touch MARKER`, or a redirection to `~/.bashrc` with
@@ -27,7 +27,7 @@ BOTH = ("bash", "sh")
 @pytest.mark.parametrize(
     ("command", "shells", "proof"),
     [
-        # the review's three, with the payload made harmless
+        # the three an outside review found, with the payload made harmless
         ("pytest () ( touch MARKER ) && pytest -q", BOTH, "MARKER"),
         ("pytest ${x:=$'a[\\x24(touch MARKER)]'} $[x]", ("bash",), "MARKER"),
         ("pytest -q > ~/.bashrc", BOTH, ".bashrc"),

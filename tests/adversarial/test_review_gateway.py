@@ -1,4 +1,4 @@
-"""Issue 10, items 5-9: the pipeline holes the outside review found, tried again through the real gateway.
+"""Holes in the pipeline an outside review found (decisions 31-35), tried again through the real gateway.
 
 Each test states the promise it checks. The review's own cases come first in each section,
 then variants of ours. Everything is judged from outside: the JSON-RPC answers, the audit
@@ -53,7 +53,7 @@ def event_types(run: Run) -> list[str]:
     return [e["event_type"] for e in run.events]
 
 
-# --- item 5: concurrent calls cannot overshoot the elapsed-time budget ---------------------------
+# --- concurrent calls cannot overshoot the elapsed-time budget ---------------------------
 
 SLEEPER = "import time\n\n\ndef test_sleeps():\n    time.sleep({seconds})\n"
 
@@ -157,7 +157,7 @@ def test_a_refusal_after_the_budget_stage_gives_the_time_back(tmp_path: Path) ->
     assert charged == {str(r.run_id): 0 for r in refused}, "each attempt counts; none holds time"
 
 
-# --- item 6: a token never widens what the user may see today ----------------------------------
+# --- a token never widens what the user may see today ----------------------------------
 
 
 @pytest.fixture
@@ -248,7 +248,7 @@ def test_a_user_token_for_a_workspace_taken_from_the_user_reads_nothing(tenants:
     assert what_the_token_reads(tenants, unlimited, run_id)["list"] == [], "and without a ws claim neither"
 
 
-# --- item 7: a hostile junit.xml cannot hide how a run ended -------------------------------------
+# --- a hostile junit.xml cannot hide how a run ended -------------------------------------
 
 REWRITER = """
 import atexit
@@ -378,7 +378,7 @@ def test_a_hostile_last_output_line_reaches_the_caller_escaped_and_cut(arena: Ar
     assert_the_end_is_recorded(run, 0, None)
 
 
-# --- item 8: no structured argument is ever an option or a file of options ----------------------
+# --- no structured argument is ever an option or a file of options ----------------------
 
 OPTIONS = "zzz_matches_nothing\n--collect-only\n-p\nno:python\n"
 
@@ -422,7 +422,7 @@ def test_values_with_spaces_and_at_signs_inside_reach_pytest_as_values(arena: Ar
     assert at_inside.structured["passed"] == 1, at_inside.stdout
 
 
-# --- item 9: whole-value patterns; no control characters in structured arguments ---------------
+# --- whole-value patterns; no control characters in structured arguments ---------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The outside review's sandbox findings (issue 10, items 1, 2 and 4), tried through the real gateway on both backends.
+"""An outside review's sandbox findings (decisions 36, 37, 38), tried through the real gateway on both backends.
 
 Each test states the promise, attacks it the way the review did and with variants of its own,
 and judges from outside: the host's disk, the host's IPC tables, the host's process table and
@@ -33,7 +33,7 @@ from tests.harness import StdioSession
 
 CAP = 1024 * 1024  # the arenas' max_output_bytes
 
-# --- item 1: the output descriptors -------------------------------------------------------
+# --- the output descriptors -------------------------------------------------------
 
 GROW = r"""
 import ctypes, mmap, os, stat
@@ -118,7 +118,7 @@ def test_where_every_descriptor_leads():
 
 
 def test_no_descriptor_of_the_run_names_the_state_folder(arena: Arena) -> None:
-    """Item 10's variant: `readlink` of any fd (not only 1 and 2) must not lead into the state folder."""
+    """A variant: `readlink` of any fd (not only 1 and 2) must not lead into the state folder."""
     arena.write("adv/test_every_fd.py", EVERY_FD)
     found = arena.run("adv/test_every_fd.py").report()
     assert len(found) >= 3, found
@@ -155,7 +155,7 @@ def test_a_flood_past_the_cap_is_cut_and_the_run_stopped(arena: Arena) -> None:
     assert arena.leftovers("adv/test_flood_saved.py") == []
 
 
-# --- item 2: IPC objects ---------------------------------------------------------------------
+# --- IPC objects ---------------------------------------------------------------------
 
 IPC = r"""
 import ctypes, errno, os
@@ -262,7 +262,7 @@ def report_of(arena: Arena, response: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-# --- item 4: a run whose gateway dies or stalls --------------------------------------------
+# --- a run whose gateway dies or stalls --------------------------------------------
 
 SLEEPERS = r"""
 import os, time

@@ -1,4 +1,4 @@
-"""A tenant swaps their workspace (or an `allowed_paths` entry) for a symlink after the gateway loaded its policy (issue 10, item 3).
+"""A tenant swaps their workspace (or an `allowed_paths` entry) for a symlink after the gateway loaded its policy (decision 30).
 
 Each test has an arena of its own, since it renames the arena's folders: the workspace and a
 second tenant's workspace (`other`, holding a secret) sit beside the 0644 policy file, in one

@@ -1,4 +1,4 @@
-"""The out-of-band path (issue 4, acceptance 2 and 3): a client that cannot elicit, and a person at
+"""The out-of-band path (docs/consent.md, "The terminal approver"): a client that cannot elicit, and a person at
 `mcp-gateway approvals`, driven through its real terminal (a pty, by pexpect)."""
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def test_two_approvers_racing_for_one_request_decide_it_once(
     assert gateway.cli("consent", "list").stdout == "", "the loser's Deny always was never stored"
 
 
-# --- what the person is shown (issue 11, item 4) ---------------------------------------------------
+# --- what the person is shown (decision 40) ---------------------------------------------------------
 
 SPACES = "\u2420\u00d7"  # a run of spaces as shown: the symbol for space, a multiplication sign, its length
 # 400 zero-width spaces (each shown as a 6-character escape: past a line's 2000) hide what follows them.

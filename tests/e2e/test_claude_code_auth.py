@@ -1,4 +1,4 @@
-"""A question that carries `params.auth` is judged by that token alone (issue 26, item 6), over real stdio.
+"""A question that carries `params.auth` is judged by that token alone (docs/claude-code.md), over real stdio.
 
 Claude Code sends no `params.auth`, so `check_permission` falls back on the server's
 MCP_GATEWAY_TOKEN; a client that does send one (of any shape) must get that token's own verdict,

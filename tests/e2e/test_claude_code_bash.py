@@ -1,4 +1,4 @@
-"""Bash rules judged end to end through `check_permission` over stdio (issue 11, items 1 and 2): the
+"""Bash rules judged end to end through `check_permission` over stdio (decision 41): the
 tables of tests/bash_cases.py, asked as Claude Code asks, with `consent.mode: deny` so that an
 "ask" is answered at once (deny, reason `consent_mode_deny`) and the three outcomes can be told
 apart. The rules are the shipped ones with the old `Bash(pytest:*)` allow rule, plus a bare

@@ -1,4 +1,4 @@
-"""Reading a Bash command never holds the gateway (issue 26, item 4), over real stdio.
+"""Reading a Bash command never holds the gateway (decision 71), over real stdio.
 
 A hostile command (a mebibyte of wrappers, or one within the length bound that takes the most
 reading) is sent to `check_permission`, and a `ping` right behind it: the ping is answered at

@@ -1,5 +1,5 @@
 """WebFetch hosts and the file-tool family, judged end to end through `check_permission` over stdio
-(issue 11, items 3 and 9): a sample of the tables in tests/gateway/test_url_hosts.py and
+(decision 39): a sample of the tables in tests/gateway/test_url_hosts.py and
 test_file_rules.py, asked as Claude Code asks, with `consent.mode: deny` so that an "ask" is
 answered at once (deny, reason `consent_mode_deny`) and the three outcomes can be told apart.
 """

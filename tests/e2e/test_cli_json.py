@@ -1,4 +1,4 @@
-"""`--format json` for reviewers and CI gates (issue 15, item 4): one JSON document on stdout, parsed and its fields asserted.
+"""`--format json` for reviewers and CI gates: one JSON document on stdout, parsed and its fields asserted.
 
 Also the exit statuses a gate reads: `policy explain` 0 (would run) or 3 (would be refused),
 `policy check --strict` 1 on warnings, `audit verify` 1 on a broken chain.

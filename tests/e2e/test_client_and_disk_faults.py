@@ -1,4 +1,4 @@
-"""Issue 12, item 9: a client that stops reading stdout, and database files SQLite can no longer write.
+"""A client that stops reading stdout, and database files SQLite can no longer write.
 
 Before the fix a client that closed its end of stdout left the gateway cancelling its calls, then
 waiting for more input, then exiting 1 with a 68-line traceback; a `-shm` made immutable (or

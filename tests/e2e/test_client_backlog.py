@@ -1,4 +1,4 @@
-"""Issue 26, item 15: a client that writes and does not read holds the gateway to a bounded backlog.
+"""A client that writes and does not read holds the gateway to a bounded backlog.
 
 Before the fix the gateway read every line it was sent and kept each answer it could not write:
 20,000 pings unread took its RSS from 101 to 358 MB, never given back. Now it stops reading while

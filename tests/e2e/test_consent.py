@@ -1,4 +1,4 @@
-"""Consent over real stdio (issue 4): the seed's T-suite with a client that answers `elicitation/create`.
+"""Consent over real stdio (docs/consent.md) with a client that answers `elicitation/create`.
 
 Every test runs a real `mcp-gateway serve` and a real sandboxed pytest run of the sample
 suite when consent allows it; what is asserted is the prompt the client saw (or did not
@@ -353,7 +353,7 @@ def test_2026_a_client_without_elicitation_waits_for_the_approver(
     assert event["detail"]["channel"] == "approver"
 
 
-# --- what the person is shown (issue 11, item 5) ------------------------------------------------------
+# --- what the person is shown (decision 40) ------------------------------------------------------------
 
 SPACES = "\u2420\u00d7"  # a run of spaces as shown: the symbol for space, a multiplication sign, its length
 

@@ -1,12 +1,12 @@
-"""Stored decisions over real stdio (issue 11, items 7 and 8): which channel may leave a lasting allow,
+"""Stored decisions over real stdio (decisions 43 and 44): which channel may leave a lasting allow,
 and how far a Deny made for particular arguments reaches.
 
-Item 7: by default a client that answers its own elicitation may allow once or for the session and
+Who may leave a lasting allow: by default a client that answers its own elicitation may allow once or for the session and
 may deny, but is not offered Allow always, and an `allow_always` it sends anyway stores nothing;
 a later session without elicitation is asked out of band. The approver's Allow always is stored
 with its channel, which `consent list` shows. With the opt-in key it works as before.
 
-Item 8: `consent grant --deny --args '{"test_path": "tests/integration"}'` refuses (-32008, without
+How far a Deny reaches: `consent grant --deny --args '{"test_path": "tests/integration"}'` refuses (-32008, without
 asking) every spelling of that path, what is under it or holds it, with any other arguments; other
 paths are still asked. A sample through `check_permission` for Claude Code's file tools and Bash.
 """
@@ -64,7 +64,7 @@ def listed(gateway: GatewayHome) -> list[list[str]]:
     return [line.split("\t") for line in result.stdout.splitlines()]
 
 
-# --- item 7: who may leave a lasting allow ------------------------------------------------------------
+# --- who may leave a lasting allow -------------------------------------------------------------------
 
 
 def test_by_default_an_in_band_allow_always_stores_nothing_and_a_later_session_is_asked_out_of_band(
@@ -143,7 +143,7 @@ def test_with_the_opt_in_an_in_band_allow_always_lasts_and_without_it_is_ignored
     assert decision_of(gateway, refused)["channel"] == "approver"
 
 
-# --- item 8: a Deny for a path covers every spelling of it ----------------------------------------
+# --- a Deny for a path covers every spelling of it -----------------------------------------------
 
 
 @pytest.fixture

@@ -1,8 +1,7 @@
-"""Issue 12, item 7: no caller can pile up consent questions.
+"""No caller can pile up consent questions (docs/operations.md, "Open questions are bounded, and purged").
 
 Before the fix, 1,200 concurrent `check_permission` "ask" questions all queued for the approver,
-and 2,000 first rounds of a 2026-07-28 client left 2,000 `awaiting_client` rows; and (issue 26,
-item 15) one 2025-era session held 2,000 of its client's own elicitation dialogs open. Now a user has
+and 2,000 first rounds of a 2026-07-28 client left 2,000 `awaiting_client` rows; and one 2025-era session held 2,000 of its client's own elicitation dialogs open. Now a user has
 at most `MAX_OPEN_QUESTIONS` open questions (pending + awaiting_client, unexpired); past it a call
 is refused at once with -32008 `consent_questions_limit`, and still leaves its audit events.
 """

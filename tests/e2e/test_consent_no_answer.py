@@ -1,4 +1,4 @@
-"""Issue 12, item 8: a closed client is not a person.
+"""A closed client is not a person (decision 46).
 
 Before the fix, closing stdin during an `elicitation/create` wait (or answering it with an error)
 was audited as `DENY_ONCE, origin user_prompt`: a denial nobody made. Now it is a deny with

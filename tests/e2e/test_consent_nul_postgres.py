@@ -1,4 +1,4 @@
-"""Issue 12, item 6 (the consent path): a NUL in an authenticated call on PostgreSQL.
+"""A NUL in an authenticated call on PostgreSQL, on the consent path (decision 47).
 
 PostgreSQL's text columns and parameters cannot hold NUL. Before the fix, a 2026-07-28 retry whose
 `requestState` held one reached the database as a parameter: -32603 `database_unavailable`, and

@@ -1,11 +1,11 @@
 """The web console in a real Chromium (Debian's `chromium`, driven by Playwright; `make chromium`), against
 a real `mcp-gateway console` and real `serve` sessions sharing one database.
 
-One console, one browser and one gateway serve the whole module. Seed 004's test contract on real
-cards (T1-T8, T4 as the console has it: docs/console.md), approvals decided in the browser
+One console, one browser and one gateway serve the whole module. The cards' behaviour on real
+cards (docs/console.md, "Invocations: the cards"), approvals decided in the browser
 (allow runs the waiting call; deny; timeout; a race with the terminal approver: one decision),
 grants revoked, another tenant's card and run a 404, CSRF-less and cross-origin posts and bad
-sign-ins refused, the accessibility of R8, and a screenshot of each page (into a temp folder;
+sign-ins refused, the pages' accessibility, and a screenshot of each page (into a temp folder;
 UPDATE_SCREENSHOTS=1: into docs/console/).
 """
 
@@ -203,7 +203,7 @@ def test_sign_in_refusals_csrf_origin_host_and_rate_limit(gw: GatewayHome, conso
     context.close()
 
 
-# --- approvals in the browser and the live cards (T1, T2, T3, T7, T8) -------------------------------
+# --- approvals in the browser and the live cards ----------------------------------------------------
 
 
 def test_allow_once_in_the_browser_runs_the_waiting_call_and_its_card_goes_live(
@@ -217,25 +217,25 @@ def test_allow_once_in_the_browser_runs_the_waiting_call_and_its_card_goes_live(
     question = wait_question(gw)
     run_id = question["id"]
     card = cards.locator(f"article.card[data-run='{run_id}']")
-    # T1: the card mounts pending, its tool name visible, its arguments collapsed.
+    # The card mounts pending, its tool name visible, its arguments collapsed.
     expect(card).to_have_attribute("data-status", "pending")
     expect(card.get_by_role("heading")).to_have_text("run_pytest")
     expect(card).to_have_attribute("role", "region")
     expect(card).to_have_attribute("aria-label", "Tool invocation: run_pytest")
     expect(card.locator("details.args pre.raw")).not_to_be_visible()
-    # T2: the Arguments summary opens them and closes them again; the form view is read-only and schema-driven.
+    # The Arguments summary opens them and closes them again; the form view is read-only and schema-driven.
     card.locator("details.args summary").click()
     expect(card.locator("details.args pre.raw")).to_contain_text('"test_path": "tests"')
     card.get_by_role("button", name="Form view").click()
     field = card.locator("form.form-view input[readonly]").first
     expect(field).to_have_value("tests")
     expect(card.locator("form.form-view label").first).to_have_text("test_path *")
-    # T7: copy gives the whole arguments.
+    # Copy gives the whole arguments.
     card.get_by_role("button", name="Copy arguments").click()
     assert json.loads(cards.evaluate("navigator.clipboard.readText()")) == {"test_path": "tests"}
     card.locator("details.args summary").click()
     expect(card.locator("details.args form.form-view")).not_to_be_visible()
-    card.locator("header p.origin").click()  # R1: the header opens and closes them too
+    card.locator("header p.origin").click()  # the header opens and closes them too
     expect(card.locator("details.args")).to_have_attribute("open", "")
     card.locator("header p.origin").click()
     expect(card.locator("details.args")).not_to_have_attribute("open", "")
@@ -258,7 +258,7 @@ def test_allow_once_in_the_browser_runs_the_waiting_call_and_its_card_goes_live(
 
     answer = serve.wait_response(call, timeout=60)
     assert "result" in answer, answer
-    # T3: pending -> running -> done, then the result (auto-expanded) with the artifacts as resource links.
+    # pending -> running -> done, then the result (auto-expanded) with the artifacts as resource links.
     expect(card).to_have_attribute("data-status", "done", timeout=15000)
     history = cards.evaluate(f"window.__history['{run_id}']")
     assert history == ["pending", "running", "done"], history
@@ -425,7 +425,7 @@ def test_grants_list_filter_and_revoke(gw: GatewayHome, ada: BrowserContext, sho
     page.close()
 
 
-# --- the four content types and truncation (T5, T6, T7) ----------------------------------------------
+# --- the four content types and truncation ------------------------------------------------------------
 
 
 PNG = base64.b64encode(
@@ -466,7 +466,7 @@ def test_each_content_type_and_truncation(gw: GatewayHome, ada: BrowserContext, 
     expect(article.locator(".resource-block pre")).to_have_text("# notes <b>x</b>")  # text, not markup
     expect(blocks.nth(4).locator("pre")).to_have_text("<img src=x onerror=alert(1)>")
     assert page.locator("img").count() == 1  # the hostile text made no element
-    # T6: over 30 lines: clipped, Show more opens the whole, which was in the DOM all along.
+    # Over 30 lines: clipped, Show more opens the whole, which was in the DOM all along.
     first = blocks.nth(0)
     pre = first.locator("pre")
     expect(pre).to_have_class(re.compile("clipped"))
@@ -476,7 +476,7 @@ def test_each_content_type_and_truncation(gw: GatewayHome, ada: BrowserContext, 
     expect(pre).not_to_have_class(re.compile("clipped"))
     assert pre.evaluate("e => e.clientHeight") > clipped
     expect(first.get_by_role("button", name="Show less")).to_have_attribute("aria-expanded", "true")
-    # T7: copy gives the whole text, whatever is shown.
+    # Copy gives the whole text, whatever is shown.
     first.get_by_role("button", name="Show less").click()
     first.get_by_role("button", name="Copy full result").click()
     assert page.evaluate("navigator.clipboard.readText()") == long_text
@@ -485,7 +485,7 @@ def test_each_content_type_and_truncation(gw: GatewayHome, ada: BrowserContext, 
     page.close()
 
 
-# --- accessibility (R8, T8) ---------------------------------------------------------------------------
+# --- accessibility -------------------------------------------------------------------------------------
 
 
 def test_status_is_announced_and_reduced_motion_stops_the_dot(browser: Browser, console: str, gw: GatewayHome) -> None:

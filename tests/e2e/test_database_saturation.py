@@ -1,4 +1,4 @@
-"""Issue 26, item 3: calls queued behind a held lock are answered within a bound, and the lease lives on.
+"""Calls queued behind a held lock (decision 67) are answered within a bound, and the lease lives on.
 
 Before: work that found the 4 database threads busy waited in an unbounded backlog (60 calls behind
 a held lock: the last answered after 40 s; with a holder that never lets go, `ceil(N/4) x 10 s`),

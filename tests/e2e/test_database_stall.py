@@ -1,4 +1,4 @@
-"""Issue 12, item 1: a database lock someone else holds does not freeze the gateway.
+"""A database lock someone else holds does not freeze the gateway (decisions 49, 51).
 
 Before the fix every database call ran on the event loop that also answers `ping` and ends runs
 at their time limit. With another connection holding the write lock, a call that had to write

@@ -1,4 +1,4 @@
-"""Issue 12, item 2: the SQLite file deleted or replaced under a serving gateway.
+"""The SQLite file deleted or replaced under a serving gateway (decision 45).
 
 Before the fix every call after `rm gateway.db*` succeeded (runs ran) and its events went to the
 unlinked inode. Now the gateway compares the path's (st_dev, st_ino) with the file it opened before

@@ -1,4 +1,4 @@
-"""What a gateway killed mid-call leaves is closed at the next sweep (issue 26, item 9), through real `serve` processes.
+"""What a gateway killed mid-call leaves is closed at the next sweep (decision 69), through real `serve` processes.
 
 On SQLite and on PostgreSQL (`db_url`): a gateway killed (`kill -9`) while its call waits for an
 in-band consent answer leaves `MCP_TOOL_CALL` alone, its card `pending` and its budget

@@ -1,7 +1,7 @@
 """`mcp-gateway demo` (what `make demo` runs) as root and as an ordinary user: the sample suite passes through the gateway.
 
 The demo drives a real `serve` over stdio with the MCP SDK's client. As an ordinary user the
-runs are rootless (issue 14, acceptance 1): the audit trail it prints shows the layers the run got.
+runs are rootless (decision 57): the audit trail it prints shows the layers the run got.
 """
 
 from __future__ import annotations

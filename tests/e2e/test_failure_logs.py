@@ -1,4 +1,4 @@
-"""Issue 12, item 5: what a serving gateway writes to stderr when it fails, and when clients err.
+"""What a serving gateway writes to stderr (docs/operations.md, "Logs") when it fails, and when clients err.
 
 Before the fix, calls refused with -32603 `audit_unavailable` / `database_unavailable` left no
 line on stderr, while every malformed notification left one (the MCP SDK's warning), so a client

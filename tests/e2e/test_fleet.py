@@ -1,4 +1,4 @@
-"""Sixteen `mcp-gateway serve` processes on one database (issue 17, acceptance 2).
+"""Sixteen `mcp-gateway serve` processes on one database (decision 62).
 
 A team's gateways share one database so that budgets, consent and the audit log are one. Each
 test here fires a batch of calls at 16 real gateways at once, over stdio, and checks what only

@@ -1,4 +1,4 @@
-"""The scale bench (bench/fleet_scale.py, issue 17) still runs and still checks what it claims to.
+"""The scale bench (bench/fleet_scale.py) still runs and still checks what it claims to.
 
 A small run (1 and 2 gateways, 40 calls) on SQLite and on the suite's PostgreSQL: the bench exits 0
 only when every configuration's checks pass (every answer right, every event present, `audit

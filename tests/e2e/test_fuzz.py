@@ -1,4 +1,4 @@
-"""Fuzzing `mcp-gateway serve` over real stdio (issue 12, acceptance 2).
+"""Fuzzing `mcp-gateway serve` over real stdio (decision 47).
 
 Seeded and bounded (`FUZZ_SECONDS`, `FUZZ_MESSAGES`): mutations of valid requests (lone
 surrogates, NaN/Infinity, huge strings, deep nesting, wrong types for id/method/params,

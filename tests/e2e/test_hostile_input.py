@@ -1,4 +1,4 @@
-"""Issue 12 items 3 and 6 over real stdio: lines that used to kill the gateway, and inputs that
+"""Hostile input over real stdio (decision 47): lines that used to kill the gateway, and inputs that
 could not be hashed or stored. Each answer is a standard JSON-RPC error under the request's
 own id where it can be read, the next request is answered, and nothing unauthenticated
 decides how much the audit log stores."""
@@ -36,7 +36,7 @@ def no_traceback(session: StdioSession) -> None:
     assert "Traceback" not in session.stderr_text()
 
 
-# --- item 3: one line must not stop the gateway ------------------------------------------------
+# --- one line must not stop the gateway -------------------------------------------------------
 
 
 def test_a_lone_surrogate_in_id_or_method_before_initialize_is_answered_and_serving_goes_on(
@@ -95,7 +95,7 @@ def test_a_call_waiting_for_consent_survives_hostile_lines_and_ends_as_answered(
     no_traceback(session)
 
 
-# --- item 6: inputs that cannot be hashed or stored ---------------------------------------------
+# --- inputs that cannot be hashed or stored ----------------------------------------------------
 
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
@@ -188,7 +188,7 @@ def test_a_malformed_consent_answer_denies_once_at_once(
     response = _answer_the_prompt_with(session, gateway, result)
     assert time.monotonic() - started < 30  # not the 60 s timeout
     assert response["error"]["code"] == -32008, response
-    # Denied once, not by the timeout; item 8 audits it as nobody's answer (consent_no_answer).
+    # Denied once, not by the timeout; audited as nobody's answer (consent_no_answer, decision 46).
     assert response["error"]["data"]["reason"] in ("consent_denied", "consent_no_answer"), response
     run_id = response["error"]["data"]["run_id"]
     kinds = [e["event_type"] for e in gateway.events_of(run_id)]

@@ -1,4 +1,4 @@
-"""Which policy `serve` loads (issue 11, item 6), as an MCP client starts it: `--home` only, in the
+"""Which policy `serve` loads (decision 42), as an MCP client starts it: `--home` only, in the
 agent's project. It never reads `./policy.yaml`, nor a policy another user or the agent could have
 written; `init` writes `<home>/policy.yaml`."""
 

@@ -81,7 +81,7 @@ def test_budget_reservations_are_atomic_on_postgres(pg_gateway: GatewayHome) -> 
 
 
 def test_elapsed_reservations_are_atomic_on_postgres(pg_gateway: GatewayHome) -> None:
-    """Issue 10 item 5: 16 racing 3 s calls on a 2 s budget; one reservation, one run, whatever the race."""
+    """The budget reserves the worst case (decision 31): 16 racing 3 s calls on a 2 s budget; one reservation, one run, whatever the race."""
     limits = BudgetPolicy(window_s=600, attempts_total=1000, elapsed_ms_total=2000)
     granted: list[int] = []
     refused: list[str] = []

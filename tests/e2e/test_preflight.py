@@ -1,4 +1,4 @@
-"""Preflight over real stdio (issue 14, item 4): a path the run's uid cannot reach is refused before the
+"""Preflight over real stdio (decision 54): a path the run's uid cannot reach is refused before the
 budget and consent, named with its fix; a sandbox that cannot start says which step and what to do."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What nobody else will close is closed by a live gateway (issue 12, item 4), through real `serve` processes.
+"""What nobody else will close is closed by a live gateway (decision 50), through real `serve` processes.
 
 A run whose end could not be written (the SANDBOX_EXEC insert fails: a trigger stands in for a
 disk or database failure) is closed by its own gateway's sweep once the finish grace after its

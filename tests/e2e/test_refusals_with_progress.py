@@ -1,4 +1,4 @@
-"""A refusal is the same refusal whether the call carried `_meta.progressToken` or not (issue 26, item 1).
+"""A refusal is the same refusal whether the call carried `_meta.progressToken` or not.
 
 Claude Code sends a progressToken with every tools/call (and so do the SDKs that reset their
 timeout on progress). Each row of the tables below is one refusal, made twice through a real
@@ -141,7 +141,7 @@ def seen(gateway: GatewayHome, response: dict[str, Any], user: str) -> Seen:
     answer["data"] = {k: v for k, v in error["data"].items() if k != "run_id"}
     trail = trail_of(gateway, run_id, user)
     card = CallStore(gateway.engine).fetch(run_id)
-    if card is None and trail:  # a 2026-07-28 retry moves its first round's card (item 12)
+    if card is None and trail:  # a 2026-07-28 retry moves its first round's card
         card = next((c for c in CallStore(gateway.engine).fetch_latest(None, 500) if c.user == user), None)
     shown = None if card is None else (card.status, card.code, card.reason, card.message, card.user == user)
     return Seen(answer, trail, shown)

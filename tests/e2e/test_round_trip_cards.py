@@ -1,4 +1,4 @@
-"""One call, one card, under 2026-07-28 too (issue 26, item 12).
+"""One call, one card, under 2026-07-28 too (docs/console.md, "Invocations: the cards").
 
 A 2026-07-28 client asks its person through an `input_required` round trip: two tools/call
 requests for one call. The console shows that call as one card: the first round's, which the

@@ -1,4 +1,4 @@
-"""Issue 26, item 13: a state folder, database or policy another user owns (or nobody may use) is named, in one line.
+"""A state folder, database or policy another user owns (or nobody may use) is named, in one line.
 
 Before the fix an ordinary user pointed at root's state folder was told "no policy ... run
 init", and `init` then ended in a PermissionError traceback. Now every command says which path

@@ -1,4 +1,4 @@
-"""Issue 26, item 10: every storage failure is its documented reason with one log line, never a traceback.
+"""Every storage failure is its documented reason (docs/error-codes.md) with one log line, never a traceback.
 
 Before: with the PostgreSQL server stopped, 249 of 253 calls were answered `-32603 internal_error`
 with a traceback: `gateway/db/__init__.py` `autocommit_cursor` (a call's authentication and audit appends)

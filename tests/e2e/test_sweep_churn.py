@@ -1,4 +1,4 @@
-"""No background task ends a serving gateway (issue 26, item 2), through real `serve` processes.
+"""No background task ends a serving gateway (decision 68), through real `serve` processes.
 
 Another local user (uid 65534), or another gateway of the same user, makes and removes
 `mcp-run-*` folders as fast as it can (tests/scratch_churn.py) while `serve` starts and sweeps

@@ -1,4 +1,4 @@
-"""A pip install is enough (issue 15, item 2): the built wheel, in a fresh venv outside the checkout, in another folder.
+"""A pip install is enough: the built wheel, in a fresh venv outside the checkout, in another folder.
 
 The wheel is built from this checkout with pip (build isolation: setuptools from the index),
 installed with its dependencies into a new venv made from the system interpreter, and driven

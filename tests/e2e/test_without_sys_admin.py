@@ -1,4 +1,4 @@
-"""The gateway as root without CAP_SYS_ADMIN and CAP_NET_ADMIN (a default container; issue 14, item 6).
+"""The gateway as root without CAP_SYS_ADMIN and CAP_NET_ADMIN (a default container; decision 57).
 
 `serve` starts under `capsh --drop=cap_sys_admin,cap_net_admin`: it cannot make namespaces or
 mounts as root, so each run drops to a pool uid and then takes the rootless path (its own user

@@ -393,7 +393,7 @@ def _question_closed(run_id: str) -> list[EventDraft]:
 
 
 def test_a_call_gets_one_decision_and_one_end_whoever_writes_them(engine: Engine, clock: FakeClock) -> None:
-    """Issue 26, item 3: a gateway whose question another gateway closed (its lease having run out) wrote
+    """A gateway whose question another gateway closed (its lease having run out) wrote
     a second decision and a second POLICY_BLOCKED. The store writes only the first of each kind."""
     audit = AuditLog(engine, clock)
     audit.append(EventDraft(EventType.MCP_TOOL_CALL, run_id="q1", user="alice", tool_name="run_pytest"))

@@ -364,7 +364,7 @@ def test_concurrent_reservations_never_take_more_time_than_the_budget(engine: En
 
 @pytest.mark.usefixtures("alice")
 def test_a_reservation_that_waited_for_the_lock_is_stamped_after_the_wait(engine: Engine, clock: FakeClock) -> None:
-    """Issue 17: a reservation queued behind another gateway's is stamped when it gets the lock, not when
+    """A reservation queued behind another gateway's is stamped when it gets the lock, not when
     it started waiting. Stamped before, its charge would leave the window before those taken ahead
     of it, and the refusal's retry_after_s could be past the window (16 gateways on SQLite: 3601 s
     of a 3600 s window)."""

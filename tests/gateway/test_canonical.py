@@ -1,4 +1,4 @@
-"""gateway/canonical.py: canonical JSON and args_hash (spec section 8)."""
+"""gateway/canonical.py: canonical JSON and args_hash (docs/operations.md, "Audit log")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The consent questions' store (issue 12, items 6 and 7): bounded, purged, and storing only what a
+"""The consent questions' store: bounded, purged, and storing only what a
 column holds, on real SQLite and PostgreSQL databases (`engine`, tests/gateway/conftest.py)."""
 
 from __future__ import annotations

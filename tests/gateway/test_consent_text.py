@@ -1,4 +1,4 @@
-"""The words of a consent question (issue 11, items 4 and 5): secret-looking names by whole words,
+"""The words of a consent question (decision 40): secret-looking names by whole words,
 one line per argument, escaped, and a cut that makes Deny once the default."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Engine settings per dialect (gateway/db/__init__.py): PostgreSQL connections carry bounds on every wait (issue 12, item 1),
-and a pooled connection cut while idle is replaced before use (issue 17)."""
+"""Engine settings per dialect (gateway/db/__init__.py): PostgreSQL connections carry bounds on every wait (decision 49),
+and a pooled connection cut while idle is replaced before use (decision 62)."""
 
 from __future__ import annotations
 

@@ -195,7 +195,7 @@ def start_wait_s() -> Iterator[float]:
 
 
 def test_work_no_thread_takes_within_the_bound_is_refused_and_never_runs(start_wait_s: float) -> None:
-    """Issue 26, item 3: with every thread held (a lock another connection holds), work queued behind them
+    """With every thread held (a lock another connection holds), work queued behind them
     waited without bound: 60 calls, the last answered after 40 s. Now it is refused at the bound,
     `database_unavailable`, and skipped when a thread comes free; the held work still finishes."""
     release = threading.Event()
@@ -255,7 +255,7 @@ def test_work_that_started_is_bounded_by_the_database_not_the_start_bound(start_
 
 
 def test_a_database_error_the_work_lets_out_is_a_storage_refusal() -> None:
-    """Issue 26, item 10, as a class: a SQLAlchemy or driver error that no store translated (a connection
+    """A SQLAlchemy or driver error that no store translated (a connection
     opened outside `storage_errors`) reaches the caller as `database_unavailable`, not internal_error."""
     import sqlite3
 

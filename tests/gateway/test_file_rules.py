@@ -1,4 +1,4 @@
-"""File rules judge every tool that reads, lists or changes those files (issue 11, item 9), table by table.
+"""File rules judge every tool that reads, lists or changes those files (decision 39), table by table.
 
 `Read(...)` rules judge Read, NotebookRead, Grep, Glob and LS; `Edit(...)` rules Edit, MultiEdit,
 Write and NotebookEdit. A search rooted inside a denied tree is denied; one whose folder holds

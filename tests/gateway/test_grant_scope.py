@@ -1,5 +1,5 @@
 """gateway/consent/grant_scope.py: a stored Deny for a path covers every spelling of it, what is under it, and
-whatever else comes with the call (issue 11, item 8); an Allow stays exact."""
+whatever else comes with the call (decision 44); an Allow stays exact."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12, item 6: what the pipeline stores before authentication is bounded and storable."""
+"""What the pipeline stores before authentication is bounded and storable (decision 47)."""
 
 from __future__ import annotations
 

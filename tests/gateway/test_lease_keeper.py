@@ -1,4 +1,4 @@
-"""gateway/liveness.py `LeaseKeeper` (issue 26, item 3): the lease is renewed whatever the calls' database work does.
+"""gateway/liveness.py `LeaseKeeper` (decision 67): the lease is renewed whatever the calls' database work does.
 
 Before, the renewal was one more job in the database threads' queue: with 80 calls queued behind a
 locked row, a live gateway's lease ran out. The keeper renews on a thread and an engine of its own.

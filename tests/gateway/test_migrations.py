@@ -156,8 +156,8 @@ def _has_append_function(engine: Engine) -> bool:
 
 
 def test_0009_records_the_first_decision_and_end_of_each_call_already_logged(unmigrated: Engine) -> None:
-    """A log from before 0009 may hold a call's doubled decision and end (issue 26, item 3: the bug it
-    fixes); `call_ends` starts from the first of each, so the rule holds for those calls too."""
+    """A log from before 0009 may hold a call's doubled decision and end (the bug it
+    fixes, decision 67); `call_ends` starts from the first of each, so the rule holds for those calls too."""
     engine = unmigrated
     command.upgrade(db._alembic_config(engine), "0008")
     logged = [
@@ -181,7 +181,7 @@ def test_0009_records_the_first_decision_and_end_of_each_call_already_logged(unm
 
 
 def test_0010_records_each_cards_session_on_both_appends_and_goes_back(unmigrated: Engine) -> None:
-    """0010 adds `tool_calls.session_id` (issue 26, item 9); the card a call opens carries its gateway
+    """0010 adds `tool_calls.session_id` (decision 69); the card a call opens carries its gateway
     session, through PostgreSQL's server-side append too; the downgrade takes the column away again."""
     engine = unmigrated
     db.migrate(engine)

@@ -1,4 +1,4 @@
-"""The sweep closes every call a dead gateway left open, exactly once (issue 26, item 9): SQLite and PostgreSQL.
+"""The sweep closes every call a dead gateway left open, exactly once (decision 69): SQLite and PostgreSQL.
 
 Each kind of open call a gateway can leave (waiting before anything ran, its tool running with or
 without a run record, its run still on, its out-of-band question still pending) against each kind

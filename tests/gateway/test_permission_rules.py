@@ -60,7 +60,7 @@ def test_bash_parts(command: str, parts: list[str], eligible: bool) -> None:
     assert bash_parts(command) == (parts, eligible)
 
 
-# --- issue 11 item 1: an allow rule allows only plain commands of literal words -------------------------
+# --- an allow rule allows only plain commands of literal words -------------------------
 
 
 @pytest.mark.parametrize("allow", ["Bash(pytest:*)", "Bash(pytest*)", "Bash(*)", "Bash"])
@@ -93,7 +93,7 @@ def test_allow_rules_match_the_words_as_written(rule: str, command: str, verdict
     assert judge(RuleSet.parse([], [], [rule]), "Bash", {"command": command}).verdict == verdict
 
 
-# --- issue 11 item 2: a deny rule denies every way of running the program that can be read ---------------
+# --- a deny rule denies every way of running the program that can be read ---------------
 
 DENY_RM = RuleSet.parse(["Bash(rm:*)"], [], ["Bash"])
 
@@ -228,7 +228,7 @@ def test_a_file_rule_judges_the_path_as_written_and_as_resolved(tmp_path: Path) 
     ids=["newline", "only-newline", "crlf", "nel", "newline-folder"],
 )
 def test_a_newline_in_a_path_does_not_slip_past_a_deny_glob(path: str) -> None:
-    """Issue 10 item 9: a regex `.` stops at a newline; a glob's `**` must not."""
+    """A regex `.` stops at a newline; a glob's `**` must not."""
     rules = RuleSet.parse(["Edit(secrets/**)"], [], ["Edit(**)"])
 
     assert judge(rules, "Edit", {"file_path": path}, ROOT) == Judgement("deny", "Edit(secrets/**)")

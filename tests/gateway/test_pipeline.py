@@ -1,4 +1,4 @@
-"""The pipeline (spec section 4): stage 7's decision, and whole calls in process, one per refusing stage.
+"""The pipeline (docs/architecture.md): stage 7's decision, and whole calls in process, one per refusing stage.
 
 The in-process calls use a real SQLite file and fakes for the clock, the ids and the host
 (tests/fakes.py); the wire is the e2e suites' business.

@@ -979,7 +979,7 @@ def test_an_allow_rule_covering_every_use_of_a_writing_agent_tool_warns(shipped:
 def test_a_program_wide_allow_rule_on_a_program_that_runs_code_warns(
     shipped: Policy, tmp_path: Path, rule: str, program: str, says: str
 ) -> None:
-    """Issue 11 item 11: Claude Code runs an allowed command unsandboxed; `Bash(pytest:*)` allows `--basetemp=~`."""
+    """Claude Code runs an allowed command unsandboxed; `Bash(pytest:*)` allows `--basetemp=~`."""
     prompt = PermissionPromptPolicy(enabled=True, allow=(rule,))
     (warning,) = risky_settings(dataclasses.replace(shipped, permission_prompt=prompt), tmp_path / "state")
 
@@ -1134,7 +1134,7 @@ def test_allowed_path_that_does_not_exist_warns(shipped: Policy, tmp_path: Path)
     ]
 
 
-# --- pins: each workspace and allowed path as the policy found it at load (issue 10, item 3) -----
+# --- pins: each workspace and allowed path as the policy found it at load (decision 30) -----------
 
 
 def test_existing_workspaces_and_allowed_paths_are_pinned_at_load_missing_ones_are_not(tmp_path: Path) -> None:
@@ -1168,7 +1168,7 @@ def test_a_policy_whose_folders_are_missing_still_loads_and_warns(tmp_path: Path
     assert any("which does not exist" in m for m in messages)
 
 
-# --- consent.channels: who may answer, and what (issue 11, item 7) ---------------------------------
+# --- consent.channels: who may answer, and what (decision 43) --------------------------------------
 
 
 def test_consent_channels_default_keeps_lasting_allows_for_the_approver(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """gateway/policy_trust.py: the gateway acts only on a policy nobody but its user or root could have
-written, outside every workspace it names, and never one from the working folder (issue 11, item 6)."""
+written, outside every workspace it names, and never one from the working folder (decision 42)."""
 
 from __future__ import annotations
 

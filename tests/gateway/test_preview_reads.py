@@ -1,4 +1,4 @@
-"""The Edit/Write preview reads only inside the workspace, with no check-then-open gap (issue 11, item 10).
+"""The Edit/Write preview reads only inside the workspace, with no check-then-open gap (decision 28).
 
 A child process keeps swapping a folder inside the workspace for a symlink to a folder outside
 that holds a secret, while previews are computed: the secret never appears. The same race run
@@ -36,7 +36,7 @@ def layout(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def old_current_file(value: str, root: Path, between: Callable[[], None] = lambda: None) -> str | None:
-    """The control: the preview's read before issue 11 (realpath, check inside, open the resolved path)."""
+    """The control: the preview's read as it was before the fix (realpath, check inside, open the resolved path)."""
     real_root = Path(os.path.realpath(root))
     try:
         real = Path(os.path.realpath(value))

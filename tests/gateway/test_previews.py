@@ -1,4 +1,4 @@
-"""What the approver is shown for an agent's tool use (issue 5, acceptance 3): real files in a temporary workspace."""
+"""What the approver is shown for an agent's tool use (docs/claude-code.md, "What the approver shows"): real files in a temporary workspace."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def test_a_client_gone_ends_the_notifications_not_the_call() -> None:
 )
 def test_what_ends_a_wait_leaves_it_as_itself(refusal: Exception) -> None:
     """A person's "no" (or a run that could not start) during a wait with progress on: the refusal
-    itself comes out, never an ExceptionGroup that the server would answer as -32603 (issue 26)."""
+    itself comes out, never an ExceptionGroup that the server would answer as -32603."""
     sent: list[str] = []
 
     async def send(progress: float, message: str) -> None:

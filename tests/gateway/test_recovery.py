@@ -85,7 +85,7 @@ def test_the_sweep_period_comes_from_the_environment(text: str, period: float) -
 
 
 def test_a_run_whose_gateway_is_known_dead_here_is_closed_before_its_deadline() -> None:
-    # Issue 26, item 9: its processes died with their gateway (the parent-death signals); the lease
+    # Its processes died with their gateway (the parent-death signals); the lease
     # alone, or another machine's pid, proves no death: those wait for the deadline as before.
     mine = ProcessIdentity("host-a", "boot-1", "ns-1", 7, "42")
     early = run(NOW + 100)

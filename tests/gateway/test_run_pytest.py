@@ -1,6 +1,6 @@
 """gateway/tools/run_pytest.py: the command line (no value is ever an option) and reading what a run produced.
 
-Issue 10, items 7 and 8. The run's files (junit.xml, stdout.txt) are the run's own claim:
+The run's files (junit.xml, stdout.txt) are the run's own claim:
 `counts_from_junit`, `parse_junit` and `read_summary` must never raise on any content. The
 command line is measured against the installed pytest: an argument starting with `@` is a
 file of options to its argparse, wherever it stands.
@@ -255,7 +255,7 @@ def workspace(tmp_path: Path) -> Path:
 
 
 def legacy_argv(root: Path, arguments: dict[str, Any], junit: Path) -> list[str]:
-    """The command line before issue 10: values as arguments of their own (the control of the measurement)."""
+    """The command line before decision 34: values as arguments of their own (the control of the measurement)."""
     argv = [sys.executable, "-I", "-B", "-m", "pytest", f"--rootdir={root}", "-c", "/dev/null",
             "-p", "no:cacheprovider", f"--junitxml={junit}", "-q"]  # fmt: skip
     if "keyword" in arguments:

@@ -275,7 +275,7 @@ def test_long_schema_messages_are_cut(policy: Policy) -> None:
     assert len(caught.value.detail) <= len("test_path: ") + 201
 
 
-# --- issue 10 item 6: a token's `ws` never widens what the user may see today ------------------
+# --- a token's `ws` never widens what the user may see today ------------------
 
 
 @pytest.mark.parametrize(
@@ -306,7 +306,7 @@ def test_read_tools_of_a_demoted_token_see_nothing(policy: Policy, spec: Any) ->
     assert blocked(policy, {"workspace": "c"}, demoted, LIST_ARTIFACTS) == "workspace_not_allowed"
 
 
-# --- issue 10 items 8 and 9: whole-value patterns, no option prefixes, no control characters ----
+# --- whole-value patterns, no option prefixes, no control characters ----
 
 CONTROL_VARIANTS = {
     "trailing-newline": "{}\n",
@@ -419,7 +419,7 @@ def test_stage_4_refuses_option_files_and_control_characters(policy: Policy, tes
     assert blocked(policy, {"test_path": test_path}) == reason
 
 
-# --- the folders a run would read must still be those pinned at policy load (issue 10, item 3) ---
+# --- the folders a run would read must still be those pinned at policy load (decision 30) -------
 
 
 def swap_for_link(path: Path, target: Path) -> None:

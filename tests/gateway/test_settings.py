@@ -1,4 +1,4 @@
-"""gateway/settings.py: flag > environment variable > default (spec section 2)."""
+"""gateway/settings.py: flag > environment variable > default (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stage list, in process (issue 13): one order for a call and its dry run, and tools that plug in.
+"""The stage list, in process (decision 52): one order for a call and its dry run, and tools that plug in.
 
 A real state folder and SQLite database (tests/harness.py), the real pipeline and stores; only
 the person answering consent is a small object of this file, and the second write tool is a
@@ -24,6 +24,7 @@ from gateway.errors import GatewayError, Reason, ToolTimeoutError
 from gateway.pipeline import STAGES, CallRequest, Pipeline
 from gateway.policy import load_policy
 from gateway.rbac import Permission
+from gateway.runs import RunStatus
 from gateway.services import Services, open_services
 from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
 from gateway.tools.outcome import ToolOutcome
@@ -51,8 +52,8 @@ class EchoRun:
     def refusal(self) -> GatewayError | None:
         return ToolTimeoutError(Reason.TIMEOUT, "stopped at its limit") if self.stopped else None
 
-    def status(self) -> str:
-        return "ok" if self.exit_code == 0 else "error"
+    def status(self) -> RunStatus:
+        return RunStatus.OK if self.exit_code == 0 else RunStatus.ERROR
 
     def write_evidence(self, governance: Governance) -> None:
         (self.run_dir / "evidence.json").write_text(json.dumps({"governance": asdict(governance)}))

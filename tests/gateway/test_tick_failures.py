@@ -1,4 +1,4 @@
-"""gateway/tick_failures.py: a periodic task's failures logged once per streak and cause (issue 26, item 2).
+"""gateway/tick_failures.py: a periodic task's failures logged once per streak and cause (decision 68).
 
 Also the console's chain check, a thread that ticks every few seconds: a database that cannot be
 read for a while gives one line, and one more when the check works again (real SQLite and PostgreSQL).

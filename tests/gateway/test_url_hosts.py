@@ -1,4 +1,4 @@
-"""WebFetch hosts are read as the fetcher reads them (issue 11, item 3), table by table.
+"""WebFetch hosts are read as the fetcher reads them (decision 39), table by table.
 
 Claude Code fetches with Node, whose URL parser is WHATWG's (ada). Each URL is judged under two rule
 sets: DENYING (deny rules on the hosts an attacker wants, an allow rule on the docs host) and
@@ -40,7 +40,7 @@ CASES: list[tuple[str, str, str, str | None]] = [
     ("https://evil.example/", "deny", "ask", "evil.example"),
     ("https://sub.docs.example.com/", "ask", "ask", "sub.docs.example.com"),  # not its subdomains
     ("https://docs.example.com.evil.example/", "ask", "ask", "docs.example.com.evil.example"),
-    # the review's cases: a backslash, a trailing dot, percent-encoding, full-width letters
+    # an outside review's cases: a backslash, a trailing dot, percent-encoding, full-width letters
     ("https://evil.example\\@docs.example.com/", "deny", "ask", "evil.example"),
     ("https://evil.example./", "deny", "ask", "evil.example."),
     ("https://%65vil.example/", "deny", "ask", "evil.example"),

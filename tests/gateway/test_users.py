@@ -1,4 +1,4 @@
-"""gateway/users.py: user names (issue 10 item 9: no control characters where a name is shown or signed)."""
+"""gateway/users.py: user names (no control characters where a name is shown or signed)."""
 
 from __future__ import annotations
 

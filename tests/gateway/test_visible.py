@@ -1,4 +1,4 @@
-"""What a person is shown (issue 11, items 4 and 5): every character visibly printing, over the whole
+"""What a person is shown (decision 40): every character visibly printing, over the whole
 code point range, and cuts that say what they hide."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fixtures of the host matrix (issue 14): `guest`, one guest with a cgroup-v2-only hierarchy per session.
+"""Fixtures of the host matrix (decision 59): `guest`, one guest with a cgroup-v2-only hierarchy per session.
 
 To run tests inside the guest, put them in a file without the `test_` prefix (so the host's
 run does not collect it; pytest collects a file named on its command line whatever its name)

@@ -1,4 +1,4 @@
-"""The sandbox on a cgroup-v2-only host, through `run_sandboxed` (issue 14, acceptance 2): run inside the guest.
+"""The sandbox on a cgroup-v2-only host, through `run_sandboxed` (decision 58): run inside the guest.
 
 No `test_` prefix: the host's run does not collect it; tests/hosts/test_guest_sandbox.py starts it
 in the guest (tests/guest.py) as root, then as an ordinary uid whose cgroup is delegated to it

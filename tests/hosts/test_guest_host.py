@@ -1,4 +1,4 @@
-"""The host matrix's guest (issue 14) is what it claims: another kernel, cgroup v2 only, delegation, namespaces."""
+"""The host matrix's guest (decision 59) is what it claims: another kernel, cgroup v2 only, delegation, namespaces."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The host matrix's cgroup-v2 guest (issue 14, item 6 and acceptance 2): the sandbox there, as root and as a delegated user.
+"""The host matrix's cgroup-v2 guest (decisions 58, 59): the sandbox there, as root and as a delegated user.
 
 One pytest run inside the guest per identity holds the cgroup v2 backend's own tests
 (in_guest_cgroup2_limits.py) and the sandbox's (in_guest_sandbox.py: `doctor`'s report, memory

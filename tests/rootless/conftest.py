@@ -1,4 +1,4 @@
-"""The rootless arena: `mcp-gateway serve` started by an ordinary user, every run in a user namespace (issue 14, acceptance 1).
+"""The rootless arena: `mcp-gateway serve` started by an ordinary user, every run in a user namespace (decision 57).
 
 The tests run as root (CI does) and start `serve` under `setpriv` as `USER_UID`, a uid with no
 account. Its state folder, workspace and policy are that user's, as `mcp-gateway init` run by

@@ -1,4 +1,4 @@
-"""Hostile suites against a user's own gateway (issue 14, acceptance 1): the run has the user's kernel uid.
+"""Hostile suites against a user's own gateway (decision 57): the run has the user's kernel uid.
 
 What an ordinary user's gateway must keep from its runs, though DAC lets the user's uid at all
 of it: the state folder (signing.key, the SQLite database, the policy, the logs), the gateway's

@@ -1,4 +1,4 @@
-"""`mcp-gateway serve` started by an ordinary user (issue 14, acceptance 1): the sample suite, what the user is told.
+"""`mcp-gateway serve` started by an ordinary user (decision 57): the sample suite, what the user is told.
 
 The memory total is not kept here for an ordinary user (memory and pids are cgroup v1
 controllers, where only root may make groups): the runs go without it by default, evidence.json

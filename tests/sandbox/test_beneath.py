@@ -1,4 +1,4 @@
-"""open_beneath: a file beneath a pinned folder, no link followed, no check-then-open gap (issue 11, item 10).
+"""open_beneath: a file beneath a pinned folder, no link followed, no check-then-open gap (decision 28).
 
 Both ways of opening are held to the same table: openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS
 (the kernel's), and the O_NOFOLLOW walk used where openat2 is missing. Then both under a real race.

@@ -1,4 +1,4 @@
-"""Output through pipes: a run cannot make the host hold more than the cap per stream, by any means (issue 10, item 1)."""
+"""Output through pipes: a run cannot make the host hold more than the cap per stream, by any means (decision 36)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The scratch folders of runs whose gateway died, and the start-up sweep that removes them (issue 10, item 4)."""
+"""The scratch folders of runs whose gateway died, and the start-up sweep that removes them (decision 38)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_a_folder_owned_by_a_run_uid_is_swept(tmp_path: Path) -> None:
     assert sweep_scratch(tmp_path) == [folder]
 
 
-# Issue 26, item 2: entries that vanish, change or belong to someone else never stop the sweep.
+# Entries that vanish, change or belong to someone else never stop the sweep.
 
 
 def test_the_sweep_survives_folders_vanishing_while_it_looks(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_a_scratch_root_someone_else_made_is_refused_with_the_reason(tmp_path: P
     assert list(decoy.iterdir()) == [], "nothing was made through the planted root"
 
 
-# Issue 26, item 9: the processes a dead gateway's run left, found by their run uid nobody holds.
+# The processes a dead gateway's run left, found by their run uid nobody holds.
 
 SWEPT_POOL = range(62300, 62302)  # apart from the default pool: no live gateway's sweep reaches it
 

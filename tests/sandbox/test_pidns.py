@@ -1,4 +1,4 @@
-"""The PID namespace's supervisors and the IPC namespace (issue 10, items 2 and 4), each as the runner uses it."""
+"""The PID namespace's supervisors and the IPC namespace (decisions 37, 38), each as the runner uses it."""
 
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ def test_the_watchdog_ends_a_run_whose_gateway_is_stuck(backend: Backend) -> Non
 @requires_root
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_run_that_ended_by_itself_past_its_limit_while_the_gateway_was_stuck_is_a_timeout(backend: Backend) -> None:
-    """Issue 12, item 1: the command exits on its own after the limit, before the watchdog; nobody killed it."""
+    """The command exits on its own after the limit, before the watchdog; nobody killed it: a timeout (decision 49)."""
     seen: dict[str, RunResult] = {}
 
     async def main(folder: Path) -> None:

@@ -1,4 +1,4 @@
-"""sandbox/pinned.py: a path pinned by identity, then real runs that use the pin after its path was swapped (issue 10, item 3)."""
+"""sandbox/pinned.py: a path pinned by identity, then real runs that use the pin after its path was swapped (decision 30)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The rootless mode (issue 14, item 1): a run in a user namespace of its own, as an ordinary user's gateway makes it.
+"""The rootless mode (decision 57): a run in a user namespace of its own, as an ordinary user's gateway makes it.
 
 Runs here are real: an ordinary uid (setpriv) starts the runner (tests/sandbox/rootless_child.py)
 or a child through the user-namespace steps, and the tests read what the kernel then says.

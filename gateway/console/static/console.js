@@ -38,7 +38,7 @@
     return button;
   }
 
-  // --- invocation cards (seed 004: R1-R5, R8) -------------------------------------------------
+  // --- invocation cards (docs/console.md, "Invocations: the cards") ----------------------------
 
   const cardsRoot = document.getElementById("cards");
   let schemas = {};
@@ -58,7 +58,7 @@
     if (result && status === "done") result.open = true; // auto-expand on success, collapsed on error
   }
 
-  // R3: pending -> running -> done; "running" is never skipped on the way to done.
+  // pending -> running -> done: "running" is never skipped on the way to done.
   function advance(entry, status) {
     entry.queue.push(...(status === "done" && entry.status === "pending" ? ["running", "done"] : [status]));
     if (!entry.timer) step(entry);
@@ -160,7 +160,7 @@
       if (!isImage(block.mimeType, block.data)) return textBlock("[image: " + String(block.mimeType) + "]");
       const img = node("img", { alt: block.alt || "image", class: "thumb" });
       img.src = "data:" + block.mimeType + ";base64," + block.data;
-      // A thumbnail; a button shows it at full size and back (R4).
+      // A thumbnail; a button shows it at full size and back.
       const full = node("button", { type: "button", class: "thumb-button", "aria-pressed": "false", "aria-label": words.full_size }, img);
       full.addEventListener("click", () => {
         const on = img.classList.toggle("full");
@@ -213,7 +213,7 @@
         " · " + card.user + " · " + (card.workspace || "-") + " · " + when + " UTC"));
     const article = node("article", { class: "card", role: "region", "aria-label": "Tool invocation: " + card.tool_name, "data-run": card.run_id },
       header, argumentsSection(card));
-    // R1: the header opens and closes the arguments (a click on its link or chip excepted).
+    // The header opens and closes the arguments (a click on its link or chip excepted).
     header.addEventListener("click", (event) => {
       if (event.target.closest("a, button")) return;
       const args = article.querySelector("details.args");
@@ -263,7 +263,7 @@
     document.body.dataset.ready = "1";
   }
 
-  // --- approvals (seed 000 / 001): countdown, Esc = Deny once, default focus, follow new questions ----
+  // --- approvals (docs/console.md): countdown, Esc = Deny once, default focus, follow new questions ----
 
   function startApprovals(root) {
     const started = Date.now();
@@ -277,7 +277,7 @@
     setInterval(tick, 1000);
     const first = root.querySelector("button[data-default]");
     if (first) first.focus();
-    // Seed 001's loading state: once a choice is sent, the block says so and a second choice is not sent.
+    // Loading: once a choice is sent, the block says so and a second choice is not sent.
     for (const form of root.querySelectorAll("form.choices")) {
       form.addEventListener("submit", (event) => {
         if (form.dataset.sending) { event.preventDefault(); return; }

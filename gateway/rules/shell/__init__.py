@@ -1,4 +1,4 @@
-"""Reading Bash commands for `check_permission`'s rules (spec section 9), pure: no I/O, nothing run.
+"""Reading Bash commands for `check_permission`'s rules (docs/claude-code.md; decision 41), pure: no I/O, nothing run.
 
 Two readers, one per side of a rule, because the two sides need opposite kinds of error:
 

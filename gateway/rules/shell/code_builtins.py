@@ -1,4 +1,4 @@
-"""Shell builtins, options and variables that run code (spec section 9): the deny side reads it, the allow side never allows it.
+"""Shell builtins, options and variables that run code (docs/claude-code.md): the deny side reads it, the allow side never allows it.
 
 The inventory comes from bash's own documentation (`help`, `help NAME` for each builtin, the
 PARAMETERS and SHELL BUILTIN COMMANDS sections of bash(1)) and dash(1)'s builtin list, and each

@@ -1,4 +1,4 @@
-"""The deny and ask side of Bash rules (spec section 9): every program a command runs that can be read.
+"""The deny and ask side of Bash rules (decision 41): every program a command runs that can be read.
 
 A command is read twice, by tree-sitter-bash (`tree`) and by our own lexer (`lexer`), both
 with and without its line continuations; every simple command either finds is then seen

@@ -1,4 +1,4 @@
-"""The deny side's second reader (spec section 9): a wide lexer of our own over the same text.
+"""The deny side's second reader (decision 41): a wide lexer of our own over the same text.
 
 It does not build a tree; it cuts the text at every operator, parenthesis and newline (so the
 bodies of subshells, groups, `if`/`while`/`for`/`case` and functions all come out as commands),

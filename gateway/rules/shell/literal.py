@@ -1,4 +1,4 @@
-"""The allow side of Bash rules (spec section 9): commands made only of plain commands of literal words.
+"""The allow side of Bash rules (decision 41): commands made only of plain commands of literal words.
 
 An allow rule may allow a part only if the shell runs it exactly as written: a command word
 followed by literal words, nothing expanded, redirected, defined or grouped. This module

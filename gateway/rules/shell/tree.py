@@ -1,4 +1,4 @@
-"""The deny side's first reader (spec section 9): bash's grammar, through tree-sitter-bash.
+"""The deny side's first reader (decision 41): bash's grammar, through tree-sitter-bash.
 
 Every `command` node anywhere in the tree is a simple command the shell may run: inside
 substitutions, subshells, groups, compound commands, function bodies, here-documents,

@@ -1,4 +1,4 @@
-"""Words as the deny side reads them (spec section 9): a literal, a pattern, or not known before it runs.
+"""Words as the deny side reads them (decision 41): a literal, a pattern, or not known before it runs.
 
 A reader feeds a `WordBuilder` the pieces of one shell word (characters and whether they were
 quoted, and "an expansion here"); the builder applies brace expansion and marks unquoted glob

@@ -1,4 +1,4 @@
-"""Programs that run another command (spec section 9): which words of theirs are that command.
+"""Programs that run another command (docs/claude-code.md, "Rules"): which words of theirs are that command.
 
 `sudo -u root env FOO=1 nice -n 5 rm -rf ~` runs `rm`. For each wrapper the table says which
 options take a value, how many operands come before the command, and which options hold a

@@ -1,4 +1,4 @@
-"""Reading a command is bounded (issue 26, item 4): past a bound the command is denied, naming the
+"""Reading a command is bounded (decision 71): past a bound the command is denied, naming the
 bound and what to do, never asked about or allowed; within the bounds the reading is about linear.
 
 Each hostile shape is timed: on the old readers a wrapper chain was quadratic (18 KB: 29 s), a

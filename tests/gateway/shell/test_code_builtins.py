@@ -1,5 +1,5 @@
 """The inventory of builtins, options and variables that run code (gateway/rules/shell/code_builtins.py), proven
-against the real shells (issue 26, item 5).
+against the real shells.
 
 Each entry of CODE_BUILTINS and CODE_VARIABLES has at least one proof below: a command that makes
 real bash or dash (in a temporary folder) create the file `m`, so the entry is a fact about the

@@ -1,4 +1,4 @@
-"""Consent (spec section 7): stored decisions, and questions waiting for the terminal approver."""
+"""Consent (docs/consent.md): stored decisions, and questions waiting for the terminal approver."""
 
 import sqlalchemy as sa
 from alembic import op

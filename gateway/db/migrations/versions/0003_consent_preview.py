@@ -1,4 +1,4 @@
-"""A consent question's preview for the approver (spec section 9): a command, a diff, a URL."""
+"""A consent question's preview for the approver (docs/claude-code.md): a command, a diff, a URL."""
 
 import sqlalchemy as sa
 from alembic import op

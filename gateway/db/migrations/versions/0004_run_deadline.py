@@ -1,4 +1,4 @@
-"""A run's deadline (issue 10, item 4): past it no process of the run can be alive, so a record still
+"""A run's deadline (decision 38): past it no process of the run can be alive, so a record still
 `running` then belongs to a gateway that died, and the next gateway to start closes it."""
 
 import sqlalchemy as sa

@@ -1,5 +1,5 @@
 """Who made a stored decision, what a Deny for particular arguments covers, and what the approver may
-answer (issue 11, items 7 and 8).
+answer (decisions 43 and 44).
 
 `consent_grants.channel`: filled for existing grants from `granted_by`, which the gateway always
 wrote as `approvals:...` (the approver), `cli:...` (`consent grant`) or `elicitation:...`/`client:...`

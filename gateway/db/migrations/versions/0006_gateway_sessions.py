@@ -1,4 +1,4 @@
-"""Which gateways are alive (issue 12, item 4): a row per serving process, renewed while it serves.
+"""Which gateways are alive (decision 50): a row per serving process, renewed while it serves.
 
 `gateway_sessions` holds each `serve` process's session (the id its consent questions carry), where
 it runs (host, boot id, pid namespace, pid and the pid's start time) and the lease it renews:

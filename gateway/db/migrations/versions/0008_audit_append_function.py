@@ -1,4 +1,4 @@
-"""PostgreSQL: the audit append as one server-side function (issue 17; decision 62).
+"""PostgreSQL: the audit append as one server-side function (decision 62).
 
 Appending to the hash chain needs the last event's id and hash, so appends are serialised by the
 `audit_head` row lock. Done from the gateway, the lock was held across four client round trips

@@ -1,4 +1,4 @@
-"""A call's decision and terminal event, each recorded at most once (issue 26, item 3): `call_ends`.
+"""A call's decision and terminal event, each recorded at most once (decision 67): `call_ends`.
 
 A gateway whose lease ran out while its database work queued behind a held lock was judged gone;
 another gateway closed its consent question as abandoned (a decision and a POLICY_BLOCKED), and

@@ -1,4 +1,4 @@
-"""The gateway session of each invocation card (issue 26, item 9): what a dead gateway left is found.
+"""The gateway session of each invocation card (decision 69): what a dead gateway left is found.
 
 A call whose gateway died while it waited (an in-band consent question, the budget, the sandbox's
 start) kept its card `pending` and its `MCP_TOOL_CALL` without a terminal event forever: nothing
