@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from typing import Any, ClassVar
@@ -62,13 +63,20 @@ class MemorySession:
     unsolicited: list[Message] = dataclasses.field(default_factory=list)
     """What the server sent that is not a response: its requests (elicitation/create) and notifications."""
     responder: Callable[[Message], Message] | None = None
-    """Answers the server's requests (elicitation/create): message -> result, or {"error": {...}}."""
+    """Answers the server's requests (elicitation/create): message -> result, or {"error": {...}}.
+    Without one, a request is never answered (a person who never looks), as with `StdioSession`."""
 
     def request(self, method: str, params: Mapping[str, Any] | None = None, timeout: float = 60) -> Message:
         """Send one request and wait for its answer, as the JSON-RPC response's `result` or `error`."""
+        return self.request_soon(method, params, timeout).result()
+
+    def request_soon(
+        self, method: str, params: Mapping[str, Any] | None = None, timeout: float = 60
+    ) -> Future[Message]:
+        """Send one request without waiting: several are then in flight; `.result()` is its answer."""
         progress = (params or {}).get("_meta", {}).get("progressToken") is not None
         request = RawRequest(method=method, params=dict(params) if params is not None else None)
-        return self.portal.call(self._send, request, timeout, progress)
+        return self.portal.start_task_soon(self._send, request, timeout, progress)
 
     def call_tool(
         self, name: str, arguments: Mapping[str, Any] | None = None, token: str | None = None, timeout: float = 60
@@ -97,9 +105,10 @@ class MemorySession:
     async def _elicit(self, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
         message = {"method": "elicitation/create", "params": params.model_dump(by_alias=True, mode="json")}
         self.unsolicited.append(message)
-        if self.responder is None:
-            return types.ErrorData(code=-32601, message="nobody answers in this test")
-        answer = self.responder(message)
+        if (responder := self.responder) is None:
+            await anyio.sleep_forever()  # cancelled with the call, or when the session closes
+            raise RuntimeError("anyio.sleep_forever returned")
+        answer = responder(message)
         if "error" in answer:
             return types.ErrorData.model_validate(answer["error"])
         return types.ElicitResult.model_validate(answer)
