@@ -60,6 +60,8 @@ class MemorySession:
     services: Services
     session: ClientSession
     portal: BlockingPortal
+    in_flight: dict[Any, Future[Message]] = dataclasses.field(default_factory=dict)
+    """Requests `send` started, by id, until `wait_response` collects them."""
     unsolicited: list[Message] = dataclasses.field(default_factory=list)
     """What the server sent that is not a response: its requests (elicitation/create) and notifications."""
     responder: Callable[[Message], Message] | None = None
@@ -77,6 +79,16 @@ class MemorySession:
         progress = (params or {}).get("_meta", {}).get("progressToken") is not None
         request = RawRequest(method=method, params=dict(params) if params is not None else None)
         return self.portal.start_task_soon(self._send, request, timeout, progress)
+
+    def send(self, message: Mapping[str, Any]) -> None:
+        """A request sent without waiting, as `StdioSession.send` sends one; `wait_response(its id)` collects
+        its answer. Only requests: what is not one (a notification, bytes) is the wire's business."""
+        if "id" not in message or "method" not in message:
+            raise ValueError("MemorySession.send takes requests; test notifications and raw bytes over stdio")
+        self.in_flight[message["id"]] = self.request_soon(message["method"], message.get("params"))
+
+    def wait_response(self, request_id: Any, timeout: float = 60) -> Message:
+        return {"jsonrpc": "2.0", "id": request_id, **self.in_flight.pop(request_id).result(timeout)}
 
     def call_tool(
         self, name: str, arguments: Mapping[str, Any] | None = None, token: str | None = None, timeout: float = 60

@@ -138,7 +138,7 @@ def test_the_consoles_deny_is_the_same_with_progress_on(
 def test_a_consent_timeout_is_the_same_with_progress_on(
     make_gateway: Callable[..., GatewayHome], open_memory: SessionFactory, logged: Callable[[], str]
 ) -> None:
-    gateway = make_gateway({"consent": {"timeout_s": 2}})
+    gateway = make_gateway({"consent": {"timeout_s": 1}})
     silent = open_memory(gateway, elicitation=True)  # declares elicitation, never answers it (no responder)
     found = same_with_and_without(gateway, called(silent, gateway, LEGACY, {}), -32008, "consent_timeout", logged)
     assert_decision(found, "DENY_ONCE", "timeout", "elicitation")
@@ -152,7 +152,7 @@ def test_a_consent_timeout_is_the_same_with_progress_on(
     def late(user: str, progress: str | None) -> dict[str, Any]:
         params = params_of(gateway, user, progress, era=MODERN, envelope=False)
         first = call(modern, params)
-        time.sleep(2.5)  # past the policy's consent.timeout_s: the point of the row
+        time.sleep(1.5)  # past the policy's consent.timeout_s: the point of the row
         retry = dict(
             params, inputResponses={"consent": accept("allow_once")}, requestState=first["result"]["requestState"]
         )
@@ -245,7 +245,7 @@ def _asked_and_denied(
 def test_a_permission_prompt_denied_is_the_same_with_progress_on(
     make_gateway: Callable[..., GatewayHome], open_memory: SessionFactory, logged: Callable[[], str], decide: bool
 ) -> None:
-    gateway = make_gateway({"permission_prompt": PROMPT_RULES, "consent": {"timeout_s": 60 if decide else 2}})
+    gateway = make_gateway({"permission_prompt": PROMPT_RULES, "consent": {"timeout_s": 60 if decide else 1}})
     without = _asked_and_denied(gateway, open_memory, logged, decide, None)
     with_token = _asked_and_denied(gateway, open_memory, logged, decide, PROGRESS)
     assert with_token == without
