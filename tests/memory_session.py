@@ -6,7 +6,9 @@
 thing: the pipeline, the stores, the audit chain, the consent stage. Only the stdio framing is
 missing: the wire itself (framing, hostile bytes, stdout, signals, faults) stays with
 `StdioSession` (tests/harness.py), and so does anything that runs the sandbox, since the host
-here is `FAKE_HOST` (no probe).
+here is `FAKE_HOST` (no probe). What `serve` runs beside the server (the sweeper of overdue runs
+and orphaned questions, the signal and database-file watchers, the start-wait setting, its
+stderr lines) is `serve`'s, not `build_server`'s, and is not run here.
 
 It speaks the same dicts as `StdioSession` (`{"result": ...}` or `{"error": ...}`, `unsolicited`,
 `responder`), so one assertion reads the same on both. The event loop runs in a thread of its
@@ -15,7 +17,6 @@ own (an anyio blocking portal, as Starlette's TestClient does), so tests stay sy
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -126,8 +127,8 @@ class MemorySession:
         return types.ElicitResult.model_validate(answer)
 
     async def _notified(self, message: Any) -> None:
-        if isinstance(message, Exception):
-            return
+        if isinstance(message, Exception):  # what a transport failed to read: memory streams parse nothing
+            raise message
         self.unsolicited.append(message.model_dump(by_alias=True, mode="json", exclude_none=True))
 
 
@@ -196,7 +197,7 @@ def memory_session(
 ) -> Iterator[MemorySession]:
     """A client of `build_server` in process for `gateway`'s state folder; `elicitation` declares
     form elicitation (answered by the session's `responder`), `version` is LEGACY (initialize)
-    or MODERN (2026-07-28: no handshake, `_meta` on every request)."""
+    or MODERN (2026-07-28: `server/discover`, then the envelope in every request's `_meta`)."""
     if version not in (LEGACY, MODERN):
         raise ValueError(f"no such protocol era in these tests: {version}")
     services = services_for(gateway, db_url=db_url, environ=environ)
@@ -206,5 +207,4 @@ def memory_session(
             with portal.wrap_async_context_manager(context) as session:
                 yield session
     finally:
-        with contextlib.suppress(Exception):
-            services.engine.dispose()
+        services.engine.dispose()

@@ -91,10 +91,12 @@ def test_a_bad_env_token_is_refused_exactly_like_a_bad_params_auth(
     assert token not in json.dumps(env_gateway.audit_events())
 
 
+@pytest.mark.parametrize("value", [None, "", "  "], ids=["unset", "empty", "blank"])
 def test_a_missing_env_token_is_token_missing_and_names_the_variable(
-    env_gateway: GatewayHome, open_session: SessionFactory
+    env_gateway: GatewayHome, open_session: SessionFactory, value: str | None
 ) -> None:
-    session = open_session(env_gateway)  # unset; empty and blank: test_server_env_token.py
+    env = {} if value is None else {"MCP_GATEWAY_TOKEN": value}
+    session = open_session(env_gateway, env=env)
 
     response = session.call_tool(*READ)
 

@@ -178,7 +178,7 @@ def test_every_refusal_before_a_wait_is_the_same_with_progress_on(
         (-32602, "unknown_tool", {"name": "run_shell"}),
         (-32008, "consent_mode_deny", {}),
     ]
-    session = open_memory(gateway, elicitation=True, version=era)
+    session = open_memory(gateway, elicitation=era == MODERN, version=era)  # as a 2025 client without the capability
     for code, reason, how in rows:
         same_with_and_without(gateway, called(session, gateway, era, how), code, reason, logged)
 
@@ -200,7 +200,7 @@ def test_a_database_that_fails_is_the_same_with_progress_on(
 ) -> None:
     """-32603 from storage: no trail, no card (the database is what failed), the same answer."""
     missing = gateway.root / "no-such-dir" / "gateway.db"
-    session = open_memory(gateway, elicitation=True, version=era, db_url=f"sqlite:///{missing}")
+    session = open_memory(gateway, elicitation=era == MODERN, version=era, db_url=f"sqlite:///{missing}")
     answers = []
     for progress in (None, PROGRESS):
         error = call(session, params_of(gateway, "alice", progress, era=era, envelope=False))["error"]
