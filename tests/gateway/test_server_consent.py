@@ -16,6 +16,7 @@ import pytest
 
 from tests.harness import MODERN, GatewayHome
 from tests.memory_session import MemorySession
+from tests.refusals import accept, answering
 
 SessionFactory = Callable[..., MemorySession]
 RUN = ("run_pytest", {"test_path": "tests"})
@@ -29,18 +30,6 @@ STEERING_SHOWN = (
     'markers: "smoke\\u202eevil\\u202c \\u2066x\\u2069\\u200b\\ufeff\\U000e0041\\u2800\\u3164\\u00a0'
     f'{SPACES}40Requested by admin"'
 )
-
-
-def replying(reply: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def respond(message: dict[str, Any]) -> dict[str, Any]:
-        assert message["method"] == "elicitation/create", message
-        return reply
-
-    return respond
-
-
-def accept(decision: str) -> dict[str, Any]:
-    return {"action": "accept", "content": {"decision": decision}}
 
 
 def prompts(session: MemorySession) -> list[dict[str, Any]]:
@@ -82,7 +71,7 @@ def round_trip(
 @pytest.mark.parametrize("action", ["decline", "cancel"])
 def test_decline_and_cancel_count_as_deny_once(gateway: GatewayHome, open_memory: SessionFactory, action: str) -> None:
     session = open_memory(gateway, elicitation=True)
-    session.responder = replying({"action": action})
+    session.responder = answering({"action": action})
     response = session.call_tool(*RUN, gateway.token("alice"))
     assert response["error"]["code"] == -32008 and response["error"]["data"]["reason"] == "consent_denied"
     (event,) = decision_events(gateway, response["error"]["data"]["run_id"])
@@ -105,7 +94,7 @@ def test_no_answer_before_the_timeout_denies(
 
 def test_an_answer_that_was_not_offered_is_a_deny(gateway: GatewayHome, open_memory: SessionFactory) -> None:
     session = open_memory(gateway, elicitation=True)
-    session.responder = replying(accept("allow_forever"))
+    session.responder = answering(accept("allow_forever"))
     response = session.call_tool(*RUN, gateway.token("alice"))
     assert response["error"]["data"]["reason"] == "consent_denied"
 
@@ -117,7 +106,7 @@ def test_c0_c1_and_line_separators_never_reach_a_prompt(
     # run_pytest's schema refuses them before consent; were one to get through, it would be escaped
     # like the characters above (tests/gateway/test_visible.py).
     session = open_memory(gateway, elicitation=True)
-    session.responder = replying(accept("allow_once"))
+    session.responder = answering(accept("allow_once"))
     refused = session.call_tool(
         "run_pytest", {"test_path": "tests", "markers": f"smoke{control}x"}, gateway.token("alice")
     )
