@@ -54,16 +54,15 @@ def host_names(host: str, port: int) -> frozenset[str]:
     return frozenset({*(f"{n}:{port}" for n in shown), *shown} if port in (80, 443) else {f"{n}:{port}" for n in shown})
 
 
-def run_console(settings: Settings, host: str, port: int, tls_cert: str | None, tls_key: str | None) -> int:
-    import uvicorn  # noqa: PLC0415
-
-    check_listen(host, tls_cert, tls_key)
-    policy = policy_for(settings, TOOL_NAMES)
-    stores = open_stores(settings)
+def open_console(settings: Settings, *, tls: bool, hosts: frozenset[str] | None) -> Console:
+    """What the console's routes need: the policy, the stores and the console's own state. Its chain
+    check is started; `console.chain.stop()` ends it (for a caller that outlives the database: a test)."""
     clock = SystemClock()
+    policy = policy_for(settings, TOOL_NAMES)
+    stores = open_stores(settings, clock)
     chain = ChainWatch(stores)
     chain.start()
-    console = Console(
+    return Console(
         stores=stores,
         policy=policy,
         sessions=SessionBook(clock),
@@ -71,6 +70,17 @@ def run_console(settings: Settings, host: str, port: int, tls_cert: str | None, 
         streams=StreamSlots(),
         calls=CallStore(stores.engine),
         chain=chain,
+        tls=tls,
+        hosts=hosts,
+    )
+
+
+def run_console(settings: Settings, host: str, port: int, tls_cert: str | None, tls_key: str | None) -> int:
+    import uvicorn  # noqa: PLC0415
+
+    check_listen(host, tls_cert, tls_key)
+    console = open_console(
+        settings,
         tls=tls_cert is not None,
         # Plain HTTP (loopback): only our own names, against DNS rebinding. Under TLS a page of another
         # name cannot reach us without a certificate for that name, and the console may be reached by

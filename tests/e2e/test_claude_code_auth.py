@@ -15,8 +15,9 @@ from typing import Any
 import jwt
 import pytest
 
-from tests.e2e.test_claude_code import SessionFactory, answer, events
+from tests.e2e.test_claude_code import SessionFactory
 from tests.harness import GatewayHome, StdioSession
+from tests.permission_checks import answer, events
 
 RULES = {"enabled": True, "deny": [], "ask": [], "allow": ["Bash(pytest:*)"]}
 CHECK = {"name": "check_permission", "arguments": {"tool_name": "Bash", "input": {"command": "pytest -q"}}}

@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tests.bash_cases import DENIED, NEVER_ALLOWED, NOT_DENIED, STILL_ALLOWED
-from tests.e2e.test_claude_code import SessionFactory, check, events
+from tests.e2e.test_claude_code import SessionFactory
 from tests.harness import GatewayHome
+from tests.permission_checks import check, events
 
 SHIPPED_DENY = ["Bash(rm:*)", "Bash(curl:*)", "Bash(wget:*)"]
 

@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.e2e.test_claude_code import SessionFactory, answer, ask, events
+from tests.e2e.test_claude_code import SessionFactory
 from tests.harness import GatewayHome, StdioSession
+from tests.permission_checks import answer, ask, events
 
 RULES = {"enabled": True, "deny": ["Bash(rm:*)", "Edit(secrets/**)"], "ask": [], "allow": ["Bash", "Read", "Glob"]}
 MAX_COMMAND_CHARS = 65_536

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_claude_code import SessionFactory, check, events
+from tests.e2e.test_claude_code import SessionFactory
 from tests.harness import GatewayHome
+from tests.permission_checks import check, events
 
 RULES = {
     "enabled": True,

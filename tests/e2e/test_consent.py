@@ -3,6 +3,9 @@
 Every test runs a real `mcp-gateway serve` and a real sandboxed pytest run of the sample
 suite when consent allows it; what is asserted is the prompt the client saw (or did not
 see), the answer on the wire and the `mcp.permission.decision` events in the audit log.
+The refusals that run nothing (decline, cancel, no answer, an answer not offered, the
+2026-07-28 denials, arguments the schema refuses, the round trip's escaped message) are
+tests/gateway/test_server_consent.py: the same server in process.
 """
 
 from __future__ import annotations
@@ -200,29 +203,6 @@ def test_t8_another_user_or_workspace_is_asked_again(
     assert len(prompts(session)) == 3
 
 
-@pytest.mark.parametrize("action", ["decline", "cancel"])
-def test_decline_and_cancel_count_as_deny_once(gateway: GatewayHome, elicit: StdioSession, action: str) -> None:
-    elicit.responder = answering(None, action=action)
-    response = call(elicit, gateway)
-    assert response["error"]["code"] == -32008 and response["error"]["data"]["reason"] == "consent_denied"
-    (event,) = decision_events(gateway, run_id_of(response))
-    assert event["detail"]["decision"] == "DENY_ONCE" and event["detail"]["origin"] == "user_prompt"
-
-
-def test_no_answer_before_the_timeout_denies(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
-) -> None:
-    gateway = make_gateway({"consent": {"timeout_s": 1}})
-    gateway.add_user("alice")
-    session = open_session(gateway, capabilities=ELICITATION)  # no responder: the prompt is never answered
-    started = time.monotonic()
-    response = call(session, gateway)
-    assert response["error"]["code"] == -32008 and response["error"]["data"]["reason"] == "consent_timeout"
-    assert 1 <= time.monotonic() - started < 10
-    (event,) = decision_events(gateway, run_id_of(response))
-    assert event["detail"]["origin"] == "timeout" and event["detail"]["channel"] == "elicitation"
-
-
 def test_allow_for_the_session_lasts_as_long_as_the_session(gateway: GatewayHome, open_session: SessionFactory) -> None:
     session = open_session(gateway, capabilities=ELICITATION)
     session.responder = answering("allow_session")
@@ -232,12 +212,6 @@ def test_allow_for_the_session_lasts_as_long_as_the_session(gateway: GatewayHome
     fresh = open_session(gateway, capabilities=ELICITATION)
     fresh.responder = answering("deny_once")
     assert call(fresh, gateway)["error"]["data"]["reason"] == "consent_denied", "a new session is asked again"
-
-
-def test_an_answer_that_was_not_offered_is_a_deny(gateway: GatewayHome, elicit: StdioSession) -> None:
-    elicit.responder = answering("allow_forever")
-    response = call(elicit, gateway)
-    assert response["error"]["data"]["reason"] == "consent_denied"
 
 
 # --- the 2026-07-28 era: no server-to-client requests, an input_required round trip ---------------
@@ -313,15 +287,6 @@ def test_2026_allow_always_then_no_round_trip(
     assert again.get("resultType") != "input_required" and again["structuredContent"]["passed"] > 0
 
 
-@pytest.mark.parametrize("answer", [{"action": "decline"}, {"action": "cancel"}, accept("deny_once")])
-def test_2026_decline_cancel_and_deny_once_refuse(
-    gateway: GatewayHome, stateless: StdioSession, answer: dict[str, Any]
-) -> None:
-    first = modern(stateless, gateway)["result"]
-    refused = modern(stateless, gateway, answer=answer, state=first["requestState"])
-    assert refused["error"]["code"] == -32008 and refused["error"]["data"]["reason"] == "consent_denied"
-
-
 def test_2026_a_state_answers_one_question_of_one_call_only(gateway: GatewayHome, stateless: StdioSession) -> None:
     state = modern(stateless, gateway)["result"]["requestState"]
     other = modern(stateless, gateway, answer=accept("allow_once"), state=state, arguments={"test_path": "tests/"})
@@ -331,14 +296,6 @@ def test_2026_a_state_answers_one_question_of_one_call_only(gateway: GatewayHome
     assert "result" in modern(stateless, gateway, answer=accept("allow_once"), state=state)
     replay = modern(stateless, gateway, answer=accept("allow_once"), state=state)
     assert replay["error"]["data"]["reason"] == "consent_state_invalid", "a state is used once"
-
-
-def test_2026_deny_always_persists(gateway: GatewayHome, stateless: StdioSession) -> None:
-    first = modern(stateless, gateway)["result"]
-    denied = modern(stateless, gateway, answer=accept("deny_always"), state=first["requestState"])
-    assert denied["error"]["data"]["reason"] == "consent_denied_always"
-    again = modern(stateless, gateway)
-    assert again["error"]["data"]["reason"] == "consent_denied_always", "refused at once, no round trip"
 
 
 def test_2026_a_client_without_elicitation_waits_for_the_approver(
@@ -393,29 +350,6 @@ def test_the_elicitation_message_is_escaped_and_shows_every_argument(
     assert f"  {STEERING_SHOWN}" in lines
     assert '  keyword: "not slow and smoke"' in lines, "keyword is run_pytest's own field: never redacted"
     assert '  test_path: "tests"' in lines
-
-
-@pytest.mark.parametrize("control", ["\x9b2J", "\u2028", "\x1b[2K", "\r"])
-def test_c0_c1_and_line_separators_never_reach_a_prompt(
-    gateway: GatewayHome, elicit: StdioSession, control: str
-) -> None:
-    # run_pytest's schema refuses them before consent; were one to get through, it would be escaped
-    # like the characters above (tests/gateway/test_visible.py).
-    elicit.responder = answering()
-    refused = elicit.call_tool(
-        "run_pytest", {"test_path": "tests", "markers": f"smoke{control}x"}, gateway.token("alice")
-    )
-    assert refused["error"]["code"] == -32602
-    assert prompts(elicit) == []
-
-
-def test_2026_the_input_required_message_is_escaped_too(gateway: GatewayHome, stateless: StdioSession) -> None:
-    first = modern(stateless, gateway, arguments={"test_path": "tests", "markers": STEERING})["result"]
-    message = first["inputRequests"]["consent"]["params"]["message"]
-    assert invisible_characters(message) == [] and f"  {STEERING_SHOWN}" in message.split("\n")
-    with gateway.engine.connect() as connection:
-        stored = str(connection.exec_driver_sql("SELECT args_preview FROM consent_requests").scalar())
-    assert invisible_characters(stored) == [] and STEERING_SHOWN in stored.split("\n"), "the stored question too"
 
 
 def test_consent_list_escapes_every_field(gateway: GatewayHome) -> None:

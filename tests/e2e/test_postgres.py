@@ -17,10 +17,10 @@ from gateway.clock import SystemClock
 from gateway.db import make_engine
 from gateway.errors import BudgetExceededError
 from gateway.policy import BudgetPolicy
-from tests.e2e.test_refusals import assert_blocked_trail, refusal
 from tests.e2e.test_run_pytest import ELICITATION, answer
 from tests.harness import GatewayHome, StdioSession
 from tests.pg_cluster import on_postgres_only
+from tests.refusals import assert_blocked_trail, refusal
 
 pytestmark = on_postgres_only
 

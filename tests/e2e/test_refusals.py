@@ -1,184 +1,35 @@
-"""Every refusal path over real stdio, with its exact code and the audit trail it leaves.
+"""One refusal of each code over real stdio, with its exact code and the audit trail it leaves.
 
-Each test starts `mcp-gateway serve` as a subprocess, sends JSON-RPC as a client would,
-and then reads the audit log back through `mcp-gateway audit export`: exactly one
-MCP_TOOL_CALL and one terminal POLICY_BLOCKED carrying the same code. Every test runs on
-SQLite and on PostgreSQL (`db_url`, tests/pg_cluster.py).
+Each test starts `mcp-gateway serve` as a subprocess, sends JSON-RPC as a client would, and
+reads the audit log back: exactly one MCP_TOOL_CALL and one terminal POLICY_BLOCKED carrying the
+same code. This proves the wire end to end; every refusal path, on SQLite and on PostgreSQL, is
+tests/gateway/test_server_refusals.py (the same server in process).
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import jwt
-import pytest
-from cryptography.hazmat.primitives import serialization
-
-from gateway.auth import load_keyring
 from tests.harness import GatewayHome, StdioSession
-from tests.pg_cluster import on_both_engines
+from tests.refusals import RUN, assert_blocked_trail, bad_tokens, refusal
 
-pytestmark = on_both_engines
 SessionFactory = Callable[..., StdioSession]
-RUN = ("run_pytest", {"test_path": "tests"})
-
-
-def refusal(response: dict[str, Any], code: int, reason: str | None = None) -> str:
-    """Assert a JSON-RPC error with `code` (and `reason`); return its run_id."""
-    assert "error" in response, response
-    error = response["error"]
-    assert error["code"] == code, error
-    assert isinstance(error["message"], str) and error["message"]
-    if reason is not None:
-        assert error["data"]["reason"] == reason, error
-    run_id = error["data"]["run_id"]
-    assert isinstance(run_id, str) and len(run_id) == 32
-    return str(run_id)
-
-
-def assert_blocked_trail(
-    gateway: GatewayHome, run_id: str, code: int, reason: str | None = None, label: str = ""
-) -> None:
-    events = gateway.events_of(run_id)
-    kinds = [e["event_type"] for e in events]
-    assert kinds == ["MCP_TOOL_CALL", "POLICY_BLOCKED"], (label, events)
-    assert events[1]["code"] == code, label
-    if reason is not None:
-        assert events[1]["detail"]["blocked_reason"] == reason, label
-    assert gateway.chain_ok()
-
-
-def _b64(data: dict[str, Any]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
-
-
-def _claims(user: str = "alice", **overrides: Any) -> dict[str, Any]:
-    now = int(time.time())
-    claims = {
-        "sub": user,
-        "iss": "mcp-gateway",
-        "aud": "mcp-gateway",
-        "iat": now,
-        "nbf": now,
-        "exp": now + 600,
-        "jti": f"t-{time.time_ns()}",
-    }
-    claims.update(overrides)
-    return {k: v for k, v in claims.items() if v is not None}
-
-
-def _signed(gateway: GatewayHome, **overrides: Any) -> str:
-    return jwt.encode(_claims(**overrides), load_keyring(gateway.home).hmac_secret, algorithm="HS256")
-
-
-# --- -32001 -------------------------------------------------------------------------------------
-
-
-def _bad_tokens(gateway: GatewayHome) -> dict[str, tuple[str | None, str]]:
-    now = time.time()
-    return {
-        "missing token": (None, "token_missing"),
-        "garbage": ("not-a-jwt", "token_malformed"),
-        "bad signature": (jwt.encode(_claims(), b"x" * 32, algorithm="HS256"), "bad_signature"),
-        "alg none": (f"{_b64({'alg': 'none', 'typ': 'JWT'})}.{_b64(_claims())}.", "alg_not_allowed"),
-        "HS512 not in policy": (
-            jwt.encode(_claims(), load_keyring(gateway.home).hmac_secret, algorithm="HS512"),
-            "alg_not_allowed",
-        ),
-        "expired": (gateway.token("alice", ttl_s=60, now=now - 3600), "token_expired"),
-        "not yet valid": (_signed(gateway, nbf=int(now) + 3600, iat=int(now)), "token_not_yet_valid"),
-        "issued in the future": (gateway.token("alice", ttl_s=60, now=now + 3600), "token_not_yet_valid"),
-        "wrong iss": (_signed(gateway, iss="someone-else"), "wrong_issuer"),
-        "wrong aud": (_signed(gateway, aud="another-service"), "wrong_audience"),
-        "no jti": (_signed(gateway, jti=None), "missing_claim"),
-        "no exp": (_signed(gateway, exp=None), "missing_claim"),
-        "unknown user": (gateway.token("mallory"), "user_unknown"),
-    }
 
 
 def test_every_bad_token_is_refused_with_32001(gateway: GatewayHome, open_session: SessionFactory) -> None:
     session = open_session(gateway)
-    for label, (token, reason) in _bad_tokens(gateway).items():
+    for label, (token, reason) in bad_tokens(gateway).items():
         run_id = refusal(session.call_tool(*RUN, token=token), -32001, reason)
         assert_blocked_trail(gateway, run_id, -32001, reason, label)
     assert not any((gateway.home / "artifacts").iterdir()), "nothing may run"
-
-
-def test_revoked_token_is_refused_at_once(gateway: GatewayHome, open_session: SessionFactory) -> None:
-    session = open_session(gateway)
-    token = gateway.token("alice")
-    assert "result" in session.call_tool("list_artifacts", {}, token)
-    revoked = gateway.cli("token", "revoke", token)
-    assert revoked.returncode == 0, revoked.stderr
-    assert token not in revoked.stdout + revoked.stderr
-    run_id = refusal(session.call_tool("list_artifacts", {}, token), -32001, "token_revoked")
-    assert_blocked_trail(gateway, run_id, -32001, "token_revoked")
-
-
-def test_disabled_user_is_refused_at_once(gateway: GatewayHome, open_session: SessionFactory) -> None:
-    session = open_session(gateway)
-    token = gateway.token("alice")
-    assert "result" in session.call_tool("list_artifacts", {}, token)
-    assert gateway.cli("user", "disable", "alice").returncode == 0
-    run_id = refusal(session.call_tool("list_artifacts", {}, token), -32001, "user_disabled")
-    assert_blocked_trail(gateway, run_id, -32001, "user_disabled")
-
-
-def test_hs_rs_confusion_is_refused(make_gateway: Callable[..., GatewayHome], open_session: SessionFactory) -> None:
-    gateway = make_gateway({"auth": {"algorithms": ["RS256"]}})
-    gateway.add_user("alice")
-    session = open_session(gateway)
-    assert "result" in session.call_tool("list_artifacts", {}, gateway.token("alice")), "a real RS256 token works"
-    public_pem = (
-        load_keyring(gateway.home)
-        .verification_key("RS256")
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
-    header = _b64({"alg": "HS256", "typ": "JWT"})
-    body = _b64(_claims())
-    import hashlib
-    import hmac
-
-    signature = hmac.new(public_pem, f"{header}.{body}".encode(), hashlib.sha256).digest()
-    forged = f"{header}.{body}.{base64.urlsafe_b64encode(signature).rstrip(b'=').decode()}"
-    run_id = refusal(session.call_tool("list_artifacts", {}, forged), -32001, "alg_not_allowed")
-    assert_blocked_trail(gateway, run_id, -32001)
-
-
-# --- -32003, -32004, -32602 ----------------------------------------------------------------------
 
 
 def test_viewer_calling_run_pytest_gets_32003(gateway: GatewayHome, open_session: SessionFactory) -> None:
     session = open_session(gateway)
     run_id = refusal(session.call_tool(*RUN, token=gateway.token("vic")), -32003, "missing_permission")
     assert_blocked_trail(gateway, run_id, -32003, "missing_permission")
-
-
-def test_demoted_user_loses_the_permission_at_once(gateway: GatewayHome, open_session: SessionFactory) -> None:
-    session = open_session(gateway)
-    token = gateway.token("alice")
-    assert gateway.cli("user", "set-role", "alice", "VIEWER").returncode == 0
-    refusal(session.call_tool(*RUN, token=token), -32003, "missing_permission")
-
-
-@pytest.mark.parametrize(
-    ("allowlist", "reason"),
-    [(["list_artifacts", "get_evidence"], "tool_not_allowlisted"), ([], "allowlist_empty")],
-)
-def test_allowlist_blocks_with_32004(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory, allowlist: list[str], reason: str
-) -> None:
-    gateway = make_gateway({"tools": {"allowlist": allowlist}})
-    gateway.add_user("alice")
-    session = open_session(gateway)
-    run_id = refusal(session.call_tool(*RUN, token=gateway.token("alice")), -32004, reason)
-    assert_blocked_trail(gateway, run_id, -32004, reason)
 
 
 def test_paths_escaping_the_workspace_get_32004(
@@ -192,8 +43,6 @@ def test_paths_escaping_the_workspace_get_32004(
     token = gateway.token("alice")
     cases = {
         "../": ("../outside", "path_outside_workspace"),
-        "deep ../": ("tests/../../..", "path_outside_workspace"),
-        "absolute": (str(outside), "path_outside_workspace"),
         "symlink": ("escape/test_evil.py", "path_outside_workspace"),
         "option": ("-p evil", "path_looks_like_option"),
     }
@@ -203,42 +52,14 @@ def test_paths_escaping_the_workspace_get_32004(
     assert not any((gateway.home / "artifacts").iterdir()), "nothing may run"
 
 
-def test_timeout_over_policy_and_foreign_workspace_get_32004(
-    gateway: GatewayHome, open_session: SessionFactory
-) -> None:
+def test_bad_arguments_and_unknown_tools_get_32602(gateway: GatewayHome, open_session: SessionFactory) -> None:
     session = open_session(gateway)
-    token = gateway.token("alice")
-    refusal(
-        session.call_tool("run_pytest", {"test_path": "tests", "timeout_s": 301}, token), -32004, "timeout_over_policy"
-    )
-    refusal(
-        session.call_tool("run_pytest", {"test_path": "tests", "workspace": "other"}, token),
-        -32004,
-        "workspace_not_allowed",
-    )
-
-
-@pytest.mark.parametrize(
-    ("name", "arguments", "reason"),
-    [
-        ("run_pytest", {}, "invalid_arguments"),
-        ("run_pytest", {"test_path": 7}, "invalid_arguments"),
+    for name, arguments, reason in (
         ("run_pytest", {"test_path": "tests", "args": "--pdb"}, "invalid_arguments"),
-        ("run_pytest", {"test_path": "tests", "max_failures": "1"}, "invalid_arguments"),
-        ("run_pytest", {"test_path": "tests", "keyword": "-p evil"}, "invalid_arguments"),
-        ("get_evidence", {"run_id": "../../signing.key"}, "invalid_arguments"),
         ("run_shell", {"cmd": "id"}, "unknown_tool"),
-    ],
-)
-def test_bad_arguments_and_unknown_tools_get_32602(
-    gateway: GatewayHome, open_session: SessionFactory, name: str, arguments: dict[str, Any], reason: str
-) -> None:
-    session = open_session(gateway)
-    run_id = refusal(session.call_tool(name, arguments, gateway.token("alice")), -32602, reason)
-    assert_blocked_trail(gateway, run_id, -32602, reason)
-
-
-# --- -32005, -32006, -32008, -32603 ------------------------------------------------------------------
+    ):
+        run_id = refusal(session.call_tool(name, arguments, gateway.token("alice")), -32602, reason)
+        assert_blocked_trail(gateway, run_id, -32602, reason, name)
 
 
 def test_budget_spent_gives_32005_with_retry_after(
@@ -248,7 +69,7 @@ def test_budget_spent_gives_32005_with_retry_after(
     gateway.add_user("alice")
     session = open_session(gateway)
     token = gateway.token("alice")
-    for _ in range(2):  # the policy allows no prompt: each attempt is denied, and counted
+    for _ in range(2):  # the policy allows no prompt: each attempt is denied (-32008), and counted
         refusal(session.call_tool(*RUN, token=token), -32008, "consent_mode_deny")
     response = session.call_tool(*RUN, token=token)
     run_id = refusal(response, -32005, "attempts_exhausted")
@@ -263,22 +84,6 @@ def test_sandbox_disabled_gives_32006(make_gateway: Callable[..., GatewayHome], 
     run_id = refusal(session.call_tool(*RUN, token=gateway.token("alice")), -32006, "sandbox_disabled")
     assert_blocked_trail(gateway, run_id, -32006, "sandbox_disabled")
     assert not any((gateway.home / "artifacts").iterdir())
-
-
-def test_client_without_elicitation_waits_for_an_approver_and_is_denied_at_the_timeout(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
-) -> None:
-    gateway = make_gateway({"consent": {"timeout_s": 1}})
-    gateway.add_user("alice")
-    session = open_session(gateway)
-    started = time.monotonic()
-    response = session.call_tool(*RUN, token=gateway.token("alice"))
-    run_id = refusal(response, -32008, "consent_timeout")
-    assert 1 <= time.monotonic() - started < 10
-    events = gateway.events_of(run_id)
-    assert [e["event_type"] for e in events] == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
-    assert events[1]["detail"]["origin"] == "timeout" and events[1]["detail"]["channel"] == "approver"
-    assert "no person answered" in response["error"]["message"]
 
 
 def test_unreachable_database_gives_32603_and_nothing_runs(gateway: GatewayHome, open_session: SessionFactory) -> None:

@@ -1,4 +1,5 @@
-"""tools/list: schemas and annotations for everyone, filtered to the caller's permissions with a token."""
+"""tools/list over real stdio: the allowlist's schemas and annotations, for everyone. Filtering by the
+caller's token and by the allowlist, in both protocol eras: tests/gateway/test_server_tools_list.py (in process)."""
 
 from __future__ import annotations
 
@@ -34,23 +35,3 @@ def test_tools_list_without_token_shows_the_allowlist_with_schemas(
     hints = {k: v for k, v in run_pytest["annotations"].items() if k.endswith("Hint")}
     assert hints == {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
     assert all(tool["annotations"]["readOnlyHint"] is True for tool in response["result"]["tools"][1:])
-
-
-def test_tools_list_with_a_token_shows_only_what_the_user_may_call(
-    gateway: GatewayHome, open_session: SessionFactory
-) -> None:
-    session = open_session(gateway)
-    viewer = session.request("tools/list", {"auth": {"token": gateway.token("vic")}})
-    assert names(viewer) == ["list_artifacts", "get_evidence", "get_artifact_content"]
-    user = session.request("tools/list", {"auth": {"token": gateway.token("alice")}})
-    assert "run_pytest" in names(user)
-    bad = session.request("tools/list", {"auth": {"token": "not-a-token"}})
-    assert bad["error"]["code"] == -32001
-
-
-def test_tools_list_follows_the_allowlist(
-    make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
-) -> None:
-    gateway = make_gateway({"tools": {"allowlist": ["get_evidence"]}})
-    session = open_session(gateway)
-    assert names(session.request("tools/list")) == ["get_evidence"]

@@ -1,13 +1,18 @@
-"""A real database, migrated to the newest schema, for the store tests: SQLite and PostgreSQL."""
+"""A real database, migrated to the newest schema, for the store tests (SQLite and PostgreSQL), and the
+MCP server in process for the server tests (tests/memory_session.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
 from gateway.db import make_engine, migrate
+from tests.harness import GatewayHome
+from tests.memory_session import MemorySession, memory_session
 
 
 @pytest.fixture
@@ -17,3 +22,14 @@ def engine(db_url: str) -> Iterator[Engine]:
     migrate(engine)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def open_memory() -> Iterator[Callable[..., MemorySession]]:
+    """Clients of `build_server` in process (tests/memory_session.py), each closed at the end of the test."""
+    with ExitStack() as stack:
+
+        def start(gateway: GatewayHome, **kwargs: Any) -> MemorySession:
+            return stack.enter_context(memory_session(gateway, **kwargs))
+
+        yield start
