@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, func, select, update
@@ -36,7 +37,17 @@ STORED_CHARS = 262_144
 """At most this much of a card's arguments or of its result text is stored; the rest is named, not kept."""
 KIND_TOOL = "tool"
 KIND_QUESTION = "check_permission"
-STATUSES = ("pending", "running", "done", "error", "cancelled")
+
+
+class CardStatus(StrEnum):
+    """A card's `status` column, as stored and as the console's page reads it (gateway/console/static/console.js)."""
+
+    PENDING = "pending"
+    """Waiting: for the budget, the sandbox, consent; or its entry is logged and nothing has run yet."""
+    RUNNING = "running"
+    DONE = "done"
+    ERROR = "error"
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +61,7 @@ class Card:
     server_id: str
     tool_name: str
     arguments: Any
-    status: str
+    status: CardStatus
     code: int | None
     reason: str | None
     message: str | None
@@ -119,7 +130,7 @@ class Opened:
     server_id: str
     tool_name: str
     arguments: Mapping[str, Any]
-    status: str
+    status: CardStatus
     now: float
     kind: str = KIND_TOOL
     code: int | None = None
@@ -161,7 +172,7 @@ class Moved:
     """A later state of the card, written with the call's event that caused it."""
 
     run_id: str
-    status: str
+    status: CardStatus
     now: float
     workspace: str | None = None
     code: int | None = None
@@ -254,7 +265,7 @@ def _card(m: Any) -> Card:
         server_id=m["server_id"],
         tool_name=m["tool_name"],
         arguments=arguments,
-        status=m["status"],
+        status=CardStatus(m["status"]),
         code=m["code"],
         reason=m["reason"],
         message=m["message"],

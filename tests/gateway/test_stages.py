@@ -246,18 +246,18 @@ def test_a_refused_call_and_a_read_tools_call_each_take_one_hop_to_a_database_th
     with pytest.raises(GatewayError) as refused:
         call(services, home.token("vic"), *RUN)
     assert refused.value.code == -32003
-    assert hops == ["_steps"], "authentication, the refusal and its events: one hop"
+    assert hops == ["_admitted"], "authentication, the refusal and its events: one hop"
     assert kinds(home, refused.value.data["run_id"]) == ["MCP_TOOL_CALL", "POLICY_BLOCKED"]
 
     hops.clear()
     run_id, outcome = call(services, home.token("alice"), "list_artifacts", {})
     assert not outcome.is_error
-    assert hops == ["_steps"], "authentication, the decisions, the entry, the read and its end: one hop"
+    assert hops == ["_admitted"], "authentication, the decisions, the entry, the read and its end: one hop"
     assert kinds(home, run_id) == ["MCP_TOOL_CALL", "TOOL_FINISHED"]
 
     hops.clear()
     with pytest.raises(GatewayError) as no_sandbox:
         call(services, home.token("alice"), *RUN)
     assert no_sandbox.value.code == -32006
-    assert hops == ["_steps"], "a write tool's admission, its reservation and the sandbox's refusal: one hop"
+    assert hops == ["_admitted"], "a write tool's admission, its reservation and the sandbox's refusal: one hop"
     assert kinds(home, no_sandbox.value.data["run_id"]) == ["MCP_TOOL_CALL", "POLICY_BLOCKED"]
