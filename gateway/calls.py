@@ -8,11 +8,15 @@ no extra commit on any path, the refusal path included. Its status follows the c
 
     pending (waiting: budget, sandbox, consent) -> running (the tool runs) -> done | error | cancelled
 
+(`CardStatus`; a question of Claude Code's, kind `check_permission`, goes from pending, or from
+nothing, to done, error or cancelled.)
+
 A call refused before anything ran goes from pending to error; `running` is never skipped on the
 way to `done`. A 2026-07-28 call that asks its person is two requests (the `input_required` round,
 then the retry with the answer) and one card, the first round's: the retry moves it once consent
-has found the answer to be that round's (gateway/pipeline.py `_card`; docs/decisions.md 61). The arguments are stored redacted as everywhere (gateway/consent/text.py `redacted`), the
-result as MCP content blocks; either, past `STORED_CHARS`, is cut loudly (length and sha256 kept).
+has found the answer to be that round's (gateway/call_trail.py `CallTrail.card`; decision 61). The
+arguments are stored redacted as everywhere (gateway/consent/text.py `redacted`), the result as
+MCP content blocks; either, past `STORED_CHARS`, is cut loudly (length and sha256 kept).
 `last_event_id`, the id of the audit event of the row's last change, only grows: it is the cursor
 the console's live view polls.
 """

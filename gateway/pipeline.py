@@ -278,7 +278,9 @@ class Wait(Generic[T]):
     reads_only: bool = False
 
 
-_Stage = Check[Any, Any] | Step[Any] | Wait[Any]
+_Gate = Step[None] | Wait[None]
+"""A stage of an admitted call before its execution."""
+_Execution = Step[ToolOutcome] | Wait[ToolOutcome]
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,27 +291,29 @@ class Route:
 
     steps: tuple[Step[None], ...]
     waits: tuple[Wait[None], ...]
-    execute: Step[ToolOutcome] | Wait[ToolOutcome]
+    execute: _Execution
 
     @property
-    def stages(self) -> tuple[Step[Any] | Wait[Any], ...]:
+    def stages(self) -> tuple[_Gate | _Execution, ...]:
         return (*self.steps, *self.waits, self.execute)
 
 
-def route(stages: tuple[_Stage, ...], sandboxed: bool) -> Route:
+def _applies(stage: _Gate | _Execution, sandboxed: bool) -> bool:
+    return not (stage.writes_only and not sandboxed) and not (stage.reads_only and sandboxed)
+
+
+def route(gates: tuple[_Gate, ...], executions: tuple[_Execution, ...], sandboxed: bool) -> Route:
     """The stages after admission that a read (`sandboxed` False) or write tool goes through, in
-    order: the steps before the first stage that waits, the waiting stages, and the execution, last."""
-    mine = [
-        s
-        for s in stages
-        if not isinstance(s, Check) and not (s.writes_only and not sandboxed) and not (s.reads_only and sandboxed)
-    ]
-    *gates, execute = mine
-    steps = tuple(s for s in gates if isinstance(s, Step))
-    waits = tuple(s for s in gates if isinstance(s, Wait))
-    if list(gates) != [*steps, *waits]:
-        raise ValueError("a step after a stage that waits needs a hop of its own: not supported")
-    return Route(cast("tuple[Step[None], ...]", steps), cast("tuple[Wait[None], ...]", waits), execute)
+    order: the steps before the first stage that waits, the waiting stages, then its one execution."""
+    mine = [gate for gate in gates if _applies(gate, sandboxed)]
+    steps = tuple(gate for gate in mine if isinstance(gate, Step))
+    waits = tuple(gate for gate in mine if isinstance(gate, Wait))
+    if mine != [*steps, *waits]:
+        raise ValueError("a step after a stage that waits would need a thread hop of its own: not supported")
+    execute = [execution for execution in executions if _applies(execution, sandboxed)]
+    if len(execute) != 1:
+        raise ValueError(f"a {'write' if sandboxed else 'read'} tool needs exactly one execution stage")
+    return Route(steps, waits, execute[0])
 
 
 class Pipeline:
@@ -734,20 +738,23 @@ DECISIONS: Admission[Principal, Admitted] = (
 ADMISSION: Admission[None, Admitted] = checks(AUTHENTICATE).then_all(DECISIONS)
 """Stages 2-5: from a token to an `Admitted` call."""
 
-STAGES: tuple[_Stage, ...] = (
-    *ADMISSION.checks,
+GATES: tuple[_Gate, ...] = (
     _gate("preflight", Pipeline._preflight),
     Step("budget", Pipeline._budget_dry, Pipeline._reserve, writes_only=True),
     _gate("sandbox", Pipeline._sandbox_ready),
     Wait("consent", Pipeline._consent_dry, Pipeline._consent, writes_only=True),
+)
+"""Stages 5b-8: what an admitted write tool passes before it runs."""
+EXECUTIONS: tuple[_Execution, ...] = (
     Step("execute", Pipeline._execute_dry, Pipeline._execute_read, reads_only=True),
     Wait("execute", Pipeline._execute_dry, Pipeline._execute, writes_only=True),
 )
+STAGES: tuple[Check[Any, Any] | _Gate | _Execution, ...] = (*ADMISSION.checks, *GATES, *EXECUTIONS)
 """The order of a tools/call's stages, for the call and its dry run alike (docs/architecture.md). A read
 tool's execution is a step (its database reads, on the thread its admission ran on); a write
 tool's waits for its run."""
 
-ROUTES: Mapping[bool, Route] = {sandboxed: route(STAGES, sandboxed) for sandboxed in (False, True)}
+ROUTES: Mapping[bool, Route] = {sandboxed: route(GATES, EXECUTIONS, sandboxed) for sandboxed in (False, True)}
 """The hop batching (decision 63), built once: for a read tool (False) and a write tool (True), the
 stages after admission grouped as they run: the steps on admission's database thread (a read
 tool's execution among them), then each stage that waits on the event loop."""

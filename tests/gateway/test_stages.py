@@ -21,7 +21,7 @@ import pytest
 from gateway.consent.stage import Decision, NoAnswer
 from gateway.db.threads import in_db_thread
 from gateway.errors import GatewayError, Reason, ToolTimeoutError
-from gateway.pipeline import STAGES, CallRequest, Pipeline
+from gateway.pipeline import EXECUTIONS, GATES, ROUTES, STAGES, CallRequest, Pipeline, Step, Wait, route
 from gateway.policy import load_policy
 from gateway.rbac import Permission
 from gateway.services import Services, open_services
@@ -225,6 +225,25 @@ def test_a_call_that_would_run_is_explained_through_every_stage_it_passes(make_g
     assert all(r.code is None for r in reports)
     reads = Pipeline(services_of(home)).explain("alice", "list_artifacts", {})
     assert [r.stage for r in reads] == ["authenticate", "authorize", "policy", "validate", "execute"]
+
+
+def test_the_hops_are_built_once_from_the_stages_a_read_and_a_write_tool_go_through() -> None:
+    writes, reads = ROUTES[True], ROUTES[False]
+    assert [s.name for s in writes.steps] == ["preflight", "budget", "sandbox"], "one hop with admission"
+    assert [s.name for s in writes.waits] == ["consent"]
+    assert isinstance(writes.execute, Wait), "a write tool's run is waited on"
+    assert (reads.steps, reads.waits) == ((), ())
+    assert isinstance(reads.execute, Step), "a read tool's execution runs in admission's hop"
+    assert [s.name for s in STAGES] == [
+        *("authenticate", "authorize", "policy", "validate"),
+        *(s.name for s in (*GATES, *EXECUTIONS)),
+    ]
+    # A step after a stage that waits would cost a hop of its own: the routes refuse to be built so.
+    consent, sandbox = GATES[3], GATES[2]
+    with pytest.raises(ValueError, match="thread hop of its own"):
+        route((consent, sandbox), EXECUTIONS, sandboxed=True)
+    with pytest.raises(ValueError, match="exactly one execution"):
+        route(GATES, (), sandboxed=False)
 
 
 def test_a_refused_call_and_a_read_tools_call_each_take_one_hop_to_a_database_thread(
