@@ -176,7 +176,7 @@ class CallTrail:
                 Opened(
                     run_id=card,
                     user=self.principal.name,
-                    workspace=self.workspace or self.filed_under,
+                    workspace=self.filed_under if self.workspace is None else self.workspace,
                     server_id=self.recorder.server_id,
                     tool_name=str(self.entry.tool_name),
                     arguments=self.arguments,

@@ -518,15 +518,13 @@ def first(step: Step[S, T]) -> Steps[T]:
     return Steps((step,))
 
 
-_AUTHENTICATE: Step[None, Principal] = Step(
+AUTHENTICATE: Step[None, Principal] = Step(
     "authenticate", PermissionPrompt._authenticate, PermissionPrompt._authenticate_dry
 )
-STEPS: Order = (
-    first(_AUTHENTICATE)
-    .then(Step("check", PermissionPrompt._check_question, PermissionPrompt._check_question_dry))
-    .then(Step("rules", PermissionPrompt._apply_rules, PermissionPrompt._apply_rules_dry))
-    .last(LastStep("consent", PermissionPrompt._consent, PermissionPrompt._consent_dry))
-)
+CHECK: Step[Principal, AgentUse] = Step("check", PermissionPrompt._check_question, PermissionPrompt._check_question_dry)
+RULES: Step[AgentUse, AgentUse] = Step("rules", PermissionPrompt._apply_rules, PermissionPrompt._apply_rules_dry)
+CONSENT: LastStep[AgentUse] = LastStep("consent", PermissionPrompt._consent, PermissionPrompt._consent_dry)
+STEPS: Order = first(AUTHENTICATE).then(CHECK).then(RULES).last(CONSENT)
 """The order of a question's steps (this module's docstring, 3-6), for a question and its dry run alike."""
 
 

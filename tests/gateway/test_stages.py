@@ -21,7 +21,22 @@ import pytest
 from gateway.consent.stage import Decision, NoAnswer
 from gateway.db.threads import in_db_thread
 from gateway.errors import GatewayError, Reason, ToolTimeoutError
-from gateway.pipeline import EXECUTIONS, GATES, ROUTES, STAGES, CallRequest, Pipeline, Step, Wait, route
+from gateway.permission_prompt import AUTHENTICATE as ASKER_KNOWN
+from gateway.permission_prompt import CHECK, CONSENT, RULES, first
+from gateway.pipeline import (
+    AUTHENTICATE,
+    DECISIONS,
+    EXECUTIONS,
+    GATES,
+    ROUTES,
+    STAGES,
+    CallRequest,
+    Pipeline,
+    Step,
+    Wait,
+    checks,
+    route,
+)
 from gateway.policy import load_policy
 from gateway.rbac import Permission
 from gateway.services import Services, open_services
@@ -244,6 +259,17 @@ def test_the_hops_are_built_once_from_the_stages_a_read_and_a_write_tool_go_thro
         route((consent, sandbox), EXECUTIONS, sandboxed=True)
     with pytest.raises(ValueError, match="exactly one execution"):
         route(GATES, (), sandboxed=False)
+
+
+def test_stages_in_the_wrong_order_do_not_type_check() -> None:
+    """The order is checked by mypy (strict, with warn_unused_ignores, in `make lint`): each ignore
+    below is needed, or lint fails. At run time nothing stops the wrong order: the types do."""
+    late = DECISIONS.then_all(checks(AUTHENTICATE))  # type: ignore[arg-type]  # authentication after admission
+    assert [check.name for check in late.checks][-1] == "authenticate"
+    unchecked = first(ASKER_KNOWN).then(RULES)  # type: ignore[arg-type]  # rules before the check
+    assert [step.name for step in unchecked.steps] == ["authenticate", "rules"]
+    right = first(ASKER_KNOWN).then(CHECK).then(RULES).last(CONSENT)
+    assert right.names == ("authenticate", "check", "rules", "consent")
 
 
 def test_a_refused_call_and_a_read_tools_call_each_take_one_hop_to_a_database_thread(
