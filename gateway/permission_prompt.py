@@ -514,7 +514,8 @@ class Order:
         return [*lines, *shown, ("result", verdict)]
 
 
-def first(step: Step[S, T]) -> Steps[T]:
+def first(step: Step[None, T]) -> Steps[T]:
+    """The first step takes nothing: a question starts with no step before it."""
     return Steps((step,))
 
 
