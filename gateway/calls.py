@@ -8,11 +8,15 @@ no extra commit on any path, the refusal path included. Its status follows the c
 
     pending (waiting: budget, sandbox, consent) -> running (the tool runs) -> done | error | cancelled
 
+(`CardStatus`; a question of Claude Code's, kind `check_permission`, goes from pending, or from
+nothing, to done, error or cancelled.)
+
 A call refused before anything ran goes from pending to error; `running` is never skipped on the
 way to `done`. A 2026-07-28 call that asks its person is two requests (the `input_required` round,
 then the retry with the answer) and one card, the first round's: the retry moves it once consent
-has found the answer to be that round's (gateway/pipeline.py `_card`; decision 61). The arguments are stored redacted as everywhere (gateway/consent/text.py `redacted`), the
-result as MCP content blocks; either, past `STORED_CHARS`, is cut loudly (length and sha256 kept).
+has found the answer to be that round's (gateway/call_trail.py `CallTrail.card`; decision 61). The
+arguments are stored redacted as everywhere (gateway/consent/text.py `redacted`), the result as
+MCP content blocks; either, past `STORED_CHARS`, is cut loudly (length and sha256 kept).
 `last_event_id`, the id of the audit event of the row's last change, only grows: it is the cursor
 the console's live view polls.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, func, select, update
@@ -36,7 +41,17 @@ STORED_CHARS = 262_144
 """At most this much of a card's arguments or of its result text is stored; the rest is named, not kept."""
 KIND_TOOL = "tool"
 KIND_QUESTION = "check_permission"
-STATUSES = ("pending", "running", "done", "error", "cancelled")
+
+
+class CardStatus(StrEnum):
+    """A card's `status` column, as stored and as the console's page reads it (gateway/console/static/console.js)."""
+
+    PENDING = "pending"
+    """Waiting: for the budget, the sandbox, consent; or its entry is logged and nothing has run yet."""
+    RUNNING = "running"
+    DONE = "done"
+    ERROR = "error"
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +65,7 @@ class Card:
     server_id: str
     tool_name: str
     arguments: Any
-    status: str
+    status: CardStatus
     code: int | None
     reason: str | None
     message: str | None
@@ -119,7 +134,7 @@ class Opened:
     server_id: str
     tool_name: str
     arguments: Mapping[str, Any]
-    status: str
+    status: CardStatus
     now: float
     kind: str = KIND_TOOL
     code: int | None = None
@@ -161,7 +176,7 @@ class Moved:
     """A later state of the card, written with the call's event that caused it."""
 
     run_id: str
-    status: str
+    status: CardStatus
     now: float
     workspace: str | None = None
     code: int | None = None
@@ -254,7 +269,7 @@ def _card(m: Any) -> Card:
         server_id=m["server_id"],
         tool_name=m["tool_name"],
         arguments=arguments,
-        status=m["status"],
+        status=CardStatus(m["status"]),
         code=m["code"],
         reason=m["reason"],
         message=m["message"],

@@ -94,7 +94,6 @@ class Reason(StrEnum):
     INTERNAL_ERROR = "internal_error"
     TOOL_NOT_IMPLEMENTED = "tool_not_implemented"
     WORKSPACE_MISSING = "workspace_missing"
-    STAGE_ORDER = "stage_order"
 
 
 class GatewayError(Exception):

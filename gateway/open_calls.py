@@ -17,17 +17,18 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, and_, exists, select, update
 
 from gateway import db
+from gateway.calls import CardStatus
 from gateway.db.errors import storage_errors
 from gateway.runs import RunStatus
 
-OPEN = ("pending", "running")
-CLAIMED = "error"
+OPEN = (CardStatus.PENDING, CardStatus.RUNNING)
+CLAIMED = CardStatus.ERROR
 
 
 @dataclass(frozen=True, slots=True)
 class OpenCall:
     run_id: str
-    status: str
+    status: CardStatus
     session_id: str
     user: str
     workspace: str | None
@@ -53,7 +54,9 @@ class OpenCalls:
         )
         with storage_errors("open calls could not be read", log=None), self._read.connect() as connection:
             rows = connection.execute(query).all()
-        return [OpenCall(row[0], row[1], row[2], row[3], row[4], row[5], row[6] is not None) for row in rows]
+        return [
+            OpenCall(row[0], CardStatus(row[1]), row[2], row[3], row[4], row[5], row[6] is not None) for row in rows
+        ]
 
     def claim(self, call: OpenCall) -> bool:
         """Mark the card closed, if it still is as found; False when its gateway or another sweep moved it first."""

@@ -1,4 +1,4 @@
-"""`check_permission`: the gateway as Claude Code's `--permission-prompt-tool` (spec section 9).
+"""`check_permission`: the gateway as Claude Code's `--permission-prompt-tool` (docs/claude-code.md).
 
 Claude Code (`claude -p`) asks this tool before it runs one of its own tools (Bash, Edit,
 Write, WebFetch, ...) that its settings do not decide. Each question, in order:
@@ -18,13 +18,19 @@ by that token alone: a bad one is refused, never replaced by the environment's.
 Questions are asked out of band only (`mcp-gateway approvals`): `-p` has no dialog, so
 elicitation to Claude Code would reach nobody. Every answer leaves `mcp.permission.decision`
 for the agent's tool (the rule, or the person's decision) and `TOOL_FINISHED` for the
-question, with its behavior.
+question, with its behavior. The question's events and card are its `CallTrail`
+(gateway/call_trail.py), as a tools/call's are.
+
+The order is `STEPS`, walked by a question (each step's `run`) and by `policy explain --agent`
+(each step's `dry`, which writes nothing), and it is in the types: authentication gives a
+`Principal`, the check an `AgentUse` (whose agent, its pinned workspace, the tool use), which the
+rules and consent take; `Steps.then` accepts only a step that takes what the one before gave, and
+the last step (consent) always answers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -32,13 +38,14 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import anyio
 
-from gateway.audit import Along, EventDraft, EventType
+from gateway.audit import EventDraft, EventType
 from gateway.auth import TOKEN_ENV, Principal
-from gateway.calls import KIND_QUESTION, Moved, Opened, outcome_content
+from gateway.call_trail import CallTrail, Recorder
+from gateway.calls import KIND_QUESTION, CardStatus
 from gateway.canonical import args_hash
 from gateway.consent.grant_scope import absolute_spellings
 from gateway.consent.stage import (
@@ -53,7 +60,7 @@ from gateway.consent.stage import (
 )
 from gateway.consent.store import Channel
 from gateway.db.threads import in_db_thread
-from gateway.errors import ConsentDeniedError, GatewayError, InternalError, InvalidParamsError, Reason
+from gateway.errors import ConsentDeniedError, GatewayError, InvalidParamsError, Reason
 from gateway.pipeline import caller_of
 from gateway.previews import preview
 from gateway.progress import NO_PROGRESS, CallProgress
@@ -222,6 +229,34 @@ class _Asker:
     workspace: str
 
 
+@dataclass(frozen=True, slots=True)
+class AgentUse:
+    """A question that passed the check: whose agent asks, its workspace as pinned at load, the tool use."""
+
+    asker: _Asker
+    root: Pinned
+    use: ToolUse
+
+
+@dataclass(frozen=True, slots=True)
+class _Question:
+    """One question going through STEPS: what it brought, and its trail (its events and card)."""
+
+    arguments: Mapping[str, Any]
+    trail: CallTrail
+    progress: CallProgress
+    given: CallToken | None
+    """The question's `params.auth` token, when it carried one; else MCP_GATEWAY_TOKEN is used."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Dry:
+    """A question's dry run (`policy explain --agent`): a user's name instead of a token, no trail."""
+
+    arguments: Mapping[str, Any]
+    user: str
+
+
 class PermissionPrompt:
     def __init__(self, services: Services) -> None:
         self.s = services
@@ -231,6 +266,7 @@ class PermissionPrompt:
             services.policy.permission_prompt.allow,
         )
         self._readers: anyio.CapacityLimiter | None = None
+        self._recorder = Recorder(services.audit, services.clock, services.server_id, services.consent.session_id)
 
     async def check(
         self, arguments: Mapping[str, Any], progress: CallProgress = NO_PROGRESS, given: CallToken | None = None
@@ -244,8 +280,9 @@ class PermissionPrompt:
         except ValueError:
             hashed = None
         entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, tool_name=TOOL_NAME, args_hash=hashed)
+        trail = CallTrail(self._recorder, entry, arguments, kind=KIND_QUESTION)
         try:
-            return run_id, await self._check(entry, arguments, progress, given)
+            return run_id, await STEPS.answer(self, _Question(arguments, trail, progress, given))
         except GatewayError as exc:
             # The audit log or the database failed (StorageUnavailableError): nothing can be vouched for.
             log.error("run %s: check_permission failed (%s); answered deny", run_id, type(exc).__name__)  # noqa: TRY400
@@ -254,89 +291,72 @@ class PermissionPrompt:
             log.exception("run %s: check_permission failed unexpectedly; answered deny", run_id)
             return run_id, deny_answer("mcp-write-gateway failed to decide; denied (see the gateway's log)")
 
-    async def _check(
-        self, entry: EventDraft, arguments: Mapping[str, Any], progress: CallProgress, given: CallToken | None
-    ) -> str:
-        question = _Question(arguments, entry, progress=progress, given=given)
-        for step in STEPS:
-            answer = await step.run(self, question)
-            if answer is not None:
-                return answer
-        raise InternalError(Reason.STAGE_ORDER, "the steps ended without an answer")
-
     def explain(self, user: str, tool: str, tool_input: Mapping[str, Any]) -> list[tuple[str, str]]:
         """`policy explain --agent`: how a question about this tool use would be answered, step by step
         (STEPS, as a question walks them), for a user (no token is involved); writes nothing. Each
         line: (step, verdict and why); the last is the result."""
-        question = _Question({"tool_name": tool, "input": tool_input}, user=user)
-        lines: list[tuple[str, str]] = []
-        for step in STEPS:
-            shown, verdict = step.dry(self, question)
-            lines.extend(shown)
-            if verdict is not None:
-                return [*lines, ("result", verdict)]
-        raise InternalError(Reason.STAGE_ORDER, "the steps ended without a verdict")
+        return STEPS.explain(self, _Dry({"tool_name": tool, "input": tool_input}, user))
 
     # --- the steps: each a `run` for a question and a `dry` for explain ------------------------------
 
-    async def _authenticate(self, question: _Question) -> str | None:
+    async def _authenticate(self, question: _Question, _: None) -> Principal | str:
         try:
             token = question.given.value if question.given else self.s.environ.get(TOKEN_ENV, "").strip() or None
-            question.principal = await in_db_thread(self.s.authenticator.authenticate, token)
+            question.trail.principal = await in_db_thread(self.s.authenticator.authenticate, token)
         except GatewayError as exc:
             return await self._blocked(question, exc)
-        return None
+        return question.trail.principal
 
-    def _authenticate_dry(self, question: _Question) -> _Shown:
-        record = self.s.users.fetch(str(question.user))
+    def _authenticate_dry(self, dry: _Dry, _: None) -> _Shown[Principal]:
+        record = self.s.users.fetch(dry.user)
         if record is None or record.disabled:
             return [("authenticate", "deny  (user unknown or disabled)")], "deny"
-        question.principal = Principal(record.name, record.role, record.workspaces, None, "explain")
-        return [("authenticate", f"pass  (user {record.name}, role {record.role})")], None
+        principal = Principal(record.name, record.role, record.workspaces, None, "explain")
+        return [("authenticate", f"pass  (user {record.name}, role {record.role})")], principal
 
-    def _admit(self, question: _Question) -> None:
+    def _admit(self, principal: Principal, arguments: Mapping[str, Any], trail: CallTrail | None = None) -> AgentUse:
         """The caller may orchestrate, in a workspace still pinned, and the question is well formed."""
-        principal = _principal(question)
         require_permission(self.s.policy.roles, principal.role, Permission.ORCHESTRATION_RUN)
         asker = _Asker(principal.name, choose_workspace(self.s.policy, None, caller_of(principal)))
         # Rules and previews are judged against the workspace root: it must be the folder pinned at load.
         root = self.s.policy.workspaces[asker.workspace]
-        question.asker, question.root = (
-            asker,
-            check_workspace_pinned(asker.workspace, root, self.s.policy.pins.get(root)),
-        )
-        question.use = parse_use(question.arguments)
+        pinned = check_workspace_pinned(asker.workspace, root, self.s.policy.pins.get(root))
+        if trail is not None:
+            trail.filed_under = asker.workspace  # a question refused for its shape was asked in it
+        return AgentUse(asker, pinned, parse_use(arguments))
 
-    async def _check_question(self, question: _Question) -> str | None:
+    async def _check_question(self, question: _Question, principal: Principal) -> AgentUse | str:
+        trail = question.trail
         try:
-            self._admit(question)
+            admitted = self._admit(principal, question.arguments, trail)
         except GatewayError as exc:
             return await self._blocked(question, exc)
-        return None
+        # From here on the events name the workspace, and the card shows the agent's tool use.
+        trail.workspace, trail.arguments = admitted.asker.workspace, _asked(admitted.use)
+        return admitted
 
-    def _check_question_dry(self, question: _Question) -> _Shown:
+    def _check_question_dry(self, dry: _Dry, principal: Principal) -> _Shown[AgentUse]:
         try:
-            self._admit(question)
+            admitted = self._admit(principal, dry.arguments)
         except GatewayError as exc:
             return [("check", f"deny  ({exc.code} {exc.reason}: {exc.public_message()})")], "deny"
-        asker, root = _asker(question), _root(question)
-        return [("workspace", f"pass  ({asker.workspace}: {root.path})")], None
+        return [("workspace", f"pass  ({admitted.asker.workspace}: {admitted.root.path})")], admitted
 
-    def _judge(self, question: _Question) -> Judgement:
-        use, root = _use(question), _root(question)
-        return judge(self._rules, use.tool, use.tool_input, str(root.path), os.path.realpath)
+    def _judge(self, admitted: AgentUse) -> Judgement:
+        use = admitted.use
+        return judge(self._rules, use.tool, use.tool_input, str(admitted.root.path), os.path.realpath)
 
-    async def _apply_rules(self, question: _Question) -> str | None:
+    async def _apply_rules(self, question: _Question, admitted: AgentUse) -> AgentUse | str:
         # Off the event loop: reading a command is bounded (gateway/rules/shell/), but not free.
         if self._readers is None:
             self._readers = anyio.CapacityLimiter(_READERS)
-        judged = await anyio.to_thread.run_sync(self._judge, question, limiter=self._readers)
+        judged = await anyio.to_thread.run_sync(self._judge, admitted, limiter=self._readers)
         if judged.verdict == "ask":
-            return None
-        return await in_db_thread(self._by_rule, _entry(question), _asker(question), _use(question), judged)
+            return admitted
+        return await in_db_thread(self._by_rule, question.trail, admitted, judged)
 
-    def _apply_rules_dry(self, question: _Question) -> _Shown:
-        use, judged = _use(question), self._judge(question)
+    def _apply_rules_dry(self, dry: _Dry, admitted: AgentUse) -> _Shown[AgentUse]:
+        use, judged = admitted.use, self._judge(admitted)
         shown: list[tuple[str, str]] = []
         if use.tool == "Bash":
             command = str(use.tool_input.get("command", ""))
@@ -346,17 +366,14 @@ class PermissionPrompt:
             shown.append(("runs", " | ".join(visible(program) for program in bash_programs(command))))
         why = judged.rule or (f"not read: {judged.unreadable}" if judged.unreadable else "no rule matches")
         shown.append(("rules", f"{judged.verdict}  ({why})"))
-        return shown, None if judged.verdict == "ask" else judged.verdict
+        return shown, admitted if judged.verdict == "ask" else judged.verdict
 
-    async def _consent(self, question: _Question) -> str:
-        entry, asker, use = _entry(question), _asker(question), _use(question)
-        opened = self._opened(entry, asker.user, asker.workspace, _asked(use), "pending")
-        # committed before the question waits
-        await in_db_thread(functools.partial(self.s.audit.append, _named(entry, asker), along=opened))
-        return await self._ask(entry, asker, use, _root(question), question.progress)
+    async def _consent(self, question: _Question, admitted: AgentUse) -> str:
+        await in_db_thread(question.trail.log, CardStatus.PENDING)  # committed before the question waits
+        return await self._ask(question.trail, admitted, question.progress)
 
-    def _consent_dry(self, question: _Question) -> _Shown:
-        tier, destructive, _ = agent_tool_consent(_use(question).tool)
+    def _consent_dry(self, dry: _Dry, admitted: AgentUse) -> tuple[list[tuple[str, str]], str]:
+        tier, destructive, _ = agent_tool_consent(admitted.use.tool)
         how = "a stored decision, else a person at `mcp-gateway approvals`"
         if self.s.policy.consent.mode == "deny":
             how = "a stored decision, else deny (consent.mode: deny)"
@@ -365,26 +382,20 @@ class PermissionPrompt:
 
     async def _blocked(self, question: _Question, exc: GatewayError) -> str:
         """A question refused before its rules: audited, and answered deny with why."""
-        entry = _entry(question)
-        named = entry if question.principal is None else dataclasses.replace(entry, user=question.principal.name)
-        blocked = dataclasses.replace(
-            named, event_type=EventType.POLICY_BLOCKED, code=exc.code,
-            detail={"blocked_reason": exc.reason, "behavior": "deny"},
-        )  # fmt: skip
+        trail = question.trail
+        blocked = trail.terminal(EventType.POLICY_BLOCKED, exc.code, {"blocked_reason": exc.reason, "behavior": "deny"})
         from_env = question.given is None
         why = f"{TOKEN_ENV} is not set for the gateway" if exc.reason == Reason.TOKEN_MISSING and from_env else None
         why = why or exc.public_message()
         answer = deny_answer(f"mcp-write-gateway denied this tool use: {why}")
-        card: tuple[Along, ...] = ()
-        if question.principal is not None:  # a question from nobody known belongs to no workspace: no card
-            user, workspace = question.principal.name, question.asker.workspace if question.asker else None
-            card = self._opened(entry, user, workspace, question.arguments, "error", exc=exc, answer=answer)
-        await in_db_thread(functools.partial(self.s.audit.append, named, blocked, along=card))
+        # A question from nobody known belongs to no workspace: it gets no card (gateway/call_trail.py).
+        await in_db_thread(trail.log, CardStatus.ERROR, blocked, error=exc, outcome=ToolOutcome(answer))
         return answer
 
-    def _by_rule(self, entry: EventDraft, asker: _Asker, use: ToolUse, judged: Judgement) -> str:
+    def _by_rule(self, trail: CallTrail, admitted: AgentUse, judged: Judgement) -> str:
+        use = admitted.use
         allow = judged.verdict == "allow"
-        request = _request(entry, asker, use)
+        request = _request(trail, admitted)
         answer = Answer(Decision.ALLOW_ONCE if allow else Decision.DENY_ONCE, Origin.POLICY, Channel.RULES)
         if allow:
             text = allow_answer(use.tool_input)
@@ -395,106 +406,37 @@ class PermissionPrompt:
             text = deny_answer(f'denied by the policy rule permission_prompt.deny "{judged.rule}"')
         reason = None if allow else "input_unreadable" if judged.unreadable else "rule_denied"
         extra = {"rule": judged.rule} if judged.unreadable is None else {"bound": judged.unreadable}
-        self.s.audit.append(
-            _named(entry, asker),
+        trail.log(
+            CardStatus.DONE,
             decision_event(request, answer, reason, extra),
-            self._finished(entry, asker, use, "allow" if allow else "deny", rule=judged.rule, reason=reason),
-            along=self._opened(entry, asker.user, asker.workspace, _asked(use), "done", answer=text),
+            _finished(trail, use, "allow" if allow else "deny", rule=judged.rule, reason=reason),
+            outcome=ToolOutcome(text),
         )
         return text
 
-    async def _ask(self, entry: EventDraft, asker: _Asker, use: ToolUse, root: Pinned, progress: CallProgress) -> str:
+    async def _ask(self, trail: CallTrail, admitted: AgentUse, progress: CallProgress) -> str:
         """Ask consent; the preview reads the current file beneath the pinned workspace `root`."""
+        use, root = admitted.use, admitted.root
         request = dataclasses.replace(
-            _request(entry, asker, use),
+            _request(trail, admitted),
             preview=preview(use.tool, use.tool_input, root),
             path_spellings=agent_path_spellings(use.tool, use.tool_input, str(root.path)),
         )
-        append = self.s.audit.append
         try:
             decision = await self.s.consent.require(request, OUT_OF_BAND, progress)
         except ConsentDeniedError as exc:
             denied = deny_answer(exc.public_message())
-            card = self._moved(entry, "done", denied)
-            await in_db_thread(
-                functools.partial(append, self._finished(entry, asker, use, "deny", reason=exc.reason), along=card)
-            )
+            finished = _finished(trail, use, "deny", reason=exc.reason)
+            await in_db_thread(trail.log, CardStatus.DONE, finished, outcome=ToolOutcome(denied))
             return denied
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                card = self._moved(entry, "cancelled", None)
-                await in_db_thread(functools.partial(append, self._finished(entry, asker, use, None), along=card))
+                await in_db_thread(trail.log, CardStatus.CANCELLED, _finished(trail, use, None))
             raise
-        finished = self._finished(entry, asker, use, "allow", decision=str(decision))
         allowed = allow_answer(use.tool_input)
-        await in_db_thread(functools.partial(append, finished, along=self._moved(entry, "done", allowed)))
+        finished = _finished(trail, use, "allow", decision=str(decision))
+        await in_db_thread(trail.log, CardStatus.DONE, finished, outcome=ToolOutcome(allowed))
         return allowed
-
-    # --- the question's card in the web console (gateway/calls.py) -----------------------------------
-
-    def _opened(
-        self,
-        entry: EventDraft,
-        user: str,
-        workspace: str | None,
-        arguments: Mapping[str, Any],
-        status: str,
-        *,
-        exc: GatewayError | None = None,
-        answer: str | None = None,
-    ) -> tuple[Along, ...]:
-        return (
-            Opened(
-                run_id=str(entry.run_id),
-                user=user,
-                workspace=workspace,
-                server_id=self.s.server_id,
-                tool_name=TOOL_NAME,
-                arguments=arguments,
-                status=status,
-                now=self.s.clock.now(),
-                kind=KIND_QUESTION,
-                code=None if exc is None else exc.code,
-                reason=None if exc is None else exc.reason,
-                message=None if exc is None else exc.public_message(),
-                result=None if answer is None else outcome_content(ToolOutcome(answer)),
-                session_id=self.s.consent.session_id,  # a dead gateway's open card is closed (recovery.py)
-            ),
-        )
-
-    def _moved(self, entry: EventDraft, status: str, answer: str | None) -> tuple[Along, ...]:
-        result = None if answer is None else outcome_content(ToolOutcome(answer))
-        return (Moved(str(entry.run_id), status, self.s.clock.now(), result=result),)
-
-    def _event(
-        self,
-        kind: EventType,
-        entry: EventDraft,
-        asker: _Asker,
-        *,
-        tool: str,
-        hashed: str | None,
-        detail: Mapping[str, Any],
-    ) -> EventDraft:
-        return EventDraft(
-            kind,
-            run_id=entry.run_id,
-            user=asker.user,
-            workspace=asker.workspace,
-            tool_name=tool,
-            args_hash=hashed,
-            detail=dict(detail),
-        )
-
-    def _finished(self, entry: EventDraft, asker: _Asker, use: ToolUse, behavior: str | None, **why: Any) -> EventDraft:
-        """The question's terminal event: its behavior (None: cancelled), the agent's tool, and why."""
-        detail: dict[str, Any] = {"status": "ok" if behavior else "cancelled", "agent_tool": use.tool}
-        if behavior:
-            detail["behavior"] = behavior
-        if use.tool_use_id:
-            detail["tool_use_id"] = use.tool_use_id
-        detail |= {k: v for k, v in why.items() if v is not None}
-        return self._event(EventType.TOOL_FINISHED, entry, asker, tool=TOOL_NAME, hashed=entry.args_hash, detail=detail)
 
 
 def explain(services: Services, user: str, tool: str, tool_input: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -502,81 +444,99 @@ def explain(services: Services, user: str, tool: str, tool_input: Mapping[str, A
     return PermissionPrompt(services).explain(user, tool, tool_input)
 
 
-@dataclass(slots=True)
-class _Question:
-    """One question going through STEPS, or its dry run: what the steps learn and hand on."""
+S = TypeVar("S")
+T = TypeVar("T")
+U = TypeVar("U")
 
-    arguments: Mapping[str, Any]
-    entry: EventDraft | None = None
-    """The question's entry event; None in a dry run."""
-    user: str | None = None
-    """A dry run's user (no token is involved)."""
-    principal: Principal | None = None
-    asker: _Asker | None = None
-    root: Pinned | None = None
-    use: ToolUse | None = None
-    progress: CallProgress = NO_PROGRESS
-    given: CallToken | None = None
-    """The question's `params.auth` token, when it carried one; else MCP_GATEWAY_TOKEN is used."""
-
-
-_Shown = tuple[list[tuple[str, str]], "str | None"]
-"""A dry step's lines, and the verdict when the step decides the question (None: go on)."""
+_Shown = tuple[list[tuple[str, str]], "T | str"]
+"""A dry step's lines, and what it gave the next step, or the verdict when the step decides the question."""
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
-    """A step: `run` for a question (its answer when the step decides it, else None), `dry` for explain."""
+class Step(Generic[S, T]):
+    """A step: from what the step before gave (S) to what it gives the next (T), or the question's answer
+    (the JSON text) when it decides it. `run` for a question, `dry` for explain (its verdict instead)."""
 
     name: str
-    run: Callable[[PermissionPrompt, _Question], Awaitable[str | None]]
-    dry: Callable[[PermissionPrompt, _Question], _Shown]
+    run: Callable[[PermissionPrompt, _Question, S], Awaitable[T | str]]
+    dry: Callable[[PermissionPrompt, _Dry, S], tuple[list[tuple[str, str]], T | str]]
 
 
-STEPS: tuple[Step, ...] = (
-    Step("authenticate", PermissionPrompt._authenticate, PermissionPrompt._authenticate_dry),
-    Step("check", PermissionPrompt._check_question, PermissionPrompt._check_question_dry),
-    Step("rules", PermissionPrompt._apply_rules, PermissionPrompt._apply_rules_dry),
-    Step("consent", PermissionPrompt._consent, PermissionPrompt._consent_dry),
+@dataclass(frozen=True, slots=True)
+class LastStep(Generic[S]):
+    """The step that always decides: its answer (`run`), its verdict (`dry`)."""
+
+    name: str
+    run: Callable[[PermissionPrompt, _Question, S], Awaitable[str]]
+    dry: Callable[[PermissionPrompt, _Dry, S], tuple[list[tuple[str, str]], str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Steps(Generic[T]):
+    """Steps in order, the last giving a T: `then` takes only a step of what the last one gave, and
+    `last` ends them with a step that always decides, so a question always gets its answer."""
+
+    steps: tuple[Step[Any, Any], ...]
+
+    def then(self, step: Step[T, U]) -> Steps[U]:
+        return Steps((*self.steps, step))
+
+    def last(self, step: LastStep[T]) -> Order:
+        return Order(self.steps, step)
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """A question's steps, in order, for a question (`answer`) and its dry run (`explain`) alike."""
+
+    steps: tuple[Step[Any, Any], ...]
+    final: LastStep[Any]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (*(step.name for step in self.steps), self.final.name)
+
+    async def answer(self, prompt: PermissionPrompt, question: _Question) -> str:
+        given: Any = None
+        for step in self.steps:
+            given = await step.run(prompt, question, given)
+            if isinstance(given, str):  # what a step gives the next is never text: this is the answer
+                return given
+        return await self.final.run(prompt, question, given)
+
+    def explain(self, prompt: PermissionPrompt, dry: _Dry) -> list[tuple[str, str]]:
+        lines: list[tuple[str, str]] = []
+        given: Any = None
+        for step in self.steps:
+            shown, given = step.dry(prompt, dry, given)
+            lines.extend(shown)
+            if isinstance(given, str):
+                return [*lines, ("result", given)]
+        shown, verdict = self.final.dry(prompt, dry, given)
+        return [*lines, *shown, ("result", verdict)]
+
+
+def first(step: Step[None, T]) -> Steps[T]:
+    """The first step takes nothing: a question starts with no step before it."""
+    return Steps((step,))
+
+
+AUTHENTICATE: Step[None, Principal] = Step(
+    "authenticate", PermissionPrompt._authenticate, PermissionPrompt._authenticate_dry
 )
+CHECK: Step[Principal, AgentUse] = Step("check", PermissionPrompt._check_question, PermissionPrompt._check_question_dry)
+RULES: Step[AgentUse, AgentUse] = Step("rules", PermissionPrompt._apply_rules, PermissionPrompt._apply_rules_dry)
+CONSENT: LastStep[AgentUse] = LastStep("consent", PermissionPrompt._consent, PermissionPrompt._consent_dry)
+STEPS: Order = first(AUTHENTICATE).then(CHECK).then(RULES).last(CONSENT)
 """The order of a question's steps (this module's docstring, 3-6), for a question and its dry run alike."""
 
 
-def _principal(question: _Question) -> Principal:
-    if question.principal is None:
-        raise InternalError(Reason.STAGE_ORDER, "a step needs the caller before authentication ran")
-    return question.principal
-
-
-def _asker(question: _Question) -> _Asker:
-    if question.asker is None:
-        raise InternalError(Reason.STAGE_ORDER, "a step needs the workspace before the check ran")
-    return question.asker
-
-
-def _root(question: _Question) -> Pinned:
-    if question.root is None:
-        raise InternalError(Reason.STAGE_ORDER, "a step needs the workspace before the check ran")
-    return question.root
-
-
-def _use(question: _Question) -> ToolUse:
-    if question.use is None:
-        raise InternalError(Reason.STAGE_ORDER, "a step needs the tool use before the check ran")
-    return question.use
-
-
-def _entry(question: _Question) -> EventDraft:
-    if question.entry is None:
-        raise InternalError(Reason.STAGE_ORDER, "a step that writes ran in a dry run")
-    return question.entry
-
-
-def _request(entry: EventDraft, asker: _Asker, use: ToolUse) -> ConsentRequest:
+def _request(trail: CallTrail, admitted: AgentUse) -> ConsentRequest:
     """The question about the agent's tool use, for consent and its audit event."""
+    asker, use = admitted.asker, admitted.use
     tier, destructive, fingerprint = agent_tool_consent(use.tool)
     return ConsentRequest(
-        run_id=str(entry.run_id),
+        run_id=trail.run_id,
         user=asker.user,
         workspace=asker.workspace,
         server_id=AGENT_SERVER_ID,
@@ -597,6 +557,12 @@ def _asked(use: ToolUse) -> dict[str, Any]:
     return asked
 
 
-def _named(entry: EventDraft, asker: _Asker) -> EventDraft:
-    """The entry event, naming the caller and the workspace."""
-    return dataclasses.replace(entry, user=asker.user, workspace=asker.workspace)
+def _finished(trail: CallTrail, use: ToolUse, behavior: str | None, **why: Any) -> EventDraft:
+    """The question's terminal event: its behavior (None: cancelled), the agent's tool, and why."""
+    detail: dict[str, Any] = {"status": "ok" if behavior else "cancelled", "agent_tool": use.tool}
+    if behavior:
+        detail["behavior"] = behavior
+    if use.tool_use_id:
+        detail["tool_use_id"] = use.tool_use_id
+    detail |= {k: v for k, v in why.items() if v is not None}
+    return trail.terminal(EventType.TOOL_FINISHED, None, detail)

@@ -46,7 +46,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
 from gateway.audit import EventDraft, EventType
-from gateway.calls import Moved
+from gateway.calls import CardStatus, Moved
 from gateway.consent.stage import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
 from gateway.consent.store import Channel, ConsentStore, PendingRequest, QuestionStatus
 from gateway.db.errors import cause_name
@@ -270,7 +270,7 @@ def _close_run(services: Stores, run: RunRecord, reason: str, *, died: bool) -> 
                 tool_name=run.tool_name,
                 detail={"status": RunStatus.ABANDONED, "reason": reason},
             ),
-            along=[Moved(run.run_id, "error", services.clock.now(), reason=reason, message=_RUN_ABANDONED)],
+            along=[Moved(run.run_id, CardStatus.ERROR, services.clock.now(), reason=reason, message=_RUN_ABANDONED)],
         )
     except StorageUnavailableError:
         services.runs.reopen(run.run_id)
@@ -312,7 +312,7 @@ def _close_question(
     try:
         card = Moved(
             question.id,
-            "error",
+            CardStatus.ERROR,
             now,
             code=ConsentDeniedError.code,
             reason=Reason.CONSENT_NO_ANSWER,
@@ -353,7 +353,7 @@ def _close_call(services: Stores, calls: OpenCalls, call: OpenCall) -> bool:
     ended without its terminal event): its terminal event, its card closed, nothing charged if nothing ran."""
     if not calls.claim(call):
         return False
-    executing = call.status == "running"
+    executing = call.status == CardStatus.RUNNING
     try:
         services.audit.append(
             EventDraft(
@@ -364,7 +364,9 @@ def _close_call(services: Stores, calls: OpenCalls, call: OpenCall) -> bool:
                 tool_name=call.tool_name,
                 detail={"status": "abandoned", "reason": GATEWAY_LOST},
             ),
-            along=[Moved(call.run_id, "error", services.clock.now(), reason=GATEWAY_LOST, message=_CALL_ABANDONED)],
+            along=[
+                Moved(call.run_id, CardStatus.ERROR, services.clock.now(), reason=GATEWAY_LOST, message=_CALL_ABANDONED)
+            ],
         )
     except StorageUnavailableError:
         calls.reopen(call)

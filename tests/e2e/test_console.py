@@ -31,7 +31,7 @@ from sqlalchemy import select
 
 from gateway import db
 from gateway.audit import AuditLog, EventDraft, EventType
-from gateway.calls import Opened
+from gateway.calls import CardStatus, Opened
 from gateway.clock import SystemClock
 from gateway.console.app import REPLAY_MAX
 from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, free_port, running_console
@@ -440,7 +440,7 @@ def test_each_content_type_and_truncation(gw: GatewayHome, ada: BrowserContext, 
         },
         {"type": "text", "text": "<img src=x onerror=alert(1)>"},
     ]
-    card = Opened("r-content-types", "alice", "default", "mcp-write-gateway", "list_artifacts", {"limit": 3}, "done",
+    card = Opened("r-content-types", "alice", "default", "mcp-write-gateway", "list_artifacts", {"limit": 3}, CardStatus.DONE,
                   SystemClock().now(), result=result)  # fmt: skip
     AuditLog(gw.engine, SystemClock()).append(
         EventDraft(EventType.TOOL_FINISHED, run_id="r-content-types"), along=[card]
@@ -571,7 +571,7 @@ def test_a_page_far_behind_its_stream_reloads(gw: GatewayHome, ada: BrowserConte
     now = SystemClock().now()
     for n in range(REPLAY_MAX + 10):
         run_id = f"behind-{n:04d}"
-        card = Opened(run_id, "ada", "default", "mcp-write-gateway", "list_artifacts", {}, "done", now)
+        card = Opened(run_id, "ada", "default", "mcp-write-gateway", "list_artifacts", {}, CardStatus.DONE, now)
         log.append(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, user="ada", workspace="default"), along=[card])
     page = ada.new_page()
     # The first read of the page says it saw nothing yet (head 0): its stream starts 210 cards behind.

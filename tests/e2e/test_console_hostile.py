@@ -19,7 +19,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
 from gateway.audit import AuditLog, EventDraft, EventType
-from gateway.calls import Opened
+from gateway.calls import CardStatus, Opened
 from gateway.clock import SystemClock
 from gateway.consent.store import ConsentStore, Grant, GrantDecision, PendingRequest
 from gateway.runs import RunRecord, RunStore
@@ -94,7 +94,7 @@ def written(gw: GatewayHome) -> None:
         {"type": "resource", "resource": {"uri": f"file:///{PAYLOAD}", "mimeType": "text/plain", "text": PAYLOAD}},
     ]  # fmt: skip
     card = Opened(CARD, "ada", "default", f"srv-{PAYLOAD}", f"tool-{PAYLOAD}",
-                  {f"key-{PAYLOAD}": f"value-{PAYLOAD}", "list": [PAYLOAD], "n": 3}, "error", now,
+                  {f"key-{PAYLOAD}": f"value-{PAYLOAD}", "list": [PAYLOAD], "n": 3}, CardStatus.ERROR, now,
                   code=-32602, reason=f"reason-{PAYLOAD}", message=f"message-{PAYLOAD}", result=result)  # fmt: skip
     log = AuditLog(gw.engine, SystemClock())
     log.append(EventDraft(EventType.MCP_TOOL_CALL, run_id=CARD, user="ada", workspace="default"), along=[card])
@@ -219,7 +219,7 @@ def test_a_live_card_is_escaped_too(gw: GatewayHome, ada: BrowserContext) -> Non
         page.goto("/calls")
         page.wait_for_selector("body[data-ready='1']")
         card = Opened("hostile-live", "ada", "default", "mcp-write-gateway", f"live-{PAYLOAD}",
-                      {"a": PAYLOAD}, "done", time.time(), result=[{"type": "text", "text": PAYLOAD}])  # fmt: skip
+                      {"a": PAYLOAD}, CardStatus.DONE, time.time(), result=[{"type": "text", "text": PAYLOAD}])  # fmt: skip
         AuditLog(gw.engine, SystemClock()).append(
             EventDraft(EventType.TOOL_FINISHED, run_id="hostile-live"), along=[card]
         )

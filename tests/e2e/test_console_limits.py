@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 import pytest
 
 from gateway.audit import AuditLog, EventDraft, EventType
-from gateway.calls import CallStore, Opened
+from gateway.calls import CallStore, CardStatus, Opened
 from gateway.clock import SystemClock
 from gateway.console.app import REPLAY_MAX
 from gateway.console.sessions import FAILURES_PER_ADDRESS, FAILURES_PER_NAME, STREAMS_PER_SESSION, STREAMS_PER_USER
@@ -142,7 +142,7 @@ def add_cards(gw: GatewayHome, count: int, prefix: str) -> int:
     now = time.time()
     for n in range(count):
         run_id = f"{prefix}-{n:06d}"
-        card = Opened(run_id, "ada", "default", "mcp-write-gateway", "list_artifacts", {}, "done", now)
+        card = Opened(run_id, "ada", "default", "mcp-write-gateway", "list_artifacts", {}, CardStatus.DONE, now)
         log.append(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, user="ada", workspace="default"), along=[card])
     return CallStore(gw.engine).fetch_head()
 

@@ -4,11 +4,13 @@ sessions and their expiry, the sign-in limit, the listening rules, and what a ca
 from __future__ import annotations
 
 import json
+import re
 import threading
+from pathlib import Path
 
 import pytest
 
-from gateway.calls import STORED_CHARS, Card, outcome_content, stored_arguments
+from gateway.calls import STORED_CHARS, Card, CardStatus, outcome_content, stored_arguments
 from gateway.console.copy import pick_locale, words_for
 from gateway.console.html import Safe, el, join
 from gateway.console.serve import check_listen, host_names, is_loopback
@@ -252,6 +254,14 @@ def test_a_permission_block_shows_the_whole_preview_escaped_and_no_allow_always_
     assert "<button" not in shown and "lacks CONSENT_DECIDE" in shown
 
 
+def test_the_card_statuses_are_the_ones_the_page_draws_in_its_order() -> None:
+    script = (Path(__file__).resolve().parents[2] / "gateway/console/static/console.js").read_text(encoding="utf-8")
+    states = re.search(r"const STATES = (\[[^\]]*\]);", script)
+    assert states is not None, "console.js names its states"
+    assert json.loads(states.group(1)) == [status.value for status in CardStatus]
+    assert json.dumps({"status": CardStatus.DONE}) == '{"status": "done"}', "stored and sent as its text"
+
+
 def test_a_card_is_shown_with_every_text_escaped_and_nothing_lost() -> None:
     card = Card(
         run_id="r1",
@@ -263,7 +273,7 @@ def test_a_card_is_shown_with_every_text_escaped_and_nothing_lost() -> None:
         server_id="srv\u200b",
         tool_name="run\u2066pytest",
         arguments={"a\u202eb": "x\u0007", "a\\u202eb": "typed", "n": 3, "ok": True, "none": None, "list": ["\ufeff"]},
-        status="done",
+        status=CardStatus.DONE,
         code=None,
         reason=None,
         message="m\x85",

@@ -40,7 +40,7 @@ def test_every_reason_in_the_tables_is_a_reason() -> None:
 def test_the_guards_documented_outside_the_tables_are_reasons_too() -> None:
     # Never expected to be seen, so documented in a sentence rather than a table row.
     outside = {r.value for r in Reason} - _documented_reasons(DOC.read_text(encoding="utf-8"))
-    assert outside == {"tool_not_implemented", "workspace_missing", "stage_order"}
+    assert outside == {"tool_not_implemented", "workspace_missing"}
 
 
 def test_a_reason_is_its_slug_on_the_wire() -> None:

@@ -7,10 +7,11 @@ from collections.abc import Callable
 import anyio
 import pytest
 
+from gateway.call_trail import STORED_NAME_MAX, stored_tool_name
 from gateway.canonical import is_text
 from gateway.clock import RunId
 from gateway.errors import InvalidParamsError
-from gateway.pipeline import STORED_NAME_MAX, CallRequest, Pipeline, lookup_tool, stored_tool_name
+from gateway.pipeline import CallRequest, Pipeline, lookup_tool
 from gateway.services import open_services
 from tests.harness import GatewayHome
 

@@ -22,9 +22,10 @@ BANDS: tuple[tuple[str, ...], ...] = (
     ("__main__", "cli"),  # the commands
     ("server", "permission_prompt", "console"),  # the front ends: MCP over stdio, Claude Code's prompt, the web
     ("pipeline", "recovery", "policy_warnings"),  # a call's stages in order; the sweeps; the policy's review
-    ("services", "scope", "approvals", "calls"),  # the composition root; the workspace; the approver; the cards
+    ("services", "scope", "approvals", "call_trail"),  # the composition root; the workspace; the approver; the trail
+    ("calls", "open_calls"),  # the cards, and those a dead gateway left open
     ("tools", "consent", "auth", "budget", "preflight", "policy_trust"),  # the stages
-    ("audit", "runs", "users", "liveness", "open_calls", "policy", "tick_failures", "previews"),  # stores, the policy
+    ("audit", "runs", "users", "liveness", "policy", "tick_failures", "previews"),  # stores, the policy
     ("db", "rbac", "visible", "transport", "default_policy", "state_access"),  # storage; text for people; the wire
     ("rules", "errors", "canonical", "progress", "logs", "start_failures", "clock", "settings"),  # the kernel
 )

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, insert, inspect, select, text
 
 from gateway import db
 from gateway.audit import AuditLog, ChainReport, EventDraft, EventType
-from gateway.calls import Opened
+from gateway.calls import CardStatus, Opened
 from tests.fakes import FakeClock
 
 
@@ -186,7 +186,9 @@ def test_0010_records_each_cards_session_on_both_appends_and_goes_back(unmigrate
     engine = unmigrated
     db.migrate(engine)
     log = AuditLog(engine, FakeClock())
-    card = Opened("r1", "alice", "default", "mcp-write-gateway", "run_pytest", {}, "pending", 1.0, session_id="s1")
+    card = Opened(
+        "r1", "alice", "default", "mcp-write-gateway", "run_pytest", {}, CardStatus.PENDING, 1.0, session_id="s1"
+    )
     log.append(EventDraft(EventType.MCP_TOOL_CALL, run_id="r1", user="alice", tool_name="run_pytest"), along=[card])
     with engine.connect() as connection:
         assert connection.execute(select(db.tool_calls.c.session_id)).scalar_one() == "s1"

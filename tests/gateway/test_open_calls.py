@@ -20,7 +20,7 @@ from sqlalchemy import Engine, insert, select
 from gateway import db
 from gateway.audit import EventDraft, EventType
 from gateway.budget import BudgetLedger
-from gateway.calls import Moved, Opened
+from gateway.calls import CardStatus, Moved, Opened
 from gateway.consent.store import PendingRequest
 from gateway.liveness import ProcessIdentity
 from gateway.policy import BudgetPolicy
@@ -78,13 +78,15 @@ def stores(engine: Engine, tmp_path: Path) -> Stores:
 def open_call(stores: Stores, run_id: str, session: str | None, status: str = "pending") -> None:
     """The entry event and the card's first row, one commit, and the budget reservation, as a call makes them."""
     now = stores.clock.now()
-    card = Opened(run_id, "alice", "default", "mcp-write-gateway", "run_pytest", {}, "pending", now, session_id=session)
+    card = Opened(
+        run_id, "alice", "default", "mcp-write-gateway", "run_pytest", {}, CardStatus.PENDING, now, session_id=session
+    )
     stores.audit.append(EventDraft(EventType.MCP_TOOL_CALL, run_id=run_id, user="alice"), along=[card])
     stores.budget.reserve("alice", run_id, BUDGET, LIMIT_MS)
     if status == "running":
         stores.audit.append(
             EventDraft(EventType.TOOL_STARTED, run_id=run_id, user="alice"),
-            along=[Moved(run_id, "running", now)],
+            along=[Moved(run_id, CardStatus.RUNNING, now)],
         )
 
 

@@ -14,15 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ("gateway", "sandbox", "tests", "bench", ".ci", "Makefile")
 TEXT_SUFFIXES = frozenset({".py", ".md", ".js", ".css", ".html", ".mako", ".yaml", ".toml", ".txt", ".sh", ""})
 
-NOT_YET = frozenset(
-    {
-        "gateway/pipeline.py",
-        "gateway/permission_prompt.py",
-    }
-)
-"""Files (or folders, ending in /) still being reworked elsewhere; their references are rewritten
-when that work is merged, and each entry leaves this set then (the last test says when)."""
-
 OUTSIDE = re.compile(
     r"""
     \bspec\ (?:sections?|§)                     # "spec section 4", "spec sections 4-6"
@@ -54,10 +45,6 @@ def checked_files() -> list[Path]:
 
 def relative(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
-
-
-def is_skipped(name: str) -> bool:
-    return any(name == entry or (entry.endswith("/") and name.startswith(entry)) for entry in NOT_YET)
 
 
 def citations(path: Path) -> list[str]:
@@ -99,18 +86,5 @@ def test_the_pattern_finds_each_kind_of_outside_pointer_and_leaves_the_repositor
 
 def test_no_file_cites_material_outside_the_repository() -> None:
     here = Path(__file__).resolve()
-    found = [
-        line for path in checked_files() if path != here and not is_skipped(relative(path)) for line in citations(path)
-    ]
+    found = [line for path in checked_files() if path != here for line in citations(path)]
     assert found == [], "cite a docs/ page or a decision number, or say the fact:\n" + "\n".join(found)
-
-
-def test_every_file_left_out_still_needs_leaving_out() -> None:
-    """An entry of NOT_YET whose files cite nothing outside any more (or no longer exist) leaves it."""
-    files = [relative(path) for path in checked_files()]
-    clean = [
-        entry
-        for entry in sorted(NOT_YET)
-        if not any(citations(ROOT / name) for name in files if is_skipped(name) and name.startswith(entry))
-    ]
-    assert clean == [], f"remove from NOT_YET: {clean}"

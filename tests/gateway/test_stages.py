@@ -21,7 +21,22 @@ import pytest
 from gateway.consent.stage import Decision, Dialog, NoAnswer
 from gateway.db.threads import in_db_thread
 from gateway.errors import GatewayError, Reason, ToolTimeoutError
-from gateway.pipeline import STAGES, CallRequest, Pipeline
+from gateway.permission_prompt import AUTHENTICATE as ASKER_KNOWN
+from gateway.permission_prompt import CHECK, CONSENT, RULES, first
+from gateway.pipeline import (
+    AUTHENTICATE,
+    DECISIONS,
+    EXECUTIONS,
+    GATES,
+    ROUTES,
+    STAGES,
+    CallRequest,
+    Pipeline,
+    Step,
+    Wait,
+    checks,
+    route,
+)
 from gateway.policy import load_policy
 from gateway.rbac import Permission
 from gateway.runs import RunStatus
@@ -228,6 +243,36 @@ def test_a_call_that_would_run_is_explained_through_every_stage_it_passes(make_g
     assert [r.stage for r in reads] == ["authenticate", "authorize", "policy", "validate", "execute"]
 
 
+def test_the_hops_are_built_once_from_the_stages_a_read_and_a_write_tool_go_through() -> None:
+    writes, reads = ROUTES[True], ROUTES[False]
+    assert [s.name for s in writes.steps] == ["preflight", "budget", "sandbox"], "one hop with admission"
+    assert [s.name for s in writes.waits] == ["consent"]
+    assert isinstance(writes.execute, Wait), "a write tool's run is waited on"
+    assert (reads.steps, reads.waits) == ((), ())
+    assert isinstance(reads.execute, Step), "a read tool's execution runs in admission's hop"
+    assert [s.name for s in STAGES] == [
+        *("authenticate", "authorize", "policy", "validate"),
+        *(s.name for s in (*GATES, *EXECUTIONS)),
+    ]
+    # A step after a stage that waits would cost a hop of its own: the routes refuse to be built so.
+    consent, sandbox = GATES[3], GATES[2]
+    with pytest.raises(ValueError, match="thread hop of its own"):
+        route((consent, sandbox), EXECUTIONS, sandboxed=True)
+    with pytest.raises(ValueError, match="exactly one execution"):
+        route(GATES, (), sandboxed=False)
+
+
+def test_stages_in_the_wrong_order_do_not_type_check() -> None:
+    """The order is checked by mypy (strict, with warn_unused_ignores, in `make lint`): each ignore
+    below is needed, or lint fails. At run time nothing stops the wrong order: the types do."""
+    late = DECISIONS.then_all(checks(AUTHENTICATE))  # type: ignore[arg-type]  # authentication after admission
+    assert [check.name for check in late.checks][-1] == "authenticate"
+    unchecked = first(ASKER_KNOWN).then(RULES)  # type: ignore[arg-type]  # rules before the check
+    assert [step.name for step in unchecked.steps] == ["authenticate", "rules"]
+    right = first(ASKER_KNOWN).then(CHECK).then(RULES).last(CONSENT)
+    assert right.names == ("authenticate", "check", "rules", "consent")
+
+
 def test_a_refused_call_and_a_read_tools_call_each_take_one_hop_to_a_database_thread(
     make_gateway: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,18 +292,18 @@ def test_a_refused_call_and_a_read_tools_call_each_take_one_hop_to_a_database_th
     with pytest.raises(GatewayError) as refused:
         call(services, home.token("vic"), *RUN)
     assert refused.value.code == -32003
-    assert hops == ["_steps"], "authentication, the refusal and its events: one hop"
+    assert hops == ["_admitted"], "authentication, the refusal and its events: one hop"
     assert kinds(home, refused.value.data["run_id"]) == ["MCP_TOOL_CALL", "POLICY_BLOCKED"]
 
     hops.clear()
     run_id, outcome = call(services, home.token("alice"), "list_artifacts", {})
     assert not outcome.is_error
-    assert hops == ["_steps"], "authentication, the decisions, the entry, the read and its end: one hop"
+    assert hops == ["_admitted"], "authentication, the decisions, the entry, the read and its end: one hop"
     assert kinds(home, run_id) == ["MCP_TOOL_CALL", "TOOL_FINISHED"]
 
     hops.clear()
     with pytest.raises(GatewayError) as no_sandbox:
         call(services, home.token("alice"), *RUN)
     assert no_sandbox.value.code == -32006
-    assert hops == ["_steps"], "a write tool's admission, its reservation and the sandbox's refusal: one hop"
+    assert hops == ["_admitted"], "a write tool's admission, its reservation and the sandbox's refusal: one hop"
     assert kinds(home, no_sandbox.value.data["run_id"]) == ["MCP_TOOL_CALL", "POLICY_BLOCKED"]

@@ -1,0 +1,195 @@
+"""A call's trail: its entry event, its terminal events and its card, written together (docs/architecture.md).
+
+Both ways a call comes in leave the same trail: a tools/call through the stages
+(gateway/pipeline.py) and a question of Claude Code's (gateway/permission_prompt.py). The entry
+event, `MCP_TOOL_CALL`, names the caller once authentication has named one, and waits until
+something must follow it in the log (a refusal, a reservation, a run, a person asked), so that a
+call refused early costs one commit. Every write of the trail goes with the call's card
+(gateway/calls.py) in the same transaction: the card's first row with the entry event, its move
+with each later event. A call from nobody known gets no card: it belongs to no workspace (the
+audit log keeps it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.audit import Along, AuditLog, EventDraft, EventType
+from gateway.auth import Principal
+from gateway.calls import KIND_TOOL, CardStatus, Moved, Opened, outcome_content
+from gateway.canonical import is_text
+from gateway.clock import Clock
+from gateway.errors import GatewayError
+from gateway.tools.outcome import ToolOutcome
+
+STORED_NAME_MAX = 128
+"""The audit log's tool_name column (String(128) in gateway/db/__init__.py)."""
+
+
+def stored_tool_name(name: object) -> str:
+    """The tool name as the audit log keeps it, before anyone is authenticated: never the raw input.
+
+    A name that is text, has no NUL or control character and fits the column is kept as is.
+    Any other (too long, a lone surrogate, a NUL, not a string) is stored as a readable prefix
+    of at most 40 characters and the sha256 of its UTF-8 bytes (surrogates escaped), so an
+    unauthenticated caller decides neither how much is stored nor what bytes the database sees.
+    """
+    text = name if isinstance(name, str) else repr(name)
+    clean = len(text) <= STORED_NAME_MAX and text.isprintable() and is_text(text)
+    if isinstance(name, str) and clean:
+        return name
+    digest = hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()
+    prefix = "".join(c if c.isprintable() and is_text(c) else "?" for c in text[:40])
+    return f"{prefix}...sha256:{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class Recorder:
+    """Where a gateway's trails are written: its audit log (cards along), its clock, and what its cards name."""
+
+    audit: AuditLog
+    clock: Clock
+    server_id: str
+    session_id: str | None
+    """The gateway session (gateway/open_calls.py finds the cards a dead one left open)."""
+
+
+@dataclass(slots=True)
+class CallTrail:
+    """What the call has learnt so far, for its events and its card; `log` writes them."""
+
+    recorder: Recorder
+    entry: EventDraft
+    arguments: Mapping[str, Any]
+    """What the card shows of the call (stored redacted)."""
+    kind: str = KIND_TOOL
+    principal: Principal | None = None
+    workspace: str | None = None
+    """The workspace the events name (stage 4's, or the question's once it is admitted)."""
+    filed_under: str | None = None
+    """The card's workspace while the events name none yet: a question refused for its shape after its
+    workspace was chosen is filed under it, as it was asked in it."""
+    executing: bool = False
+    entry_logged: bool = False
+    carded: bool = False
+    """The call's card is written (gateway/calls.py)."""
+    card_waits: bool = False
+    """A 2026-07-28 retry with a consent answer, before consent: which card is its own is not known yet."""
+    card_id: str | None = None
+    """The card this call moves when it is not its own run_id's: its first round's (`continue_card`)."""
+    charge_id: int | None = None
+    """The budget reservation still to settle (None: none taken, or settled)."""
+    started_at: float = 0.0
+    run_ms: int | None = None
+    """The run's own duration once it ended (0 when the sandbox could not start it)."""
+    closed_by_sweep: bool = False
+    """A sweep closed the run as abandoned (with its terminal event) before the call recorded its end."""
+    stage: str | None = None
+    """The stage the call is in (gateway/pipeline.py STAGES' names)."""
+    refusal_logged: bool = False
+    """The refusal's terminal event is written (on the database thread that refused)."""
+
+    @property
+    def run_id(self) -> str:
+        return str(self.entry.run_id)
+
+    def continue_card(self, first_round: str) -> None:
+        """Consent found this retry's answer to be its first round's: that round's card is this call's."""
+        self.card_id = first_round
+        self.carded = True
+
+    def entry_for_log(self) -> EventDraft:
+        """MCP_TOOL_CALL with the caller, once authentication has named one."""
+        if self.principal is None:
+            return self.entry
+        return dataclasses.replace(self.entry, user=self.principal.name, workspace=self.workspace)
+
+    def terminal(self, kind: EventType, code: int | None, detail: Mapping[str, Any]) -> EventDraft:
+        return EventDraft(
+            kind,
+            run_id=self.entry.run_id,
+            user=self.principal.name if self.principal else None,
+            workspace=self.workspace,
+            tool_name=self.entry.tool_name,
+            args_hash=self.entry.args_hash,
+            code=code,
+            detail=dict(detail),
+        )
+
+    def refusal(self, exc: GatewayError) -> EventDraft:
+        """POLICY_BLOCKED before the tool ran, TOOL_FINISHED with the code after."""
+        if self.executing:
+            return self.terminal(EventType.TOOL_FINISHED, exc.code, {"status": "error", "reason": exc.reason})
+        return self.terminal(EventType.POLICY_BLOCKED, exc.code, {"blocked_reason": exc.reason})
+
+    def cancelled(self) -> EventDraft:
+        kind = EventType.TOOL_FINISHED if self.executing else EventType.POLICY_BLOCKED
+        return self.terminal(kind, None, {"status": "cancelled"})
+
+    def log(
+        self,
+        status: CardStatus | None,
+        *events: EventDraft,
+        error: GatewayError | None = None,
+        outcome: ToolOutcome | None = None,
+    ) -> None:
+        """Commit the entry event (once, naming the caller when known) with `events`, in one transaction,
+        and with them the call's card in `status` (None: unchanged). Synchronous database work: on a
+        database thread (gateway/db/threads.py), never on the event loop.
+
+        Until something happens that the log must precede (a read, a reservation, a run), the
+        entry waits, so a call refused at stages 2-5 costs one commit; the answer still leaves
+        only after both events are committed.
+        """
+        pending = () if self.entry_logged else (self.entry_for_log(),)
+        if pending or events:
+            along = self.card(status, error, outcome)
+            self.recorder.audit.append(*pending, *events, along=along)
+            self.carded = self.carded or bool(along)
+        self.entry_logged = True
+
+    def card(
+        self, status: CardStatus | None, error: GatewayError | None = None, outcome: ToolOutcome | None = None
+    ) -> tuple[Along, ...]:
+        """The card's write for this step: its first row, or its move to `status`; none before a caller is known,
+        nor while a retry's card waits for consent (`card_waits`; a refusal before it opens one)."""
+        if self.principal is None or (status is None and self.carded):
+            return ()
+        if self.card_waits:
+            if error is None:
+                return ()
+            self.card_waits = False
+        card = self.card_id or self.run_id
+        now = self.recorder.clock.now()
+        code = None if error is None else error.code
+        reason = None if error is None else error.reason
+        message = None if error is None else error.public_message()
+        result = None if outcome is None else outcome_content(outcome)
+        if outcome is not None and outcome.is_error:
+            status = CardStatus.ERROR
+        if not self.carded:
+            return (
+                Opened(
+                    run_id=card,
+                    user=self.principal.name,
+                    workspace=self.filed_under if self.workspace is None else self.workspace,
+                    server_id=self.recorder.server_id,
+                    tool_name=str(self.entry.tool_name),
+                    arguments=self.arguments,
+                    status=status or CardStatus.PENDING,
+                    now=now,
+                    kind=self.kind,
+                    code=code,
+                    reason=reason,
+                    message=message,
+                    result=result,
+                    session_id=self.recorder.session_id,
+                ),
+            )
+        if status is None:  # a card already written, left as it is (returned above; for the type checker)
+            return ()
+        return (Moved(card, status, now, self.workspace, code, reason, message, result),)
