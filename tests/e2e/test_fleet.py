@@ -49,7 +49,7 @@ from tests.fleet import (
     unanswered,
 )
 from tests.harness import GatewayHome, StdioSession, as_approver, without_acts
-from tests.pg_cluster import ENGINES, URL_VARIABLE, drop_database, new_database, pg_missing, pg_required
+from tests.pg_cluster import ENGINES, clone_database, own_database
 
 pytestmark = pytest.mark.timeout(300)
 """The first test on each engine also starts its fleet: 16 processes importing the MCP SDK, about 30 s of
@@ -77,18 +77,7 @@ TINY = "tests/test_fleet_tiny.py"
 def fleet_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The module's database: a SQLite file, or a new database on the suite's PostgreSQL (tests/pg_cluster.py,
     as `db_url` makes one, for the whole module)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('fleet-db') / 'fleet.db'}"
-        return
-    missing = pg_missing()
-    if missing is not None:
-        if pg_required():
-            pytest.fail(f"{missing}: as root the suite runs on PostgreSQL too; `make system-deps` installs it")
-        pytest.skip(missing)
-    base = os.environ[URL_VARIABLE]
-    url = new_database(base)
-    yield url
-    drop_database(base, url)
+    yield from own_database(request.param, tmp_path_factory.mktemp("fleet-db"), clone_database)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The Alembic migrations build exactly the tables the code uses, and an upgrade keeps what is stored:
-on SQLite and on PostgreSQL (`db_url`, tests/pg_cluster.py), each test on an empty database."""
+on SQLite and on PostgreSQL (`empty_db_url`, tests/pg_cluster.py), each test on an empty database."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from tests.fakes import FakeClock
 
 
 @pytest.fixture
-def unmigrated(db_url: str) -> Iterator[Engine]:
+def unmigrated(empty_db_url: str) -> Iterator[Engine]:
     """An engine on an empty database: no table, no Alembic version."""
-    engine = db.make_engine(db_url)
+    engine = db.make_engine(empty_db_url)
     yield engine
     engine.dispose()
 
