@@ -43,6 +43,7 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.pool import NullPool
 
 from gateway.db import make_engine, migrate
+from tests.deadlines import scaled
 
 URL_VARIABLE = "MCP_GATEWAY_TEST_PG_URL"
 SWITCH_VARIABLE = "MCP_GATEWAY_TEST_PG"
@@ -65,10 +66,19 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+START_S = 60.0
+"""How long initdb, or a server's start (`pg_ctl -w -t`), may take (TEST_TIME_SCALE times it)."""
+
+
 def _run(argv: list[str], user: str | None) -> None:
-    done = subprocess.run(argv, user=user, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(argv, user=user, capture_output=True, text=True, timeout=scaled(START_S) + 10, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{Path(argv[0]).name} failed: {done.stderr.strip() or done.stdout.strip()}")
+
+
+def _pg_ctl(programs: Path, data: Path) -> list[str]:
+    """pg_ctl on the cluster in `data`, waiting up to START_S (TEST_TIME_SCALE times it) for what it does."""
+    return [str(programs / "pg_ctl"), "-D", str(data / "data"), "-w", "-t", str(round(scaled(START_S)))]
 
 
 def start_cluster(programs: Path) -> str:
@@ -81,11 +91,8 @@ def start_cluster(programs: Path) -> str:
     port = _free_port()
     _run([str(programs / "initdb"), "-D", str(data / "data"), "-A", "trust", "-U", "postgres", "--no-sync"], user)
     options = f"-c listen_addresses=127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=200"
-    _run(
-        [str(programs / "pg_ctl"), "-D", str(data / "data"), "-o", options, "-l", str(data / "log"), "-w", "start"],
-        user,
-    )
-    _started.append((programs / "pg_ctl", data, user))
+    _started.append((programs / "pg_ctl", data, user))  # stopped at the end even when its start fails
+    _run([*_pg_ctl(programs, data), "-o", options, "-l", str(data / "log"), "start"], user)
     with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as connection:
         connection.execute("CREATE DATABASE gateway_tests")
     return f"postgresql+psycopg://postgres@127.0.0.1:{port}/gateway_tests"
@@ -106,8 +113,7 @@ class Cluster:
 
     def start(self) -> None:
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.data} -c fsync=off"
-        pg_ctl = [str(self.programs / "pg_ctl"), "-D", str(self.data / "data")]
-        _run([*pg_ctl, "-o", options, "-l", str(self.data / "log"), "-w", "start"], self.user)
+        _run([*_pg_ctl(self.programs, self.data), "-o", options, "-l", str(self.data / "log"), "start"], self.user)
 
     def stop(self) -> None:
         """Stop the server at once (`immediate`: as a crash or a killed host would)."""
@@ -167,6 +173,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             check=False,
         )
         shutil.rmtree(data, ignore_errors=True)
+
+
+def session_server_pids() -> set[int]:
+    """The pids of the servers this session started (each postmaster's: its own processes are its children)."""
+    pids = set()
+    for _, data, _ in _started:
+        try:
+            pids.add(int((data / "data" / "postmaster.pid").read_text().split()[0]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
 
 
 def pg_missing() -> str | None:

@@ -37,6 +37,7 @@ from tests.fleet import (
     RAN,
     READ,
     REFUSED,
+    START_S,
     Answer,
     Call,
     Fleet,
@@ -51,7 +52,7 @@ from tests.fleet import (
 from tests.harness import GatewayHome, StdioSession, as_approver, without_acts
 from tests.pg_cluster import ENGINES, clone_database, own_database
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(START_S + 240)
 """The first test on each engine also starts its fleet: 16 processes importing the MCP SDK, about 30 s of
 CPU, which a busy 2-core host running the suite's other workers can stretch past the default 120 s."""
 
