@@ -15,7 +15,7 @@ The suite's PostgreSQL cluster is not counted (the session stops it right after)
 dead and is not counted. Each leftover is named with its pid, its command line and the test whose
 phase started it (PYTEST_CURRENT_TEST, which pytest sets in the environment during each phase),
 and the run fails (exit status 1). Nothing is killed: the fixture or test that started it must
-stop it, even when its own start fails or times out.
+stop it, even when its own start fails or times out. Why this way: docs/decisions/0076-the-suites-plumbing.md.
 """
 
 from __future__ import annotations

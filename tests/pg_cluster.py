@@ -15,7 +15,7 @@ process migrates one template database once (`template_database`, on its first u
 test's database is a copy of it (`CREATE DATABASE ... TEMPLATE`, `clone_database`), about 75 ms
 where creating and migrating one took 205 ms (median of 5, on a quiet server), and a `migrate`
 on the copy finds the newest revision and does nothing. A test of the migrations themselves asks
-for `empty_db_url`: an empty database, migrated from scratch by the test. A server named by
+for `empty_db_url`: an empty database, migrated from scratch by the test (decision 76). A server named by
 MCP_GATEWAY_TEST_PG_URL by hand works the same way when its user may create databases.
 
 Without a server, `pg_missing` says why: as root (CI, where `make test` installs postgresql)
