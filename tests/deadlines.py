@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 SCALE_VARIABLE = "TEST_TIME_SCALE"
 
 
 def time_scale() -> float:
-    """The factor TEST_TIME_SCALE sets (1 when unset); a value that is no positive number is refused."""
+    """The factor TEST_TIME_SCALE sets (1 when unset); a value that is no positive number is a usage error."""
     raw = os.environ.get(SCALE_VARIABLE, "").strip()
     if not raw:
         return 1.0
@@ -24,7 +26,7 @@ def time_scale() -> float:
     except ValueError:
         scale = 0.0
     if not scale > 0 or scale == float("inf"):
-        raise ValueError(f"{SCALE_VARIABLE}={raw!r}: give a positive factor, e.g. {SCALE_VARIABLE}=3")
+        raise pytest.UsageError(f"{SCALE_VARIABLE}={raw!r}: give a positive factor, e.g. {SCALE_VARIABLE}=3")
     return scale
 
 
