@@ -32,6 +32,7 @@ from gateway.clock import SystemClock
 from gateway.consent.store import ConsentStore
 from gateway.db import make_engine
 from gateway.policy import BudgetPolicy
+from tests.deadlines import scaled
 from tests.fleet import (
     DENIED,
     RAN,
@@ -250,7 +251,11 @@ def test_each_consent_question_is_decided_once_whoever_races_for_it(fleet: Fleet
 
     argv = fleet.home.cli_argv("approvals")
     approver = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200)))
-    approver.expect("waiting for consent requests")
+    try:  # it starts beside the 16 gateways: as long as one of them may take, and killed if it never gets ready
+        approver.expect("waiting for consent requests", timeout=scaled(START_S))
+    except BaseException:
+        approver.terminate(force=True)
+        raise
 
     def approve() -> None:
         """A person pressing 1 (Allow once) on each question the approver shows, as fast as it shows them."""
