@@ -8,9 +8,13 @@ from typing import Any
 
 import pytest
 
+from tests.deadlines import time_scale
 from tests.harness import GatewayHome, StdioSession
 
-pytest_plugins = ("tests.pg_cluster",)  # a throwaway PostgreSQL for the `postgres` tests, when one can run
+pytest_plugins = (
+    "tests.pg_cluster",  # a throwaway PostgreSQL for the `postgres` tests, when one can run
+    "tests.leftover_processes",  # the session's last check: no process the suite started is left running
+)
 
 SERIAL_GROUPS = {
     "tests/hosts/": "guest",  # one QEMU guest per worker that needs it: boot it once (about a minute under TCG)
@@ -48,6 +52,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return serial_group(nodeid)
 
     return SerialGroups(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test's pytest-timeout limit (its marker's, else --timeout's, else pyproject's) times TEST_TIME_SCALE."""
+    scale = time_scale()
+    if scale == 1:
+        return
+    default = config.getoption("timeout", None) or config.getini("timeout") or 0
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        limit = (
+            default if marker is None else (marker.args[0] if marker.args else marker.kwargs.get("timeout", default))
+        )
+        if limit:
+            options = {} if marker is None else {k: v for k, v in marker.kwargs.items() if k != "timeout"}
+            item.add_marker(pytest.mark.timeout(float(limit) * scale, **options), append=False)
 
 
 @pytest.fixture

@@ -22,6 +22,9 @@ from gateway.audit import AuditLog
 from gateway.clock import SystemClock
 from tests.harness import GatewayHome, StdioSession
 
+START_S = 180.0
+"""How long each gateway of a fleet may take to answer `initialize` (TEST_TIME_SCALE times it): 16 start
+side by side, about 30 s on 2 quiet cores, 105-136 s seen on a host at load 20-25."""
 CALL = "MCP_TOOL_CALL"
 DECISION = "mcp.permission.decision"
 BLOCKED = "POLICY_BLOCKED"
@@ -102,11 +105,14 @@ class Fleet:
     sessions: list[StdioSession] = field(default_factory=list)
 
     def start(self) -> None:
+        """Start the gateways; each answers `initialize` within START_S (TEST_TIME_SCALE times it) of the
+        last one's start. Those started are in `sessions` at once, so `close` ends them when one fails."""
         # Every process is started before the first is waited on: they import the MCP SDK (most of a
-        # gateway's start-up) side by side.
-        self.sessions = [StdioSession(self.home) for _ in range(self.size)]
+        # gateway's start-up) side by side, 16 on 2 cores: the first may answer only after all started.
+        for _ in range(self.size):
+            self.sessions.append(StdioSession(self.home))
         for session in self.sessions:
-            response = session.initialize()
+            response = session.initialize(timeout=START_S)
             if "result" not in response:
                 raise AssertionError(f"a gateway did not start: {response}\n{session.stderr_text()}")
 

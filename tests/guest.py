@@ -61,6 +61,8 @@ import zlib
 from pathlib import Path
 from typing import Any, NoReturn, Self
 
+from tests.deadlines import scaled
+
 MODULES = ("virtio_pci", "9pnet_virtio", "9p", "virtio_console")
 """Loaded in this order with their dependencies (modules.dep): the disk, the agent's port."""
 SCRATCH = Path("/tmp")
@@ -68,7 +70,9 @@ SCRATCH = Path("/tmp")
 HOST_TMP = Path("/run/host-tmp")
 """Where the host's /tmp is visible in the guest, read-only (`Guest.visible()`)."""
 MEMORY_MIB = 3072
-BOOT_TIMEOUT_S = 120.0
+BOOT_TIMEOUT_S = 240.0
+"""From QEMU's start to the agent's first line, TEST_TIME_SCALE times it (`boot_deadline_s`): about a
+minute under TCG on a quiet host, 121 s seen at load 20-25."""
 ANSWER_MARGIN_S = 30.0
 """How much longer than a command's own timeout the host waits before declaring the guest dead."""
 CONSOLE_TAIL = 8000
@@ -107,6 +111,11 @@ ACCELERATORS = {
     "kvm": ("-accel", "kvm", "-cpu", "host"),
     "tcg": ("-accel", "tcg,thread=multi", "-cpu", "max"),
 }
+
+
+def boot_deadline_s() -> float:
+    """BOOT_TIMEOUT_S times TEST_TIME_SCALE."""
+    return scaled(BOOT_TIMEOUT_S)
 
 
 def accelerator() -> str:
@@ -269,8 +278,9 @@ class Guest:
 
     @classmethod
     def boot(cls, checkout: Path, *, modules: tuple[str, ...] = MODULES) -> Self:
-        """Start QEMU and wait for the agent (BOOT_TIMEOUT_S at most); GuestError with the reason otherwise."""
+        """Start QEMU and wait for the agent (`boot_deadline_s` at most); GuestError with the reason otherwise."""
         started = time.monotonic()
+        boot_s = boot_deadline_s()
         qemu = shutil.which("qemu-system-x86_64")
         if qemu is None:
             raise GuestError(f"qemu-system-x86_64 is missing: {FIX}")
@@ -300,8 +310,8 @@ class Guest:
         guest = cls(checkout, accel, process, folder, [Path(path) for path in keep])
         try:
             with listener:
-                guest._channel = guest._accept(listener, started + BOOT_TIMEOUT_S)
-            ready = guest._receive(started + BOOT_TIMEOUT_S, "booting")
+                guest._channel = guest._accept(listener, started + boot_s)
+            ready = guest._receive(started + boot_s, "booting")
         except BaseException:
             guest.close()
             raise
@@ -388,7 +398,7 @@ class Guest:
             self._check_alive("boot")
             if select.select([listener], [], [], 0.1)[0]:
                 return listener.accept()[0]
-        self._declare_dead(f"QEMU did not connect the agent's port within {BOOT_TIMEOUT_S:.0f} s")
+        self._declare_dead(f"QEMU did not connect the agent's port within {boot_deadline_s():.0f} s")
 
     def _send(self, message: dict[str, Any]) -> None:
         if self._dead is not None:

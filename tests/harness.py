@@ -34,6 +34,7 @@ from gateway.consent.store import ConsentStore
 from gateway.db import make_engine, migrate
 from gateway.settings import Settings
 from gateway.users import UserStore
+from tests.deadlines import scaled
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY: dict[str, Any] = yaml.safe_load((REPO / "policy.yaml").read_text())
@@ -41,6 +42,9 @@ SAMPLE_PROJECT = REPO / "examples" / "sample_project"
 LEGACY = "2025-11-25"
 MODERN = "2026-07-28"
 FORM_ELICITATION: dict[str, Any] = {"elicitation": {"form": {}}}
+START_S = 60.0
+"""How long a gateway may take to answer `initialize` (TEST_TIME_SCALE times it): about 1 s on a quiet
+machine, most of it importing the MCP SDK."""
 
 
 def modern_meta(capabilities: Mapping[str, Any] = FORM_ELICITATION) -> dict[str, Any]:
@@ -157,7 +161,11 @@ class GatewayHome:
         self.home = self.root / "state"
         # Outside pytest's own temp folder: pytest resets /tmp/pytest-of-<user> to 0700 whenever a
         # session starts, and a concurrent session would then lock the run uid out of this workspace.
-        outside = Path(tempfile.mkdtemp(prefix="mcp-gw-test-"))
+        # Named with the run's token: a process left working in it is the run's. Imported here: the
+        # module is a pytest plugin, which conftest.py's import of this module must not import first.
+        from tests.leftover_processes import run_folder_prefix
+
+        outside = Path(tempfile.mkdtemp(prefix=run_folder_prefix()))
         weakref.finalize(self, shutil.rmtree, outside, True)
         self.workspace = outside / "workspace"
         shutil.copytree(SAMPLE_PROJECT, self.workspace, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
@@ -345,7 +353,10 @@ class StdioSession:
         self.send(message)
         return self.wait_response(self._next_id, timeout)
 
-    def initialize(self, capabilities: Mapping[str, Any] | None = None, version: str = LEGACY) -> dict[str, Any]:
+    def initialize(
+        self, capabilities: Mapping[str, Any] | None = None, version: str = LEGACY, timeout: float = START_S
+    ) -> dict[str, Any]:
+        """The gateway's answer to `initialize`, waited for `timeout` s (TEST_TIME_SCALE times): its start-up."""
         response = self.request(
             "initialize",
             {
@@ -353,6 +364,7 @@ class StdioSession:
                 "capabilities": dict(capabilities or {}),
                 "clientInfo": {"name": "tests", "version": "1"},
             },
+            scaled(timeout),
         )
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return response

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 import pexpect
 import pytest
 
-from tests.harness import Approver, GatewayHome, as_approver
+from tests.deadlines import scaled
+from tests.harness import START_S, Approver, GatewayHome, as_approver
 
 
 @pytest.fixture
@@ -18,8 +19,8 @@ def approvals(gateway: GatewayHome) -> Iterator[Callable[[], Approver]]:
     def start() -> Approver:
         argv = gateway.cli_argv("approvals")
         child = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200)))
-        child.expect("waiting for consent requests")
-        started.append(child)
+        started.append(child)  # killed at the end even when it never gets ready
+        child.expect("waiting for consent requests", timeout=scaled(START_S))
         return child
 
     yield start

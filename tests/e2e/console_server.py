@@ -12,8 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.deadlines import scaled
 from tests.harness import GatewayHome
 
+START_S = 60.0
+"""How long a console may take to answer its first request (TEST_TIME_SCALE times it): it waits for
+readiness, so this bounds only a console that never starts (about 1 s on a quiet machine)."""
 CHROMIUM = Path("/usr/bin/chromium")
 """Debian's chromium (`make chromium`), which the Playwright tests drive."""
 CHROMIUM_ARGS = [
@@ -37,7 +41,7 @@ def running_console(gw: GatewayHome, log_name: str = "console.log") -> Iterator[
         process = subprocess.Popen(gw.cli_argv("console", "--port", str(port)), stdout=log, stderr=log)
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + scaled(START_S)
             while True:
                 try:
                     urllib.request.urlopen(url + "/login", timeout=2).close()  # noqa: S310  (the console's own http URL)
@@ -48,9 +52,14 @@ def running_console(gw: GatewayHome, log_name: str = "console.log") -> Iterator[
                     time.sleep(0.1)
             yield url
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            stop(process)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop a console: SIGTERM, then SIGKILL when it has not ended within 10 s (TEST_TIME_SCALE times)."""
+    process.terminate()
+    try:
+        process.wait(timeout=scaled(10))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=scaled(10))

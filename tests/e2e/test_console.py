@@ -34,7 +34,8 @@ from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.calls import CardStatus, Opened
 from gateway.clock import SystemClock
 from gateway.console.app import REPLAY_MAX
-from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, free_port, running_console
+from tests.deadlines import scaled
+from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, START_S, free_port, running_console, stop
 from tests.harness import GatewayHome, StdioSession, as_approver
 
 DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
@@ -83,9 +84,11 @@ def launch(p: Playwright) -> Browser:
 def serve(gw: GatewayHome) -> Iterator[StdioSession]:
     """A client without elicitation: its consent questions wait for an approver (the console here)."""
     session = StdioSession(gw)
-    assert "result" in session.initialize()
-    yield session
-    session.close()
+    try:  # stopped when it fails to start too
+        assert "result" in session.initialize()
+        yield session
+    finally:
+        session.close()
 
 
 def signed_in(browser: Browser, console: str, user: str, **options: Any) -> BrowserContext:
@@ -622,7 +625,7 @@ def test_under_tls_the_cookie_is_secure(gw: GatewayHome) -> None:
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # our own self-signed certificate
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(START_S)
         while True:
             try:
                 answer = urllib.request.urlopen(f"https://127.0.0.1:{port}/login", context=context, timeout=2)
@@ -634,8 +637,7 @@ def test_under_tls_the_cookie_is_secure(gw: GatewayHome) -> None:
             cookie = answer.headers["Set-Cookie"]
         assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop(process)
 
 
 def test_user_passwd_reads_stdin_and_is_audited(gw: GatewayHome) -> None:

@@ -32,11 +32,13 @@ from gateway.clock import SystemClock
 from gateway.consent.store import ConsentStore
 from gateway.db import make_engine
 from gateway.policy import BudgetPolicy
+from tests.deadlines import scaled
 from tests.fleet import (
     DENIED,
     RAN,
     READ,
     REFUSED,
+    START_S,
     Answer,
     Call,
     Fleet,
@@ -49,9 +51,9 @@ from tests.fleet import (
     unanswered,
 )
 from tests.harness import GatewayHome, StdioSession, as_approver, without_acts
-from tests.pg_cluster import ENGINES, URL_VARIABLE, drop_database, new_database, pg_missing, pg_required
+from tests.pg_cluster import ENGINES, clone_database, own_database
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(START_S + 240)
 """The first test on each engine also starts its fleet: 16 processes importing the MCP SDK, about 30 s of
 CPU, which a busy 2-core host running the suite's other workers can stretch past the default 120 s."""
 
@@ -77,18 +79,7 @@ TINY = "tests/test_fleet_tiny.py"
 def fleet_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The module's database: a SQLite file, or a new database on the suite's PostgreSQL (tests/pg_cluster.py,
     as `db_url` makes one, for the whole module)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('fleet-db') / 'fleet.db'}"
-        return
-    missing = pg_missing()
-    if missing is not None:
-        if pg_required():
-            pytest.fail(f"{missing}: as root the suite runs on PostgreSQL too; `make system-deps` installs it")
-        pytest.skip(missing)
-    base = os.environ[URL_VARIABLE]
-    url = new_database(base)
-    yield url
-    drop_database(base, url)
+    yield from own_database(request.param, tmp_path_factory.mktemp("fleet-db"), clone_database)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +251,11 @@ def test_each_consent_question_is_decided_once_whoever_races_for_it(fleet: Fleet
 
     argv = fleet.home.cli_argv("approvals")
     approver = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=30, dimensions=(50, 200)))
-    approver.expect("waiting for consent requests")
+    try:  # it starts beside the 16 gateways: as long as one of them may take, and killed if it never gets ready
+        approver.expect("waiting for consent requests", timeout=scaled(START_S))
+    except BaseException:
+        approver.terminate(force=True)
+        raise
 
     def approve() -> None:
         """A person pressing 1 (Allow once) on each question the approver shows, as fast as it shows them."""

@@ -1,5 +1,5 @@
 """The Alembic migrations build exactly the tables the code uses, and an upgrade keeps what is stored:
-on SQLite and on PostgreSQL (`db_url`, tests/pg_cluster.py), each test on an empty database."""
+on SQLite and on PostgreSQL (`empty_db_url`, tests/pg_cluster.py), each test on an empty database."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from gateway import db
 from gateway.audit import AuditLog, ChainReport, EventDraft, EventType
 from gateway.calls import CardStatus, Opened
 from tests.fakes import FakeClock
+from tests.pg_cluster import drop_database, new_database, on_postgres_only, suite_server
 
 
 @pytest.fixture
-def unmigrated(db_url: str) -> Iterator[Engine]:
+def unmigrated(empty_db_url: str) -> Iterator[Engine]:
     """An engine on an empty database: no table, no Alembic version."""
-    engine = db.make_engine(db_url)
+    engine = db.make_engine(empty_db_url)
     yield engine
     engine.dispose()
 
@@ -87,6 +88,28 @@ def test_schema_head_is_alembics_head(unmigrated: Engine) -> None:
     engine = unmigrated
     assert ScriptDirectory.from_config(db._alembic_config(engine)).get_current_head() == db.SCHEMA_HEAD
     assert not db.schema_is_current(engine), "no version table: not current"
+
+
+def _rows(engine: Engine) -> dict[str, list[tuple[object, ...]]]:
+    with engine.connect() as connection:
+        return {t.name: [tuple(r) for r in connection.execute(select(t))] for t in db.Base.metadata.sorted_tables}
+
+
+@on_postgres_only
+def test_a_tests_postgres_database_is_a_copy_of_the_migrated_template(db_url: str) -> None:
+    """`db_url` on PostgreSQL is cloned from the process's migrated template (tests/pg_cluster.py): the newest
+    schema without a `migrate`, holding what a database migrated for the test would hold, and no more."""
+    base = suite_server()
+    fresh_url = new_database(base)
+    clone, fresh = db.make_engine(db_url), db.make_engine(fresh_url)
+    try:
+        assert db.schema_is_current(clone)
+        db.migrate(fresh)
+        assert _rows(clone) == _rows(fresh)
+    finally:
+        clone.dispose()
+        fresh.dispose()
+        drop_database(base, fresh_url)
 
 
 def test_upgrading_from_0005_keeps_runs_with_no_gateway_session(unmigrated: Engine) -> None:

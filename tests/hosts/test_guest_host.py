@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.landlock import abi_version
-from tests.guest import MODULES, Guest, GuestError
+from tests.guest import BOOT_TIMEOUT_S, MODULES, Guest, GuestError
+
+pytestmark = pytest.mark.timeout(BOOT_TIMEOUT_S + 60)  # the first test here boots the session's guest
 
 USER = 4242
 """An ordinary uid with no passwd entry, in the guest only."""

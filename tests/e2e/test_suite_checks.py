@@ -1,0 +1,112 @@
+"""The suite's own plumbing, each through pytest run on a tiny file with the project's conftest: its last
+check (tests/leftover_processes.py) fails a run whose test leaves a process running and names it, and
+passes one that leaves nothing; TEST_TIME_SCALE (tests/deadlines.py) multiplies each test's timeout."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.deadlines import scaled
+from tests.harness import REPO
+
+LEAKY = """
+import subprocess, sys
+
+def test_that_forgets_its_child():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])
+
+def test_that_waits_for_its_child():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+"""
+CLEAN = """
+import subprocess, sys
+
+def test_that_waits_for_its_child():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+"""
+SPREAD = [pytest.param(["-p", "no:xdist"], id="one-process"), pytest.param(["-n", "2"], id="xdist")]
+
+
+def run_pytest(folder: Path, spread: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """pytest on `folder` with the project's conftest (and so its plugins), no PostgreSQL cluster of its own."""
+    argv = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    argv += ["--rootdir", str(folder), "-p", "no:cacheprovider", "-q", *spread, str(folder)]
+    env = os.environ | {"MCP_GATEWAY_TEST_PG": "off"} | env
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=scaled(120), check=False)
+
+
+@pytest.mark.parametrize("spread", SPREAD)
+def test_a_process_a_test_leaves_running_fails_the_run_and_is_named(tmp_path: Path, spread: list[str]) -> None:
+    marker = f"leftover-{secrets.token_hex(8)}"
+    (tmp_path / "test_leaky.py").write_text(LEAKY.format(marker=marker))
+    try:
+        done = run_pytest(tmp_path, spread)
+        assert done.returncode == 1, done.stdout + done.stderr
+        named = re.search(
+            r"pid (\d+) \(started in test_leaky\.py::test_that_forgets_its_child \(call\)\): (.*)", done.stdout
+        )
+        assert named is not None, done.stdout
+        assert marker in named.group(2)
+        assert "2 passed, 1 left running" in done.stdout
+        assert "1 process(es) the suite started are still running" in done.stdout
+        assert [marker in p.cmdline() for p in _carrying(marker)] == [True]
+        assert _carrying(marker)[0].pid == int(named.group(1))
+    finally:  # the check names it and kills nothing: this test kills what its run left
+        for process in _carrying(marker):
+            process.kill()
+        psutil.wait_procs(_carrying(marker), timeout=scaled(30))
+    assert _carrying(marker) == []
+
+
+def _carrying(marker: str) -> list[psutil.Process]:
+    """The live processes whose command line carries `marker`."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if marker in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
+@pytest.mark.parametrize("spread", SPREAD)
+def test_a_run_that_waits_for_what_it_starts_passes(tmp_path: Path, spread: list[str]) -> None:
+    (tmp_path / "test_clean.py").write_text(CLEAN)
+    done = run_pytest(tmp_path, spread)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "left running" not in done.stdout
+
+
+SLOW = """
+import time
+
+import pytest
+
+@pytest.mark.timeout(1)
+def test_that_takes_two_seconds():
+    time.sleep(2)
+"""
+
+
+@pytest.mark.parametrize(("scale", "outcome"), [("1", "1 failed"), ("4", "1 passed")])
+def test_time_scale_multiplies_each_tests_timeout(tmp_path: Path, scale: str, outcome: str) -> None:
+    (tmp_path / "test_slow.py").write_text(SLOW)
+    done = run_pytest(tmp_path, ["-p", "no:xdist"], TEST_TIME_SCALE=scale)
+    assert outcome in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("scale", ["abc", "0", "-1", "inf"])
+def test_a_time_scale_that_is_no_positive_factor_is_a_usage_error(tmp_path: Path, scale: str) -> None:
+    (tmp_path / "test_slow.py").write_text(SLOW)
+    done = run_pytest(tmp_path, ["-p", "no:xdist"], TEST_TIME_SCALE=scale)
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert f"TEST_TIME_SCALE={scale!r}: give a positive factor" in done.stderr
+    assert "INTERNALERROR" not in done.stdout + done.stderr
