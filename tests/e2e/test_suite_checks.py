@@ -103,10 +103,10 @@ def test_time_scale_multiplies_each_tests_timeout(tmp_path: Path, scale: str, ou
     assert outcome in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("scale", ["abc", "0", "-1", "inf"])
-def test_a_time_scale_that_is_no_positive_factor_is_a_usage_error(tmp_path: Path, scale: str) -> None:
+def test_a_time_scale_that_is_no_positive_factor_is_a_usage_error(tmp_path: Path) -> None:
+    """One run: every value the parser refuses is tests/gateway/test_deadlines.py (in process)."""
     (tmp_path / "test_slow.py").write_text(SLOW)
-    done = run_pytest(tmp_path, ["-p", "no:xdist"], TEST_TIME_SCALE=scale)
+    done = run_pytest(tmp_path, ["-p", "no:xdist"], TEST_TIME_SCALE="abc")
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
-    assert f"TEST_TIME_SCALE={scale!r}: give a positive factor" in done.stderr
+    assert "TEST_TIME_SCALE='abc': give a positive factor" in done.stderr
     assert "INTERNALERROR" not in done.stdout + done.stderr
