@@ -2,6 +2,7 @@
 (decision 39): a sample of the tables in tests/gateway/test_url_hosts.py and
 test_file_rules.py, asked as Claude Code asks, with `consent.mode: deny` so that an "ask" is
 answered at once (deny, reason `consent_mode_deny`) and the three outcomes can be told apart.
+The WebFetch hosts are asked in process: tests/gateway/test_server_permission_rules.py.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ FILES: list[tuple[str, dict[str, Any], str]] = [
 
 @pytest.fixture
 def gw(make_gateway: Callable[..., GatewayHome]) -> GatewayHome:
+    return rules_gateway(make_gateway)
+
+
+def rules_gateway(make_gateway: Callable[..., GatewayHome]) -> GatewayHome:
+    """RULES with consent.mode deny, alice a USER, a workspace holding secrets/ and src/."""
     gateway = make_gateway({"permission_prompt": RULES, "consent": {"mode": "deny"}})
     gateway.add_user("alice", "USER")
     (gateway.workspace / "secrets").mkdir()
@@ -77,15 +83,6 @@ def outcome(gateway: GatewayHome, decided: dict[str, Any], run_id: str) -> str:
         assert detail["origin"] == "policy" and detail["rule"], detail
         return "allow"
     return {"rule_denied": "deny", "consent_mode_deny": "ask"}[detail["reason"]]
-
-
-def test_webfetch_hosts_over_stdio(gw: GatewayHome, open_session: SessionFactory) -> None:
-    session = open_session(gw, env={"MCP_GATEWAY_TOKEN": gw.token("alice")})
-    got = {}
-    for url, _ in FETCHES:
-        decided, run_id = check(session, "WebFetch", {"url": url, "prompt": "summarise"})
-        got[url] = outcome(gw, decided, run_id)
-    assert got == dict(FETCHES)
 
 
 def test_file_tools_over_stdio(gw: GatewayHome, open_session: SessionFactory) -> None:
