@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test unit coverage lint bench clean system-deps bubblewrap postgresql guest-deps nodejs ts-client chromium
+.PHONY: demo test unit coverage lint bench clean bytecode system-deps bubblewrap postgresql guest-deps nodejs ts-client chromium
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,23 +90,32 @@ ts-client: $(TS_CLIENT)/dist/client.js
 # runs, so there are more workers than cores; the tests that share a resource go whole to one
 # worker (tests/conftest.py, SERIAL_GROUPS). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 4
-test: lint system-deps ts-client
-	$(PY) -m pytest -n $(TEST_WORKERS)
+test: lint system-deps ts-client bytecode
+	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS)
+
+# The suite starts several hundred gateways from this checkout, some as other uids that cannot
+# write here. Some hosts set PYTHONDONTWRITEBYTECODE (Python's Docker images do): then each of
+# those processes compiled the gateway again (about 100 ms of CPU each) and every pytest worker
+# rewrote every test module. So the gateway's bytecode is written once up front, and the suite
+# runs with bytecode caches on, as an installed package has them.
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
+bytecode: $(STAMP)
+	$(PY) -m compileall -q gateway sandbox >/dev/null
 
 # The unit tests of the gateway and the sandbox, under a minute: no stdio sessions (tests/e2e),
 # no hostile suites (tests/adversarial). Run `make test` before you push. In parallel as `make test`
 # is: 3,109 tests cost about 73 s of CPU (user+sys, workers included), over a minute on one core.
-unit: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) tests/gateway tests/sandbox
+unit: $(STAMP) bytecode
+	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) tests/gateway tests/sandbox
 
 # Line coverage of gateway/ and sandbox/ over the whole suite (pyproject.toml, [tool.coverage.*]):
 # every Python process the tests start is measured too. The data goes to a folder every uid may
 # write to (sticky, as /tmp), since the rootless tests run gateways as ordinary uids.
 COVERAGE_DATA := build/coverage
-coverage: $(STAMP) system-deps ts-client
+coverage: $(STAMP) system-deps ts-client bytecode
 	rm -rf $(COVERAGE_DATA) && mkdir -p $(COVERAGE_DATA) && chmod 1777 $(COVERAGE_DATA)
 	export COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DATA)/data; \
-	  $(PY) -m coverage run -m pytest -n $(TEST_WORKERS); status=$$?; \
+	  $(TEST_ENV) $(PY) -m coverage run -m pytest -n $(TEST_WORKERS); status=$$?; \
 	  $(PY) -m coverage combine -q && \
 	  for part in gateway sandbox; do printf '%s/: %s%%\n' $$part "$$($(PY) -m coverage report --include="$$part/*" --format=total)"; done && \
 	  printf 'both: %s%%\n' "$$($(PY) -m coverage report --format=total)" && \

@@ -8,13 +8,18 @@ for (`time.perf_counter_ns`):
 - `--help`: `python -m gateway --help`, until it exits;
 - `initialize`: `python -m gateway ... serve` on a state folder `mcp-gateway init` made (SQLite),
   until its answer to `initialize` (protocol 2025-11-25) is read; then stdin is closed and the
-  process reaped, unmeasured.
+  process reaped, unmeasured;
+- `user list`: `python -m gateway ... user list` (a one-shot command with the database), until it exits.
+
+Each row also reports the CPU (user + system) its process spent from start to exit, shutdown
+included (`RUSAGE_CHILDREN` before and after): what a test suite or a host that starts many
+gateways pays.
 
 Trees: the working tree, and with `--old COMMIT` that commit too, written out with `git archive`
 into a temporary folder. Each tree runs with cwd and PYTHONPATH set to it and `-P` unset, so
 `python -m gateway` takes that tree's `gateway`. Rounds interleave rows and trees, so machine
-noise falls on all alike. Prints median and p90 of each row and tree, in ms, and the median
-less the `python -c pass` median. Exits 0 with the figures; 1 if a row fails.
+noise falls on all alike. Prints median and p90 of each row and tree, in ms, the median
+less the `python -c pass` median, and the median CPU. Exits 0 with the figures; 1 if a row fails.
 
     .venv/bin/python bench/startup.py [--runs 15] [--old COMMIT]
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,13 +47,19 @@ INITIALIZE = {
 
 
 def _env(tree: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY_")}
+    # Bytecode caches are written (the warm-up round writes them), as an installed package has them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY_") and k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(tree)
     return env
 
 
 def _gateway(home: Path) -> list[str]:
     return [sys.executable, "-m", "gateway", "--home", str(home), "--db", f"sqlite:///{home}/gateway.db"]
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def time_pass(tree: Path, _home: Path) -> float:
@@ -84,7 +96,16 @@ def time_initialize(tree: Path, home: Path) -> float:
     return elapsed
 
 
-ROWS = {"python -c pass": time_pass, "--help": time_help, "initialize": time_initialize}
+def time_user_list(tree: Path, home: Path) -> float:
+    start = time.perf_counter_ns()
+    subprocess.run(
+        [*_gateway(home), "--policy", str(home / "policy.yaml"), "user", "list"],
+        cwd=tree, env=_env(tree), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return (time.perf_counter_ns() - start) / 1e6
+
+
+ROWS = {"python -c pass": time_pass, "--help": time_help, "initialize": time_initialize, "user list": time_user_list}
 
 
 def _init(tree: Path, home: Path) -> None:
@@ -110,6 +131,7 @@ def main() -> int:
             homes[name] = root / f"home-{len(homes)}"
             _init(tree, homes[name])
         samples: dict[tuple[str, str], list[float]] = {(t, r): [] for t in trees for r in ROWS}
+        cpu: dict[tuple[str, str], list[float]] = {(t, r): [] for t in trees for r in ROWS}
         for name, tree in trees.items():  # warm-up: bytecode caches, page cache
             for measure in ROWS.values():
                 measure(tree, homes[name])
@@ -118,19 +140,22 @@ def main() -> int:
                 order = list(trees.items()) if round_no % 2 == 0 else list(reversed(trees.items()))
                 for name, tree in order:
                     for row, measure in ROWS.items():
+                        before = _children_cpu_s()
                         samples[(name, row)].append(measure(tree, homes[name]))
+                        cpu[(name, row)].append((_children_cpu_s() - before) * 1000)
         except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
             print(f"startup: {exc}", file=sys.stderr)
             return 1
     print(f"{args.runs} runs each, ms (Python {sys.version.split()[0]})")
-    print(f"{'tree':<14}{'row':<16}{'median':>9}{'p90':>9}{'- pass':>9}")
+    print(f"{'tree':<14}{'row':<16}{'median':>9}{'p90':>9}{'- pass':>9}{'cpu':>9}")
     for name in trees:
         floor = statistics.median(samples[(name, "python -c pass")])
         for row in ROWS:
             values = sorted(samples[(name, row)])
             median = statistics.median(values)
             p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
-            print(f"{name[:13]:<14}{row:<16}{median:>9.1f}{p90:>9.1f}{median - floor:>9.1f}")
+            spent = statistics.median(cpu[(name, row)])
+            print(f"{name[:13]:<14}{row:<16}{median:>9.1f}{p90:>9.1f}{median - floor:>9.1f}{spent:>9.1f}")
     return 0
 
 

@@ -1,0 +1,52 @@
+"""The command's start-up: its imports run with the cyclic collector off, and it is on again after (decision 79)."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.cli import COMMAND_MODULES, imports_without_gc, main
+from gateway.default_policy import SHIPPED_POLICY
+
+
+@pytest.fixture(autouse=True)
+def collector_restored() -> Iterator[None]:
+    """This worker's collector as it was, whatever a test froze or turned off."""
+    was_enabled = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if was_enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_the_collector_is_off_inside_and_on_after_with_what_was_built_frozen() -> None:
+    gc.enable()
+    with imports_without_gc():
+        assert not gc.isenabled()
+        built: list[list[int]] = [[] for _ in range(100)]
+    assert gc.isenabled()
+    assert gc.get_freeze_count() >= len(built)
+
+
+def test_an_import_that_fails_still_turns_the_collector_back_on() -> None:
+    gc.enable()
+    with pytest.raises(ModuleNotFoundError), imports_without_gc():
+        __import__("gateway.no_such_module")
+    assert gc.isenabled()
+
+
+def test_a_command_run_in_process_leaves_the_collector_on() -> None:
+    gc.enable()
+    assert main(["policy", "check", str(SHIPPED_POLICY)]) == 0
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_MODULES))
+def test_each_long_running_commands_module_imports(command: str) -> None:
+    """A name that no longer imports would fail every start of the command, not only its own test."""
+    assert importlib.import_module(COMMAND_MODULES[command]).__name__ == COMMAND_MODULES[command]
