@@ -494,6 +494,8 @@ class Pipeline:
         finally:
             trail.card_waits = False  # the first round's card is this call's now, or it gets one of its own
         check_pins_intact(admitted.scope)  # a folder swapped while consent waited: stage 4's refusal
+        if admitted.spec.check_ready is not None:
+            admitted.spec.check_ready()  # likewise a declared tool's program
 
     def _consent_dry(self, dry: _Dry, admitted: Admitted) -> str:
         if self.s.policy.consent.mode == "deny":
@@ -512,7 +514,10 @@ class Pipeline:
         return self._read(admitted, call.trail, call.arguments)
 
     def _execute_dry(self, dry: _Dry, admitted: Admitted) -> str | None:
-        return None if admitted.spec.sandboxed else "read tool, runs in process"
+        spec, root = admitted.spec, admitted.scope.root
+        if spec.preview is not None and root is not None:
+            return spec.preview(dry.arguments, root)
+        return None if spec.sandboxed else "read tool, runs in process"
 
     # --- the dry run ---------------------------------------------------------------------------
 
@@ -677,7 +682,7 @@ class Pipeline:
         try:
             with artifact_errors(run_id):
                 run = await spec.execute(request)
-        except InternalError:
+        except GatewayError:  # -32603, or a tool's own refusal before it spawned anything: nothing ran
             await in_db_thread(self.s.runs.finish, run_id, RunStatus.FAILED, None)
             raise
         except SandboxStartError as exc:

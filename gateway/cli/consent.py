@@ -107,7 +107,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
     if arguments is not None and args.deny:
         # A Deny covers its arguments by meaning (every spelling of its paths, and under them): store them.
         agent_root = str(s.policy.workspaces[workspace]) if args.agent else None
-        names = agent_path_arguments(args.tool) if args.agent else TOOLS[args.tool].path_arguments
+        names = agent_path_arguments(args.tool) if args.agent else s.tools[args.tool].path_arguments
         try:
             covered = normal_grant_arguments(arguments, names, agent_root)
         except ValueError as exc:
@@ -150,9 +150,9 @@ def _grant_target(s: Services, tool: str, agent: bool) -> tuple[str, ConsentProf
         if not AGENT_TOOL_NAME.fullmatch(tool):
             raise CommandError(f"{tool!r} is not a tool name")
         return AGENT_SERVER_ID, agent_tool_consent(tool)
-    spec = TOOLS.get(tool)
+    spec = s.tools.get(tool)
     if spec is None:
-        raise CommandError(f"unknown tool {tool!r} (known: {', '.join(sorted(TOOLS))}; Claude Code's: --agent)")
+        raise CommandError(f"unknown tool {tool!r} (known: {', '.join(sorted(s.tools))}; Claude Code's: --agent)")
     return s.server_id, consent_profile(spec)
 
 
