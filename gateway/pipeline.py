@@ -469,7 +469,8 @@ class Pipeline:
         if not self.s.policy.sandbox.enabled or scope.pinned_root is None or scope.workspace is None:
             return  # stage 7 refuses (sandbox off), or a tool without a workspace: nothing to reach
         who = run_access(self.s.host.uid_drop)
-        check_run_paths((scope.workspace, scope.pinned_root.path), tuple(p.path for p in scope.pinned_paths), who)
+        pinned = tuple(p.path for p in scope.pinned_paths)
+        check_run_paths((scope.workspace, scope.pinned_root.path), pinned, who, admitted.spec.programs)
 
     def _reserve(self, call: _Call, admitted: Admitted) -> None:
         call.trail.charge_id = self._logged_reservation(call.trail, admitted)

@@ -130,6 +130,9 @@ class ToolSpec:
     check_ready: Callable[[], None] | None = None
     """Raises a GatewayError when what the tool was pinned to at policy load changed (a declared tool's
     program): called at stage 4, again after consent, and by the tool right before it runs."""
+    programs: tuple[Path, ...] = ()
+    """Files the run executes besides the interpreter (a declared tool's program and its `#!` interpreter, as
+    they resolved at load): the preflight stage checks that the run's uid can read and execute them."""
     preview: Callable[[Mapping[str, Any], Path], str] | None = None
     """What `policy explain` says the run would be (a declared tool's argv), from the arguments and the workspace."""
     read: Read | None = None

@@ -58,6 +58,7 @@ def declared_tool(declaration: Declaration) -> ToolSpec:
         execute=tool.execute,
         max_timeout_s=declaration.timeout_s,
         check_ready=tool.check_ready,
+        programs=tuple(p.real for p in (declaration.program, declaration.program.interpreter) if p is not None),
         preview=tool.preview,
     )
 

@@ -12,9 +12,12 @@ import pytest
 from gateway.consent.stage import DECLARATION_META_KEY, consent_profile, tool_fingerprint
 from gateway.errors import GatewayError, InvalidParamsError, PolicyBlockedError, Reason, SandboxViolationError
 from gateway.policy import Policy, parse_policy
+from gateway.preflight import check_run_paths, unreachable_run_paths
 from gateway.scope import Caller, check_arguments, check_call
 from gateway.tools.declared import declared_tool, read_tail, render_argv
 from gateway.tools.registry import TOOL_NAMES, TOOLS, catalogue
+from sandbox.reachable import Access
+from tests.harness import reachable_by_everyone
 
 POLICY = """\
 version: 1
@@ -262,3 +265,18 @@ def test_the_output_tail_is_bounded_and_escaped(tmp_path: Path) -> None:
 def test_a_gateway_error_from_rendering_is_a_gateway_error(folder: Path) -> None:
     with pytest.raises(GatewayError):
         argv(folder, {"jobs": 99})
+
+
+def test_a_program_the_runs_uid_cannot_execute_is_refused_at_preflight(folder: Path) -> None:
+    policy = load(folder)
+    spec = catalogue(policy)["lint"]
+    assert spec.programs == (folder / "bin" / "tool", Path("/bin/sh").resolve())
+    pool_uid = Access(61000, 61000)
+    reachable_by_everyone(folder)  # pytest's tmp_path is 0700
+    check_run_paths(("default", folder / "ws"), (), pool_uid, spec.programs)  # 0755: reachable
+    (folder / "bin" / "tool").chmod(0o700)
+    with pytest.raises(SandboxViolationError) as caught:
+        check_run_paths(("default", folder / "ws"), (), pool_uid, spec.programs)
+    assert caught.value.reason is Reason.RUN_PATH_UNREACHABLE
+    assert f"the declared program {folder / 'bin' / 'tool'}" in caught.value.public_message()
+    assert [f.what.label for f in unreachable_run_paths(policy, pool_uid)] == ["the declared program"]
