@@ -138,6 +138,8 @@ def _argument(declaration: Declaration, name: str) -> Argument:
 
 def _expand(argument: Argument, arguments: Mapping[str, Any]) -> list[str]:
     value = arguments.get(argument.name, argument.default)
+    if argument.type is ArgumentType.INTEGER and isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema's "integer" admits 3.0; the argv gets "3"
     if value is None:
         if argument.required:
             raise InvalidParamsError(Reason.INVALID_ARGUMENTS, f"{argument.name}: a required argument is missing")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gateway.runs import RunStatus, RunStore
 from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
@@ -264,6 +265,10 @@ def test_review_is_refused_at_execution_until_change_sets_land(
     run_id = response["error"]["data"]["run_id"]
     assert kinds(gw, run_id)[-1] == "TOOL_FINISHED"
     assert "SANDBOX_EXEC" not in kinds(gw, run_id)
+    record = RunStore(gw.engine, gw.home / "artifacts").fetch(run_id)
+    assert record is not None
+    assert record.status == RunStatus.FAILED  # closed at once, not left running for a sweep
+    assert not (gw.home / "artifacts" / run_id).exists()  # nothing was spawned
 
 
 def test_policy_check_prints_the_program_and_explain_the_argv(declared: GatewayHome) -> None:

@@ -108,6 +108,7 @@ def test_each_placeholder_is_one_whole_element(folder: Path) -> None:
         program, "check", "--fix", "--select", "E", "-j", "3", "--name", "a b=c", "--", "./src",
     ]  # fmt: skip
     assert argv(folder, {"fix": False}) == [program, "check", "--", "./."]
+    assert argv(folder, {"jobs": 3.0}) == [program, "check", "-j", "3", "--", "./."]  # stage 5 lets 3.0 through
     assert argv(folder, {"target": "test"}, "make") == [program, "-C", str(folder / "ws"), "test"]
 
 
