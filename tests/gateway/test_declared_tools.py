@@ -12,6 +12,7 @@ import pytest
 from gateway.consent.stage import DECLARATION_META_KEY, consent_profile, tool_fingerprint
 from gateway.errors import GatewayError, InvalidParamsError, PolicyBlockedError, Reason, SandboxViolationError
 from gateway.policy import Policy, parse_policy
+from gateway.policy_warnings import risky_settings
 from gateway.preflight import check_run_paths, unreachable_run_paths
 from gateway.scope import Caller, check_arguments, check_call
 from gateway.tools.declared import declared_tool, read_tail, render_argv
@@ -281,3 +282,21 @@ def test_a_program_the_runs_uid_cannot_execute_is_refused_at_preflight(folder: P
     assert caught.value.reason is Reason.RUN_PATH_UNREACHABLE
     assert f"the declared program {folder / 'bin' / 'tool'}" in caught.value.public_message()
     assert [f.what.label for f in unreachable_run_paths(policy, pool_uid)] == ["the declared program"]
+
+
+def test_policy_check_warns_about_a_program_others_could_swap(folder: Path) -> None:
+    def warnings() -> list[str]:
+        return [w.message for w in risky_settings(load(folder), None) if "tools.declared" in w.message]
+
+    assert warnings() == [
+        "tools.declared has workspace: review or write: such calls are refused (-32006) in this version"
+    ]
+    (folder / "bin").chmod(0o777)
+    assert warnings()[0] == (
+        f"tools.declared.lint: {folder / 'bin'} is writable by others: whoever can write it can replace"
+        f" {folder / 'bin' / 'tool'} (a replaced program is refused, but not one swapped between the check and exec)"
+    )
+    (folder / "bin").chmod(0o1777)  # sticky, as /tmp: others cannot rename the owner's file
+    assert len(warnings()) == 1
+    (folder / "bin" / "tool").chmod(0o757)
+    assert f"{folder / 'bin' / 'tool'} is writable by others" in warnings()[0]
