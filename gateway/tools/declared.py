@@ -194,7 +194,7 @@ class DeclaredTool:
         run = await run_confined(
             replace(confinement(request), policy=policy),
             lambda _scratch: argv,
-            describe=lambda: f"{declaration.name} is running",
+            describe=lambda: f"Running {declaration.name}",
         )
         return DeclaredRun.of(run)
 

@@ -6,13 +6,17 @@ import json
 import shutil
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.audit import AuditLog
+from gateway.clock import SystemClock
 from gateway.runs import RunStatus, RunStore
+from tests.deadlines import scaled
 from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
@@ -318,3 +322,45 @@ def test_node_test_runs_read_only(make_gateway: GatewayFactory, open_session: Se
     assert result["structuredContent"]["exit_code"] == 0
     assert "# pass 2" in text
     assert not (gw.workspace / "written-by-node.txt").exists()
+
+
+def test_a_declared_run_sends_progress_before_its_result(declared: GatewayHome, open_session: SessionFactory) -> None:
+    session = open_session(declared, capabilities=FORM_ELICITATION)
+    session.responder = answer("allow_once")
+    params = {
+        "name": "pytool",
+        "arguments": {"sleep": 2},
+        "auth": {"token": declared.token("alice")},
+        "_meta": {"progressToken": "p1"},
+    }
+    response = session.request("tools/call", params, timeout=120)
+    assert response["result"]["structuredContent"]["exit_code"] == 0
+    notes = [
+        m["params"]["message"]
+        for m in session.unsolicited
+        if m.get("method") == "notifications/progress" and m["params"].get("progressToken") == "p1"
+    ]
+    assert "Running pytool" in notes, notes
+
+
+def test_a_cancelled_declared_run_is_stopped(declared: GatewayHome, open_session: SessionFactory) -> None:
+    session = open_session(declared, capabilities=FORM_ELICITATION)
+    session.responder = answer("allow_once")
+    request_id = session.send_call("pytool", {"sleep": 60}, declared.token("alice"))
+    log = AuditLog(declared.engine, SystemClock())
+
+    def started() -> list[str]:
+        return [str(e.run_id) for e in log.events() if e.event_type == "TOOL_STARTED" and e.tool_name == "pytool"]
+
+    deadline = time.monotonic() + scaled(60)
+    while not started():
+        assert time.monotonic() < deadline
+        session.pump(0.2)
+    (run_id,) = started()
+    time.sleep(0.5)  # the sandbox has spawned it by now, or does so while the cancellation arrives
+    session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
+    while kinds(declared, run_id)[-1] != "TOOL_FINISHED":
+        assert time.monotonic() < deadline, kinds(declared, run_id)
+        session.pump(0.2)
+    assert declared.events_of(run_id)[-1]["detail"]["status"] == "cancelled"
+    assert time.monotonic() < deadline  # well before the program's 60 s
