@@ -147,6 +147,12 @@ class Ceilings:
     workspaces: tuple[Path, ...]
 
 
+def placeholder_of(word: str) -> str | None:
+    """The name of the placeholder `word` is (`{path}` -> `path`), or None for a literal (`{}` is one)."""
+    match = _PLACEHOLDER.fullmatch(word)
+    return None if match is None else match.group(1)
+
+
 def read_declared(
     r: NodeReader, node: yaml.Node, ceilings: Ceilings, taken: Collection[str], search_path: str | None = None
 ) -> Mapping[str, Declaration]:

@@ -25,6 +25,7 @@ from gateway.declarations import (
     ArgumentType,
     Declaration,
     WorkspaceMode,
+    placeholder_of,
     value_problem,
 )
 from gateway.errors import GatewayError, InvalidParamsError, PolicyBlockedError, Reason, SandboxViolationError
@@ -109,7 +110,7 @@ def render_argv(declaration: Declaration, arguments: Mapping[str, Any], root: Pa
     (after it, it would be an operand), else at the end. Raises InvalidParamsError on a value
     that is not one of its argument's, whatever stage 5 let through (defence in depth)."""
     template = declaration.command[1:]
-    placed = {word[1:-1] for word in template if word.startswith("{") and word.endswith("}")}
+    placed = {placeholder_of(word) for word in template}
     floating = [a for a in declaration.arguments if a.name not in placed]
     at = template.index("--") if "--" in template else len(template)
     argv = [str(declaration.program.path)]
@@ -119,7 +120,7 @@ def render_argv(declaration: Declaration, arguments: Mapping[str, Any], root: Pa
                 argv += _expand(argument, arguments)
         if word is None:
             break
-        name = word[1:-1] if word.startswith("{") and word.endswith("}") else None
+        name = placeholder_of(word)
         if name == WORKSPACE_PLACEHOLDER:
             argv.append(str(root))
         elif name is not None:

@@ -113,6 +113,16 @@ def test_each_placeholder_is_one_whole_element(folder: Path) -> None:
     assert argv(folder, {"target": "test"}, "make") == [program, "-C", str(folder / "ws"), "test"]
 
 
+def test_braces_that_name_no_argument_are_literals(folder: Path) -> None:
+    text = POLICY.replace(
+        'command: [bin/tool, -C, "{workspace}", "{target}"]', 'command: [bin/tool, "{}", "{a b}", "{target}"]'
+    )
+    assert text != POLICY
+    (folder / "policy.yaml").write_text(text)
+    make = load(folder, text).declared["make"]
+    assert render_argv(make, {"target": "lint"}, folder / "ws")[1:] == ["{}", "{a b}", "lint"]
+
+
 HOSTILE_STRINGS = ["-rf", "@file", "--x=y", "-", "@", "a\nb", "a\x00b", "a\rb", "\u2028", "a\x7fb"]
 
 
