@@ -33,7 +33,15 @@ if "--flood" in args:  # until the sandbox stops it, at most 64 MiB
         sys.stdout.write("x" * 65536)
         sys.stdout.flush()
         time.sleep(0.01)
-print(json.dumps({{"argv": args, "cwd": os.getcwd()}}))
+written = []
+if "--touch" in args:  # the workspace and the program's own folder: neither may be written
+    for target in ("written.txt", os.path.join(os.path.dirname(sys.argv[0]), "written.txt")):
+        try:
+            open(target, "w").close()
+            written.append(target)
+        except OSError:
+            pass
+print(json.dumps({{"argv": args, "cwd": os.getcwd(), "written": written}}))
 print("to stderr", file=sys.stderr)
 sys.exit(int(args[args.index("--code") + 1]) if "--code" in args else 0)
 """
@@ -91,6 +99,7 @@ def pytool(command: list[str] | None = None, **extra: Any) -> dict[str, Any]:
             "code": {"type": "integer", "min": 0, "max": 9, "flag": "--code"},
             "sleep": {"type": "integer", "min": 0, "max": 60, "flag": "--sleep"},
             "flood": {"type": "boolean", "flag": "--flood"},
+            "touch": {"type": "boolean", "flag": "--touch"},
             "word": {"type": "string", "pattern": ".+", "max_length": 40, "flag": "--word"},
         },
         "annotations": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": False},
@@ -364,3 +373,24 @@ def test_a_cancelled_declared_run_is_stopped(declared: GatewayHome, open_session
         session.pump(0.2)
     assert declared.events_of(run_id)[-1]["detail"]["status"] == "cancelled"
     assert time.monotonic() < deadline  # well before the program's 60 s
+
+
+@pytest.mark.parametrize("backend", ["native", "bubblewrap"])
+def test_each_backend_runs_the_pinned_program_and_no_more(
+    make_gateway: GatewayFactory, open_session: SessionFactory, backend: str
+) -> None:
+    gw = make_gateway()
+    program_folder(gw)
+    gw.write_policy(declared_policy({"pytool": pytool()}, backend=backend))
+    gw.add_user("alice", "USER")
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = answer("allow_once")
+    response = session.call_tool("pytool", {"path": "tests", "touch": True}, gw.token("alice"), timeout=120)
+    result = response["result"]
+    assert result["isError"] is False, result["content"][0]["text"]
+    assert json.loads(result["content"][0]["text"].splitlines()[0])["written"] == []
+    assert not (gw.workspace / "written.txt").exists()
+    run_id = result["structuredContent"]["run_id"]
+    evidence = json.loads((gw.home / "artifacts" / run_id / "evidence.json").read_text())
+    assert evidence["sandbox"]["confinement"]["backend"] == backend
+    assert "file_grants" in evidence["sandbox"]["confinement"]["guarantees"]
