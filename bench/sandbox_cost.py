@@ -68,6 +68,7 @@ if str(REPO) not in sys.path:
 from gateway.policy import SandboxPolicy  # noqa: E402
 from gateway.tools import run_pytest  # noqa: E402
 from gateway.tools.base import ExecutionRequest  # noqa: E402
+from gateway.tools.confined import sandbox_environment  # noqa: E402
 from sandbox import Limits, probe_host, run_sandboxed, run_unsafe_unconfined  # noqa: E402
 from sandbox import runner as sandbox_runner  # noqa: E402
 from sandbox.backends.cgroup import CgroupRoots, RunCgroup, discover  # noqa: E402
@@ -468,7 +469,7 @@ def suite_sides(root: Path, workspace: Path) -> tuple[list[Side], list[dict[str,
     def hygiene_run(scratch: Path) -> tuple[list[str], dict[str, str]]:
         """The gateway's pytest argv and environment for a run whose scratch folder is `scratch`."""
         argv = run_pytest.pytest_argv(workspace, SUITE_ARGUMENTS, scratch / "junit.xml")
-        return argv, run_pytest.sandbox_environment(policy, scratch, os.environ)
+        return argv, sandbox_environment(policy, scratch, os.environ)
 
     async def plain() -> None:
         bare_pytest("bare pytest", [sys.executable, "-m", "pytest", "-q", "tests"], plain_env)

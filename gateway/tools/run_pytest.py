@@ -22,7 +22,7 @@ from xml.parsers import expat
 
 from gateway.runs import RunStatus
 from gateway.tools.base import ExecutionRequest
-from gateway.tools.confined import ConfinedRun, confinement, run_confined, sandbox_environment, shown
+from gateway.tools.confined import ConfinedRun, confinement, run_confined, shown
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from gateway.tools.suite_progress import COUNT_STYLE, SuiteProgress
 from sandbox import RunResult
@@ -84,8 +84,6 @@ class PytestRun(ConfinedRun):
         structured = outcome.structured or {}
         return {key: structured[key] for key in FINISHED_COUNTS if key in structured}
 
-
-__all__ = ["sandbox_environment", "shown"]  # kept here for the benchmarks and older imports
 
 FINISHED_COUNTS = ("passed", "failed", "errors", "skipped", "exit_code", "duration_ms")
 """What TOOL_FINISHED records of a run's outcome."""
