@@ -290,6 +290,10 @@ def test_policy_check_prints_the_program_and_explain_the_argv(declared: GatewayH
     program = declared.policy_path.parent / "bin" / "pytool"
     assert f"declared tool pytool: program {program}, sha256 " in checked.stdout
     assert f"interpreter {sys.executable}" in checked.stdout
+    as_json = json.loads(declared.cli("policy", "check", "--format", "json").stdout)
+    pinned = as_json["declared"]["pytool"]
+    assert (pinned["path"], pinned["real"], pinned["size"]) == (str(program), str(program), len(PROGRAM))
+    assert pinned["interpreter"]["path"] == sys.executable
 
     explained = declared.cli(
         "policy", "explain", "--user", "alice", "--tool", "pytool", "--args", json.dumps({"path": "tests", "code": 1})
