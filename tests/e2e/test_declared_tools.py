@@ -247,19 +247,26 @@ def test_editing_the_template_asks_again(make_gateway: GatewayFactory, open_sess
     gw.add_user("alice", "USER")
     granted = gw.cli("consent", "grant", "alice", "pytool", "--always")
     assert granted.returncode == 0, granted.stderr
+    denied = gw.cli("consent", "grant", "alice", "pytool", "--deny", "--args", '{"path": "tests/../secret"}')
+    assert denied.returncode == 0, denied.stderr
+    listed = json.loads(gw.cli("consent", "list", "--format", "json").stdout)["decisions"]
+    assert sorted(d["scope"] for d in listed) == ["any-args", "path:path=secret"]  # the declared path, normalised
 
     session = open_session(gw, capabilities=FORM_ELICITATION)
     asked: list[str] = []
     session.responder = answer("deny_once", asked)
-    ran = session.call_tool("pytool", {}, gw.token("alice"))
+    ran = session.call_tool("pytool", {"path": "tests"}, gw.token("alice"))
+    assert "result" in ran, ran
     assert ran["result"]["structuredContent"]["exit_code"] == 0
     assert asked == []  # the stored Allow always answered
+    whole = session.call_tool("pytool", {}, gw.token("alice"))  # the default ".": the denied folder is in it
+    assert refusal(whole) == (-32008, "consent_denied_always")
     session.close()
 
     gw.write_policy(declared_policy({"pytool": pytool(["bin/pytool", "--code", "0", "--", "{path}"])}))
     session = open_session(gw, capabilities=FORM_ELICITATION)
     session.responder = answer("deny_once", asked)
-    again = session.call_tool("pytool", {}, gw.token("alice"))
+    again = session.call_tool("pytool", {"path": "tests"}, gw.token("alice"))
     assert refusal(again) == (-32008, "consent_denied")
     assert len(asked) == 1  # the grant was for another definition: the person was asked
 
