@@ -244,6 +244,9 @@ class TreeWorker:
         self.notes[f"suite:{backend}"] = f"the workspace passed to run_sandboxed as a {type(cwd).__name__}"
         policy = importlib.import_module("gateway.policy").SandboxPolicy()
         run_pytest = self.run_pytest
+        # The scrubbed environment moved to gateway/tools/confined.py with the declared tools.
+        environment = getattr(run_pytest, "sandbox_environment", None)
+        environment = environment or importlib.import_module("gateway.tools.confined").sandbox_environment
 
         async def sample(count: int) -> list[int]:
             samples = []
@@ -255,7 +258,7 @@ class TreeWorker:
                     root=workspace, arguments=cost.SUITE_ARGUMENTS, junit_path=scratch / "junit.xml",
                     plugins=policy.pytest_plugins,
                 )  # fmt: skip
-                env = call_with(run_pytest.sandbox_environment, policy=policy, scratch=scratch, environ=os.environ)
+                env = call_with(environment, policy=policy, scratch=scratch, environ=os.environ)
                 limits = dataclasses.replace(cost.generous_limits(env), backend=backend)
                 collect = {"junit.xml": out / "junit.xml"}
                 result = await self.sandboxed(argv, cwd, limits, scratch, out, collect=collect)

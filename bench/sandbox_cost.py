@@ -22,7 +22,7 @@
     - bare pytest with the gateway's argv and environment (`gateway.tools.run_pytest`:
       `python -I -B`, `--rootdir`/`--confcutdir`/`-c`, `-p no:cacheprovider`,
       PYTEST_DISABLE_PLUGIN_AUTOLOAD=1), not confined; the same under `run_unsafe_unconfined`;
-    - the run_pytest tool in this process (`run_pytest.run`: the sandbox, the junit copy and
+    - the run_pytest tool in this process (`run_pytest.execute`: the sandbox, the junit copy and
       parse; no server, no consent, no audit);
     - a `run_pytest` tools/call through `mcp-gateway serve` over stdio by a USER whose client
       answers the consent prompt (elicitation) with allow_once: it includes that round trip,
@@ -67,6 +67,8 @@ if str(REPO) not in sys.path:
 
 from gateway.policy import SandboxPolicy  # noqa: E402
 from gateway.tools import run_pytest  # noqa: E402
+from gateway.tools.base import ExecutionRequest  # noqa: E402
+from gateway.tools.confined import sandbox_environment  # noqa: E402
 from sandbox import Limits, probe_host, run_sandboxed, run_unsafe_unconfined  # noqa: E402
 from sandbox import runner as sandbox_runner  # noqa: E402
 from sandbox.backends.cgroup import CgroupRoots, RunCgroup, discover  # noqa: E402
@@ -467,7 +469,7 @@ def suite_sides(root: Path, workspace: Path) -> tuple[list[Side], list[dict[str,
     def hygiene_run(scratch: Path) -> tuple[list[str], dict[str, str]]:
         """The gateway's pytest argv and environment for a run whose scratch folder is `scratch`."""
         argv = run_pytest.pytest_argv(workspace, SUITE_ARGUMENTS, scratch / "junit.xml")
-        return argv, run_pytest.sandbox_environment(policy, scratch, os.environ)
+        return argv, sandbox_environment(policy, scratch, os.environ)
 
     async def plain() -> None:
         bare_pytest("bare pytest", [sys.executable, "-m", "pytest", "-q", "tests"], plain_env)
@@ -489,12 +491,12 @@ def suite_sides(root: Path, workspace: Path) -> tuple[list[Side], list[dict[str,
 
     async def tool() -> None:
         run_id = uuid.uuid4().hex
-        done = await run_pytest.run(
-            run_id=run_id, root=pin(workspace), arguments=SUITE_ARGUMENTS, policy=policy,
+        done = await run_pytest.execute(ExecutionRequest(
+            run_id=run_id, root=pin(workspace), allowed_paths=(), arguments=SUITE_ARGUMENTS, policy=policy,
             timeout_s=CALL_TIMEOUT_S, run_dir=root / "runs" / run_id, environ=os.environ, host=probe_host(),
-        )  # fmt: skip
+        ))  # fmt: skip
         if done.result.exit_code != 0:
-            raise BenchError(f"run_pytest.run: {done.read_outcome().text}")
+            raise BenchError(f"run_pytest.execute: {done.read_outcome().text}")
         tool_counts.append(done.read_outcome().structured)
 
     sides = [

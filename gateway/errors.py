@@ -59,6 +59,7 @@ class Reason(StrEnum):
     PATH_INVALID = "path_invalid"
     PATH_LOOKS_LIKE_OPTION = "path_looks_like_option"
     PATH_OUTSIDE_WORKSPACE = "path_outside_workspace"
+    PROGRAM_CHANGED = "program_changed"
     # -32005
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     ELAPSED_EXHAUSTED = "elapsed_exhausted"
@@ -69,6 +70,7 @@ class Reason(StrEnum):
     RUN_PATH_UNREACHABLE = "run_path_unreachable"
     OUTPUT_LIMIT = "output_limit"
     MEMORY_LIMIT = "memory_limit"
+    WORKSPACE_MODE_UNAVAILABLE = "workspace_mode_unavailable"
     # -32007
     TIMEOUT = "timeout"
     # -32008

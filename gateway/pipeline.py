@@ -469,7 +469,8 @@ class Pipeline:
         if not self.s.policy.sandbox.enabled or scope.pinned_root is None or scope.workspace is None:
             return  # stage 7 refuses (sandbox off), or a tool without a workspace: nothing to reach
         who = run_access(self.s.host.uid_drop)
-        check_run_paths((scope.workspace, scope.pinned_root.path), tuple(p.path for p in scope.pinned_paths), who)
+        pinned = tuple(p.path for p in scope.pinned_paths)
+        check_run_paths((scope.workspace, scope.pinned_root.path), pinned, who, admitted.spec.programs)
 
     def _reserve(self, call: _Call, admitted: Admitted) -> None:
         call.trail.charge_id = self._logged_reservation(call.trail, admitted)
@@ -494,6 +495,8 @@ class Pipeline:
         finally:
             trail.card_waits = False  # the first round's card is this call's now, or it gets one of its own
         check_pins_intact(admitted.scope)  # a folder swapped while consent waited: stage 4's refusal
+        if admitted.spec.check_ready is not None:
+            admitted.spec.check_ready()  # likewise a declared tool's program
 
     def _consent_dry(self, dry: _Dry, admitted: Admitted) -> str:
         if self.s.policy.consent.mode == "deny":
@@ -512,7 +515,10 @@ class Pipeline:
         return self._read(admitted, call.trail, call.arguments)
 
     def _execute_dry(self, dry: _Dry, admitted: Admitted) -> str | None:
-        return None if admitted.spec.sandboxed else "read tool, runs in process"
+        spec, root = admitted.spec, admitted.scope.root
+        if spec.preview is not None and root is not None:
+            return spec.preview(dry.arguments, root)
+        return None if spec.sandboxed else "read tool, runs in process"
 
     # --- the dry run ---------------------------------------------------------------------------
 
@@ -677,7 +683,7 @@ class Pipeline:
         try:
             with artifact_errors(run_id):
                 run = await spec.execute(request)
-        except InternalError:
+        except GatewayError:  # -32603, or a tool's own refusal before it spawned anything: nothing ran
             await in_db_thread(self.s.runs.finish, run_id, RunStatus.FAILED, None)
             raise
         except SandboxStartError as exc:

@@ -14,13 +14,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import yaml
 
+from gateway.declarations import Ceilings, Declaration, read_declared
 from gateway.errors import ConfigError
+from gateway.policy_nodes import NodeReader
 from gateway.rbac import Permission
 from gateway.rules.permissions import parse_rule
+from sandbox.backends.landlock import runtime_read_only_paths
 from sandbox.guarantees import ALWAYS_REQUIRED, LAYER_GUARANTEES, Guarantee, from_layers
 from sandbox.limits import BACKENDS, Backend, required_guarantees
 from sandbox.pinned import Pinned, pin
@@ -32,6 +35,7 @@ CONSENT_CHANNELS = ("elicitation", "approver")
 CONSENT_ANSWERS = ("allow_once", "allow_session", "allow_always", "deny_once", "deny_always")
 """What a channel may answer (consent.channels), spelled as in the elicitation form; stored upper-case."""
 RISK_TIERS = ("low", "medium", "high")
+DEFAULT_PROTECTED_PATHS = (".git/hooks", ".git/config", ".mcp.json", ".vscode", ".claude", ".cursor", ".envrc")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _PLUGIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")  # a module or a pytest11 entry point name
 
@@ -74,6 +78,10 @@ class SandboxPolicy:
     pytest_plugins: tuple[str, ...] = ()
     migrated_layers: tuple[str, ...] = ()
     """The old `required_layers` list this policy still has, read as `require` (a warning says so)."""
+    protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
+    """Workspace-relative paths no run may change (`workspace: write` and `review`: docs/declared-tools.md)."""
+    max_change_files: int = 1000
+    max_change_bytes: int = 16 * 1024 * 1024
 
     @property
     def required(self) -> frozenset[Guarantee]:
@@ -122,96 +130,12 @@ class Policy:
     sandbox: SandboxPolicy
     consent: ConsentPolicy
     permission_prompt: PermissionPromptPolicy
+    declared: Mapping[str, Declaration] = field(default_factory=lambda: MappingProxyType({}))
+    """`tools.declared`: the tools this policy's author declared (gateway/declarations.py), by name."""
     pins: Mapping[Path, Pinned] = field(default_factory=lambda: MappingProxyType({}))
     """Each workspace root and `sandbox.allowed_paths` entry that existed at load, opened then without
     following links and held open for the policy's life (sandbox/pinned.py): stage 4 checks that
     its path still leads to the same inode, and the sandbox uses the fd, never the path again."""
-
-
-# --- the node walker -----------------------------------------------------------------
-
-
-class _Reader:
-    """Typed access to a YAML node tree; every failure is a ConfigError naming file:line."""
-
-    def __init__(self, source: Path) -> None:
-        self.source = source
-
-    def where(self, node: yaml.Node) -> str:
-        return f"{self.source}:{node.start_mark.line + 1}"
-
-    def fail(self, node: yaml.Node, message: str) -> ConfigError:
-        return ConfigError(message, self.where(node))
-
-    def mapping(self, node: yaml.Node, what: str, allowed: tuple[str, ...] | None) -> dict[str, yaml.Node]:
-        if not isinstance(node, yaml.MappingNode):
-            raise self.fail(node, f"{what} must be a mapping")
-        out: dict[str, yaml.Node] = {}
-        keys: dict[str, yaml.Node] = {}
-        for key_node, value_node in node.value:
-            key = self.string(key_node, f"a key in {what}")
-            if key in out:
-                raise self.fail(key_node, f"duplicate key {key!r} in {what}")
-            if allowed is not None and key not in allowed:
-                raise self.fail(key_node, f"unknown key {key!r} in {what} (allowed: {', '.join(allowed)})")
-            out[key] = value_node
-            keys[key] = key_node
-        return out
-
-    def scalar(self, node: yaml.Node, what: str) -> Any:
-        if not isinstance(node, yaml.ScalarNode):
-            raise self.fail(node, f"{what} must be a single value")
-        try:
-            return yaml.SafeLoader(self.source.name).construct_object(node)
-        except Exception as exc:
-            # An explicit tag (`!!int abc`, `!!python/object:...`, `!custom`) makes PyYAML's
-            # constructors raise errors of many kinds; each is a bad value at this line.
-            raise self.fail(node, f"{what} is not a valid value") from exc
-
-    def string(self, node: yaml.Node, what: str) -> str:
-        value = self.scalar(node, what)
-        if not isinstance(value, str) or not value:
-            raise self.fail(node, f"{what} must be a non-empty string (found {value!r})")
-        return value
-
-    def boolean(self, node: yaml.Node, what: str) -> bool:
-        value = self.scalar(node, what)
-        if not isinstance(value, bool):
-            raise self.fail(node, f"{what} must be true or false (found {value!r})")
-        return value
-
-    def integer(self, node: yaml.Node, what: str, minimum: int = 1) -> int:
-        value = self.scalar(node, what)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(node, f"{what} must be an integer (found {value!r})")
-        if value < minimum:
-            raise self.fail(node, f"{what} must be at least {minimum} (found {value})")
-        return value
-
-    def count(self, node: yaml.Node, what: str) -> int:
-        """An integer that may be 0."""
-        return self.integer(node, what, 0)
-
-    def one_of(self, choices: tuple[str, ...]) -> Callable[[yaml.Node, str], str]:
-        """`choice` among `choices`, as a reader for `_optional`."""
-        return lambda node, what: self.choice(node, what, choices)
-
-    def choice(self, node: yaml.Node, what: str, choices: tuple[str, ...]) -> str:
-        value = self.string(node, what)
-        if value not in choices:
-            raise self.fail(node, f"{what} must be one of {', '.join(choices)} (got {value!r})")
-        return value
-
-    def strings(self, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node]]:
-        if not isinstance(node, yaml.SequenceNode):
-            raise self.fail(node, f"{what} must be a list")
-        out = [(self.string(item, f"an item of {what}"), item) for item in node.value]
-        seen: set[str] = set()
-        for value, item in out:
-            if value in seen:
-                raise self.fail(item, f"{value!r} is listed twice in {what}")
-            seen.add(value)
-        return out
 
 
 _TOP_KEYS = (
@@ -238,7 +162,7 @@ def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy
         raise ConfigError("not valid YAML", str(source)) from exc
     if root is None:
         raise ConfigError("the policy file is empty", f"{source}:1")
-    r = _Reader(source)
+    r = NodeReader(source)
     top = r.mapping(root, "the policy", _TOP_KEYS)
     if "version" not in top:
         raise r.fail(root, "missing required key 'version'")
@@ -260,7 +184,7 @@ def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy
     sandbox = section(lambda: _sandbox(r, top.get("sandbox"), base))
     auth = section(lambda: _auth(r, top.get("auth")))
     roles = section(lambda: _roles(r, top.get("roles")))
-    allowlist = section(lambda: _allowlist(r, top.get("tools"), known_tools))
+    tools = section(lambda: _tools(r, top.get("tools"), known_tools, sandbox, workspaces))
     budget = section(lambda: _budget(r, top.get("budget")))
     consent = section(lambda: _consent(r, top.get("consent")))
     permission_prompt = section(lambda: _permission_prompt(r, top.get("permission_prompt")))
@@ -272,7 +196,8 @@ def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy
         auth=_read(auth),
         roles=_read(roles),
         workspaces=_read(workspaces),
-        allowlist=_read(allowlist),
+        allowlist=_read(tools)[0],
+        declared=_read(tools)[1],
         budget=_read(budget),
         sandbox=_read(sandbox),
         consent=_read(consent),
@@ -318,7 +243,7 @@ def pin_existing(paths: Iterable[Path]) -> Mapping[Path, Pinned]:
     return MappingProxyType(pins)
 
 
-def _section(r: _Reader, node: yaml.Node | None, name: str, keys: tuple[str, ...]) -> dict[str, yaml.Node]:
+def _section(r: NodeReader, node: yaml.Node | None, name: str, keys: tuple[str, ...]) -> dict[str, yaml.Node]:
     return {} if node is None else r.mapping(node, name, keys)
 
 
@@ -334,7 +259,7 @@ def _optional(
     return read(d[key], what) if key in d else default
 
 
-def _auth(r: _Reader, node: yaml.Node | None) -> AuthPolicy:
+def _auth(r: NodeReader, node: yaml.Node | None) -> AuthPolicy:
     d = _section(r, node, "auth", ("issuer", "audience", "algorithms", "leeway_s", "max_ttl_s", "env_token"))
     default = AuthPolicy()
     algorithms = default.algorithms
@@ -358,7 +283,7 @@ def _auth(r: _Reader, node: yaml.Node | None) -> AuthPolicy:
     )
 
 
-def _roles(r: _Reader, node: yaml.Node | None) -> Mapping[str, frozenset[Permission]]:
+def _roles(r: NodeReader, node: yaml.Node | None) -> Mapping[str, frozenset[Permission]]:
     if node is None:
         return MappingProxyType(
             {
@@ -381,7 +306,7 @@ def _roles(r: _Reader, node: yaml.Node | None) -> Mapping[str, frozenset[Permiss
     return MappingProxyType(roles)
 
 
-def _workspaces(r: _Reader, node: yaml.Node | None, base: Path) -> Mapping[str, Path]:
+def _workspaces(r: NodeReader, node: yaml.Node | None, base: Path) -> Mapping[str, Path]:
     if node is None:
         return MappingProxyType({})
     out: dict[str, Path] = {}
@@ -392,18 +317,40 @@ def _workspaces(r: _Reader, node: yaml.Node | None, base: Path) -> Mapping[str, 
     return MappingProxyType(out)
 
 
-def _allowlist(r: _Reader, node: yaml.Node | None, known_tools: frozenset[str]) -> tuple[str, ...]:
-    d = _section(r, node, "tools", ("allowlist",))
+def _tools(
+    r: NodeReader,
+    node: yaml.Node | None,
+    known_tools: frozenset[str],
+    sandbox: SandboxPolicy | None,
+    workspaces: Mapping[str, Path] | None,
+) -> tuple[tuple[str, ...], Mapping[str, Declaration]]:
+    """`tools.allowlist` and `tools.declared` (whose names the allowlist may then list)."""
+    d = _section(r, node, "tools", ("allowlist", "declared"))
+    declared: Mapping[str, Declaration] = MappingProxyType({})
+    if "declared" in d:
+        if sandbox is None or workspaces is None:
+            raise ConfigError(
+                "tools.declared not read: fix the sandbox and workspaces sections first", r.where(d["declared"])
+            )
+        ceilings = Ceilings(
+            timeout_s=sandbox.timeout_s,
+            memory_limit_mb=sandbox.memory_limit_mb,
+            max_processes=sandbox.max_processes,
+            readable=(*runtime_read_only_paths(), *sandbox.allowed_paths),
+            workspaces=tuple(workspaces.values()),
+        )
+        declared = read_declared(r, d["declared"], ceilings, known_tools)
     if "allowlist" not in d:
-        return ()
+        return (), declared
+    known = known_tools | frozenset(declared)
     items = r.strings(d["allowlist"], "tools.allowlist")
     for name, item in items:
-        if name not in known_tools:
-            raise r.fail(item, f"unknown tool {name!r} in tools.allowlist (known: {', '.join(sorted(known_tools))})")
-    return tuple(name for name, _ in items)
+        if name not in known:
+            raise r.fail(item, f"unknown tool {name!r} in tools.allowlist (known: {', '.join(sorted(known))})")
+    return tuple(name for name, _ in items), declared
 
 
-def _budget(r: _Reader, node: yaml.Node | None) -> BudgetPolicy:
+def _budget(r: NodeReader, node: yaml.Node | None) -> BudgetPolicy:
     d = _section(r, node, "budget", ("window_s", "attempts_total", "elapsed_ms_total"))
     default = BudgetPolicy()
     return BudgetPolicy(
@@ -416,10 +363,11 @@ def _budget(r: _Reader, node: yaml.Node | None) -> BudgetPolicy:
 _SANDBOX_KEYS = (
     "enabled", "timeout_s", "memory_limit_mb", "max_processes", "max_output_bytes", "network",
     "allowed_paths", "env_whitelist", "scratch_limit_mb", "backend", "require", "required_layers", "pytest_plugins",
+    "protected_paths", "max_change_files", "max_change_bytes",
 )  # fmt: skip
 
 
-def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
+def _sandbox(r: NodeReader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
     d = _section(r, node, "sandbox", _SANDBOX_KEYS)
     default = SandboxPolicy()
     allowed_paths = default.allowed_paths
@@ -457,11 +405,27 @@ def _sandbox(r: _Reader, node: yaml.Node | None, base: Path) -> SandboxPolicy:
         require=require,
         pytest_plugins=plugins,
         migrated_layers=migrated,
+        protected_paths=_protected_paths(r, d),
+        max_change_files=_optional(d, "sandbox.max_change_files", r.integer, default.max_change_files),
+        max_change_bytes=_optional(d, "sandbox.max_change_bytes", r.integer, default.max_change_bytes),
     )
 
 
+def _protected_paths(r: NodeReader, d: dict[str, yaml.Node]) -> tuple[str, ...]:
+    """`sandbox.protected_paths`: relative, normalised, never leaving the workspace."""
+    if "protected_paths" not in d:
+        return DEFAULT_PROTECTED_PATHS
+    out = []
+    for value, item in r.strings(d["protected_paths"], "sandbox.protected_paths"):
+        parts = Path(value).parts
+        if Path(value).is_absolute() or ".." in parts or "\x00" in value:
+            raise r.fail(item, f"{value!r} in sandbox.protected_paths must be relative to the workspace, without '..'")
+        out.append(str(Path(*parts)))
+    return tuple(out)
+
+
 def _require(
-    r: _Reader, d: dict[str, yaml.Node], *, network: bool
+    r: NodeReader, d: dict[str, yaml.Node], *, network: bool
 ) -> tuple[tuple[Guarantee, ...] | None, tuple[str, ...]]:
     """`sandbox.require` (guarantees), or the old `sandbox.required_layers` read as the guarantees it stood for.
 
@@ -497,7 +461,7 @@ def _require(
     return tuple(g for g in Guarantee if g in listed), ()
 
 
-def _consent(r: _Reader, node: yaml.Node | None) -> ConsentPolicy:
+def _consent(r: NodeReader, node: yaml.Node | None) -> ConsentPolicy:
     d = _section(r, node, "consent", ("mode", "timeout_s", "expiry_days", "locale", "channels"))
     default = ConsentPolicy()
     expiry = dict(default.expiry_days)
@@ -519,7 +483,7 @@ def _consent(r: _Reader, node: yaml.Node | None) -> ConsentPolicy:
     )
 
 
-def _channel(r: _Reader, node: yaml.Node, name: str) -> frozenset[str]:
+def _channel(r: NodeReader, node: yaml.Node, name: str) -> frozenset[str]:
     what = f"consent.channels.{name}"
     answers = r.strings(node, what)
     for answer, item in answers:
@@ -537,7 +501,7 @@ def _channel(r: _Reader, node: yaml.Node, name: str) -> frozenset[str]:
     return chosen
 
 
-def _permission_prompt(r: _Reader, node: yaml.Node | None) -> PermissionPromptPolicy:
+def _permission_prompt(r: NodeReader, node: yaml.Node | None) -> PermissionPromptPolicy:
     d = _section(r, node, "permission_prompt", ("enabled", "deny", "ask", "allow"))
 
     def rules(key: str) -> tuple[str, ...]:

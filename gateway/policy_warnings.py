@@ -6,10 +6,13 @@ gateway, whose policy loader (gateway/policy.py) refuses only what is invalid.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.declarations import WorkspaceMode
 from gateway.policy import Policy, SandboxPolicy
 from gateway.rules.code_runners import program_wide_code_runner
 from gateway.scope import is_within
@@ -106,7 +109,37 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
             program, lets_through = runner
             warn(f"permission_prompt.allow has {rule!r}: every argument of {program} is allowed, and it runs, "
                  f"outside any sandbox, {lets_through}; allow exact commands instead")  # fmt: skip
+    out.extend(PolicyWarning(where, message) for message in _declared_warnings(policy))
     return out
+
+
+def _declared_warnings(policy: Policy) -> list[str]:
+    """Declared tools whose program (or interpreter) someone else could swap: a folder on its way, or the
+    file itself, writable by another user than root and the gateway's own (decision 77: the last window)."""
+    out = []
+    for name, declared in policy.declared.items():
+        for program in (declared.program, declared.program.interpreter):
+            if program is None:
+                continue
+            writable = next((p for p in (program.real, *program.real.parents) if _others_may_write(p)), None)
+            if writable is not None:
+                out.append(
+                    f"tools.declared.{name}: {writable} is writable by others: whoever can write it can replace"
+                    f" {program.real} (a replaced program is refused, but not one swapped between the check and exec)"
+                )
+    if any(d.workspace is not WorkspaceMode.READ_ONLY for d in policy.declared.values()):
+        out.append("tools.declared has workspace: review or write: such calls are refused (-32006) in this version")
+    return out
+
+
+def _others_may_write(path: Path) -> bool:
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    sticky = bool(info.st_mode & stat.S_ISVTX) and path.is_dir()  # /tmp: others cannot rename what is not theirs
+    by_others = info.st_uid not in (0, os.geteuid()) or (info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky)
+    return bool(by_others)
 
 
 _AGENT_WRITERS = ("Bash", "Edit", "MultiEdit", "Write", "NotebookEdit")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import sysconfig
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -88,17 +89,30 @@ def unreachable_run_paths(policy: Policy, who: Access) -> list[Finding]:
         return []  # no run ever starts: stage 7 refuses every write tool
     paths = tuple(RunPath(f"workspace {name!r}", root, Need.READ) for name, root in policy.workspaces.items())
     paths += tuple(RunPath("sandbox.allowed_paths entry", path, Need.READ) for path in policy.sandbox.allowed_paths)
-    return [*_interpreter_findings(who), *_findings(paths, who, resolve=True)]
+    declared = [d.program for d in policy.declared.values()]
+    executed = [p.real for p in (*declared, *(p.interpreter for p in declared)) if p is not None]
+    programs = tuple(_programs(dict.fromkeys(executed)))  # once each, however many tools share one
+    return [*_interpreter_findings(who), *_findings(paths + programs, who, resolve=True)]
 
 
-def check_run_paths(workspace: tuple[str, Path], allowed_paths: tuple[Path, ...], who: Access) -> None:
+def _programs(paths: Iterable[Path]) -> Iterator[RunPath]:
+    """A declared tool's program (and a script's interpreter): executed, and a script read, by the run."""
+    for path in paths:
+        yield RunPath("the declared program", path, Need.READ | Need.SEARCH)
+
+
+def check_run_paths(
+    workspace: tuple[str, Path], allowed_paths: tuple[Path, ...], who: Access, programs: tuple[Path, ...] = ()
+) -> None:
     """The preflight stage: raise -32006 `run_path_unreachable` for the first path of the call the run cannot reach.
 
-    `workspace` and `allowed_paths` are the call's pinned folders (no link in any component).
+    `workspace` and `allowed_paths` are the call's pinned folders (no link in any component);
+    `programs`, a declared tool's program and interpreter, as they resolved at load.
     """
     name, root = workspace
     paths: tuple[RunPath, ...] = (RunPath(f"workspace {name!r}", root, Need.READ),)
     paths += tuple(RunPath("sandbox.allowed_paths entry", path, Need.READ) for path in allowed_paths)
+    paths += tuple(_programs(programs))
     found = (*_interpreter_findings(who), *_findings(paths, who, resolve=False))
     if found:
         raise SandboxViolationError(Reason.RUN_PATH_UNREACHABLE, found[0].message())

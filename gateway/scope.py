@@ -74,7 +74,7 @@ def check_call(
         raise PolicyBlockedError(Reason.ALLOWLIST_EMPTY, "the policy's tools.allowlist is empty")
     if spec.name not in policy.allowlist:
         raise PolicyBlockedError(Reason.TOOL_NOT_ALLOWLISTED, f"{spec.name} is not in the policy's allowlist")
-    timeout_s = policy.sandbox.timeout_s
+    timeout_s = spec.max_timeout_s or policy.sandbox.timeout_s
     requested_timeout = arguments.get("timeout_s")
     if isinstance(requested_timeout, int) and requested_timeout > timeout_s:
         raise PolicyBlockedError(Reason.TIMEOUT_OVER_POLICY, f"timeout_s is at most {timeout_s}")
@@ -97,9 +97,11 @@ def check_call(
     if spec.sandboxed:
         pinned_paths = tuple(check_allowed_path_pinned(p, policy.pins.get(p)) for p in policy.sandbox.allowed_paths)
     for name in spec.path_arguments:
-        value = arguments.get(name)
-        if isinstance(value, str):
+        value = arguments.get(name, spec.input_schema["properties"].get(name, {}).get("default"))
+        if isinstance(value, str):  # a default too: it is rendered like a value given
             check_relative_path(root, value, name, resolve)
+    if spec.check_ready is not None:
+        spec.check_ready()
     return CallScope(workspace, root, (workspace,), timeout_s, pinned_root, pinned_paths)
 
 

@@ -27,7 +27,7 @@ from gateway.policy_trust import policy_for
 from gateway.runs import RunStore
 from gateway.settings import Settings
 from gateway.tools.base import ToolSpec
-from gateway.tools.registry import TOOL_NAMES, TOOLS
+from gateway.tools.registry import TOOL_NAMES, TOOLS, catalogue
 from gateway.users import UserStore
 from sandbox import probe_host
 from sandbox.confine import LayerReport
@@ -63,7 +63,7 @@ class Services(Stores):
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     server_id: str = "mcp-write-gateway"
     tools: Mapping[str, ToolSpec] = field(default_factory=lambda: TOOLS)
-    """The tool catalogue (gateway/tools/registry.py); a test may add one."""
+    """The tool catalogue (gateway/tools/registry.py `catalogue`: the built-ins and the policy's declared tools)."""
 
 
 def open_stores(settings: Settings, clock: Clock | None = None, *, engine: Engine | None = None) -> Stores:
@@ -121,4 +121,5 @@ def open_services(
             stores.engine, keys, policy.auth, tokens=stores.tokens, users=stores.users, clock=stores.clock
         ),
         consent=ConsentStage(policy.consent, stores.audit, stores.consent_store, stores.clock, new_id),
+        tools=catalogue(policy),
     )

@@ -34,6 +34,7 @@ from gateway.policy import PolicyErrors, SandboxPolicy, load_policy
 from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
 from gateway.policy_warnings import risky_settings
 from gateway.preflight import unreachable_run_paths
+from gateway.programs import Program
 from gateway.rbac import ADMIN_ROLE
 from gateway.recovery import close_abandoned_runs
 from gateway.services import Services, open_services, open_stores
@@ -388,17 +389,31 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
             "warnings": [{"where": where, "message": message} for where, message in warnings],
             "sandbox": describe_layers(report, policy.sandbox),
             "guarantees_missing": [str(g) for g in missing],
+            "declared": {name: d.program.identity() for name, d in policy.declared.items()},
         })  # fmt: skip
         return 1 if failed else 0
     for where, message in warnings:
         print(f"{where}: warning: {message}", file=sys.stderr)
     print(describe_layers(report, policy.sandbox), file=sys.stderr)
+    for name, declared in policy.declared.items():
+        print(f"{path}: declared tool {name}: {describe_program(declared.program)}")
     count = f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
     if failed:
         print(f"{path}: invalid under --strict ({count})")
         return 1
     print(f"{path}: valid ({count})")
     return 0
+
+
+def describe_program(program: Program) -> str:
+    """A declared tool's program as pinned at load: what `policy check` prints."""
+    text = f"program {program.path}"
+    if program.real != program.path:
+        text += f" (-> {program.real})"
+    text += f", sha256 {program.sha256}"
+    if program.interpreter is not None:
+        text += f"; interpreter {describe_program(program.interpreter).removeprefix('program ')}"
+    return text
 
 
 def describe_layers(report: LayerReport, sandbox: SandboxPolicy) -> str:

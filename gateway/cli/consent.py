@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 
 from gateway.approvals import approver_name, run_approvals
 from gateway.canonical import args_hash
@@ -32,13 +33,16 @@ from gateway.permission_prompt import AGENT_SERVER_ID, AGENT_TOOL_NAME, agent_pa
 from gateway.policy_trust import policy_for
 from gateway.services import Services, open_services, open_stores
 from gateway.settings import Settings
-from gateway.tools.registry import TOOL_NAMES, TOOLS
+from gateway.tools.base import ToolSpec
+from gateway.tools.registry import TOOL_NAMES, catalogue
 from gateway.visible import visible
 
 
 def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
     """One line per stored decision; an Allow whose channel may no longer make one is `ignored`."""
-    counted = lasting_allow_channels(policy_for(settings, TOOL_NAMES).consent.channels)
+    policy = policy_for(settings, TOOL_NAMES)
+    counted = lasting_allow_channels(policy.consent.channels)
+    tools = catalogue(policy)
     stores = open_stores(settings)
     if args.user is not None and stores.users.fetch(args.user) is None:
         raise CommandError(f"no user named {visible(args.user)!r} (see `mcp-gateway user list`)")
@@ -58,7 +62,18 @@ def cmd_consent_list(settings: Settings, args: argparse.Namespace) -> int:
         )
         expires = iso_utc(g.expires_at) if g.expires_at is not None else "never"
         channel = g.channel or "unknown"
-        fields = (g.id, g.user, g.workspace, g.tool_name, g.decision, _scope(g), expires, state, g.granted_by, channel)
+        fields = (
+            g.id,
+            g.user,
+            g.workspace,
+            g.tool_name,
+            g.decision,
+            _scope(g, tools),
+            expires,
+            state,
+            g.granted_by,
+            channel,
+        )
         if args.format == "json":
             rows.append(dict(zip(LIST_COLUMNS, (g.id, *(str(f) for f in fields[1:])), strict=True)))
         else:
@@ -72,18 +87,18 @@ LIST_COLUMNS = ("id", "user", "workspace", "tool", "decision", "scope", "expires
 """`consent list`'s columns: the text header line, and the JSON keys."""
 
 
-def _scope(grant: Grant) -> str:
+def _scope(grant: Grant, tools: Mapping[str, ToolSpec]) -> str:
     """`any-args`, `args:<hash>` (those very arguments), or for a Deny on paths `path:NAME=PATH,...` (and under)."""
     if grant.args_hash is None:
         return "any-args"
-    paths = [f"{k}={v}" for k, v in (grant.arguments or {}).items() if k in _path_names(grant)]
+    paths = [f"{k}={v}" for k, v in (grant.arguments or {}).items() if k in _path_names(grant, tools)]
     return "path:" + ",".join(paths) if paths else f"args:{grant.args_hash[:12]}"
 
 
-def _path_names(grant: Grant) -> tuple[str, ...]:
+def _path_names(grant: Grant, tools: Mapping[str, ToolSpec]) -> tuple[str, ...]:
     if grant.server_id == AGENT_SERVER_ID:
         return agent_path_arguments(grant.tool_name)
-    spec = TOOLS.get(grant.tool_name)
+    spec = tools.get(grant.tool_name)
     return spec.path_arguments if spec is not None else ()
 
 
@@ -107,7 +122,7 @@ def cmd_consent_grant(settings: Settings, args: argparse.Namespace) -> int:
     if arguments is not None and args.deny:
         # A Deny covers its arguments by meaning (every spelling of its paths, and under them): store them.
         agent_root = str(s.policy.workspaces[workspace]) if args.agent else None
-        names = agent_path_arguments(args.tool) if args.agent else TOOLS[args.tool].path_arguments
+        names = agent_path_arguments(args.tool) if args.agent else s.tools[args.tool].path_arguments
         try:
             covered = normal_grant_arguments(arguments, names, agent_root)
         except ValueError as exc:
@@ -150,9 +165,9 @@ def _grant_target(s: Services, tool: str, agent: bool) -> tuple[str, ConsentProf
         if not AGENT_TOOL_NAME.fullmatch(tool):
             raise CommandError(f"{tool!r} is not a tool name")
         return AGENT_SERVER_ID, agent_tool_consent(tool)
-    spec = TOOLS.get(tool)
+    spec = s.tools.get(tool)
     if spec is None:
-        raise CommandError(f"unknown tool {tool!r} (known: {', '.join(sorted(TOOLS))}; Claude Code's: --agent)")
+        raise CommandError(f"unknown tool {tool!r} (known: {', '.join(sorted(s.tools))}; Claude Code's: --agent)")
     return s.server_id, consent_profile(spec)
 
 

@@ -47,6 +47,9 @@ from gateway.visible import visible
 
 RiskTier = Literal["low", "medium", "high"]
 RISK_META_KEY = "mcp-write-gateway/risk"
+DECLARATION_META_KEY = "mcp-write-gateway/declaration"
+"""`_meta` of a tool declared in policy.yaml: sha256 of its whole declaration (argv template, arguments,
+program identity, workspace mode, limits), which its fingerprint covers (docs/declared-tools.md)."""
 """A tool's `_meta` key by which its server declares its risk tier, over the annotations."""
 DAY_S = 86400
 _POLL_FIRST_S = 0.05
@@ -105,9 +108,14 @@ def is_destructive(annotations: Mapping[str, Any] | None) -> bool:
     return annotations.get("readOnlyHint") is not True and annotations.get("destructiveHint", True) is not False
 
 
-def tool_fingerprint(name: str, input_schema: Mapping[str, Any], annotations: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of the tool's name, inputSchema and annotations (docs/consent.md, "The flow")."""
-    document = {"name": name, "inputSchema": dict(input_schema), "annotations": dict(annotations)}
+def tool_fingerprint(
+    name: str, input_schema: Mapping[str, Any], annotations: Mapping[str, Any], declaration: str | None = None
+) -> str:
+    """sha256 of the canonical JSON of the tool's name, inputSchema and annotations (docs/consent.md, "The flow"),
+    and for a declared tool the digest of its declaration (a built-in tool's fingerprint is unchanged by it)."""
+    document: dict[str, Any] = {"name": name, "inputSchema": dict(input_schema), "annotations": dict(annotations)}
+    if declaration is not None:
+        document["declaration"] = declaration
     return hashlib.sha256(canonical_json(document).encode()).hexdigest()
 
 
@@ -139,7 +147,7 @@ def consent_profile(tool: DescribedTool, *, trusted: bool = True) -> ConsentProf
     return ConsentProfile(
         risk_tier(tool.annotations, trusted, declared=tool.meta.get(RISK_META_KEY)),
         is_destructive(tool.annotations),
-        tool_fingerprint(tool.name, tool.input_schema, tool.annotations),
+        tool_fingerprint(tool.name, tool.input_schema, tool.annotations, tool.meta.get(DECLARATION_META_KEY)),
     )
 
 

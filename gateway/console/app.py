@@ -46,7 +46,7 @@ from gateway.console.views import (
 )
 from gateway.policy import Policy
 from gateway.services import Stores
-from gateway.tools.registry import TOOLS
+from gateway.tools.registry import catalogue
 from gateway.users import hash_password, password_matches
 
 STATIC = Path(__file__).parent / "static"
@@ -211,7 +211,10 @@ class Endpoints:
 
     async def api_tools(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
         return JSONResponse(
-            {name: {"inputSchema": dict(spec.input_schema), "title": spec.title} for name, spec in TOOLS.items()}
+            {
+                name: {"inputSchema": dict(spec.input_schema), "title": spec.title}
+                for name, spec in catalogue(self.c.policy).items()
+            }
         )
 
     async def api_stream(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:

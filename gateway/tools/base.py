@@ -10,7 +10,7 @@ outcome (TOOL_FINISHED). A new tool is one more entry in gateway/tools/registry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -125,6 +125,16 @@ class ToolSpec:
     path_arguments: tuple[str, ...] = ()
     meta: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """The tool's `_meta` in tools/list (a declared risk tier: consent.RISK_META_KEY)."""
+    max_timeout_s: int | None = None
+    """A write tool's own time limit, at most sandbox.timeout_s (a declared tool's); None: the sandbox's."""
+    check_ready: Callable[[], None] | None = None
+    """Raises a GatewayError when what the tool was pinned to at policy load changed (a declared tool's
+    program): called at stage 4, again after consent, and by the tool right before it runs."""
+    programs: tuple[Path, ...] = ()
+    """Files the run executes besides the interpreter (a declared tool's program and its `#!` interpreter, as
+    they resolved at load): the preflight stage checks that the run's uid can read and execute them."""
+    preview: Callable[[Mapping[str, Any], Path], str] | None = None
+    """What `policy explain` says the run would be (a declared tool's argv), from the arguments and the workspace."""
     read: Read | None = None
     """A read tool's behaviour."""
     execute: Execute | None = None

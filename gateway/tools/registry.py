@@ -1,7 +1,8 @@
 """The tool catalogue (docs/architecture.md, "Where a new tool plugs in"): each tool's name, permission, schema, annotations and behaviour.
 
 A read tool carries its `read`, a write tool its `execute` (gateway/tools/base.py says what each
-must do); the pipeline calls them and never names a tool. A new tool is one more entry here.
+must do); the pipeline calls them and never names a tool. A new tool is one more entry here; a
+policy adds its declared tools (`catalogue`).
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from gateway.policy import Policy
 from gateway.rbac import Permission
 from gateway.tools import artifacts, run_pytest
 from gateway.tools.base import ToolSpec
+from gateway.tools.declared import declared_tool
 from gateway.tools.schemas import ARTIFACT_NAME, NOT_AN_OPTION, RUN_ID, WORKSPACE, object_schema
 
 TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
@@ -106,3 +109,10 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
 )
 
 TOOL_NAMES = frozenset(TOOLS)
+"""The built-in tools' names: what a policy's allowlist may name besides its own declared tools."""
+
+
+def catalogue(policy: Policy) -> Mapping[str, ToolSpec]:
+    """The tools of a gateway with this policy: the built-ins, then the policy's declared tools
+    (docs/declared-tools.md; the loader refused a declared name that is a built-in's)."""
+    return MappingProxyType({**TOOLS, **{name: declared_tool(d) for name, d in policy.declared.items()}})

@@ -11,30 +11,22 @@ are loaded by name with `-p`, and no other.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from xml.parsers import expat
 
-from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
-from gateway.policy import SandboxPolicy
-from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.runs import RunStatus
-from gateway.tools.base import ExecutionRequest, Governance
+from gateway.tools.base import ExecutionRequest
+from gateway.tools.confined import ConfinedRun, confinement, run_confined, shown
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from gateway.tools.suite_progress import COUNT_STYLE, SuiteProgress
-from sandbox import Limits, RunResult, guarantees, run_sandboxed
-from sandbox.confine import LayerReport
-from sandbox.layers import Layer
-from sandbox.leftovers import scratch_folder
-from sandbox.pinned import Pinned
-from sandbox.runner import MAX_COLLECTED_BYTES, KilledBy
+from sandbox import RunResult
+from sandbox.runner import MAX_COLLECTED_BYTES
 
 CONFIG_FILES = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 ARTIFACT_MIME_TYPES = {
@@ -58,9 +50,7 @@ def parse_artifact_uri(uri: str) -> tuple[str, str] | None:
     return (run_id, name) if run_id and name else None
 
 
-_NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_")
 MAX_JUNIT_BYTES = MAX_COLLECTED_BYTES
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,39 +70,11 @@ class JunitCounts:
 
 
 @dataclass(frozen=True, slots=True)
-class PytestRun:
+class PytestRun(ConfinedRun):
     """One finished pytest run: a ToolRun (gateway/tools/base.py)."""
-
-    result: RunResult
-    limits: Limits
-    run_id: str
-    run_dir: Path
-    policy: SandboxPolicy
-    host: LayerReport
-
-    @property
-    def duration_ms(self) -> int:
-        return self.result.duration_ms
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.result.exit_code
-
-    @property
-    def stopped(self) -> bool:
-        return self.result.killed_by is not None
-
-    def sandbox_detail(self) -> Mapping[str, Any]:
-        return sandbox_summary(self.result)
-
-    def refusal(self) -> GatewayError | None:
-        return refusal_for(self.result, self.limits.timeout_s, self.policy)
 
     def status(self) -> RunStatus:
         return RunStatus.ERROR if is_tool_error(self.result) else RunStatus.OK
-
-    def write_evidence(self, governance: Governance) -> None:
-        write_evidence(self.run_dir, governance, self.limits, self.result, self.host)
 
     def read_outcome(self) -> ToolOutcome:
         """The answer, read from files the run produced (untrusted): only after SANDBOX_EXEC is recorded."""
@@ -150,23 +112,6 @@ def pytest_argv(root: Path, arguments: Mapping[str, Any], junit_path: Path, plug
         argv.append(f"--maxfail={int(arguments['max_failures'])}")
     argv += ["--", f"./{arguments['test_path']}"]
     return argv
-
-
-def sandbox_environment(policy: SandboxPolicy, scratch: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    env = {
-        name: environ[name]
-        for name in policy.env_whitelist
-        if name in environ and not name.startswith(_NEVER_PASSED) and not name.startswith("MCP_GATEWAY")
-    }
-    env.update(
-        {
-            "HOME": str(scratch),
-            "TMPDIR": str(scratch),
-            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        }
-    )
-    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    return env
 
 
 MAX_COUNT = 10**9
@@ -265,11 +210,6 @@ def parse_junit(path: Path) -> JunitCounts:
     return counts_from_junit(data)
 
 
-def shown(text: str) -> str:
-    """Run-chosen text as the caller gets it: control and format characters written out as escapes."""
-    return "".join(f"\\u{ord(ch):04x}" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch for ch in text)
-
-
 def summary_line(output: str) -> str:
     """The last non-empty line (pytest's summary), escaped and cut to MAX_SUMMARY_CHARS."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
@@ -315,128 +255,20 @@ def read_outcome(run_id: str, run_dir: Path, result: RunResult) -> ToolOutcome:
     return ToolOutcome(text, structured, links, is_error=is_tool_error(result))
 
 
-def refusal_for(result: RunResult, timeout_s: float, policy: SandboxPolicy) -> GatewayError | None:
-    """The error a run that the sandbox had to stop answers with (stage 9: docs/error-codes.md, -32006 and -32007)."""
-    if result.killed_by is KilledBy.TIMEOUT:
-        return ToolTimeoutError(Reason.TIMEOUT, f"killed after {timeout_s:g} s")
-    if result.killed_by is KilledBy.OUTPUT:
-        return SandboxViolationError(Reason.OUTPUT_LIMIT, f"output over {policy.max_output_bytes} bytes")
-    if result.killed_by is KilledBy.MEMORY:
-        return SandboxViolationError(
-            Reason.MEMORY_LIMIT, f"the run went over {policy.memory_limit_mb} MiB and was stopped"
-        )
-    return None
-
-
-def sandbox_summary(result: RunResult) -> dict[str, Any]:
-    """How the run ended, for SANDBOX_EXEC and evidence.json."""
-    return {
-        "exit_code": result.exit_code,
-        "signal": result.signal,
-        "duration_ms": result.duration_ms,
-        "killed_by": None if result.killed_by is None else str(result.killed_by),
-        "peak_memory_kb": result.peak_memory_kb,
-        "stdout_bytes": result.stdout_bytes,
-        "stderr_bytes": result.stderr_bytes,
-        "truncated": result.truncated,
-        "oom_kills": result.oom_kills,
-        "forks_refused": result.forks_refused,
-        "survivors_killed": result.survivors_killed,
-        "layers": list(result.layers),
-    }
-
-
 async def execute(request: ExecutionRequest) -> PytestRun:
-    """The registry's `execute` for run_pytest (gateway/tools/base.py)."""
-    return await run(
-        run_id=request.run_id,
-        root=request.root,
-        allowed_paths=request.allowed_paths,
-        arguments=request.arguments,
-        policy=request.policy,
-        timeout_s=request.timeout_s,
-        run_dir=request.run_dir,
-        environ=request.environ,
-        host=request.host,
-        hidden=request.hidden,
-        progress=request.progress,
-    )
+    """The registry's `execute` for run_pytest (gateway/tools/base.py): pytest, confined; nothing it wrote is read here.
 
-
-async def run(
-    *,
-    run_id: str,
-    root: Pinned,
-    arguments: Mapping[str, Any],
-    policy: SandboxPolicy,
-    timeout_s: int,
-    run_dir: Path,
-    environ: Mapping[str, str],
-    allowed_paths: tuple[Pinned, ...] = (),
-    host: LayerReport,
-    hidden: tuple[Path, ...] = (),
-    progress: CallProgress = NO_PROGRESS,
-) -> PytestRun:
-    """Run pytest for one call; nothing the run produced is read here (that is `PytestRun.outcome`).
-
-    `root` and `allowed_paths` are the folders pinned at policy load (stage 4 found them intact):
-    the sandbox reaches them through their fds, so a path swapped since then leads the run nowhere
-    new; the paths on pytest's command line (`--rootdir`, `-c`) then at worst fail.
-    The artifacts are written by the gateway (evidence: `write_evidence`). While the run is on,
-    `progress` tells the caller how many tests are done (gateway/tools/suite_progress.py).
+    The paths on pytest's command line (`--rootdir`, `-c`) are the pinned workspace's: a path
+    swapped since the policy was loaded then at worst fails. While the run is on, `progress` tells
+    the caller how many tests are done (gateway/tools/suite_progress.py).
     """
-    run_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
-    with scratch_folder(run_id[:8]) as scratch:  # held while the run is on; removed after it
-        limits = Limits(
-            timeout_s=timeout_s,
-            memory_limit_mb=policy.memory_limit_mb,
-            max_processes=policy.max_processes,
-            max_output_bytes=policy.max_output_bytes,
-            network=policy.network,
-            allowed_paths=allowed_paths,
-            env=sandbox_environment(policy, scratch, environ),
-            scratch_bytes=policy.scratch_limit_mb * MIB,
-            backend=policy.backend,
-            require=None if policy.require is None else frozenset(policy.require),
-            hidden=hidden,
-        )
-        suite = SuiteProgress(progress.moved)
-        async with progress.waiting(suite.describe):
-            result = await run_sandboxed(
-                pytest_argv(root.path, arguments, scratch / "junit.xml", policy.pytest_plugins),
-                root,
-                limits,
-                run_dir / "stdout.txt",
-                run_dir / "stderr.txt",
-                scratch=scratch,
-                collect={"junit.xml": run_dir / "junit.xml"},
-                host=host,
-                on_stdout=suite.feed,
-            )
-    return PytestRun(result, limits, run_id, run_dir, policy, host)
-
-
-def write_evidence(run_dir: Path, governance: Governance, limits: Limits, result: RunResult, host: LayerReport) -> None:
-    evidence = {
-        "governance": asdict(governance),
-        "sandbox": {
-            "limits": {
-                "timeout_s": limits.timeout_s,
-                "memory_limit_mb": limits.memory_limit_mb,
-                "max_processes": limits.max_processes,
-                "max_output_bytes": limits.max_output_bytes,
-                "network": limits.network,
-                "env": sorted(limits.env),
-                "scratch_bytes": limits.scratch_bytes,
-            },
-            "confinement": {
-                "backend": limits.backend,
-                "landlock_abi": host.landlock,
-                "rootless": Layer.USER_NAMESPACE in result.layers,
-                "required": sorted(limits.required),
-                "guarantees": {str(g): list(layers) for g, layers in guarantees.held(frozenset(result.layers)).items()},
-            },
-            **sandbox_summary(result),
-        },
-    }
-    (run_dir / "evidence.json").write_text(json.dumps(evidence, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    policy = request.policy
+    suite = SuiteProgress(request.progress.moved)
+    run = await run_confined(
+        confinement(request),
+        lambda scratch: pytest_argv(request.root.path, request.arguments, scratch / "junit.xml", policy.pytest_plugins),
+        describe=suite.describe,
+        collect={"junit.xml": request.run_dir / "junit.xml"},
+        on_stdout=suite.feed,
+    )
+    return PytestRun.of(run)

@@ -254,3 +254,24 @@ def test_a_question_is_decided_once_by_whoever_may_and_its_grant_revoked(
     (event,) = events(gw, "CONSENT_REVOKED")
     assert event["detail"]["revoked_by"] == "console:ada" and event["detail"]["grant_id"] == grant.id
     assert event["user"] == "alice" and event["tool_name"] == "run_pytest"
+
+
+def test_the_console_knows_the_policys_declared_tools(gw: GatewayHome) -> None:
+    program = gw.policy_path.parent / "bin" / "lint"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\nexit 0\n")
+    program.chmod(0o755)
+    gw.write_policy({
+        "sandbox": {"allowed_paths": ["bin"]},
+        "tools": {"declared": {"lint": {"description": "Lint", "command": ["bin/lint", "{path}"],
+                                        "arguments": {"path": {"type": "path", "default": "."}}}}},
+    })  # fmt: skip
+    console = open_console(gw.settings, tls=False, hosts=host_names("127.0.0.1", PORT))
+    try:
+        tools = signed_in(build_app(console), "alice").get("/api/tools").json()
+    finally:
+        console.chain.stop()
+        console.stores.engine.dispose()
+    assert tools["lint"]["title"] == "Lint"
+    assert tools["lint"]["inputSchema"]["properties"]["path"]["default"] == "."
+    assert "run_pytest" in tools

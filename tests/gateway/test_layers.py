@@ -25,7 +25,18 @@ BANDS: tuple[tuple[str, ...], ...] = (
     ("services", "scope", "approvals", "call_trail"),  # the composition root; the workspace; the approver; the trail
     ("calls", "open_calls"),  # the cards, and those a dead gateway left open
     ("tools", "consent", "auth", "budget", "preflight", "policy_trust"),  # the stages
-    ("audit", "runs", "users", "liveness", "policy", "tick_failures", "previews"),  # stores, the policy
+    (
+        "audit",
+        "runs",
+        "users",
+        "liveness",
+        "policy",
+        "policy_nodes",
+        "declarations",
+        "programs",
+        "tick_failures",
+        "previews",
+    ),  # stores, the policy
     ("db", "rbac", "visible", "transport", "default_policy", "state_access"),  # storage; text for people; the wire
     ("rules", "errors", "canonical", "progress", "logs", "start_failures", "clock", "settings"),  # the kernel
 )
