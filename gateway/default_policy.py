@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from gateway.errors import ConfigError
+from gateway.policy_nodes import compose
 
 SHIPPED_POLICY = Path(__file__).resolve().parent / "shipped" / "policy.yaml"
 """The documented default: in a checkout a link to the repository's `policy.yaml`, next to a link to its
@@ -27,7 +28,7 @@ _PLAIN = re.compile(r"^/[A-Za-z0-9_./-]*$")
 def default_policy_text(shipped: Path, workspace: Path | None = None) -> str:
     """The shipped policy's text with every workspace root absolute; `default` = `workspace` when given."""
     text = shipped.read_text(encoding="utf-8")
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    root = compose(text)
     section = _value_of(root, "workspaces")
     if not isinstance(section, yaml.MappingNode):
         raise ConfigError("the shipped policy has no workspaces mapping", str(shipped))

@@ -20,7 +20,7 @@ import yaml
 
 from gateway.declarations import Ceilings, Declaration, read_declared
 from gateway.errors import ConfigError
-from gateway.policy_nodes import NodeReader
+from gateway.policy_nodes import NodeReader, compose
 from gateway.rbac import Permission
 from gateway.rules.permissions import parse_rule
 from sandbox.backends.landlock import runtime_read_only_paths
@@ -154,12 +154,14 @@ def load_policy(path: Path, known_tools: frozenset[str]) -> Policy:
 
 def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = compose(text)
     except yaml.MarkedYAMLError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else 1
         raise ConfigError(f"not valid YAML: {exc.problem}", f"{source}:{line}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError("not valid YAML", str(source)) from exc
+    except RecursionError as exc:  # PyYAML without libyaml composes nested collections recursively
+        raise ConfigError("not valid YAML: nested too deeply", str(source)) from exc
     if root is None:
         raise ConfigError("the policy file is empty", f"{source}:1")
     r = NodeReader(source)

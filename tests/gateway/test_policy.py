@@ -705,6 +705,19 @@ def test_rejects_with_file_and_line(text: str, message: str, tmp_path: Path) -> 
     assert message in caught.value.bare_message
 
 
+@pytest.mark.parametrize("depth", [10_000, 200_000])
+@pytest.mark.parametrize("opening", ["[", "{a: "])
+def test_a_policy_nested_past_any_reason_is_refused_not_a_crash(depth: int, opening: str, tmp_path: Path) -> None:
+    """Pure-Python PyYAML raised RecursionError here, a traceback out of every command that loads the policy."""
+    closing = "]" if opening == "[" else "}"
+    with pytest.raises(ConfigError) as caught:
+        parse(f"version: 1\nauth: {opening * depth}1{closing * depth}\n", tmp_path)
+
+    assert caught.value.bare_message.startswith("not valid YAML")
+    assert caught.value.where is not None
+    assert caught.value.where.startswith(str(tmp_path / "policy.yaml"))
+
+
 @pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
 def test_empty_file_is_rejected_at_line_1(text: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
