@@ -117,7 +117,14 @@ def test_a_run_whose_end_could_not_be_written_is_closed_by_its_own_gateways_swee
     row = run_row(home, run_id)
     assert row["status"] == "running", "the run ran, but its end was lost"
     closes_at = row["deadline"] + Pace(PERIOD_S).finish_grace_s
-    assert wait_until(lambda: run_row(home, run_id)["status"] == "abandoned", timeout=25), session.stderr_text()
+    # The sweep closes the row, then records TOOL_FINISHED in its own transaction: wait for both.
+    assert wait_until(
+        lambda: (
+            run_row(home, run_id)["status"] == "abandoned"
+            and any(e["event_type"] == "TOOL_FINISHED" for e in home.events_of(run_id))
+        ),
+        timeout=25,
+    ), session.stderr_text()
     assert time.time() >= closes_at - 0.5, "closed before its own gateway's finish grace ran out"
     events = home.events_of(run_id)
     kinds = [e["event_type"] for e in events]

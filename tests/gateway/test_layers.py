@@ -31,13 +31,13 @@ BANDS: tuple[tuple[str, ...], ...] = (
         "users",
         "liveness",
         "policy",
-        "policy_nodes",
         "declarations",
         "programs",
         "tick_failures",
         "previews",
     ),  # stores, the policy
-    ("db", "rbac", "visible", "transport", "default_policy", "state_access"),  # storage; text for people; the wire
+    # storage; text for people; the wire; the policy's YAML read as nodes with their lines
+    ("db", "rbac", "visible", "transport", "default_policy", "state_access", "policy_nodes"),
     ("rules", "errors", "canonical", "progress", "logs", "start_failures", "clock", "settings"),  # the kernel
 )
 BAND_OF = {room: n for n, rooms in enumerate(BANDS) for room in rooms}
