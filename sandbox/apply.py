@@ -51,7 +51,8 @@ def apply_changes(
     """Apply `changes` beneath the folder `workspace_fd` refers to, or nothing of it (see the module's docstring)."""
     if changes.too_large is not None:
         return ApplyResult(False, "changes_too_large")
-    conflicts = tuple(change.path for change in changes.changes if not _still_as_it_was(workspace_fd, change))
+    deleted = frozenset(change.path for change in changes.changes if change.action is Action.DELETED)
+    conflicts = tuple(change.path for change in changes.changes if not _still_as_it_was(workspace_fd, change, deleted))
     if conflicts:
         return ApplyResult(False, "changes_conflict", conflicts)
     written: list[str] = []
@@ -64,18 +65,26 @@ def apply_changes(
     return ApplyResult(True, written=tuple(written))
 
 
+def _self_and_parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+
+
 def _in_order(changes: tuple[Change, ...]) -> list[Change]:
+    """Deletions first (files, then folders deepest first: a path may change kind), then folders made
+    (parents first), files written, folder modes."""
+
     def depth(change: Change) -> int:
         return change.path.count("/")
 
-    added_folders = sorted((c for c in changes if c.kind is Kind.FOLDER and c.action is Action.ADDED), key=depth)
-    files = [c for c in changes if c.kind is Kind.FILE and c.action is not Action.DELETED]
     deleted_files = [c for c in changes if c.kind is Kind.FILE and c.action is Action.DELETED]
     deleted_folders = sorted(
         (c for c in changes if c.kind is Kind.FOLDER and c.action is Action.DELETED), key=depth, reverse=True
     )
+    added_folders = sorted((c for c in changes if c.kind is Kind.FOLDER and c.action is Action.ADDED), key=depth)
+    files = [c for c in changes if c.kind is Kind.FILE and c.action is not Action.DELETED]
     modes = [c for c in changes if c.kind is Kind.FOLDER and c.action is Action.MODIFIED]
-    return [*added_folders, *files, *deleted_files, *deleted_folders, *modes]
+    return [*deleted_files, *deleted_folders, *added_folders, *files, *modes]
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -100,7 +109,12 @@ def _lstat(workspace_fd: int, path: str) -> os.stat_result | None:
         os.close(folder)
 
 
-def _still_as_it_was(workspace_fd: int, change: Change) -> bool:
+def _still_as_it_was(workspace_fd: int, change: Change, deleted: frozenset[str]) -> bool:
+    """Whether the workspace still holds what the run began with at `change.path`.
+
+    An addition at (or beneath) a path the set deletes first is judged by that deletion's own check."""
+    if change.action is Action.ADDED and any(p in deleted for p in _self_and_parents(change.path)):
+        return True
     try:
         info = _lstat(workspace_fd, change.path)
     except OSError:
@@ -110,14 +124,25 @@ def _still_as_it_was(workspace_fd: int, change: Change) -> bool:
     if info is None:
         return False
     if change.kind is Kind.FOLDER:
-        return stat.S_ISDIR(info.st_mode) and (
-            change.action is not Action.MODIFIED or info.st_mode & PERMISSION_BITS == change.mode_before
-        )
+        if change.action is Action.DELETED:  # it must hold nothing the set does not delete too
+            return stat.S_ISDIR(info.st_mode) and _holds_only(workspace_fd, change.path, deleted)
+        return stat.S_ISDIR(info.st_mode) and info.st_mode & PERMISSION_BITS == change.mode_before
     if not stat.S_ISREG(info.st_mode) or info.st_mode & PERMISSION_BITS != change.mode_before:
         return False
     if info.st_size != change.size_before:
         return False
     return _sha256(workspace_fd, change.path, info.st_size) == change.sha256_before
+
+
+def _holds_only(workspace_fd: int, path: str, deleted: frozenset[str]) -> bool:
+    try:
+        folder = open_beneath(workspace_fd, path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return all(f"{path}/{name}" in deleted for name in os.listdir(folder))
+    finally:
+        os.close(folder)
 
 
 def _sha256(workspace_fd: int, path: str, size: int) -> str | None:
