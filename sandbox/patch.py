@@ -75,11 +75,13 @@ def _file_diff(change: Change) -> list[str]:
         return [*lines, f"# binary file, {_size(change.size_before)} -> {_size(change.size_after)}"]
     old_lines = (before or b"").decode("utf-8").splitlines(keepends=True)
     new_lines = (after or b"").decode("utf-8").splitlines(keepends=True)
-    for line in difflib.unified_diff(old_lines, new_lines, lineterm="", n=3):
-        if line.startswith(("---", "+++")):
-            continue
-        lines.append(line.rstrip("\n") if line.endswith("\n") else f"{line}\n\\ No newline at end of file")
-    return lines
+    if not old_lines or not new_lines:  # all added or all removed: no need to compare
+        sign, only = ("+", new_lines) if new_lines else ("-", old_lines)
+        span = f"-0,0 +1,{len(only)}" if sign == "+" else f"-1,{len(only)} +0,0"
+        hunk = [f"@@ {span} @@", *(sign + line for line in only)]
+    else:
+        hunk = list(difflib.unified_diff(old_lines, new_lines, lineterm="", n=3))[2:]  # without its ---/+++ lines
+    return lines + [line[:-1] if line.endswith("\n") else f"{line}\n\\ No newline at end of file" for line in hunk]
 
 
 def _header(change: Change) -> str:

@@ -140,13 +140,16 @@ class _Copier:
             try:
                 digest = hashlib.sha256()
                 copied = 0
-                while copied <= info.st_size:
-                    chunk = os.read(reader, _CHUNK)
-                    if not chunk:
-                        break
+                while True:  # a small file in one read: size + 1 asked, size got, so that was all
+                    wanted = min(_CHUNK, info.st_size - copied + 1)
+                    chunk = os.read(reader, wanted)
                     digest.update(chunk)
-                    os.write(writer, chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(writer, view) :]
                     copied += len(chunk)
+                    if len(chunk) < wanted or copied > info.st_size:  # a short read is the end of a regular file
+                        break
                 if copied != info.st_size:
                     raise OSError(116, "changed while copied", name)
                 os.fchown(writer, self.owner.uid, self.owner.gid)
