@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -62,7 +63,8 @@ class ChangeRules:
     `max_change_bytes`), and how much of the workspace its copy may take (sandbox/workspace_copy.py)."""
 
     protected: tuple[str, ...] = DEFAULT_PROTECTED
-    """Relative paths: nothing is added, modified or deleted at or beneath one, nor a folder holding one deleted."""
+    """Relative paths: nothing is added, modified or deleted at or beneath one (at the root or in any folder),
+    nor a folder holding one deleted (`is_protected`)."""
     max_files: int = DEFAULT_MAX_FILES
     max_bytes: int = DEFAULT_MAX_BYTES
     max_copy_bytes: int = 1024 * MIB
@@ -129,16 +131,35 @@ def _parts(path: str) -> tuple[str, ...]:
     return tuple(part for part in path.split("/") if part not in ("", "."))
 
 
+GIT_CONTROL = frozenset({"hooks", "config"})
+"""Beneath any `.git` folder, at any depth (a nested repository's, a submodule's in `.git/modules/`), a
+component named so makes the path protected whatever the policy lists: git runs hooks and reads
+`core.fsmonitor`, `core.hooksPath` and filter commands from there."""
+
+
 def is_protected(path: str, protected: tuple[str, ...]) -> bool:
-    """Whether `path` is a protected path or lies beneath one (compared component-wise, case as given)."""
+    """Whether `path` is a protected path or lies beneath one, at the workspace's root or in any folder
+    beneath it (`.envrc` and `.vscode` act wherever a person opens or enters a folder; compared
+    component-wise, case as given), or is git's control beneath a `.git` folder (GIT_CONTROL)."""
     parts = _parts(path)
-    return any(parts[: len(guarded)] == guarded for guarded in map(_parts, protected))
+    for guarded in map(_parts, protected):
+        size = len(guarded)
+        if any(parts[start : start + size] == guarded for start in range(len(parts) - size + 1)):
+            return True
+    if ".git" in parts:
+        return any(part in GIT_CONTROL for part in parts[parts.index(".git") + 1 :])
+    return False
 
 
-def holds_protected(path: str, protected: tuple[str, ...]) -> bool:
-    """Whether the folder `path` holds a protected path (it cannot be deleted without deleting that)."""
-    parts = _parts(path)
-    return any(len(guarded) > len(parts) and guarded[: len(parts)] == parts for guarded in map(_parts, protected))
+def guarding_folders(present: Iterable[str], protected: tuple[str, ...]) -> frozenset[str]:
+    """The folders among whose contents `present` (the workspace's entries, as copied) has a protected path:
+    none of them can be deleted without deleting that."""
+    found: set[str] = set()
+    for entry in present:
+        if is_protected(entry, protected):
+            parts = _parts(entry)
+            found.update("/".join(parts[:end]) for end in range(1, len(parts)))
+    return frozenset(found)
 
 
 def read_changes(view_fd: int, originals: Originals, rules: ChangeRules, workspace_fd: int | None = None) -> ChangeSet:
@@ -196,6 +217,7 @@ class _Walk:
         self.refused: list[RefusedEntry] = []
         self.seen: set[str] = set()
         self.bytes = 0
+        self.guarding = guarding_folders(originals, rules.protected)
 
     def _add(self, change: Change) -> None:
         if is_protected(change.path, self.rules.protected):
@@ -275,7 +297,7 @@ class _Walk:
         if original.kind is Kind.SYMLINK:
             self._refuse(path, Refusal.SYMLINK)
             return
-        if original.kind is Kind.FOLDER and holds_protected(path, self.rules.protected):
+        if original.kind is Kind.FOLDER and path in self.guarding:
             self._refuse(path, Refusal.PROTECTED)
             return
         self._add(

@@ -4,8 +4,11 @@
 workspace, sandbox/pinned.py) into the folder `view_fd` refers to (the root of a WorkspaceView,
 sandbox/backends/view.py), through fds only, following no link: folders and regular files with
 their permission bits (never setuid, setgid or sticky) and modification times, symlinks as the same
-symlinks; FIFOs, sockets and devices are left out. Every copy is owned by `owner`, the run's uid,
-so that the run may change it. It returns `Originals`: for each copied path, what it was (kind,
+symlinks; FIFOs, sockets and devices are left out. A copy is owned by `owner`, the run's uid, so
+that the run may change it, when the run could read the original as it is (the run's uid is
+"others" to the workspace's files: a file readable by others, a folder readable and searchable by
+others); anything else keeps its owner and mode, so a developer's 0600 `.env` is no more readable
+in the copy than in the workspace. It returns `Originals`: for each copied path, what it was (kind,
 sha256, size, mode) and the copy's inode and ctime right after the copy. A copy the run never
 touched keeps both (a ctime cannot be set back), so the change set reads only what changed.
 
@@ -73,8 +76,9 @@ def copy_workspace(workspace_fd: int, view_fd: int, owner: Owner, *, max_entries
     source = os.open(".", _DIR, dir_fd=workspace_fd)
     target = os.open(".", _DIR, dir_fd=view_fd)
     try:
-        os.fchown(target, owner.uid, owner.gid)
-        os.fchmod(target, os.fstat(source).st_mode & PERMISSION_BITS)
+        info = os.fstat(source)
+        os.fchown(target, *copier.owner_of(info))
+        os.fchmod(target, info.st_mode & PERMISSION_BITS)
         copier.folder(source, target, "")
     except OSError as exc:
         if exc.errno in (28, 122):  # ENOSPC, EDQUOT: the view's tmpfs is full
@@ -91,6 +95,13 @@ class _Copier:
         self.owner, self.max_entries, self.max_bytes = owner, max_entries, max_bytes
         self.originals: dict[str, Original] = {}
         self.bytes = 0
+
+    def owner_of(self, info: os.stat_result) -> tuple[int, int]:
+        """The run's uid for what it could read as it is, else the original's own owner."""
+        wanted = 0o005 if stat.S_ISDIR(info.st_mode) else 0o004
+        if info.st_mode & wanted == wanted:
+            return self.owner.uid, self.owner.gid
+        return info.st_uid, info.st_gid
 
     def _count(self, size: int) -> None:
         self.bytes += size
@@ -110,7 +121,7 @@ class _Copier:
                     inner_target = os.open(name, _DIR, dir_fd=target)
                     try:
                         self.folder(inner_source, inner_target, f"{path}/")
-                        os.fchown(inner_target, self.owner.uid, self.owner.gid)
+                        os.fchown(inner_target, *self.owner_of(info))
                         os.fchmod(inner_target, mode)
                         copy = os.fstat(inner_target)
                     finally:
@@ -152,7 +163,7 @@ class _Copier:
                         break
                 if copied != info.st_size:
                     raise OSError(116, "changed while copied", name)
-                os.fchown(writer, self.owner.uid, self.owner.gid)
+                os.fchown(writer, *self.owner_of(info))
                 os.fchmod(writer, mode)
                 os.utime(writer, ns=(info.st_atime_ns, info.st_mtime_ns))
                 return digest.hexdigest(), os.fstat(writer)

@@ -25,7 +25,7 @@ from sandbox.change_set import (
     ChangeSet,
     Refusal,
     TooLarge,
-    holds_protected,
+    guarding_folders,
     is_protected,
     read_changes,
 )
@@ -85,27 +85,35 @@ pytestmark = requires_root
 
 
 @pytest.mark.parametrize(
-    ("path", "protected", "held"),
+    ("path", "protected"),
     [
-        (".git/hooks", True, False),
-        (".git/hooks/pre-commit", True, False),
-        (".git/hooksx", False, False),
-        (".git/HOOKS/pre-commit", False, False),  # case as the filesystem has it: ext4 and tmpfs tell them apart
-        (".git", False, True),
-        (".git/config", True, False),
-        (".git/config.d", False, False),
-        ("src/.git/hooks/x", False, False),
-        (".vscode", True, False),
-        (".vscode/tasks.json", True, False),
-        ("./.vscode//tasks.json", True, False),
-        ("a.py", False, False),
-        ("", False, True),
+        (".git/hooks", True),
+        (".git/hooks/pre-commit", True),
+        (".git/hooksx", False),
+        (".git/HOOKS/pre-commit", False),  # case as the filesystem has it: ext4 and tmpfs tell them apart
+        (".git", False),
+        (".git/HEAD", False),
+        (".git/config", True),
+        (".git/config.d", False),
+        ("src/.git/hooks/x", True),  # a nested repository's
+        (".git/modules/lib/hooks/post-checkout", True),  # a submodule's git folder
+        (".git/modules/lib/config", True),
+        (".git/modules/lib/HEAD", False),
+        ("sub/.envrc", True),  # direnv loads it in whatever folder a person enters
+        ("sub/.vscode/tasks.json", True),
+        (".vscode", True),
+        ("./.vscode//tasks.json", True),
+        ("vscode/x", False),
+        ("a.py", False),
     ],
 )
-def test_protected_paths_are_compared_component_wise(path: str, protected: bool, held: bool) -> None:
-    rules = ChangeRules()
-    assert is_protected(path, rules.protected) is protected
-    assert holds_protected(path, rules.protected) is held
+def test_protected_paths_are_compared_component_wise(path: str, protected: bool) -> None:
+    assert is_protected(path, ChangeRules().protected) is protected
+
+
+def test_the_folders_guarding_a_protected_path_are_those_above_one() -> None:
+    present = [".git", ".git/HEAD", ".git/hooks", ".git/hooks/x", "src", "src/a.py", "sub", "sub/.envrc"]
+    assert guarding_folders(present, ChangeRules().protected) == {".git", ".git/hooks", "sub"}
 
 
 @pytest.mark.parametrize("entry", ["/etc", "../x", "a/../../b", "", "."])

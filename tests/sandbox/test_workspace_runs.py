@@ -260,3 +260,35 @@ def test_a_child_that_keeps_writing_is_dead_before_the_set_is_read(backend: Back
         assert set(late) <= {"late0.txt", "late1.txt", "late2.txt"} and late, "it was writing while the run was on"
         # The copy was frozen read-only before it was read: a writer still holding it open would
         # have made that fail (test_workspace_changes.py shows EBUSY), and the set would be None.
+
+
+SECRETS = """
+import json, os
+def attempt(action):
+    try:
+        return "ok:" + repr(action())
+    except OSError as exc:
+        return "blocked:" + (exc.strerror or "")
+print(json.dumps({
+    "read_secret": attempt(lambda: open(".env").read()),
+    "read_private": attempt(lambda: os.listdir("private")),
+    "write_secret": attempt(lambda: open(".env", "w").write("x")),
+    "chmod_secret": attempt(lambda: os.chmod(".env", 0o644)),
+    "read_public": attempt(lambda: open("a.py").read()),
+}))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_what_the_run_could_not_read_in_the_workspace_it_cannot_read_in_the_copy(backend: Backend) -> None:
+    with project({"a.py": "x = 1\n", ".env": "TOKEN=secret\n", "private/key": "k\n"}) as (folder, ws):
+        os.chmod(ws.path / ".env", 0o600)
+        os.chmod(ws.path / "private", 0o700)
+        result = run(folder, ws, SECRETS, backend)
+        assert result.exit_code == 0, outcome(folder, result)
+        seen = json.loads((folder / "out").read_text())
+        assert seen["read_public"] == "ok:'x = 1\\n'"
+        for name in ("read_secret", "read_private", "write_secret", "chmod_secret"):
+            assert seen[name].startswith("blocked:"), (name, seen)
+        assert "secret" not in (folder / "out").read_text().replace("_secret", "")
+        assert result.changes is not None and result.changes.is_empty
