@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sandbox.beneath import open_beneath
-from sandbox.workspace_copy import PERMISSION_BITS, Kind, Original, Originals
+from sandbox.workspace_copy import MAX_DEPTH, PERMISSION_BITS, Kind, Original, Originals
 
 MIB = 1024 * 1024
 DEFAULT_MAX_FILES = 1000
@@ -50,6 +50,8 @@ class Refusal(StrEnum):
     SOCKET = "socket"
     SETUID = "setuid_or_setgid_bit"
     PROTECTED = "protected_path"
+    TOO_DEEP = "too_deep"
+    """A folder MAX_DEPTH folders down: neither it nor anything in it is read."""
 
 
 class TooLarge(StrEnum):
@@ -237,7 +239,7 @@ class _Walk:
         if self.bytes > self.rules.max_bytes:
             raise _TooLargeStop(TooLarge.BYTES)
 
-    def folder(self, fd: int, prefix: str) -> None:
+    def folder(self, fd: int, prefix: str, depth: int = 0) -> None:
         for name in sorted(os.listdir(fd)):
             path = f"{prefix}{name}"
             info = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -253,14 +255,16 @@ class _Walk:
                     self._refuse(path, why)  # an untouched symlink the workspace had is no change
                 continue
             mode = info.st_mode & PERMISSION_BITS
-            if stat.S_ISDIR(info.st_mode):
+            if stat.S_ISDIR(info.st_mode) and depth + 1 >= MAX_DEPTH:
+                self._refuse(path, Refusal.TOO_DEEP)
+            elif stat.S_ISDIR(info.st_mode):
                 if original is None:
                     self._add(Change(path, Action.ADDED, Kind.FOLDER, None, None, None, None, None, mode))
                 elif original.mode != mode:
                     self._add(Change(path, Action.MODIFIED, Kind.FOLDER, None, None, None, None, original.mode, mode))
                 inner = os.open(name, _DIR, dir_fd=fd)
                 try:
-                    self.folder(inner, f"{path}/")
+                    self.folder(inner, f"{path}/", depth + 1)
                 finally:
                     os.close(inner)
             elif original is None or (original.copy_ino, original.copy_ctime_ns) != (info.st_ino, info.st_ctime_ns):

@@ -83,7 +83,8 @@ class RunResult:
     """A writing run's change set (`run_sandboxed(writes=...)`), read once every process of the run was dead
     and its copy frozen; None for a read-only run, or when the copy could not be frozen (`changes_error`)."""
     changes_error: str | None = None
-    """`workspace_view_busy`: something still held the copy open for writing after the run; no change set."""
+    """Why a writing run has no change set: `workspace_view_busy` (something still held the copy open for
+    writing after the run), `changes_unreadable` (the copy could not be read); nothing of it applies."""
 
 
 _POLL_FIRST_S = 0.002
@@ -340,7 +341,10 @@ async def _with_changes(
         view.freeze()
     except OSError:
         return dataclasses.replace(result, changes_error="workspace_view_busy")
-    changes = await anyio.to_thread.run_sync(read_changes, view.mount_fd, originals, writes, workspace.fd)
+    try:
+        changes = await anyio.to_thread.run_sync(read_changes, view.mount_fd, originals, writes, workspace.fd)
+    except OSError:
+        return dataclasses.replace(result, changes_error="changes_unreadable")
     return dataclasses.replace(result, changes=changes)
 
 

@@ -12,7 +12,8 @@ in the copy than in the workspace. It returns `Originals`: for each copied path,
 sha256, size, mode) and the copy's inode and ctime right after the copy. A copy the run never
 touched keeps both (a ctime cannot be set back), so the change set reads only what changed.
 
-Bounded: at most `max_entries` entries and `max_bytes` bytes, else WorkspaceTooLarge (nothing ran).
+Bounded: at most `max_entries` entries, `max_bytes` bytes and MAX_DEPTH nested folders, else
+WorkspaceTooLarge (nothing ran).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from types import MappingProxyType
 from sandbox.errors import SandboxStartError
 
 PERMISSION_BITS = 0o777
+MAX_DEPTH = 128
+"""Folders at this depth or deeper are not copied (the workspace is too large) nor read in a change set
+(sandbox/change_set.py refuses them): both walks are bounded in depth, and Python's recursion with them."""
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHUNK = 1 << 20
@@ -108,19 +112,21 @@ class _Copier:
         if len(self.originals) >= self.max_entries or self.bytes > self.max_bytes:
             raise WorkspaceTooLarge
 
-    def folder(self, source: int, target: int, prefix: str) -> None:
+    def folder(self, source: int, target: int, prefix: str, depth: int = 0) -> None:
         for name in sorted(os.listdir(source)):
             path = f"{prefix}{name}"
             info = os.stat(name, dir_fd=source, follow_symlinks=False)
             mode = info.st_mode & PERMISSION_BITS
             if stat.S_ISDIR(info.st_mode):
                 self._count(0)
+                if depth + 1 >= MAX_DEPTH:
+                    raise WorkspaceTooLarge
                 os.mkdir(name, 0o700, dir_fd=target)
                 inner_source = os.open(name, _DIR, dir_fd=source)
                 try:
                     inner_target = os.open(name, _DIR, dir_fd=target)
                     try:
-                        self.folder(inner_source, inner_target, f"{path}/")
+                        self.folder(inner_source, inner_target, f"{path}/", depth + 1)
                         os.fchown(inner_target, *self.owner_of(info))
                         os.fchmod(inner_target, mode)
                         copy = os.fstat(inner_target)

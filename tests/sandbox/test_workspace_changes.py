@@ -33,7 +33,7 @@ from sandbox.confine import LayerReport
 from sandbox.errors import SandboxStartError
 from sandbox.patch import render_patch, shown, summarize, write_patch
 from sandbox.pinned import Pinned, pin
-from sandbox.workspace_copy import Kind, Originals, Owner, WorkspaceTooLarge, copy_workspace
+from sandbox.workspace_copy import MAX_DEPTH, Kind, Originals, Owner, WorkspaceTooLarge, copy_workspace
 from tests.sandbox.confined_child import requires_root
 
 ROOT = Owner(0, 0)
@@ -376,3 +376,30 @@ def test_a_writing_run_needs_a_pinned_workspace_and_a_root_gateway(tmp_path: Pat
         with pytest.raises(SandboxStartError, match="workspace_view_unavailable"):
             attempt(ws, rootless)
         assert os.listdir(ws.path) == ["a"]
+
+
+def test_folders_past_the_depth_bound_are_refused_not_walked(tmp_path: Path) -> None:
+    with workspace(tmp_path, {"a": b"a"}) as ws, copied(ws) as (view, originals, copy):
+        fd = os.open(copy, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for _ in range(MAX_DEPTH + 50):  # by fd: the path would pass PATH_MAX long before
+                os.mkdir("d", dir_fd=fd)
+                inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            os.close(os.open("deep.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        finally:
+            os.close(fd)
+        changes = changes_of(view, originals, ws)
+        assert len(changes.changes) == MAX_DEPTH - 1
+        assert [(r.path.count("/") + 1, r.why) for r in changes.refused] == [(MAX_DEPTH, Refusal.TOO_DEEP)]
+
+
+def test_a_workspace_past_the_depth_bound_is_not_copied(tmp_path: Path) -> None:
+    deep = {"/".join(["d"] * MAX_DEPTH) + "/f": b"f"}
+    with workspace(tmp_path, deep) as ws, pytest.raises(WorkspaceTooLarge), copied(ws):
+        pass
+    shallower = tmp_path / "shallower"
+    shallower.mkdir()
+    with workspace(shallower, {"/".join(["d"] * (MAX_DEPTH - 1)) + "/f": b"f"}) as ws, copied(ws) as (_, originals, _):
+        assert len(originals) == MAX_DEPTH
