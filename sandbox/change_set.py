@@ -74,8 +74,8 @@ class ChangeRules:
     max_copy_files: int = 100_000
 
     def __post_init__(self) -> None:
-        if self.max_files < 1 or self.max_bytes < 0:
-            raise ValueError("max_change_files must be at least 1 and max_change_bytes not negative")
+        if self.max_files < 1 or self.max_bytes < 0 or self.max_copy_files < 1 or self.max_copy_bytes < 0:
+            raise ValueError("max_change_files and the copy's files must be at least 1, the bytes not negative")
         for entry in self.protected:
             if not _parts(entry) or entry.startswith("/") or ".." in _parts(entry):
                 raise ValueError(f"a protected path is relative, inside the workspace: {entry!r}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import functools
 import itertools
 import os
 import signal
@@ -38,14 +37,15 @@ from sandbox.backends.landlock import runtime_read_only_paths
 from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, files_for
 from sandbox.backends.view import WorkspaceView
 from sandbox.capture import OutputCapture
-from sandbox.change_set import ChangeRules, ChangeSet, read_changes
+from sandbox.change_set import ChangeRules, ChangeSet
 from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers, run_groups
 from sandbox.errors import SandboxStartError
 from sandbox.layers import Layer
-from sandbox.limits import Backend, Limits
+from sandbox.limits import Limits
 from sandbox.pinned import Pinned
 from sandbox.task_groups import task_group
-from sandbox.workspace_copy import Originals, Owner, copy_workspace
+from sandbox.workspace_copy import Owner
+from sandbox.writable_copy import VIEW_IN_SCRATCH, CopyPlace, WritableCopy
 
 MAX_COLLECTED_BYTES = 16 * 1024 * 1024
 RUN_GRACE_S = pidns.WATCHDOG_GRACE_S + 3.0
@@ -121,7 +121,7 @@ async def run_sandboxed(
     With `writes`, the run works on a copy of the pinned `cwd` at the same path (sandbox/backends/view.py,
     decision 78), never on the workspace itself; `RunResult.changes` is what it changed there
     (sandbox/change_set.py), for the gateway to show and apply (sandbox/patch.py, sandbox/apply.py).
-    Root only (a rootless gateway: SandboxStartError `workspace_view_unavailable`).
+    Where no copy can be made, SandboxStartError `workspace_view_unavailable` (sandbox/writable_copy.py).
     `host` is what this host can enforce (default: probed once); a layer it lacks is
     left out unless a guarantee the run requires (`limits.required`) needs it. Raises SandboxStartError
     when a required guarantee has no layer here, or a layer cannot be applied: nothing ran.
@@ -151,30 +151,34 @@ async def run_sandboxed(
             elif identity is not None:
                 os.chown(scratch, identity.uid, identity.gid)
             os.chmod(scratch, 0o700)
-            view, originals = await _writable_copy(
-                stack, cwd, owner=Owner(*owner), writes=writes, active=active, space=space, backend=limits.backend
+            copy = await WritableCopy.prepare(
+                stack, cwd, writes, CopyPlace(active, space, limits.backend, Owner(*owner), root=os.geteuid() == 0)
             )
             read_only = tuple(dict.fromkeys((*runtime_read_only_paths(), cwd, *limits.allowed_paths)))
             read_write = (scratch, Path(os.devnull))
             cwd_fd = _cwd_fd(cwd, stack)
             command, pass_fds, status_fd = _command(
                 argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=_path_of(cwd), stack=stack,
-                view=view,
+                view=copy.view,
             )  # fmt: skip
             capture = stack.enter_context(OutputCapture(stdout_path, stderr_path, limits.max_output_bytes, on_stdout))
-            with ChildPlan(
-                limits,
-                identity,
-                read_only,
-                read_write,
-                active=active,
-                group=group,
-                scratch=space,
-                child_scratch=child_scratch,
-                status_fd=status_fd,
-                cwd_fd=cwd_fd,
-                view=view,
-            ) as preexec:
+            with (
+                ChildPlan(
+                    limits,
+                    identity,
+                    read_only,
+                    read_write,
+                    active=active,
+                    group=group,
+                    scratch=space,
+                    child_scratch=child_scratch,
+                    status_fd=status_fd,
+                    cwd_fd=cwd_fd,
+                    view=copy.view,
+                    child_view=copy.child_view,
+                ) as preexec,
+                copy.spawning(cwd),
+            ):
                 started = time.monotonic()
                 process = _spawn(command, None, limits, capture.child_fds, preexec=preexec, pass_fds=pass_fds)
             if child_scratch is not None:
@@ -195,7 +199,7 @@ async def run_sandboxed(
                 result = _with_command_status(result, os.pread(status_fd, 64, 0))
             collected = _collect(space, scratch, collect)
             # After _supervise: every process of the run is dead (its cgroup or uid swept).
-            result = await _with_changes(result, view, originals, cwd, writes)
+            result = await copy.read(result, cwd)
             if group is not None:
                 usage = group.usage()
                 result = dataclasses.replace(
@@ -269,83 +273,6 @@ def _command(
     )
     pinned = tuple(grant.fd for grant in read_only if isinstance(grant, Pinned))  # for --ro-bind-fd
     return [*prefix, *argv], (*pinned, status) if program is None else (*pinned, program, status), status
-
-
-def _can_view(active: frozenset[Layer], cwd: Path | Pinned) -> bool:
-    """A writing run's copy is made by root and mounted in the scratch's mount namespace, over a pinned cwd."""
-    return isinstance(cwd, Pinned) and Layer.USER_NAMESPACE not in active and Layer.SCRATCH_TMPFS in active
-
-
-VIEW_IN_SCRATCH = ".workspace"
-"""With bubblewrap, the copy is moved here in the scratch tmpfs (made by the gateway, root's) and bound over the workspace."""
-_VIEW_SLACK_FILES = 64
-"""Inodes a run may use beyond max_change_files (temporaries a tool makes and removes)."""
-
-
-async def _writable_copy(
-    stack: contextlib.ExitStack,
-    cwd: Path | Pinned,
-    *,
-    owner: Owner,
-    writes: ChangeRules | None,
-    active: frozenset[Layer],
-    space: ScratchSpace | None,
-    backend: Backend,
-) -> tuple[WorkspaceView | None, Originals]:
-    """A writing run's view holding the workspace's copy (on a worker thread), capped at the copy plus the headroom.
-
-    The headroom is twice `max_bytes` (a tool writes a file's new content before the old goes) and
-    `max_files` plus some temporaries: a run filling it gets ENOSPC, and its change set is too large."""
-    if writes is None:
-        return None, MappingProxyType({})
-    if not isinstance(cwd, Pinned) or space is None or not _can_view(active, cwd):
-        raise SandboxStartError("workspace_view_unavailable")
-    mount_at = None
-    if backend == "bubblewrap":  # a folder of the scratch tmpfs, the gateway's own, bound over the workspace by bwrap
-        os.mkdir(VIEW_IN_SCRATCH, 0o755, dir_fd=space.mount_fd)
-        mount_at = space.target / VIEW_IN_SCRATCH
-    view = stack.enter_context(WorkspaceView(writes.max_copy_bytes, writes.max_copy_files, mount_at=mount_at))
-    workspace = cwd
-    originals = await anyio.to_thread.run_sync(
-        functools.partial(
-            copy_workspace,
-            workspace.fd,
-            view.mount_fd,
-            owner,
-            max_entries=writes.max_copy_files,
-            max_bytes=writes.max_copy_bytes,
-        )
-    )
-    root = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=view.mount_fd)
-    try:
-        usage = os.fstatvfs(root)
-    finally:
-        os.close(root)
-    used_bytes = (usage.f_blocks - usage.f_bfree) * usage.f_frsize
-    used_files = usage.f_files - usage.f_ffree
-    view.resize(used_bytes + 2 * writes.max_bytes + 1024 * 1024, used_files + writes.max_files + _VIEW_SLACK_FILES)
-    return view, originals
-
-
-async def _with_changes(
-    result: RunResult,
-    view: WorkspaceView | None,
-    originals: Originals,
-    workspace: Path | Pinned,
-    writes: ChangeRules | None,
-) -> RunResult:
-    """The run's change set, read from its frozen copy; none when the copy cannot be frozen (a writer holds it)."""
-    if view is None or writes is None or not isinstance(workspace, Pinned):
-        return result
-    try:
-        view.freeze()
-    except OSError:
-        return dataclasses.replace(result, changes_error="workspace_view_busy")
-    try:
-        changes = await anyio.to_thread.run_sync(read_changes, view.mount_fd, originals, writes, workspace.fd)
-    except OSError:
-        return dataclasses.replace(result, changes_error="changes_unreadable")
-    return dataclasses.replace(result, changes=changes)
 
 
 def _path_of(cwd: Path | Pinned) -> Path:

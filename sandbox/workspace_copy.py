@@ -74,14 +74,18 @@ class Owner:
     gid: int
 
 
-def copy_workspace(workspace_fd: int, view_fd: int, owner: Owner, *, max_entries: int, max_bytes: int) -> Originals:
-    """Copy the workspace into the view; raises WorkspaceTooLarge past a bound, SandboxStartError if unreadable."""
+def copy_workspace(
+    workspace_fd: int, view_fd: int, owner: Owner | None, *, max_entries: int, max_bytes: int
+) -> Originals:
+    """Copy the workspace into the view; raises WorkspaceTooLarge past a bound, SandboxStartError if unreadable.
+
+    `owner` None: nothing is given away, every copy is the gateway's (a rootless gateway: the run has its uid)."""
     copier = _Copier(owner, max_entries, max_bytes)
     source = os.open(".", _DIR, dir_fd=workspace_fd)
     target = os.open(".", _DIR, dir_fd=view_fd)
     try:
         info = os.fstat(source)
-        os.fchown(target, *copier.owner_of(info))
+        copier.give(target, info)
         os.fchmod(target, info.st_mode & PERMISSION_BITS)
         copier.folder(source, target, "")
     except OSError as exc:
@@ -95,17 +99,20 @@ def copy_workspace(workspace_fd: int, view_fd: int, owner: Owner, *, max_entries
 
 
 class _Copier:
-    def __init__(self, owner: Owner, max_entries: int, max_bytes: int) -> None:
+    def __init__(self, owner: Owner | None, max_entries: int, max_bytes: int) -> None:
         self.owner, self.max_entries, self.max_bytes = owner, max_entries, max_bytes
         self.originals: dict[str, Original] = {}
         self.bytes = 0
 
-    def owner_of(self, info: os.stat_result) -> tuple[int, int]:
-        """The run's uid for what it could read as it is, else the original's own owner."""
+    def give(self, fd: int, info: os.stat_result) -> None:
+        """To the run's uid what it could read as it is; anything else to the original's own owner."""
+        if self.owner is None:
+            return
         wanted = 0o005 if stat.S_ISDIR(info.st_mode) else 0o004
         if info.st_mode & wanted == wanted:
-            return self.owner.uid, self.owner.gid
-        return info.st_uid, info.st_gid
+            os.fchown(fd, self.owner.uid, self.owner.gid)
+        else:
+            os.fchown(fd, info.st_uid, info.st_gid)
 
     def _count(self, size: int) -> None:
         self.bytes += size
@@ -127,7 +134,7 @@ class _Copier:
                     inner_target = os.open(name, _DIR, dir_fd=target)
                     try:
                         self.folder(inner_source, inner_target, f"{path}/", depth + 1)
-                        os.fchown(inner_target, *self.owner_of(info))
+                        self.give(inner_target, info)
                         os.fchmod(inner_target, mode)
                         copy = os.fstat(inner_target)
                     finally:
@@ -143,7 +150,8 @@ class _Copier:
                 self._count(0)
                 link = os.readlink(os.fsencode(name), dir_fd=source)
                 os.symlink(link, name, dir_fd=target)
-                os.chown(name, self.owner.uid, self.owner.gid, dir_fd=target, follow_symlinks=False)
+                if self.owner is not None:
+                    os.chown(name, self.owner.uid, self.owner.gid, dir_fd=target, follow_symlinks=False)
                 copy = os.stat(name, dir_fd=target, follow_symlinks=False)
                 self.originals[path] = Original(Kind.SYMLINK, None, 0, mode, copy.st_ino, copy.st_ctime_ns, link)
             # FIFOs, sockets and devices are not copied: a run works on files.
@@ -169,7 +177,7 @@ class _Copier:
                         break
                 if copied != info.st_size:
                     raise OSError(116, "changed while copied", name)
-                os.fchown(writer, *self.owner_of(info))
+                self.give(writer, info)
                 os.fchmod(writer, mode)
                 os.utime(writer, ns=(info.st_atime_ns, info.st_mtime_ns))
                 return digest.hexdigest(), os.fstat(writer)

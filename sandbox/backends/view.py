@@ -18,8 +18,11 @@ is the last word. Closing the fd frees the memory.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import socket
+import struct
 from pathlib import Path
 
 from sandbox.errors import SandboxStartError
@@ -65,6 +68,29 @@ def _configure(context: int, options: dict[str, str], command: int) -> None:
     _checked(_syscall(_SYS_FSCONFIG, context, command, None, None, 0), "fsconfig")
 
 
+def _detached_tmpfs(options: dict[str, str]) -> int:
+    """A new tmpfs with `options`, nosuid and nodev, mounted nowhere: its mount fd. Raises OSError."""
+    context = _checked(_syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC), "fsopen")
+    try:
+        _configure(context, options, _FSCONFIG_CMD_CREATE)
+        return _checked(
+            _syscall(_SYS_FSMOUNT, context, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV), "fsmount"
+        )
+    finally:
+        os.close(context)
+
+
+def _reconfigure(mount_fd: int, options: dict[str, str], flags: tuple[bytes, ...] = ()) -> None:
+    """Change the tmpfs behind `mount_fd` (its size, its inode cap, read-only). Raises OSError."""
+    context = _checked(_syscall(_SYS_FSPICK, mount_fd, b"", _FSPICK_EMPTY_PATH | _FSPICK_CLOEXEC), "fspick")
+    try:
+        for flag in flags:
+            _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_SET_FLAG, flag, None, 0), flag.decode())
+        _configure(context, options, _FSCONFIG_CMD_RECONFIGURE)
+    finally:
+        os.close(context)
+
+
 class WorkspaceView:
     """A detached tmpfs of `size_bytes` and `max_files` inodes (nosuid, nodev) that holds a run's copy of the workspace.
 
@@ -80,18 +106,9 @@ class WorkspaceView:
         if size_bytes < MIB or max_files < 16:
             raise ValueError("a workspace view needs at least 1 MiB and 16 files")
         try:
-            context = _checked(_syscall(_SYS_FSOPEN, b"tmpfs", _FSOPEN_CLOEXEC), "fsopen")
+            self._mount_fd = _detached_tmpfs({"size": str(size_bytes), "nr_inodes": str(max_files), "mode": "0755"})
         except OSError as exc:
             raise SandboxStartError("workspace_view_unavailable") from exc
-        try:
-            options = {"size": str(size_bytes), "nr_inodes": str(max_files), "mode": "0755"}
-            _configure(context, options, _FSCONFIG_CMD_CREATE)
-            attributes = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
-            self._mount_fd = _checked(_syscall(_SYS_FSMOUNT, context, _FSMOUNT_CLOEXEC, attributes), "fsmount")
-        except OSError as exc:
-            raise SandboxStartError("workspace_view_unavailable") from exc
-        finally:
-            os.close(context)
         self._frozen = False
         self._move_only = mount_at is not None
         # Built now, so the child converts nothing.
@@ -116,17 +133,9 @@ class WorkspaceView:
     def resize(self, size_bytes: int, max_files: int) -> None:
         """Set the tmpfs's size and inode cap (after the copy: what it holds plus the headroom a run may add)."""
         try:
-            context = _checked(
-                _syscall(_SYS_FSPICK, self._mount_fd, b"", _FSPICK_EMPTY_PATH | _FSPICK_CLOEXEC), "fspick"
-            )
+            _reconfigure(self._mount_fd, {"size": str(size_bytes), "nr_inodes": str(max_files)})
         except OSError as exc:
             raise SandboxStartError("workspace_view_unavailable") from exc
-        try:
-            _configure(context, {"size": str(size_bytes), "nr_inodes": str(max_files)}, _FSCONFIG_CMD_RECONFIGURE)
-        except OSError as exc:
-            raise SandboxStartError("workspace_view_unavailable") from exc
-        finally:
-            os.close(context)
 
     def apply(self) -> None:
         """In the child, in its private mount namespace whose cwd is the workspace: the copy onto it, and into it."""
@@ -142,12 +151,7 @@ class WorkspaceView:
         The run's mount namespace is gone by now, and its mount with it (mount_setattr refuses an
         unmounted mount: EINVAL, measured); the superblock is what every writer goes through.
         Raises OSError."""
-        context = _checked(_syscall(_SYS_FSPICK, self._mount_fd, b"", _FSPICK_EMPTY_PATH | _FSPICK_CLOEXEC), "fspick")
-        try:
-            _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_SET_FLAG, b"ro", None, 0), "ro")
-            _checked(_syscall(_SYS_FSCONFIG, context, _FSCONFIG_CMD_RECONFIGURE, None, None, 0), "reconfigure")
-        finally:
-            os.close(context)
+        _reconfigure(self._mount_fd, {}, (b"ro",))
         self._frozen = True
 
     def close(self) -> None:
@@ -160,3 +164,82 @@ class WorkspaceView:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+_GO = struct.Struct("=cQQ")  # b"g", then the size and the inode cap the copy is to keep
+
+
+class NamespacedView:
+    """A rootless writing run's copy: a tmpfs the child makes in its own user namespace, the gateway fills.
+
+    An ordinary user's gateway cannot make a tmpfs; the run's child can, in the mount namespace its
+    user namespace owns (as NamespacedScratch does). `apply()` (in the child, after its scratch)
+    makes the tmpfs detached, sends its mount fd to the gateway, and waits (at most `wait_s`) for
+    the word to go: meanwhile a thread of the gateway fills it (`receive`, the copy, `go`), as
+    Popen holds the gateway's spawning thread until the exec. Then the child sets the size and
+    inode cap the gateway sent, moves the tmpfs over its cwd (the workspace) and enters it.
+    The gateway cannot freeze it afterwards (fspick needs CAP_SYS_ADMIN over the gateway's own mount
+    namespace): the run's PID namespace ending with it is what makes its last writer gone.
+    """
+
+    __slots__ = ("_args", "_child_end", "_gateway_end", "_options")
+
+    def __init__(self, size_bytes: int, max_files: int, uid: int, gid: int, wait_s: float) -> None:
+        if size_bytes < MIB or max_files < 16:
+            raise ValueError("a workspace view needs at least 1 MiB and 16 files")
+        self._options = {"size": str(size_bytes), "nr_inodes": str(max_files), "mode": "0755"}
+        self._options |= {"uid": str(uid), "gid": str(gid)}
+        self._gateway_end, self._child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        seconds = int(wait_s)
+        timeout = struct.pack("ll", seconds, int((wait_s - seconds) * 1_000_000))
+        self._child_end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)  # the child's wait is bounded
+        self._args = (
+            ctypes.c_long(_SYS_MOVE_MOUNT),
+            ctypes.c_char_p(b""),
+            ctypes.c_int(_AT_FDCWD),
+            ctypes.c_char_p(b"."),
+        )
+
+    def apply(self) -> int:
+        """In the child, inside its user and mount namespaces: the filled copy over the cwd; its mount fd. Raises OSError."""
+        self._gateway_end.close()  # the child's own copy of it: else the gateway's end closing is never seen
+        mount_fd = _detached_tmpfs(self._options)
+        self._child_end.sendmsg([b"v"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", mount_fd))])
+        answer = self._child_end.recv(_GO.size)  # a timeout raises; the gateway's end closed reads b""
+        if len(answer) != _GO.size or answer[:1] != b"g":
+            raise OSError(5, "the workspace copy was not made")  # EIO
+        _, size, files = _GO.unpack(answer)
+        _reconfigure(mount_fd, {"size": str(size), "nr_inodes": str(files)})
+        nr_move, empty, cwd, here = self._args
+        if _syscall(nr_move, mount_fd, empty, cwd, here, _MOVE_MOUNT_F_EMPTY_PATH) != 0:
+            raise OSError(ctypes.get_errno(), "move_mount")
+        if _fchdir(mount_fd) != 0:
+            raise OSError(ctypes.get_errno(), "fchdir")
+        return mount_fd
+
+    def receive(self, timeout_s: float) -> int:
+        """In the gateway (a thread of its own, while the spawn waits): the empty tmpfs's mount fd. Raises OSError."""
+        self._gateway_end.settimeout(timeout_s)
+        _, fds, _, _ = socket.recv_fds(self._gateway_end, 1, 1)
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(5, "no workspace copy was sent")
+        os.set_inheritable(fds[0], False)
+        return fds[0]
+
+    def go(self, size_bytes: int, max_files: int) -> None:
+        """In the gateway, once the copy is made: the child may go on, with the tmpfs capped at these."""
+        self._gateway_end.send(_GO.pack(b"g", size_bytes, max_files))
+
+    def refuse(self) -> None:
+        """In the gateway, when the copy cannot be made: the child, waiting, fails (nothing runs)."""
+        with contextlib.suppress(OSError):
+            self._gateway_end.send(b"n")
+
+    def close(self) -> None:
+        """Close both ends (a thread of the gateway waiting on its end wakes; the child, waiting, fails)."""
+        with contextlib.suppress(OSError):
+            self._gateway_end.shutdown(socket.SHUT_RDWR)
+        self._gateway_end.close()
+        self._child_end.close()

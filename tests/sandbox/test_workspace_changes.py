@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from sandbox import Limits, probe_host, run_sandboxed
 from sandbox.apply import apply_changes
-from sandbox.backends.view import WorkspaceView
+from sandbox.backends.view import MIB, NamespacedView, WorkspaceView
 from sandbox.change_set import (
     Action,
     ChangeRules,
@@ -34,6 +35,7 @@ from sandbox.errors import SandboxStartError
 from sandbox.patch import render_patch, shown, summarize, write_patch
 from sandbox.pinned import Pinned, pin
 from sandbox.workspace_copy import MAX_DEPTH, Kind, Originals, Owner, WorkspaceTooLarge, copy_workspace
+from sandbox.writable_copy import WritableCopy
 from tests.sandbox.confined_child import requires_root
 
 ROOT = Owner(0, 0)
@@ -218,7 +220,7 @@ def test_a_workspace_over_the_copy_bounds_does_not_start(tmp_path: Path) -> None
 def test_freezing_fails_while_a_writer_holds_the_copy(tmp_path: Path) -> None:
     with workspace(tmp_path, {"a": b"a"}) as ws, copied(ws) as (view, _, copy):
         with (copy / "late").open("wb") as writer:
-            with pytest.raises(OSError, match="reconfigure") as busy:
+            with pytest.raises(OSError, match="busy") as busy:
                 view.freeze()
             assert busy.value.errno == errno.EBUSY
             writer.write(b"still open")
@@ -403,3 +405,13 @@ def test_a_workspace_past_the_depth_bound_is_not_copied(tmp_path: Path) -> None:
     shallower.mkdir()
     with workspace(shallower, {"/".join(["d"] * (MAX_DEPTH - 1)) + "/f": b"f"}) as ws, copied(ws) as (_, originals, _):
         assert len(originals) == MAX_DEPTH
+
+
+def test_a_filler_waiting_for_a_child_that_never_sends_wakes_when_the_spawn_fails(tmp_path: Path) -> None:
+    with workspace(tmp_path, {"a": b"a"}) as ws:
+        child_view = NamespacedView(MIB, 100, os.getuid(), os.getgid(), wait_s=60)
+        copy = WritableCopy(ChangeRules(), child_view=child_view)
+        started = time.monotonic()
+        with pytest.raises(SandboxStartError, match="spawn_failed"), copy.spawning(ws):
+            raise SandboxStartError("spawn_failed")  # the spawn failed before the child sent its tmpfs
+        assert time.monotonic() - started < 10, "the filler thread woke at once, not at its 60 s timeout"

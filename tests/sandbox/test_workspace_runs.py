@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from sandbox.change_set import Action, ChangeRules, ChangeSet, Refusal, TooLarge
 from sandbox.limits import BACKENDS, Backend
 from sandbox.patch import render_patch
 from sandbox.pinned import Pinned, pin
+from tests.harness import REPO
 from tests.sandbox.confined_child import PYTHON, requires_root, shared_dir
 
 pytestmark = requires_root
@@ -292,3 +295,88 @@ def test_what_the_run_could_not_read_in_the_workspace_it_cannot_read_in_the_copy
             assert seen[name].startswith("blocked:"), (name, seen)
         assert "secret" not in (folder / "out").read_text().replace("_secret", "")
         assert result.changes is not None and result.changes.is_empty
+
+
+ROOTLESS_UID = 64073
+"""An ordinary uid with no account for the rootless writing runs (not root, not a pool uid, not test_userns's)."""
+
+ROOTLESS_EDIT = """
+import os, pathlib
+pathlib.Path("a.py").write_text("x = 2\\n")
+pathlib.Path(".git/hooks/pre-commit").write_text("#!/bin/sh\\nevil\\n")
+os.symlink("/etc/passwd", "out")
+for i in range(100_000):
+    try:
+        open(f"many{i}", "w").close()
+    except OSError:
+        break
+for i in range(i):
+    os.remove(f"many{i}")
+pathlib.Path("new.txt").write_text("new\\n")
+try:
+    pathlib.Path(OUTSIDE).write_text("escaped")
+except OSError as exc:
+    print("outside:", exc.strerror)
+print(os.getcwd(), i)
+"""
+
+
+@contextlib.contextmanager
+def users_project(files: dict[str, str]) -> Iterator[Path]:
+    """A workspace, scratch and outside folder of the ordinary uid, as its own gateway would have them."""
+    with shared_dir() as folder:
+        for sub in ("ws", "scratch", "outside"):
+            (folder / sub).mkdir()
+        for name, text in files.items():
+            (folder / "ws" / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / "ws" / name).write_text(text)
+        for path in (folder, *folder.rglob("*")):
+            os.chown(path, ROOTLESS_UID, ROOTLESS_UID)
+        folder.chmod(0o755)
+        yield folder
+
+
+def as_user(code: str, folder: Path, backend: Backend, *extra: str) -> dict[str, Any]:
+    child = str(REPO / "tests" / "sandbox" / "rootless_writes_child.py")
+    command = ["setpriv", f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}", "--clear-groups", "--"]
+    argv = [*command, sys.executable, child, code, str(folder / "ws"), str(folder / "scratch"), backend, *extra]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    outcome: dict[str, Any] = json.loads(done.stdout)
+    return outcome
+
+
+def test_a_rootless_gateways_run_writes_a_copy_its_child_made_and_the_gateway_filled() -> None:
+    with users_project({"a.py": "x = 1\n", ".git/hooks/README": "hooks\n"}) as folder:
+        code = f"OUTSIDE = {str(folder / 'outside' / 'x')!r}\n{ROOTLESS_EDIT}"
+        seen = as_user(code, folder, "native")
+        assert seen["rootless"] is True
+        assert seen["exit_code"] == 0, seen
+        cwd, made = seen["stdout"].splitlines()[-1].split()
+        assert cwd == str(folder / "ws"), "the copy is at the workspace's path"
+        assert int(made) < 2000, "the copy's inodes are capped near max_change_files"
+        assert "outside: " in seen["stdout"] and not (folder / "outside" / "x").exists(), "read-only tree, Landlock"
+        assert seen["changes_error"] is None
+        assert seen["changes"] == [["a.py", "modified"], ["new.txt", "added"]]
+        assert seen["refused"] == [[".git/hooks/pre-commit", "protected_path"], ["out", "symlink"]]
+        assert seen["applied"] is True
+        assert (folder / "ws" / "a.py").read_text() == "x = 2\n"
+        assert (folder / "ws" / "new.txt").read_text() == "new\n"
+        assert sorted(os.listdir(folder / "ws" / ".git" / "hooks")) == ["README"]
+        assert (folder / "ws" / "new.txt").stat().st_uid == ROOTLESS_UID
+
+
+def test_a_rootless_gateway_refuses_a_writing_run_under_bubblewrap() -> None:
+    with users_project({"a.py": "x = 1\n"}) as folder:
+        seen = as_user("print('ran')", folder, "bubblewrap")
+        assert seen == {"rootless": True, "start_error": "workspace_view_unavailable"}
+        assert os.listdir(folder / "ws") == ["a.py"]
+
+
+def test_a_rootless_workspace_too_large_to_copy_runs_nothing() -> None:
+    with users_project({f"f{i}": "x" for i in range(20)}) as folder:
+        marker = folder / "outside" / "ran"
+        seen = as_user(f"open({str(marker)!r}, 'w')", folder, "native", "10")
+        assert seen == {"rootless": True, "start_error": "workspace_too_large_for_view"}
+        assert not marker.exists()
