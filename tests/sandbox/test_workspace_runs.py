@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -380,3 +381,29 @@ def test_a_rootless_workspace_too_large_to_copy_runs_nothing() -> None:
         seen = as_user(f"open({str(marker)!r}, 'w')", folder, "native", "10")
         assert seen == {"rootless": True, "start_error": "workspace_too_large_for_view"}
         assert not marker.exists()
+
+
+def test_a_rootless_run_gets_the_same_refusals_and_its_late_writer_is_dead_before_the_read() -> None:
+    files = {"a.py": "x = 1\n", ".git/hooks/README": "hooks\n", ".git/config": "[core]\n"}
+    with users_project(files) as folder:
+        outside = folder / "outside" / "x"
+        code = f"OUTSIDE = {str(outside)!r}\n{HOSTILE}\n{KEEPS_WRITING}"
+        seen = as_user(code, folder, "native")
+        assert seen["exit_code"] == 0, seen
+        assert seen["changes_error"] is None
+        refused = {path: why for path, why in seen["refused"]}
+        assert {path: refused[path] for path in ("link_out", "hard_in", "a.py", "fifo", "setuid", ".git/config")} == {
+            "link_out": "symlink",
+            "hard_in": "hard_link",
+            "a.py": "hard_link",
+            "fifo": "fifo",
+            "setuid": "setuid_or_setgid_bit",
+            ".git/config": "protected_path",
+        }
+        added = {path for path, action in seen["changes"] if action == "added"}
+        assert {"late0.txt", "evil\nname.txt"} <= added, "the late writer wrote while the run was on"
+        assert seen["applied"] is True and not outside.exists()
+        assert sorted(os.listdir(folder / "ws" / ".git" / "hooks")) == ["README"]
+        late = (folder / "ws" / "late0.txt").read_text()
+        time.sleep(0.3)
+        assert (folder / "ws" / "late0.txt").read_text() == late, "nothing writes after the run"
