@@ -14,10 +14,12 @@
     and, for comparison with the rejected overlayfs, the time to make (not mount) an overlay over
     the project with its upper on a tmpfs.
 
-Must run as root (the view is made by root; a rootless gateway's writing run is refused:
-`workspace_view_unavailable`). About 30 s.
+(c) (a) again as an ordinary uid (`--rootless-uid`, setpriv): a rootless gateway's runs, where the
+    run's child makes the copy's tmpfs and the gateway fills it (no bubblewrap side: refused).
 
-    .venv/bin/python bench/change_set.py [--rounds 10] [--files 2000]
+Must run as root. About 15 s.
+
+    .venv/bin/python bench/change_set.py [--rounds 10] [--files 2000] [--rootless-uid 64076]
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from sandbox.pinned import Pinned, pin  # noqa: E402
 from sandbox.workspace_copy import Owner, copy_workspace  # noqa: E402
 
 TARGET_RATIO = 1.3
+ROOTLESS_UID = 64076
+"""An ordinary uid with no account, for the rootless side (not a pool uid, not the tests' own)."""
 RUFF = Path(sys.prefix) / "bin" / "ruff"
 ARGV = [str(RUFF), "format", "--no-cache", "."]
 RULES = ChangeRules(max_files=1000, max_bytes=16 << 20)
@@ -114,19 +118,41 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--rootless-uid", type=int, default=ROOTLESS_UID, help="0: no rootless side")
+    parser.add_argument("--inner-rootless", type=Path, help=argparse.SUPPRESS)  # the rootless side, as that uid
     args = parser.parse_args()
+    if args.inner_rootless is not None:
+        return anyio.run(functools.partial(run_all, args.inner_rootless, args.rounds, args.files, rootless=True))
     if os.geteuid() != 0:
-        print("run as root: the workspace view is made by root", file=sys.stderr)
+        print("run as root: the workspace view is made by root, and the rootless side is run as another uid")
         return 1
     folder = Path(tempfile.mkdtemp(prefix="bench-change-set-"))
     folder.chmod(0o755)
     try:
-        return anyio.run(run_all, folder, args.rounds, args.files)
+        code = anyio.run(run_all, folder, args.rounds, args.files)
     finally:
         shutil.rmtree(folder)
+    if code == 0 and args.rootless_uid:
+        code = rootless_side(args.rootless_uid, args.rounds, args.files)
+    return code
 
 
-async def run_all(folder: Path, rounds: int, files: int) -> int:
+def rootless_side(uid: int, rounds: int, files: int) -> int:
+    """The same as an ordinary user's gateway runs it (decision 57): this script again, as `uid`, in its own folder."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-change-set-rootless-"))
+    folder.chmod(0o755)
+    os.chown(folder, uid, uid)
+    command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", sys.executable, __file__]
+    command += ["--inner-rootless", str(folder), "--rounds", str(rounds), "--files", str(files)]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+    try:
+        done = subprocess.run(command, env=env, cwd="/", check=False, timeout=600)
+    finally:
+        shutil.rmtree(folder)
+    return done.returncode
+
+
+async def run_all(folder: Path, rounds: int, files: int, *, rootless: bool = False) -> int:
     project = folder / "project"
     make_project(project, files)
     (folder / "scratch").mkdir()
@@ -137,7 +163,7 @@ async def run_all(folder: Path, rounds: int, files: int) -> int:
         bare_copies.append(copy)
     pinned = pin(project)
     sides: dict[str, list[float]] = {"bare": [], "review native": [], "review bubblewrap": [], "read-only native": []}
-    backends: list[Backend] = ["native", "bubblewrap"] if probe_host().mount_tree else ["native"]
+    backends: list[Backend] = ["native", "bubblewrap"] if probe_host().mount_tree and not rootless else ["native"]
     if "bubblewrap" not in backends:
         del sides["review bubblewrap"]
     changed: list[int] = []
@@ -178,15 +204,17 @@ async def run_all(folder: Path, rounds: int, files: int) -> int:
             samples: list[float] = [] if index == 0 else sides[name]
             await timed(samples, action)
     base = p50_ms(sides["bare"])
-    print(f"(a) ruff format over {files} files ({files // 10} to reformat), {rounds} rounds, p50:")
+    who = f"rootless (uid {os.getuid()}, rootless={probe_host().rootless})" if rootless else "root"
+    print(f"(a) {who}: ruff format over {files} files ({files // 10} to reformat), {rounds} rounds, p50:")
     for name, samples in sides.items():
         print(f"  {name:<22}{p50_ms(samples):>9.1f} ms{p50_ms(samples) / base:>8.2f}x")
     ratio = p50_ms(sides["review native"]) / base
     print(
         f"  review native / bare: {ratio:.2f}x ({'met' if ratio <= TARGET_RATIO else 'NOT met'}, aim {TARGET_RATIO}x)"
     )
-    print(f"  files in each review's change set: {sorted(set(changed))}")
-    pieces(folder, pinned)
+    print(f"  files in each review's change set: {sorted(set(changed))}", flush=True)
+    if not rootless:
+        pieces(folder, pinned)
     return 0
 
 
