@@ -8,7 +8,9 @@ a prompt that must be cut: the counts and the first names. Both are pure.
 Paths are kept exact in the change set (bytes through os.fsencode) and shown escaped here:
 `shown(path)` turns control characters (a newline included), bidi and other format characters,
 and bytes that are not UTF-8 into visible escapes, so a name can neither break a line of the
-patch nor read as another name.
+patch nor read as another name. A text file's lines holding such characters (a bidi override
+that makes code read otherwise than it runs) are shown escaped too, under a line that says so:
+the patch is for people; what is applied is the change set's exact bytes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ def shown(path: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def _shown_line(line: str) -> str:
+    """A diff line with what a reader cannot see escaped as `shown` does (a tab kept: it shows)."""
+    if all(char == "\t" or unicodedata.category(char) not in _HIDDEN_CATEGORIES for char in line):
+        return line
+    return "\t".join(shown(part) for part in line.split("\t"))
 
 
 def _is_text(content: bytes) -> bool:
@@ -81,7 +90,18 @@ def _file_diff(change: Change) -> list[str]:
         hunk = [f"@@ {span} @@", *(sign + line for line in only)]
     else:
         hunk = list(difflib.unified_diff(old_lines, new_lines, lineterm="", n=3))[2:]  # without its ---/+++ lines
-    return lines + [line[:-1] if line.endswith("\n") else f"{line}\n\\ No newline at end of file" for line in hunk]
+    body, escaped = [], False
+    for raw in hunk:
+        if raw.startswith("@@"):
+            body.append(raw)
+            continue
+        text = raw.removesuffix("\n")
+        seen = _shown_line(text)
+        escaped = escaped or seen != text
+        body.append(seen if raw.endswith("\n") else f"{seen}\n\\ No newline at end of file")
+    if escaped:
+        lines.append("# this file holds control or bidi characters: shown escaped below (\\u202e, \\x1b, ...)")
+    return lines + body
 
 
 def _header(change: Change) -> str:

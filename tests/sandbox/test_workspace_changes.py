@@ -22,6 +22,7 @@ from sandbox.apply import apply_changes
 from sandbox.backends.view import MIB, NamespacedView, WorkspaceView
 from sandbox.change_set import (
     Action,
+    Change,
     ChangeRules,
     ChangeSet,
     Refusal,
@@ -415,3 +416,36 @@ def test_a_filler_waiting_for_a_child_that_never_sends_wakes_when_the_spawn_fail
         with pytest.raises(SandboxStartError, match="spawn_failed"), copy.spawning(ws):
             raise SandboxStartError("spawn_failed")  # the spawn failed before the child sent its tmpfs
         assert time.monotonic() - started < 10, "the filler thread woke at once, not at its 60 s timeout"
+
+
+def test_control_and_bidi_characters_in_a_text_file_are_shown_escaped_and_said(tmp_path: Path) -> None:
+    trojan = "access = 'user'\nif access != 'none\u202e \u2066// admin\u2069 \u2066':\n\tgrant()  \x1b[2J\n"
+    with workspace(tmp_path, {"plain.py": b"a\n"}) as ws, copied(ws) as (view, originals, copy):
+        (copy / "trojan.py").write_text(trojan)
+        (copy / "plain.py").write_text("a\n\tb\n")
+        changes = changes_of(view, originals, ws)
+    patch = render_patch(changes)
+    assert "\u202e" not in patch and "\u2066" not in patch and "\x1b" not in patch
+    assert "+if access != 'none\\u202e \\u2066// admin\\u2069 \\u2066':" in patch
+    assert "+\tgrant()  \\x1b[2J" in patch
+    assert patch.count("# this file holds control or bidi characters") == 1, "said for trojan.py, not plain.py"
+    assert "+\tb" in patch
+    assert next(c for c in changes.changes if c.path == "trojan.py").content == trojan.encode(), "applied exact"
+
+
+def test_hunk_headers_stand_alone_and_a_missing_last_newline_is_said_once() -> None:
+    change = Change("x.py", Action.MODIFIED, Kind.FILE, "1", "2", 5, 5, 0o644, 0o644, b"a\nb\nd", b"a\nb\nc")
+    assert render_patch(ChangeSet((change,), ())).splitlines() == [
+        "# modified file x.py",
+        "--- a/x.py",
+        "+++ b/x.py",
+        "@@ -1,3 +1,3 @@",
+        " a",
+        " b",
+        "-c",
+        "\\ No newline at end of file",
+        "+d",
+        "\\ No newline at end of file",
+    ]
+    added = Change("y.py", Action.ADDED, Kind.FILE, None, "2", None, 4, None, 0o644, b"a\nb\n")
+    assert render_patch(ChangeSet((added,), ())).splitlines()[3:] == ["@@ -0,0 +1,2 @@", "+a", "+b"]
