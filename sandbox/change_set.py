@@ -220,6 +220,7 @@ class _Walk:
         self.seen: set[str] = set()
         self.bytes = 0
         self.guarding = guarding_folders(originals, rules.protected)
+        self._children: dict[str, list[str]] | None = None
 
     def _add(self, change: Change) -> None:
         if is_protected(change.path, self.rules.protected):
@@ -287,9 +288,23 @@ class _Walk:
             )  # fmt: skip
             self._add(change)
 
+    def _beneath(self, path: str) -> list[str]:
+        """What the copy held beneath the folder `path` (an index built once, at the first folder replaced)."""
+        if self._children is None:
+            self._children = {}
+            for entry in self.originals:
+                self._children.setdefault(entry.rpartition("/")[0], []).append(entry)
+        found, waiting = [], [path]
+        while waiting:
+            for child in self._children.get(waiting.pop(), ()):
+                found.append(child)
+                waiting.append(child)
+        return found
+
     def _deleted(self, path: str) -> None:
         """`path` and, for a folder, everything the copy held beneath it, as deletions (deepest first)."""
-        beneath = [p for p in self.originals if p.startswith(f"{path}/") and p not in self.seen]
+        held = self.originals[path].kind is Kind.FOLDER
+        beneath = [p for p in self._beneath(path) if p not in self.seen] if held else []
         for inner in sorted(beneath, key=lambda p: p.count("/"), reverse=True):
             self.seen.add(inner)
             self._delete_one(inner)
