@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandbox.beneath import open_beneath
-from sandbox.change_set import Action, Change, ChangeSet, read_at_most
+from sandbox.change_set import DEFAULT_PROTECTED, Action, Change, ChangeSet, is_protected, read_at_most
 from sandbox.workspace_copy import PERMISSION_BITS, Kind
 
 _FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -38,19 +38,31 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 class ApplyResult:
     applied: bool
     reason: str | None = None
-    """Why not: `changes_too_large`, `changes_conflict`, or `changes_apply_failed` (a write failed midway)."""
+    """Why not: `changes_too_large`, `changes_protected`, `changes_conflict`, or `changes_apply_failed`
+    (a write failed midway)."""
     conflicts: tuple[str, ...] = ()
-    """The paths that no longer hold what the run began with."""
+    """The paths that no longer hold what the run began with (`changes_conflict`), or protected ones."""
     written: tuple[str, ...] = ()
     """The paths changed, in order (when a write failed midway: those before it)."""
 
 
 def apply_changes(
-    workspace_fd: int, changes: ChangeSet, *, new_token: Callable[[], str] = lambda: secrets.token_hex(8)
+    workspace_fd: int,
+    changes: ChangeSet,
+    *,
+    protected: tuple[str, ...] = DEFAULT_PROTECTED,
+    new_token: Callable[[], str] = lambda: secrets.token_hex(8),
 ) -> ApplyResult:
-    """Apply `changes` beneath the folder `workspace_fd` refers to, or nothing of it (see the module's docstring)."""
+    """Apply `changes` beneath the folder `workspace_fd` refers to, or nothing of it (see the module's docstring).
+
+    `protected` is the policy's list again: a set holding a change there (read_changes never makes
+    one; a set built by hand might) applies nothing (`changes_protected`, the paths named). Blocking
+    file I/O: call it on a worker thread."""
     if changes.too_large is not None:
         return ApplyResult(False, "changes_too_large")
+    guarded = tuple(change.path for change in changes.changes if is_protected(change.path, protected))
+    if guarded:
+        return ApplyResult(False, "changes_protected", guarded)
     deleted = frozenset(change.path for change in changes.changes if change.action is Action.DELETED)
     conflicts = tuple(change.path for change in changes.changes if not _still_as_it_was(workspace_fd, change, deleted))
     if conflicts:

@@ -449,3 +449,18 @@ def test_hunk_headers_stand_alone_and_a_missing_last_newline_is_said_once() -> N
     ]
     added = Change("y.py", Action.ADDED, Kind.FILE, None, "2", None, 4, None, 0o644, b"a\nb\n")
     assert render_patch(ChangeSet((added,), ())).splitlines()[3:] == ["@@ -0,0 +1,2 @@", "+a", "+b"]
+
+
+def test_a_set_built_by_hand_with_a_protected_path_applies_nothing(tmp_path: Path) -> None:
+    hook = Change(".git/hooks/pre-commit", Action.ADDED, Kind.FILE, None, "x", None, 3, None, 0o755, b"#!\n")
+    fine = Change("a.txt", Action.ADDED, Kind.FILE, None, "y", None, 1, None, 0o644, b"a")
+    with workspace(tmp_path, {"keep": b"k"}) as ws:
+        result = apply_changes(ws.fd, ChangeSet((fine, hook), ()))
+        assert (result.applied, result.reason, result.conflicts) == (
+            False,
+            "changes_protected",
+            (".git/hooks/pre-commit",),
+        )
+        assert os.listdir(ws.path) == ["keep"]
+        mine = apply_changes(ws.fd, ChangeSet((fine,), ()), protected=("a.txt",))
+        assert (mine.reason, mine.conflicts) == ("changes_protected", ("a.txt",))
