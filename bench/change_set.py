@@ -15,7 +15,7 @@
     the project with its upper on a tmpfs.
 
 (c) (a) again as an ordinary uid (`--rootless-uid`, setpriv): a rootless gateway's runs, where the
-    run's child makes the copy's tmpfs and the gateway fills it (no bubblewrap side: refused).
+    run's child makes the copy's tmpfs and the gateway fills it.
 
 Must run as root. About 15 s.
 
@@ -163,7 +163,7 @@ async def run_all(folder: Path, rounds: int, files: int, *, rootless: bool = Fal
         bare_copies.append(copy)
     pinned = pin(project)
     sides: dict[str, list[float]] = {"bare": [], "review native": [], "review bubblewrap": [], "read-only native": []}
-    backends: list[Backend] = ["native", "bubblewrap"] if probe_host().mount_tree and not rootless else ["native"]
+    backends: list[Backend] = ["native", "bubblewrap"] if probe_host().mount_tree else ["native"]
     if "bubblewrap" not in backends:
         del sides["review bubblewrap"]
     changed: list[int] = []

@@ -261,13 +261,13 @@ class ChildPlan:
         `scratch`: a tmpfs the gateway made (root); `child_scratch`: one the child makes in its user namespace.
         `view`: the workspace's copy a writing run works on, moved over its cwd in the scratch's mount
         namespace (backends/view.py): root, with the scratch tmpfs and a `cwd_fd`; `child_view`: the same
-        made by the child in its user namespace (rootless, native, with a `cwd_fd`)."""
+        made by the child in its user namespace (rootless, with a `cwd_fd`)."""
         rootless = Layer.USER_NAMESPACE in active
         if not rootless and (identity is None or Layer.UID_DROP not in active):
             raise SandboxStartError("guarantee_unavailable:own_identity")
         if view is not None and (rootless or scratch is None or cwd_fd is None):
             raise SandboxStartError("workspace_view_unavailable")
-        if child_view is not None and (not rootless or limits.backend != "native" or cwd_fd is None):
+        if child_view is not None and (not rootless or cwd_fd is None):
             raise SandboxStartError("workspace_view_unavailable")
         self._view = view
         self._child_view = child_view

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import unicodedata
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from sandbox.workspace_copy import Kind
 
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 _TEXT_PROBE = 8192
+_ASCII_HIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""ASCII's control characters but the tab."""
 
 
 def shown(path: str) -> str:
@@ -47,6 +50,8 @@ def shown(path: str) -> str:
 
 def _shown_line(line: str) -> str:
     """A diff line with what a reader cannot see escaped as `shown` does (a tab kept: it shows)."""
+    if line.isascii() and not _ASCII_HIDDEN.search(line):  # most lines: no character looked up one by one
+        return line
     if all(char == "\t" or unicodedata.category(char) not in _HIDDEN_CATEGORIES for char in line):
         return line
     return "\t".join(shown(part) for part in line.split("\t"))

@@ -35,7 +35,6 @@ from sandbox.backends.containment import sweep
 from sandbox.backends.identity import RunIdentity, UidPool
 from sandbox.backends.landlock import runtime_read_only_paths
 from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, files_for
-from sandbox.backends.view import WorkspaceView
 from sandbox.capture import OutputCapture
 from sandbox.change_set import ChangeRules, ChangeSet
 from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers, run_groups
@@ -152,14 +151,17 @@ async def run_sandboxed(
                 os.chown(scratch, identity.uid, identity.gid)
             os.chmod(scratch, 0o700)
             copy = await WritableCopy.prepare(
-                stack, cwd, writes, CopyPlace(active, space, limits.backend, Owner(*owner), root=os.geteuid() == 0)
+                stack,
+                cwd,
+                writes,
+                CopyPlace(active, space, scratch, limits.backend, Owner(*owner), root=os.geteuid() == 0),
             )
             read_only = tuple(dict.fromkeys((*runtime_read_only_paths(), cwd, *limits.allowed_paths)))
             read_write = (scratch, Path(os.devnull))
             cwd_fd = _cwd_fd(cwd, stack)
             command, pass_fds, status_fd = _command(
                 argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=_path_of(cwd), stack=stack,
-                view=copy.view,
+                writable=copy.view is not None or copy.child_view is not None,
             )  # fmt: skip
             capture = stack.enter_context(OutputCapture(stdout_path, stderr_path, limits.max_output_bytes, on_stdout))
             with (
@@ -254,7 +256,7 @@ def _command(
     scratch: Path,
     cwd: Path,
     stack: contextlib.ExitStack,
-    view: WorkspaceView | None = None,
+    writable: bool = False,
 ) -> tuple[list[str], tuple[int, ...], int]:
     """What to spawn, the fds it must inherit, and the status memfd where the run's end is reported.
 
@@ -267,9 +269,13 @@ def _command(
     if limits.backend != "bubblewrap":
         return argv, (), status
     program = stack.enter_context(_seccomp_memfd(limits)) if Layer.SECCOMP in active else None
-    writable = scratch / VIEW_IN_SCRATCH if view is not None else None
     prefix = bubblewrap_argv(
-        read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program, status_fd=status, writable_cwd=writable
+        read_only=read_only,
+        scratch=scratch,
+        cwd=cwd,
+        seccomp_fd=program,
+        status_fd=status,
+        writable_cwd=scratch / VIEW_IN_SCRATCH if writable else None,
     )
     pinned = tuple(grant.fd for grant in read_only if isinstance(grant, Pinned))  # for --ro-bind-fd
     return [*prefix, *argv], (*pinned, status) if program is None else (*pinned, program, status), status

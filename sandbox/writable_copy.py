@@ -2,10 +2,11 @@
 
 `WritableCopy.prepare` makes the copy a run of `run_sandboxed(writes=...)` works on, or refuses the
 run (`workspace_view_unavailable`) where none can be made: a cwd that is not pinned, a host without
-the scratch step's mount namespace, a rootless bubblewrap run, a root gateway without
-CAP_SYS_ADMIN. As root the gateway makes it and fills it before the spawn (backends/view.py
+the scratch step's mount namespace, a root gateway without CAP_SYS_ADMIN, a rootless one without
+the PID namespace. As root the gateway makes it and fills it before the spawn (backends/view.py
 WorkspaceView); rootless the child makes it and waits while a thread of the gateway fills it
-(`spawning`, NamespacedView). `read` gives the run's result its change set once the run is over.
+(`spawning`, NamespacedView). With bubblewrap the copy is moved into a folder of the scratch tmpfs
+(VIEW_IN_SCRATCH) and bwrap binds it over the workspace. `read` gives the run's result its change set once the run is over.
 
 A copy is capped after it is made at what it holds plus twice `max_bytes` (a tool writes a file's
 new content before the old goes) and `max_files` + 64 inodes: a run filling it gets ENOSPC, and
@@ -53,6 +54,7 @@ class CopyPlace:
 
     active: frozenset[Layer]
     space: ScratchSpace | None
+    scratch: Path
     backend: Backend
     owner: Owner
     root: bool
@@ -85,10 +87,11 @@ class WritableCopy:
         if not isinstance(cwd, Pinned) or Layer.SCRATCH_TMPFS not in place.active:
             raise SandboxStartError("workspace_view_unavailable")
         if rootless:
-            if place.root or place.backend != "native" or Layer.PID_NAMESPACE not in place.active:
+            if place.root or Layer.PID_NAMESPACE not in place.active:
                 raise SandboxStartError("workspace_view_unavailable")
             size, files = _bounds(writes)
-            child_view = NamespacedView(size, files, place.owner.uid, place.owner.gid, FILL_WAIT_S)
+            at = place.scratch / VIEW_IN_SCRATCH if place.backend == "bubblewrap" else None
+            child_view = NamespacedView(size, files, place.owner.uid, place.owner.gid, FILL_WAIT_S, mount_at=at)
             stack.callback(child_view.close)
             copy = cls(writes, child_view=child_view)
             stack.callback(copy.close)

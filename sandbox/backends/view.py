@@ -182,9 +182,13 @@ class NamespacedView:
     namespace): the run's PID namespace ending with it is what makes its last writer gone.
     """
 
-    __slots__ = ("_args", "_child_end", "_gateway_end", "_options")
+    __slots__ = ("_args", "_child_end", "_gateway_end", "_mount_at", "_options")
 
-    def __init__(self, size_bytes: int, max_files: int, uid: int, gid: int, wait_s: float) -> None:
+    def __init__(
+        self, size_bytes: int, max_files: int, uid: int, gid: int, wait_s: float, *, mount_at: Path | None = None
+    ) -> None:
+        """`mount_at`: a folder to make in the child's scratch tmpfs and move the copy onto, instead of over
+        the cwd (bubblewrap binds it from there, as WorkspaceView's `mount_at`)."""
         if size_bytes < MIB or max_files < 16:
             raise ValueError("a workspace view needs at least 1 MiB and 16 files")
         self._options = {"size": str(size_bytes), "nr_inodes": str(max_files), "mode": "0755"}
@@ -193,11 +197,13 @@ class NamespacedView:
         seconds = int(wait_s)
         timeout = struct.pack("ll", seconds, int((wait_s - seconds) * 1_000_000))
         self._child_end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)  # the child's wait is bounded
+        self._mount_at = None if mount_at is None else os.fsencode(mount_at)
+        target = b"." if self._mount_at is None else self._mount_at
         self._args = (
             ctypes.c_long(_SYS_MOVE_MOUNT),
             ctypes.c_char_p(b""),
             ctypes.c_int(_AT_FDCWD),
-            ctypes.c_char_p(b"."),
+            ctypes.c_char_p(target),
         )
 
     def apply(self) -> int:
@@ -210,10 +216,12 @@ class NamespacedView:
             raise OSError(5, "the workspace copy was not made")  # EIO
         _, size, files = _GO.unpack(answer)
         _reconfigure(mount_fd, {"size": str(size), "nr_inodes": str(files)})
+        if self._mount_at is not None:
+            os.mkdir(self._mount_at, 0o755)  # in the scratch tmpfs the child made just before
         nr_move, empty, cwd, here = self._args
         if _syscall(nr_move, mount_fd, empty, cwd, here, _MOVE_MOUNT_F_EMPTY_PATH) != 0:
             raise OSError(ctypes.get_errno(), "move_mount")
-        if _fchdir(mount_fd) != 0:
+        if self._mount_at is None and _fchdir(mount_fd) != 0:
             raise OSError(ctypes.get_errno(), "fchdir")
         return mount_fd
 
