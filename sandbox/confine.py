@@ -56,6 +56,7 @@ from sandbox.backends.scratch import (
     namespaced_tree_available,
     scratch_available,
 )
+from sandbox.backends.view import NamespacedView, WorkspaceView
 from sandbox.errors import SandboxStartError
 from sandbox.guarantees import Guarantee
 from sandbox.layers import Layer
@@ -253,12 +254,23 @@ class ChildPlan:
         child_scratch: NamespacedScratch | None = None,
         status_fd: int = -1,
         cwd_fd: int | None = None,
+        view: WorkspaceView | None = None,
+        child_view: NamespacedView | None = None,
     ) -> None:
         """`identity`: the run's pool uid (root), None for a rootless run (the gateway's own uid, in a user namespace).
-        `scratch`: a tmpfs the gateway made (root); `child_scratch`: one the child makes in its user namespace."""
+        `scratch`: a tmpfs the gateway made (root); `child_scratch`: one the child makes in its user namespace.
+        `view`: the workspace's copy a writing run works on, moved over its cwd in the scratch's mount
+        namespace (backends/view.py): root, with the scratch tmpfs and a `cwd_fd`; `child_view`: the same
+        made by the child in its user namespace (rootless, with a `cwd_fd`)."""
         rootless = Layer.USER_NAMESPACE in active
         if not rootless and (identity is None or Layer.UID_DROP not in active):
             raise SandboxStartError("guarantee_unavailable:own_identity")
+        if view is not None and (rootless or scratch is None or cwd_fd is None):
+            raise SandboxStartError("workspace_view_unavailable")
+        if child_view is not None and (not rootless or cwd_fd is None):
+            raise SandboxStartError("workspace_view_unavailable")
+        self._view = view
+        self._child_view = child_view
         # With bubblewrap, Landlock and seccomp are not applied here: Landlock would forbid
         # bubblewrap's mounts, and the filter its namespaces; bubblewrap installs the filter.
         native = limits.backend == "native"
@@ -297,8 +309,8 @@ class ChildPlan:
                 read_only=read_only,
                 read_write=read_write,
                 allow_tcp=limits.network,
-                read_write_fds=() if scratch is None else (scratch.mount_fd,),
-                late_read_write=child_scratch is not None,
+                read_write_fds=tuple(space.mount_fd for space in (scratch, view) if space is not None),
+                late_read_write=(child_scratch is not None) + (child_view is not None),
             )
             self._landlock = landlock.prepare_landlock(rules)
         if native and Layer.SECCOMP in active:
@@ -334,6 +346,8 @@ class ChildPlan:
             namespaces.unshare_ipc()
         if self._scratch is not None:
             self._scratch.apply()
+        if self._view is not None:
+            self._view.apply()  # in the scratch's namespace, over the cwd it carried: the workspace
         if self._supervisor is not None:
             self._supervisor.enter()
         if self._rlimits is not None:
@@ -349,10 +363,16 @@ class ChildPlan:
         namespace.enter()
         if self._tree is not None:
             self._tree.apply()  # before the scratch tmpfs, which then stays writable
+        late = 0
         if self._child_scratch is not None:
             mount_fd = self._child_scratch.apply()
             if self._landlock is not None:
-                self._landlock.set_late_fd(mount_fd)
+                self._landlock.set_late_fd(mount_fd, late)
+            late += 1
+        if self._child_view is not None:
+            view_fd = self._child_view.apply()  # waits for the gateway to fill it, then over the cwd
+            if self._landlock is not None:
+                self._landlock.set_late_fd(view_fd, late)
         if self._supervisor is not None:
             self._supervisor.enter()
         if self._rlimits is not None:

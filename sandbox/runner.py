@@ -36,12 +36,15 @@ from sandbox.backends.identity import RunIdentity, UidPool
 from sandbox.backends.landlock import runtime_read_only_paths
 from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, files_for
 from sandbox.capture import OutputCapture
+from sandbox.change_set import ChangeRules, ChangeSet
 from sandbox.confine import ChildPlan, LayerReport, plan_layers, probe_layers, run_groups
 from sandbox.errors import SandboxStartError
 from sandbox.layers import Layer
 from sandbox.limits import Limits
 from sandbox.pinned import Pinned
 from sandbox.task_groups import task_group
+from sandbox.workspace_copy import Owner
+from sandbox.writable_copy import VIEW_IN_SCRATCH, CopyPlace, WritableCopy
 
 MAX_COLLECTED_BYTES = 16 * 1024 * 1024
 RUN_GRACE_S = pidns.WATCHDOG_GRACE_S + 3.0
@@ -75,6 +78,12 @@ class RunResult:
     """The isolation layers this run got, in the order they were applied."""
     collected: Mapping[str, Path] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     """Scratch files copied out (name -> where), those that were regular files under the size cap."""
+    changes: ChangeSet | None = None
+    """A writing run's change set (`run_sandboxed(writes=...)`), read once every process of the run was dead
+    and its copy frozen; None for a read-only run, or when the copy could not be frozen (`changes_error`)."""
+    changes_error: str | None = None
+    """Why a writing run has no change set: `workspace_view_busy` (something still held the copy open for
+    writing after the run), `changes_unreadable` (the copy could not be read); nothing of it applies."""
 
 
 _POLL_FIRST_S = 0.002
@@ -94,6 +103,7 @@ async def run_sandboxed(
     collect: Mapping[str, Path] = MappingProxyType({}),
     host: LayerReport | None = None,
     on_stdout: Callable[[bytes], None] | None = None,
+    writes: ChangeRules | None = None,
 ) -> RunResult:
     """Run `argv` confined: its own uid, cgroup, session, rlimits, network, IPC, mount and PID namespaces,
     Landlock, seccomp (with `limits.backend == "bubblewrap"`: bubblewrap's mount tree in place of Landlock).
@@ -107,6 +117,10 @@ async def run_sandboxed(
     regular file of at most MAX_COLLECTED_BYTES is copied to its path, never through a link;
     then whatever the run left behind, daemonized grandchildren included, is killed before this
     returns. `on_stdout` sees the kept stdout as it arrives (a run's progress; it must not raise).
+    With `writes`, the run works on a copy of the pinned `cwd` at the same path (sandbox/backends/view.py,
+    decision 78), never on the workspace itself; `RunResult.changes` is what it changed there
+    (sandbox/change_set.py), for the gateway to show and apply (sandbox/patch.py, sandbox/apply.py).
+    Where no copy can be made, SandboxStartError `workspace_view_unavailable` (sandbox/writable_copy.py).
     `host` is what this host can enforce (default: probed once); a layer it lacks is
     left out unless a guarantee the run requires (`limits.required`) needs it. Raises SandboxStartError
     when a required guarantee has no layer here, or a layer cannot be applied: nothing ran.
@@ -136,25 +150,37 @@ async def run_sandboxed(
             elif identity is not None:
                 os.chown(scratch, identity.uid, identity.gid)
             os.chmod(scratch, 0o700)
+            copy = await WritableCopy.prepare(
+                stack,
+                cwd,
+                writes,
+                CopyPlace(active, space, scratch, limits.backend, Owner(*owner), root=os.geteuid() == 0),
+            )
             read_only = tuple(dict.fromkeys((*runtime_read_only_paths(), cwd, *limits.allowed_paths)))
             read_write = (scratch, Path(os.devnull))
             cwd_fd = _cwd_fd(cwd, stack)
             command, pass_fds, status_fd = _command(
-                argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=_path_of(cwd), stack=stack
-            )
+                argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=_path_of(cwd), stack=stack,
+                writable=copy.view is not None or copy.child_view is not None,
+            )  # fmt: skip
             capture = stack.enter_context(OutputCapture(stdout_path, stderr_path, limits.max_output_bytes, on_stdout))
-            with ChildPlan(
-                limits,
-                identity,
-                read_only,
-                read_write,
-                active=active,
-                group=group,
-                scratch=space,
-                child_scratch=child_scratch,
-                status_fd=status_fd,
-                cwd_fd=cwd_fd,
-            ) as preexec:
+            with (
+                ChildPlan(
+                    limits,
+                    identity,
+                    read_only,
+                    read_write,
+                    active=active,
+                    group=group,
+                    scratch=space,
+                    child_scratch=child_scratch,
+                    status_fd=status_fd,
+                    cwd_fd=cwd_fd,
+                    view=copy.view,
+                    child_view=copy.child_view,
+                ) as preexec,
+                copy.spawning(cwd),
+            ):
                 started = time.monotonic()
                 process = _spawn(command, None, limits, capture.child_fds, preexec=preexec, pass_fds=pass_fds)
             if child_scratch is not None:
@@ -174,6 +200,8 @@ async def run_sandboxed(
             elif Layer.PID_NAMESPACE in active:
                 result = _with_command_status(result, os.pread(status_fd, 64, 0))
             collected = _collect(space, scratch, collect)
+            # After _supervise: every process of the run is dead (its cgroup or uid swept).
+            result = await copy.read(result, cwd)
             if group is not None:
                 usage = group.usage()
                 result = dataclasses.replace(
@@ -228,6 +256,7 @@ def _command(
     scratch: Path,
     cwd: Path,
     stack: contextlib.ExitStack,
+    writable: bool = False,
 ) -> tuple[list[str], tuple[int, ...], int]:
     """What to spawn, the fds it must inherit, and the status memfd where the run's end is reported.
 
@@ -240,7 +269,14 @@ def _command(
     if limits.backend != "bubblewrap":
         return argv, (), status
     program = stack.enter_context(_seccomp_memfd(limits)) if Layer.SECCOMP in active else None
-    prefix = bubblewrap_argv(read_only=read_only, scratch=scratch, cwd=cwd, seccomp_fd=program, status_fd=status)
+    prefix = bubblewrap_argv(
+        read_only=read_only,
+        scratch=scratch,
+        cwd=cwd,
+        seccomp_fd=program,
+        status_fd=status,
+        writable_cwd=scratch / VIEW_IN_SCRATCH if writable else None,
+    )
     pinned = tuple(grant.fd for grant in read_only if isinstance(grant, Pinned))  # for --ro-bind-fd
     return [*prefix, *argv], (*pinned, status) if program is None else (*pinned, program, status), status
 

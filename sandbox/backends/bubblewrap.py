@@ -50,12 +50,15 @@ def bubblewrap_argv(
     cwd: Path,
     seccomp_fd: int | None,
     status_fd: int | None = None,
+    writable_cwd: Path | None = None,
     bwrap: Path = BWRAP,
 ) -> list[str]:
     """The bwrap command line that runs a command (appended after it) in the minimal tree. Pure.
 
     With `status_fd`, bwrap writes JSON status lines there (`command_ran` reads them). The fd of
-    each Pinned grant must be inherited by bwrap (`pass_fds`).
+    each Pinned grant must be inherited by bwrap (`pass_fds`). `writable_cwd` is where the child
+    moved the workspace's copy (backends/view.py; a folder of the scratch tmpfs, the gateway's
+    own): it is bound read-write over `cwd`, after the read-only grants.
     """
     argv = [str(bwrap), *_NAMESPACES, *_HARDENING]
     # Parents before children: a bind is hidden by a later bind of one of its parents.
@@ -68,6 +71,8 @@ def bubblewrap_argv(
             argv += ["--symlink", os.readlink(path), str(path)]
         else:
             argv += ["--ro-bind", str(path), str(path)]
+    if writable_cwd is not None:
+        argv += ["--bind", str(writable_cwd), str(cwd)]
     argv += ["--dev", "/dev", "--proc", "/proc", "--bind", str(scratch), str(scratch)]
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(cwd)]
     if seccomp_fd is not None:

@@ -92,9 +92,10 @@ class LandlockRules:
     """Granted by an open fd rather than a path: a mount the child will attach (scratch.ScratchSpace).
     A rule on a mount point does not reach the mount on top of it: Landlock skips mount points
     when it walks up, so the mount's own root must carry the rule."""
-    late_read_write: bool = False
-    """One more read-write rule whose fd the child supplies (`PreparedLandlock.set_late_fd`): the
-    scratch tmpfs a run in its own user namespace mounts itself (scratch.NamespacedScratch)."""
+    late_read_write: int = 0
+    """How many more read-write rules have an fd the child supplies (`PreparedLandlock.set_late_fd`): the
+    scratch tmpfs a run in its own user namespace mounts itself (scratch.NamespacedScratch), and a
+    writing run's copy (view.NamespacedView)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,15 +139,13 @@ class PreparedLandlock:
 
     __slots__ = ("_args", "_attr", "_fds", "_late", "_rule_attrs", "_ruleset_fd", "handled")
 
-    def __init__(self, handled: HandledAccess, grants: list[tuple[int, int]], *, late: bool = False) -> None:
+    def __init__(self, handled: HandledAccess, grants: list[tuple[int, int]], *, late: int = 0) -> None:
         self.handled = handled
         self._fds = tuple(fd for fd, _ in grants)
         self._attr = _RulesetAttr(handled.fs, handled.net, handled.scoped)
-        # The late rule's fd is -1 until the child sets it: applied unset, the rule fails (EBADF), closed.
-        self._late = _PathBeneathAttr(handled.fs, -1) if late else None
-        self._rule_attrs = tuple(_PathBeneathAttr(access, fd) for fd, access in grants)
-        if self._late is not None:
-            self._rule_attrs += (self._late,)
+        # A late rule's fd is -1 until the child sets it: applied unset, the rule fails (EBADF), closed.
+        self._late = tuple(_PathBeneathAttr(handled.fs, -1) for _ in range(late))
+        self._rule_attrs = tuple(_PathBeneathAttr(access, fd) for fd, access in grants) + self._late
         self._ruleset_fd = ctypes.c_long(-1)
         # Every argument is a ctypes object built now, so apply() converts nothing.
         self._args = (
@@ -163,11 +162,11 @@ class PreparedLandlock:
             ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF),
         )
 
-    def set_late_fd(self, fd: int) -> None:
-        """In the child, before `apply`: the fd of the late read-write rule (LandlockRules.late_read_write)."""
-        if self._late is None:
-            raise OSError(0, "this ruleset has no late rule")
-        self._late.parent_fd = fd
+    def set_late_fd(self, fd: int, index: int = 0) -> None:
+        """In the child, before `apply`: the fd of late read-write rule `index` (LandlockRules.late_read_write)."""
+        if index >= len(self._late):
+            raise OSError(0, "this ruleset has no such late rule")
+        self._late[index].parent_fd = fd
 
     def apply(self) -> None:
         """Restrict the calling process for good; raises OSError(errno) at the first failing call.

@@ -1,0 +1,240 @@
+"""Applying a change set beneath the pinned workspace: all checked first, then each file atomically (decision 78).
+
+`apply_changes(workspace_fd, changes)` works only through the workspace's pinned fd
+(sandbox/pinned.py) and sandbox/beneath.py: every path is resolved beneath it with no link
+followed, so renaming the workspace folder, or putting a link in its place, while a person decides
+moves nothing outside it: the changes land in the folder that was pinned, wherever it now is.
+
+First every target is checked against what the run began with: an added path must be absent (a
+folder may already be there), a modified or deleted file must still hold `sha256_before` with its
+mode, a folder must still be a folder. If any differs, nothing is written and the result names the
+paths (the gateway answers -32004 `changes_conflict`). A set that is too large applies nothing.
+Then: folders added (parents first, created as needed, never through a link), files written each
+to a temporary in its target folder and renamed into place (atomic per file), deletions by
+unlinkat and rmdir (deepest first), folder modes. Modes carry permission bits only; what is
+written belongs to the gateway's user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sandbox.beneath import open_beneath
+from sandbox.change_set import DEFAULT_PROTECTED, Action, Change, ChangeSet, is_protected, read_at_most
+from sandbox.workspace_copy import PERMISSION_BITS, Kind
+
+_FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    applied: bool
+    reason: str | None = None
+    """Why not: `changes_too_large`, `changes_protected`, `changes_conflict`, or `changes_apply_failed`
+    (a write failed midway)."""
+    conflicts: tuple[str, ...] = ()
+    """The paths that no longer hold what the run began with (`changes_conflict`), or protected ones."""
+    written: tuple[str, ...] = ()
+    """The paths changed, in order (when a write failed midway: those before it)."""
+
+
+def apply_changes(
+    workspace_fd: int,
+    changes: ChangeSet,
+    *,
+    protected: tuple[str, ...] = DEFAULT_PROTECTED,
+    new_token: Callable[[], str] = lambda: secrets.token_hex(8),
+) -> ApplyResult:
+    """Apply `changes` beneath the folder `workspace_fd` refers to, or nothing of it (see the module's docstring).
+
+    `protected` is the policy's list again: a set holding a change there (read_changes never makes
+    one; a set built by hand might) applies nothing (`changes_protected`, the paths named). Blocking
+    file I/O: call it on a worker thread."""
+    if changes.too_large is not None:
+        return ApplyResult(False, "changes_too_large")
+    guarded = tuple(change.path for change in changes.changes if is_protected(change.path, protected))
+    if guarded:
+        return ApplyResult(False, "changes_protected", guarded)
+    deleted = frozenset(change.path for change in changes.changes if change.action is Action.DELETED)
+    conflicts = tuple(change.path for change in changes.changes if not _still_as_it_was(workspace_fd, change, deleted))
+    if conflicts:
+        return ApplyResult(False, "changes_conflict", conflicts)
+    written: list[str] = []
+    try:
+        for change in _in_order(changes.changes):
+            _apply_one(workspace_fd, change, new_token)
+            written.append(change.path)
+    except OSError:
+        return ApplyResult(False, "changes_apply_failed", written=tuple(written))
+    return ApplyResult(True, written=tuple(written))
+
+
+def _self_and_parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+
+
+def _in_order(changes: tuple[Change, ...]) -> list[Change]:
+    """Deletions first (files, then folders deepest first: a path may change kind), then folders made
+    (parents first), files written, folder modes."""
+
+    def depth(change: Change) -> int:
+        return change.path.count("/")
+
+    deleted_files = [c for c in changes if c.kind is Kind.FILE and c.action is Action.DELETED]
+    deleted_folders = sorted(
+        (c for c in changes if c.kind is Kind.FOLDER and c.action is Action.DELETED), key=depth, reverse=True
+    )
+    added_folders = sorted((c for c in changes if c.kind is Kind.FOLDER and c.action is Action.ADDED), key=depth)
+    files = [c for c in changes if c.kind is Kind.FILE and c.action is not Action.DELETED]
+    modes = [c for c in changes if c.kind is Kind.FOLDER and c.action is Action.MODIFIED]
+    return [*deleted_files, *deleted_folders, *added_folders, *files, *modes]
+
+
+def _split(path: str) -> tuple[str, str]:
+    parent, _, name = path.rpartition("/")
+    return parent, name
+
+
+def _lstat(workspace_fd: int, path: str) -> os.stat_result | None:
+    """What `path` is beneath the workspace (not following a last link), None when absent; raises OSError on a link on the way."""
+    parent, name = _split(path)
+    try:
+        folder = open_beneath(workspace_fd, parent or ".", _FOLDER)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    try:
+        return os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(folder)
+
+
+def _still_as_it_was(workspace_fd: int, change: Change, deleted: frozenset[str]) -> bool:
+    """Whether the workspace still holds what the run began with at `change.path`.
+
+    An addition at (or beneath) a path the set deletes first is judged by that deletion's own check."""
+    if change.action is Action.ADDED and any(p in deleted for p in _self_and_parents(change.path)):
+        return True
+    try:
+        info = _lstat(workspace_fd, change.path)
+    except OSError:
+        return False  # a link or a file where a folder was on the way: not what the run saw
+    if change.action is Action.ADDED:
+        return info is None or (change.kind is Kind.FOLDER and stat.S_ISDIR(info.st_mode))
+    if info is None:
+        return False
+    if change.kind is Kind.FOLDER:
+        if change.action is Action.DELETED:  # it must hold nothing the set does not delete too
+            return stat.S_ISDIR(info.st_mode) and _holds_only(workspace_fd, change.path, deleted)
+        return stat.S_ISDIR(info.st_mode) and info.st_mode & PERMISSION_BITS == change.mode_before
+    if not stat.S_ISREG(info.st_mode) or info.st_mode & PERMISSION_BITS != change.mode_before:
+        return False
+    if info.st_size != change.size_before:
+        return False
+    return _sha256(workspace_fd, change.path, info.st_size) == change.sha256_before
+
+
+def _holds_only(workspace_fd: int, path: str, deleted: frozenset[str]) -> bool:
+    try:
+        folder = open_beneath(workspace_fd, path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return all(f"{path}/{name}" in deleted for name in os.listdir(folder))
+    finally:
+        os.close(folder)
+
+
+def _sha256(workspace_fd: int, path: str, size: int) -> str | None:
+    try:
+        reader = open_beneath(workspace_fd, path, _READ)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(reader).st_mode):
+            return None
+        return hashlib.sha256(read_at_most(reader, size + 1)).hexdigest()
+    finally:
+        os.close(reader)
+
+
+def _folder_fd(workspace_fd: int, parent: str) -> int:
+    """An O_PATH fd on `parent` beneath the workspace, each missing folder made on the way, no link followed."""
+    fd = os.open(".", _FOLDER, dir_fd=workspace_fd)
+    try:
+        for part in (p for p in parent.split("/") if p):
+            try:
+                inner = open_beneath(fd, part, _FOLDER)
+            except FileNotFoundError:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                inner = open_beneath(fd, part, _FOLDER)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _apply_one(workspace_fd: int, change: Change, new_token: Callable[[], str]) -> None:
+    parent, name = _split(change.path)
+    folder = _folder_fd(workspace_fd, parent)
+    try:
+        mode = (change.mode_after or 0) & PERMISSION_BITS
+        if change.kind is Kind.FOLDER:
+            if change.action is Action.ADDED:
+                with contextlib.suppress(FileExistsError):  # the check found a folder already there
+                    os.mkdir(name, mode, dir_fd=folder)
+                _chmod_folder(folder, name, mode)
+            elif change.action is Action.DELETED:
+                os.rmdir(name, dir_fd=folder)
+            else:
+                _chmod_folder(folder, name, mode)
+        elif change.action is Action.DELETED:
+            os.unlink(name, dir_fd=folder)
+        else:
+            _write_atomically(folder, name, change.content or b"", mode, new_token())
+    finally:
+        os.close(folder)
+
+
+def _chmod_folder(folder: int, name: str, mode: int) -> None:
+    fd = open_beneath(folder, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(folder: int, name: str, content: bytes, mode: int, token: str) -> None:
+    temporary = f".mcp-write-{token}.tmp"  # short: `name` may be 255 bytes already
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temporary, flags, 0o600, dir_fd=folder)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(temporary, dir_fd=folder)
+        raise
+    os.close(fd)
+    try:
+        os.rename(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        os.unlink(temporary, dir_fd=folder)
+        raise

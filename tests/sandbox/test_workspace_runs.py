@@ -1,0 +1,404 @@
+"""Writing runs through the real sandbox: the copy at the workspace's path, hostile change sets, both backends (decision 78)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from sandbox import Limits, RunResult, probe_host, run_sandboxed
+from sandbox.apply import apply_changes
+from sandbox.backends.rlimits import DEFAULT_FILE_SIZE_BYTES
+from sandbox.change_set import Action, ChangeRules, ChangeSet, Refusal, TooLarge
+from sandbox.limits import BACKENDS, Backend
+from sandbox.patch import render_patch
+from sandbox.pinned import Pinned, pin
+from tests.harness import REPO
+from tests.sandbox.confined_child import PYTHON, requires_root, shared_dir
+
+pytestmark = requires_root
+
+
+@contextlib.contextmanager
+def project(files: dict[str, str]) -> Iterator[tuple[Path, Pinned]]:
+    """A world-readable workspace owned by root (as a developer's is by them), pinned, and a scratch folder beside it."""
+    with shared_dir() as folder:
+        ws = folder / "ws"
+        ws.mkdir()
+        for name, text in files.items():
+            (ws / name).parent.mkdir(parents=True, exist_ok=True)
+            (ws / name).write_text(text)
+        for path in (ws, *ws.rglob("*")):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        (folder / "scratch").mkdir()
+        pinned = pin(ws)
+        try:
+            yield folder, pinned
+        finally:
+            pinned.close()
+
+
+def run(
+    folder: Path, ws: Pinned, code: str, backend: Backend = "native", rules: ChangeRules | None = None, **over: Any
+) -> RunResult:
+    if backend == "bubblewrap" and not probe_host().mount_tree:
+        pytest.skip("bubblewrap does not run here")
+    for name in ("out", "err"):
+        (folder / name).unlink(missing_ok=True)
+    limits = Limits(
+        timeout_s=over.pop("timeout_s", 30),
+        memory_limit_mb=256,
+        max_processes=32,
+        max_output_bytes=100_000,
+        env={"PATH": "/usr/bin:/bin", "TMPDIR": str(folder / "scratch")},
+        scratch_bytes=over.pop("scratch_bytes", 8 << 20),
+        backend=backend,
+    )
+    return anyio.run(
+        lambda: run_sandboxed(
+            [PYTHON, "-I", "-c", code],
+            ws,
+            limits,
+            folder / "out",
+            folder / "err",
+            scratch=folder / "scratch",
+            writes=rules or ChangeRules(),
+        )
+    )
+
+
+def outcome(folder: Path, result: RunResult) -> str:
+    return (folder / "out").read_text() + (folder / "err").read_text() + repr(result)
+
+
+def by_path(changes: ChangeSet) -> dict[str, Action]:
+    return {change.path: change.action for change in changes.changes}
+
+
+def refused(changes: ChangeSet) -> dict[str, Refusal]:
+    return {entry.path: entry.why for entry in changes.refused}
+
+
+EDIT = """
+import os, pathlib
+here = os.getcwd()
+pathlib.Path("a.py").write_text("x = 2\\n")
+pathlib.Path("new/deep").mkdir(parents=True)
+pathlib.Path("new/deep/b.py").write_text("print('b')\\n")
+os.remove("gone.txt")
+os.chmod("run.sh", 0o755)
+pathlib.Path(WS, "absolute.txt").write_text("by the workspace's own path")
+print(here)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_writes_its_copy_at_the_workspace_path_and_never_the_workspace(backend: Backend) -> None:
+    files = {"a.py": "x = 1\n", "gone.txt": "bye\n", "run.sh": "echo\n", "keep/k.txt": "k\n"}
+    with project(files) as (folder, ws):
+        result = run(folder, ws, f"WS = {str(ws.path)!r}\n{EDIT}", backend)
+        assert result.exit_code == 0, outcome(folder, result)
+        assert (folder / "out").read_text().strip() == str(ws.path), "the run sees the copy at the workspace's path"
+        assert {p.name for p in ws.path.iterdir()} == {"a.py", "gone.txt", "run.sh", "keep"}, "nothing reached it"
+        assert (ws.path / "a.py").read_text() == "x = 1\n"
+        assert result.changes is not None
+        assert by_path(result.changes) == {
+            "a.py": Action.MODIFIED,
+            "absolute.txt": Action.ADDED,
+            "gone.txt": Action.DELETED,
+            "new": Action.ADDED,
+            "new/deep": Action.ADDED,
+            "new/deep/b.py": Action.ADDED,
+            "run.sh": Action.MODIFIED,
+        }
+        modified = next(c for c in result.changes.changes if c.path == "run.sh")
+        assert (modified.mode_before, modified.mode_after) == (0o644, 0o755)
+        assert modified.sha256_before == modified.sha256_after
+        assert result.changes.refused == ()
+        patch = render_patch(result.changes)
+        assert "-x = 1\n+x = 2" in patch
+        applied = apply_changes(ws.fd, result.changes)
+        assert applied.applied, applied
+        assert (ws.path / "a.py").read_text() == "x = 2\n"
+        assert (ws.path / "new/deep/b.py").read_text() == "print('b')\n"
+        assert not (ws.path / "gone.txt").exists()
+        assert stat.S_IMODE((ws.path / "run.sh").stat().st_mode) == 0o755
+        assert (ws.path / "keep/k.txt").read_text() == "k\n"
+
+
+HOSTILE = """
+import os, json, pathlib
+done = {}
+def attempt(name, action):
+    try:
+        action()
+        done[name] = "ok"
+    except OSError as exc:
+        done[name] = exc.strerror
+attempt("link_out", lambda: os.symlink("/etc/passwd", "link_out"))
+attempt("link_hooks", lambda: os.symlink(".git/hooks/pre-commit", "link_hooks"))
+attempt("link_rel", lambda: os.symlink("a.py", "link_rel"))
+attempt("hard_out", lambda: os.link("/etc/passwd", "hard_out"))
+attempt("hard_in", lambda: os.link("a.py", "hard_in"))
+attempt("fifo", lambda: os.mkfifo("fifo"))
+attempt("device", lambda: os.mknod("device", 0o600 | 0o020000, os.makedev(1, 3)))
+def setuid():
+    pathlib.Path("setuid").write_text("x")
+    os.chmod("setuid", 0o4755)
+attempt("setuid", setuid)
+attempt("hook", lambda: pathlib.Path(".git/hooks/pre-commit").write_text("#!/bin/sh\\ncurl evil\\n"))
+attempt("vscode", lambda: (pathlib.Path(".vscode").mkdir(), pathlib.Path(".vscode/tasks.json").write_text("{}")))
+attempt("config", lambda: pathlib.Path(".git/config").write_text("[core]\\nfsmonitor = evil\\n"))
+attempt("newline", lambda: pathlib.Path("evil\\nname.txt").write_text("n"))
+attempt("bidi", lambda: pathlib.Path("rea\\u202edme.txt").write_text("b"))
+attempt("bytes", lambda: open(b"bad\\xff\\xfe.txt", "w").write("b"))
+attempt("outside", lambda: pathlib.Path(OUTSIDE).write_text("escaped"))
+print(json.dumps(done))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hostile_entries_are_refused_listed_and_never_applied(backend: Backend) -> None:
+    files = {"a.py": "x = 1\n", ".git/hooks/README": "hooks\n", ".git/config": "[core]\n"}
+    with project(files) as (folder, ws):
+        outside = folder / "outside.txt"
+        result = run(folder, ws, f"OUTSIDE = {str(outside)!r}\n{HOSTILE}", backend)
+        assert result.exit_code == 0, outcome(folder, result)
+        done = json.loads((folder / "out").read_text())
+        assert done["outside"] != "ok" and not outside.exists(), "a write outside the workspace never lands"
+        assert done["hard_out"] != "ok", "a hard link out of the copy's own filesystem cannot be made"
+        assert result.changes is not None
+        why = refused(result.changes)
+        expected = {
+            "link_out": Refusal.SYMLINK,
+            "link_hooks": Refusal.SYMLINK,
+            "link_rel": Refusal.SYMLINK,
+            "hard_in": Refusal.HARD_LINK,
+            "a.py": Refusal.HARD_LINK,
+            "setuid": Refusal.SETUID,
+            ".git/hooks/pre-commit": Refusal.PROTECTED,
+            ".git/config": Refusal.PROTECTED,
+            ".vscode": Refusal.PROTECTED,
+            ".vscode/tasks.json": Refusal.PROTECTED,
+            "fifo": Refusal.FIFO,
+        }
+        if done["device"] == "ok":
+            expected["device"] = Refusal.DEVICE  # the copy is nodev, and mknod needs a capability the run lacks
+        assert why == expected, done
+        names = by_path(result.changes)
+        assert names == {
+            "evil\nname.txt": Action.ADDED,
+            "rea\u202edme.txt": Action.ADDED,
+            "bad\udcff\udcfe.txt": Action.ADDED,
+        }
+        patch = render_patch(result.changes)
+        assert "evil\\nname.txt" in patch and "rea\\u202edme.txt" in patch and "bad\\xff\\xfe.txt" in patch
+        assert "\u202e" not in patch
+        applied = apply_changes(ws.fd, result.changes)
+        assert applied.applied, applied
+        present = set(os.listdir(os.fsencode(ws.path)))
+        assert present == {b"a.py", b".git", b"evil\nname.txt", "rea\u202edme.txt".encode(), b"bad\xff\xfe.txt"}
+        assert os.listdir(ws.path / ".git/hooks") == ["README"]
+        assert (ws.path / ".git/config").read_text() == "[core]\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_many_files_or_a_sparse_huge_file_make_the_set_too_large_in_bounded_time(backend: Backend) -> None:
+    many = "import os\nfor i in range(100_000):\n    try:\n        open(f'f{i}', 'w').close()\n    except OSError:\n        break\nprint(i)\n"
+    sparse = (
+        "import os\nwith open('sparse', 'wb') as f:\n"
+        "    try:\n        f.truncate(5 << 30)\n    except OSError:\n        f.truncate(RLIMIT_FSIZE)\n"
+        "print(os.stat('sparse').st_blocks, os.stat('sparse').st_size)\n"
+    )
+    with project({"a.py": "x = 1\n"}) as (folder, ws):
+        result = run(folder, ws, many, backend)
+        assert result.exit_code == 0, outcome(folder, result)
+        assert int((folder / "out").read_text()) < 2000, "the copy's inodes are capped near max_change_files"
+        assert result.changes is not None and result.changes.too_large is TooLarge.FILES
+        assert len(result.changes.changes) + len(result.changes.refused) == ChangeRules().max_files + 1
+        assert apply_changes(ws.fd, result.changes).reason == "changes_too_large"
+        assert os.listdir(ws.path) == ["a.py"]
+        result = run(folder, ws, f"RLIMIT_FSIZE = {DEFAULT_FILE_SIZE_BYTES}\n{sparse}", backend)
+        assert result.exit_code == 0, outcome(folder, result)
+        blocks, size = map(int, (folder / "out").read_text().split())
+        assert blocks == 0, "sparse: no real blocks"
+        assert size in (5 << 30, DEFAULT_FILE_SIZE_BYTES), "5 GiB, or as much as the run's RLIMIT_FSIZE lets it have"
+        assert result.changes is not None and result.changes.too_large is TooLarge.BYTES
+        assert size > ChangeRules().max_bytes
+        assert result.changes.changes == ()
+
+
+KEEPS_WRITING = """
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        i = 0
+        while True:
+            with open(f"late{i % 3}.txt", "w") as f:
+                f.write(str(i))
+            i += 1
+    os._exit(0)
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_child_that_keeps_writing_is_dead_before_the_set_is_read(backend: Backend) -> None:
+    with project({"a.py": "x = 1\n"}) as (folder, ws):
+        result = run(folder, ws, KEEPS_WRITING, backend)
+        assert result.exit_code == 0, outcome(folder, result)
+        assert result.changes_error is None
+        assert result.changes is not None
+        late = {c.path: c.content for c in result.changes.changes}
+        assert set(late) <= {"late0.txt", "late1.txt", "late2.txt"} and late, "it was writing while the run was on"
+        # The copy was frozen read-only before it was read: a writer still holding it open would
+        # have made that fail (test_workspace_changes.py shows EBUSY), and the set would be None.
+
+
+SECRETS = """
+import json, os
+def attempt(action):
+    try:
+        return "ok:" + repr(action())
+    except OSError as exc:
+        return "blocked:" + (exc.strerror or "")
+print(json.dumps({
+    "read_secret": attempt(lambda: open(".env").read()),
+    "read_private": attempt(lambda: os.listdir("private")),
+    "write_secret": attempt(lambda: open(".env", "w").write("x")),
+    "chmod_secret": attempt(lambda: os.chmod(".env", 0o644)),
+    "read_public": attempt(lambda: open("a.py").read()),
+}))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_what_the_run_could_not_read_in_the_workspace_it_cannot_read_in_the_copy(backend: Backend) -> None:
+    with project({"a.py": "x = 1\n", ".env": "TOKEN=secret\n", "private/key": "k\n"}) as (folder, ws):
+        os.chmod(ws.path / ".env", 0o600)
+        os.chmod(ws.path / "private", 0o700)
+        result = run(folder, ws, SECRETS, backend)
+        assert result.exit_code == 0, outcome(folder, result)
+        seen = json.loads((folder / "out").read_text())
+        assert seen["read_public"] == "ok:'x = 1\\n'"
+        for name in ("read_secret", "read_private", "write_secret", "chmod_secret"):
+            assert seen[name].startswith("blocked:"), (name, seen)
+        assert "secret" not in (folder / "out").read_text().replace("_secret", "")
+        assert result.changes is not None and result.changes.is_empty
+
+
+ROOTLESS_UID = 64073
+"""An ordinary uid with no account for the rootless writing runs (not root, not a pool uid, not test_userns's)."""
+
+ROOTLESS_EDIT = """
+import os, pathlib
+pathlib.Path("a.py").write_text("x = 2\\n")
+pathlib.Path(".git/hooks/pre-commit").write_text("#!/bin/sh\\nevil\\n")
+os.symlink("/etc/passwd", "out")
+for i in range(100_000):
+    try:
+        open(f"many{i}", "w").close()
+    except OSError:
+        break
+for i in range(i):
+    os.remove(f"many{i}")
+pathlib.Path("new.txt").write_text("new\\n")
+try:
+    pathlib.Path(OUTSIDE).write_text("escaped")
+except OSError as exc:
+    print("outside:", exc.strerror)
+print(os.getcwd(), i)
+"""
+
+
+@contextlib.contextmanager
+def users_project(files: dict[str, str]) -> Iterator[Path]:
+    """A workspace, scratch and outside folder of the ordinary uid, as its own gateway would have them."""
+    with shared_dir() as folder:
+        for sub in ("ws", "scratch", "outside"):
+            (folder / sub).mkdir()
+        for name, text in files.items():
+            (folder / "ws" / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / "ws" / name).write_text(text)
+        for path in (folder, *folder.rglob("*")):
+            os.chown(path, ROOTLESS_UID, ROOTLESS_UID)
+        folder.chmod(0o755)
+        yield folder
+
+
+def as_user(code: str, folder: Path, backend: Backend, *extra: str) -> dict[str, Any]:
+    child = str(REPO / "tests" / "sandbox" / "rootless_writes_child.py")
+    command = ["setpriv", f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}", "--clear-groups", "--"]
+    argv = [*command, sys.executable, child, code, str(folder / "ws"), str(folder / "scratch"), backend, *extra]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    outcome: dict[str, Any] = json.loads(done.stdout)
+    return outcome
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_gateways_run_writes_a_copy_its_child_made_and_the_gateway_filled(backend: Backend) -> None:
+    with users_project({"a.py": "x = 1\n", ".git/hooks/README": "hooks\n"}) as folder:
+        code = f"OUTSIDE = {str(folder / 'outside' / 'x')!r}\n{ROOTLESS_EDIT}"
+        seen = as_user(code, folder, backend)
+        assert seen["rootless"] is True
+        assert seen["exit_code"] == 0, seen
+        cwd, made = seen["stdout"].splitlines()[-1].split()
+        assert cwd == str(folder / "ws"), "the copy is at the workspace's path"
+        assert int(made) < 2000, "the copy's inodes are capped near max_change_files"
+        assert "outside: " in seen["stdout"] and not (folder / "outside" / "x").exists(), "read-only tree, Landlock"
+        assert seen["changes_error"] is None
+        assert seen["changes"] == [["a.py", "modified"], ["new.txt", "added"]]
+        assert seen["refused"] == [[".git/hooks/pre-commit", "protected_path"], ["out", "symlink"]]
+        assert seen["applied"] is True
+        assert (folder / "ws" / "a.py").read_text() == "x = 2\n"
+        assert (folder / "ws" / "new.txt").read_text() == "new\n"
+        assert sorted(os.listdir(folder / "ws" / ".git" / "hooks")) == ["README"]
+        assert (folder / "ws" / "new.txt").stat().st_uid == ROOTLESS_UID
+
+
+def test_a_rootless_workspace_too_large_to_copy_runs_nothing() -> None:
+    with users_project({f"f{i}": "x" for i in range(20)}) as folder:
+        marker = folder / "outside" / "ran"
+        seen = as_user(f"open({str(marker)!r}, 'w')", folder, "native", "10")
+        assert seen == {"rootless": True, "start_error": "workspace_too_large_for_view"}
+        assert not marker.exists()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_run_gets_the_same_refusals_and_its_late_writer_is_dead_before_the_read(backend: Backend) -> None:
+    files = {"a.py": "x = 1\n", ".git/hooks/README": "hooks\n", ".git/config": "[core]\n"}
+    with users_project(files) as folder:
+        outside = folder / "outside" / "x"
+        code = f"OUTSIDE = {str(outside)!r}\n{HOSTILE}\n{KEEPS_WRITING}"
+        seen = as_user(code, folder, backend)
+        assert seen["exit_code"] == 0, seen
+        assert seen["changes_error"] is None
+        refused = {path: why for path, why in seen["refused"]}
+        assert {path: refused[path] for path in ("link_out", "hard_in", "a.py", "fifo", "setuid", ".git/config")} == {
+            "link_out": "symlink",
+            "hard_in": "hard_link",
+            "a.py": "hard_link",
+            "fifo": "fifo",
+            "setuid": "setuid_or_setgid_bit",
+            ".git/config": "protected_path",
+        }
+        added = {path for path, action in seen["changes"] if action == "added"}
+        assert {"late0.txt", "evil\nname.txt"} <= added, "the late writer wrote while the run was on"
+        assert seen["applied"] is True and not outside.exists()
+        assert sorted(os.listdir(folder / "ws" / ".git" / "hooks")) == ["README"]
+        late = (folder / "ws" / "late0.txt").read_text()
+        time.sleep(0.3)
+        assert (folder / "ws" / "late0.txt").read_text() == late, "nothing writes after the run"
