@@ -47,10 +47,10 @@ from gateway.visible import visible
 
 RiskTier = Literal["low", "medium", "high"]
 RISK_META_KEY = "mcp-write-gateway/risk"
+"""A tool's `_meta` key by which its server declares its risk tier, over the annotations."""
 DECLARATION_META_KEY = "mcp-write-gateway/declaration"
 """`_meta` of a tool declared in policy.yaml: sha256 of its whole declaration (argv template, arguments,
 program identity, workspace mode, limits), which its fingerprint covers (docs/declared-tools.md)."""
-"""A tool's `_meta` key by which its server declares its risk tier, over the annotations."""
 DAY_S = 86400
 _POLL_FIRST_S = 0.05
 _POLL_MAX_S = 0.5
