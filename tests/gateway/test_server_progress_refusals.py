@@ -135,31 +135,35 @@ def test_the_consoles_deny_is_the_same_with_progress_on(
         assert found.trail[1]["detail"]["decided_by"] == "console:root"
 
 
+@pytest.mark.parametrize("where", ["dialog", "approver-legacy", "approver-modern", "late-retry"])
 def test_a_consent_timeout_is_the_same_with_progress_on(
-    make_gateway: Callable[..., GatewayHome], open_memory: SessionFactory, logged: Callable[[], str]
+    make_gateway: Callable[..., GatewayHome], open_memory: SessionFactory, logged: Callable[[], str], where: str
 ) -> None:
+    """Each row waits out the timeout twice (with and without progress): one test each, so they run side by side."""
     gateway = make_gateway({"consent": {"timeout_s": 1}})
-    silent = open_memory(gateway, elicitation=True)  # declares elicitation, never answers it (no responder)
-    found = same_with_and_without(gateway, called(silent, gateway, LEGACY, {}), -32008, "consent_timeout", logged)
-    assert_decision(found, "DENY_ONCE", "timeout", "elicitation")
-    for era in (LEGACY, MODERN):  # nobody at the approver
+    if where == "dialog":
+        silent = open_memory(gateway, elicitation=True)  # declares elicitation, never answers it (no responder)
+        found = same_with_and_without(gateway, called(silent, gateway, LEGACY, {}), -32008, "consent_timeout", logged)
+        assert_decision(found, "DENY_ONCE", "timeout", "elicitation")
+    elif where.startswith("approver"):  # nobody at the approver
+        era = LEGACY if where == "approver-legacy" else MODERN
         session = open_memory(gateway, version=era)
         found = same_with_and_without(gateway, called(session, gateway, era, {}), -32008, "consent_timeout", logged)
         assert_decision(found, "DENY_ONCE", "timeout", "approver")
-    # A 2026-07-28 retry that brings its answer after the timeout.
-    modern = open_memory(gateway, elicitation=True, version=MODERN)
+    else:  # A 2026-07-28 retry that brings its answer after the timeout.
+        modern = open_memory(gateway, elicitation=True, version=MODERN)
 
-    def late(user: str, progress: str | None) -> dict[str, Any]:
-        params = params_of(gateway, user, progress, era=MODERN, envelope=False)
-        first = call(modern, params)
-        time.sleep(1.5)  # past the policy's consent.timeout_s: the point of the row
-        retry = dict(
-            params, inputResponses={"consent": accept("allow_once")}, requestState=first["result"]["requestState"]
-        )
-        return call(modern, retry)
+        def late(user: str, progress: str | None) -> dict[str, Any]:
+            params = params_of(gateway, user, progress, era=MODERN, envelope=False)
+            first = call(modern, params)
+            time.sleep(1.5)  # past the policy's consent.timeout_s: the point of the row
+            retry = dict(
+                params, inputResponses={"consent": accept("allow_once")}, requestState=first["result"]["requestState"]
+            )
+            return call(modern, retry)
 
-    found = same_with_and_without(gateway, late, -32008, "consent_timeout", logged)
-    assert_decision(found, "DENY_ONCE", "timeout", "elicitation")
+        found = same_with_and_without(gateway, late, -32008, "consent_timeout", logged)
+        assert_decision(found, "DENY_ONCE", "timeout", "elicitation")
 
 
 # --- refused before any wait: every other code, both eras --------------------------------------------
