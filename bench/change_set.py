@@ -19,7 +19,10 @@
 
 Must run as root. About 15 s.
 
-    .venv/bin/python bench/change_set.py [--rounds 10] [--files 2000] [--rootless-uid 64076]
+`--blocks N` makes each module N times as long (N functions and classes; 1: 16 lines, 12: about
+190, the size of a typical module), so the formatter's work grows with the bytes to copy.
+
+    .venv/bin/python bench/change_set.py [--rounds 10] [--files 2000] [--blocks 1] [--rootless-uid 64076]
 """
 
 from __future__ import annotations
@@ -81,13 +84,14 @@ class Thing{n}:
 UNFORMATTED = "def  f_{n}( a,b ) :\n  return {{'a':a,'b':b}}\nx_{n}=[1,2,3 ,4]\n"
 
 
-def make_project(root: Path, files: int) -> None:
-    """`files` modules in 40 packages; one in ten needs formatting."""
+def make_project(root: Path, files: int, blocks: int = 1) -> None:
+    """`files` modules in 40 packages, each of `blocks` functions and classes; one in ten needs formatting."""
     random.seed(files)
     for n in range(files):
         package = root / f"pkg{n % 40:02}"
         package.mkdir(parents=True, exist_ok=True)
-        text = FORMATTED.format(n=n) + (UNFORMATTED.format(n=n) if n % 10 == 0 else "")
+        body = "\n\n".join(FORMATTED.format(n=n * 1000 + k) for k in range(blocks))
+        text = body + (UNFORMATTED.format(n=n) if n % 10 == 0 else "")
         (package / f"mod{n}.py").write_text(text)
     for path in (root, *root.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -118,32 +122,44 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--blocks", type=int, default=1, help="functions and classes per module (12: ~190 lines)")
     parser.add_argument("--rootless-uid", type=int, default=ROOTLESS_UID, help="0: no rootless side")
     parser.add_argument("--inner-rootless", type=Path, help=argparse.SUPPRESS)  # the rootless side, as that uid
     args = parser.parse_args()
     if args.inner_rootless is not None:
-        return anyio.run(functools.partial(run_all, args.inner_rootless, args.rounds, args.files, rootless=True))
+        return anyio.run(
+            functools.partial(run_all, args.inner_rootless, args.rounds, args.files, args.blocks, rootless=True)
+        )
     if os.geteuid() != 0:
         print("run as root: the workspace view is made by root, and the rootless side is run as another uid")
         return 1
     folder = Path(tempfile.mkdtemp(prefix="bench-change-set-"))
     folder.chmod(0o755)
     try:
-        code = anyio.run(run_all, folder, args.rounds, args.files)
+        code = anyio.run(run_all, folder, args.rounds, args.files, args.blocks)
     finally:
         shutil.rmtree(folder)
     if code == 0 and args.rootless_uid:
-        code = rootless_side(args.rootless_uid, args.rounds, args.files)
+        code = rootless_side(args.rootless_uid, args.rounds, args.files, args.blocks)
     return code
 
 
-def rootless_side(uid: int, rounds: int, files: int) -> int:
+def rootless_side(uid: int, rounds: int, files: int, blocks: int) -> int:
     """The same as an ordinary user's gateway runs it (decision 57): this script again, as `uid`, in its own folder."""
     folder = Path(tempfile.mkdtemp(prefix="bench-change-set-rootless-"))
     folder.chmod(0o755)
     os.chown(folder, uid, uid)
     command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", sys.executable, __file__]
-    command += ["--inner-rootless", str(folder), "--rounds", str(rounds), "--files", str(files)]
+    command += [
+        "--inner-rootless",
+        str(folder),
+        "--rounds",
+        str(rounds),
+        "--files",
+        str(files),
+        "--blocks",
+        str(blocks),
+    ]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
     try:
         done = subprocess.run(command, env=env, cwd="/", check=False, timeout=600)
@@ -152,9 +168,9 @@ def rootless_side(uid: int, rounds: int, files: int) -> int:
     return done.returncode
 
 
-async def run_all(folder: Path, rounds: int, files: int, *, rootless: bool = False) -> int:
+async def run_all(folder: Path, rounds: int, files: int, blocks: int = 1, *, rootless: bool = False) -> int:
     project = folder / "project"
-    make_project(project, files)
+    make_project(project, files, blocks)
     (folder / "scratch").mkdir()
     bare_copies = []
     for index in range(rounds + 1):
@@ -205,7 +221,9 @@ async def run_all(folder: Path, rounds: int, files: int, *, rootless: bool = Fal
             await timed(samples, action)
     base = p50_ms(sides["bare"])
     who = f"rootless (uid {os.getuid()}, rootless={probe_host().rootless})" if rootless else "root"
-    print(f"(a) {who}: ruff format over {files} files ({files // 10} to reformat), {rounds} rounds, p50:")
+    print(
+        f"(a) {who}: ruff format over {files} files of {blocks} blocks ({files // 10} to reformat), {rounds} rounds, p50:"
+    )
     for name, samples in sides.items():
         print(f"  {name:<22}{p50_ms(samples):>9.1f} ms{p50_ms(samples) / base:>8.2f}x")
     ratio = p50_ms(sides["review native"]) / base
