@@ -3,10 +3,14 @@ change review"): changes.patch by sandbox.patch.write_patch and changes.json in 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
+from sqlalchemy import Engine
+
+from gateway.consent.store import ConsentStore, PendingRequest
 from sandbox.change_set import Action, Change, ChangeSet, Refusal, RefusedEntry
 from sandbox.patch import shown, write_patch
 from sandbox.workspace_copy import Kind
@@ -63,3 +67,34 @@ def deleted(path: str, before: bytes) -> Change:
 
 def refused(path: str, why: Refusal) -> RefusedEntry:
     return RefusedEntry(path, why)
+
+
+class ReviewQuestion(PendingRequest):
+    """A question row read back as a change review (`kind: change_review`, `run_id`): the schema of this
+    branch has neither column yet (decision 80 adds them), so the test sets both on what it read."""
+
+
+def as_review(question: PendingRequest, run_id: str) -> PendingRequest:
+    review = ReviewQuestion(**{f.name: getattr(question, f.name) for f in dataclasses.fields(question)})
+    object.__setattr__(review, "kind", "change_review")  # frozen: set as the row would have it
+    object.__setattr__(review, "run_id", run_id)
+    return review
+
+
+class ReviewStore(ConsentStore):
+    """The real store, its questions with the ids in `reviews` read back as change reviews of those runs."""
+
+    def __init__(self, engine: Engine, reviews: dict[str, str]) -> None:
+        super().__init__(engine)
+        self.reviews = reviews
+
+    def _as_read(self, question: PendingRequest) -> PendingRequest:
+        run_id = self.reviews.get(question.id)
+        return question if run_id is None else as_review(question, run_id)
+
+    def fetch_request(self, request_id: str) -> PendingRequest | None:
+        question = super().fetch_request(request_id)
+        return None if question is None else self._as_read(question)
+
+    def fetch_pending(self, now: float) -> list[PendingRequest]:
+        return [self._as_read(q) for q in super().fetch_pending(now)]
