@@ -259,6 +259,25 @@ def load_patch(run_dir: Path, max_bytes: int) -> PatchView:
     return PatchView(visible(text, lines=True), complete, size, sha256)
 
 
+@dataclass(frozen=True, slots=True)
+class Review:
+    """A change review's set and the start of its patch, or why they cannot be shown (then: deny only)."""
+
+    view: ChangeSetView | None
+    patch: PatchView | None
+    why: str | None = None
+
+
+def load_review(run_dir: Path | None, max_patch_bytes: int) -> Review:
+    """Both artifacts of a change review (the patch's first `max_patch_bytes`), or why not."""
+    if run_dir is None:
+        return Review(None, None, "the question names no run")
+    try:
+        return Review(load_change_set(run_dir), load_patch(run_dir, max_patch_bytes))
+    except UnreadableError as exc:
+        return Review(None, None, exc.why)
+
+
 # --- the words ----------------------------------------------------------------------------------
 
 
