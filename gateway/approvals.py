@@ -139,9 +139,9 @@ def render_review(request: PendingRequest, review: ReviewText, now: float, local
         f"--- change review {visible(request.id)} ---",
         f"  user:      {visible(request.user)}    workspace: {visible(request.workspace)}",
         *(f"    {line}" for line in review.text.split("\n")),
-        *([f"  {REVIEW_SEE_ALL}"] if review.cut else []),
+        *([f"  {REVIEW_SEE_ALL}"] if review.cut and not review.unreadable else []),
         f"  answer within {left} s",
-        *keys_help(request, True, copy),
+        *keys_help(request, True, copy, review_offers(request, review)),
     ]
     return "\n".join(lines)
 
@@ -172,8 +172,15 @@ def render(request: PendingRequest, now: float, locale: str) -> str:
     return "\n".join(lines)
 
 
-def keys_help(request: PendingRequest, cut: bool, copy: Mapping[str, str]) -> list[str]:
-    offered = offered_for(request)
+def review_offers(request: PendingRequest, review: ReviewText) -> tuple[str, ...] | None:
+    """A change review's answers: Deny once alone when its set cannot be shown."""
+    return (Decision.DENY_ONCE.value,) if review.unreadable else offered_for(request)
+
+
+def keys_help(
+    request: PendingRequest, cut: bool, copy: Mapping[str, str], offered: tuple[str, ...] | None = None
+) -> list[str]:
+    offered = offered_for(request) if offered is None else offered
     actions = "  ".join(f"[{key}] {copy[d.value]}" for key, d in actions_for(deny_first(request), offered))
     default = default_for(deny_first(request), cut, offered)
     see_all = f"   [{SEE_ALL}] {copy['see_all']}" if cut else ""
@@ -322,15 +329,15 @@ class Approver:
         """Ask about one request; False when the person quits."""
         copy = copy_for(self._locale)
         review = is_change_review(request)
+        offered = offered_for(request)
         if review:
             panel = review_of(request, self._artifacts)
             self._say(render_review(request, panel, self._clock.now(), self._locale))
-            cut = panel.cut
+            cut, offered = panel.cut, review_offers(request, panel)
         else:
             self._say(render(request, self._clock.now(), self._locale))
             cut = shown_of(request, copy).cut
         seen_whole = not cut
-        offered = offered_for(request)
         while True:
             left = request.expires_at - self._clock.now()
             if left <= 0:
@@ -348,7 +355,7 @@ class Approver:
             if key == SEE_ALL:
                 if review:
                     seen_whole = self._page_patch(request) or seen_whole
-                    self._say("\n".join(keys_help(request, True, copy)))
+                    self._say("\n".join(keys_help(request, True, copy, offered)))
                 else:
                     self._say(render_whole(request, self._locale))
                     seen_whole = True

@@ -111,6 +111,8 @@ class ReviewText:
     text: str
     cut: bool
     """Part of the change set is not in `text`: Allow must not be the default, nor given unseen."""
+    unreadable: bool = False
+    """The set cannot be shown at all: Deny once is the only answer a front end offers."""
 
 
 # --- which questions are change reviews ---------------------------------------------------------
@@ -362,7 +364,7 @@ def review_text(run_dir: Path, tool: str, limit_chars: int) -> ReviewText:
         # Enough bytes for `limit_chars` characters of patch (escaping only lengthens it), never the whole file.
         patch = load_patch(run_dir, max(0, limit_chars) * 4 + 4)
     except UnreadableError as exc:
-        return ReviewText(unreadable_text(tool, exc.why)[: max(0, limit_chars)], True)
+        return ReviewText(unreadable_text(tool, exc.why)[: max(0, limit_chars)], True, unreadable=True)
     names, cut = names_lines(view)
     body = [*names, f"changes.patch ({patch.size:,} bytes, sha256 {patch.digest}\u2026):"]
     patch_lines = patch.text.split("\n")

@@ -112,6 +112,7 @@ def test_a_patch_that_cannot_be_read_cannot_be_allowed(home: GatewayHome, tmp_pa
     (artifacts / "changes.patch").symlink_to(tmp_path / "elsewhere.patch")
     screen, row = answer(home, None, "1", "v", "1", "3")
     assert "The change set cannot be shown: changes.patch cannot be opened" in screen
+    assert "[3] Deny once\n" in screen and "[1] Allow once" not in screen
     assert "changes.patch cannot be shown" in screen and "from elsewhere" not in screen
     assert row is not None and row.decision == "DENY_ONCE"
 
