@@ -1,7 +1,8 @@
 """The terminal approver on a change review (gateway/approvals.py; decision 81): the panel from the
 run's artifacts, only Allow once and Deny once, Enter denies, `v` pages through the whole patch and
 Allow once waits for its end when the panel was cut. Its loop in process on a real SQLite store
-and real artifacts; the keys from a list (tests/fakes.py PressedKeys)."""
+and real artifacts, the keys from a list (tests/fakes.py PressedKeys); and a real `mcp-gateway
+approvals` in a pty, on a question row of kind `change_review` (once the schema has the column)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import dataclasses
 import io
 import time
 from pathlib import Path
+from typing import Any
 
+import pexpect
 import pytest
 
 from gateway.approvals import Approver, Pager
@@ -17,7 +20,7 @@ from gateway.consent.changes_view import load_patch
 from gateway.consent.store import ConsentStore, PendingRequest
 from sandbox.change_set import ChangeSet, Refusal
 from tests.fakes import FakeClock, PressedKeys
-from tests.harness import ConsentDesk, GatewayHome
+from tests.harness import ConsentDesk, GatewayHome, as_approver
 from tests.review_artifacts import ReviewStore, added, modified, refused, write_review
 
 RUN_ID = "0123456789abcdef0123456789abcdef"
@@ -42,6 +45,7 @@ SMALL = ChangeSet(
     (refused(".git/hooks/pre-commit", Refusal.PROTECTED),),
 )
 LONG = ChangeSet((added("big.txt", b"".join(b"line %d\n" % n for n in range(3000))),), ())
+LONG_HOSTILE = ChangeSet((added("big.txt", b"".join(b"line %d \xe2\x80\xae\x1b[2J\n" % n for n in range(3000))),), ())
 
 
 @pytest.fixture(autouse=True)
@@ -134,3 +138,39 @@ def test_a_patch_past_what_the_pager_shows_never_counts_as_seen(tmp_path: Path) 
     pager.move("G")
     page = pager.page()
     assert "is not shown here: read changes.patch" in page and not pager.seen_end
+
+
+HAS_KIND = "kind" in {f.name for f in dataclasses.fields(PendingRequest)}
+
+
+@pytest.mark.skipif(not HAS_KIND, reason="consent_requests has no kind column yet (decision 80 adds it)")
+def test_v_in_a_real_approver_pages_the_whole_patch_escaped_then_allow_once(home: GatewayHome) -> None:
+    write_review(LONG_HOSTILE, home.settings.artifacts_dir / RUN_ID)
+    now = time.time()
+    columns: dict[str, Any] = {"kind": "change_review", "run_id": RUN_ID}  # those decision 80 adds
+    review = dataclasses.replace(QUESTION, created_at=now, expires_at=now + 120, **columns)
+    ConsentStore(home.engine).insert_request(review)
+    argv = home.cli_argv("approvals")
+    approver = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=60, dimensions=(24, 200)))
+    try:
+        approver.expect(r"change review r1 ---")
+        approver.expect(r"\[q\] quit")
+        panel = approver.before
+        assert "NOT SHOWN WHOLE" in panel and "[1] Allow once  [3] Deny once" in panel
+        approver.send("1")
+        approver.expect("Allow once needs its end seen first")
+        approver.send("v")
+        approver.expect(r"lines 1-21 of 3,00\d")
+        approver.send("G")
+        approver.expect("end of the patch")
+        paged = approver.before
+        assert "\\u202e" in paged and "\\x1b[2J" in paged
+        assert "\u202e" not in paged and "\x1b[2J" not in paged  # escaped, never sent to the terminal raw
+        approver.send("q")
+        approver.expect(r"\[q\] quit")
+        approver.send("1")
+        approver.expect("ALLOW_ONCE")
+    finally:
+        approver.terminate(force=True)
+    row = ConsentStore(home.engine).fetch_request("r1")
+    assert row is not None and row.decision == "ALLOW_ONCE"
