@@ -136,7 +136,7 @@ def render_review(request: PendingRequest, review: ReviewText, now: float, local
     copy = copy_for(locale)
     left = max(0, int(request.expires_at - now))
     lines = [
-        f"--- change review {visible(request.id)} ---",
+        f"--- consent request {visible(request.id)} --- a change review ---",
         f"  user:      {visible(request.user)}    workspace: {visible(request.workspace)}",
         *(f"    {line}" for line in review.text.split("\n")),
         *([f"  {REVIEW_SEE_ALL}"] if review.cut and not review.unreadable else []),

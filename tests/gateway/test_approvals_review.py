@@ -77,7 +77,7 @@ def answer(home: GatewayHome, changes: ChangeSet | None, *keys: str) -> tuple[st
 
 def test_the_panel_shows_the_change_set_escaped_and_offers_only_allow_once_and_deny_once(home: GatewayHome) -> None:
     screen, row = answer(home, SMALL, "2", "4", "5")
-    assert "--- change review r1 ---" in screen
+    assert "--- consent request r1 --- a change review ---" in screen
     assert "1 added, 1 modified, 0 deleted; 1 refused" in screen
     assert "added file evil\\u202eexe.txt" in screen
     assert "refused .git/hooks/pre-commit (protected_path): never applied" in screen
@@ -153,7 +153,7 @@ def test_v_in_a_real_approver_pages_the_whole_patch_escaped_then_allow_once(home
     argv = home.cli_argv("approvals")
     approver = as_approver(pexpect.spawn(argv[0], argv[1:], encoding="utf-8", timeout=60, dimensions=(24, 200)))
     try:
-        approver.expect(r"change review r1 ---")
+        approver.expect(r"consent request r1 --- a change review ---")
         approver.expect(r"\[q\] quit")
         panel = approver.before
         assert "NOT SHOWN WHOLE" in panel and "[1] Allow once  [3] Deny once" in panel
