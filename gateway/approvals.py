@@ -204,11 +204,11 @@ def render_whole(request: PendingRequest, locale: str) -> str:
 
 class Pager:
     """A change review's whole patch, a page of `rows` lines at a time, in this terminal: each line
-    `visible` already (gateway/consent/changes_view.py `load_patch`), numbered, nothing interpreted."""
+    escaped as it is shown (`visible`, which leaves what is escaped already as it is), numbered."""
 
     def __init__(self, patch: PatchView, rows: int) -> None:
         self._patch = patch
-        self._lines: Sequence[str] = patch.text.removesuffix("\n").split("\n")
+        self._lines: Sequence[str] = patch.text.removesuffix("\n").split("\n")  # "\r" and the rest escaped per line
         self._rows = rows
         self._top = 0
         self.seen_end = False
@@ -231,7 +231,7 @@ class Pager:
         width = len(str(total))
         lines = [
             f"  --- changes.patch: {self._patch.size:,} bytes in {total:,} lines, sha256 {self._patch.digest}\u2026 ---",
-            *(f"  {n:>{width}} {line}" for n, line in enumerate(shown, self._top + 1)),
+            *(f"  {n:>{width}} {visible(line)}" for n, line in enumerate(shown, self._top + 1)),
         ]
         if end >= total and not self._patch.complete:
             lines.append(
@@ -380,7 +380,7 @@ class Approver:
         try:
             if run_dir is None:
                 raise UnreadableError("the approver does not know where the run's artifacts are")
-            patch = load_patch(run_dir, MAX_WHOLE_BYTES)
+            patch = load_patch(run_dir, MAX_WHOLE_BYTES, escaped=False)
         except UnreadableError as exc:
             self._say(f"  \u26a0 changes.patch cannot be shown: {visible(exc.why)}. Deny: nobody has seen it.")
             return False

@@ -99,12 +99,13 @@ def test_allow_once_on_a_whole_panel_is_taken_at_once(home: GatewayHome) -> None
 
 
 def test_a_cut_panel_needs_the_patch_paged_to_its_end_before_allow_once(home: GatewayHome) -> None:
-    screen, row = answer(home, LONG, "1", "v", " ", "q", "1", "v", "G", "q", "1")
+    screen, row = answer(home, LONG_HOSTILE, "1", "v", " ", "q", "1", "v", "G", "q", "1")
     first, rest = screen.split("[v] pages through the whole patch; Allow once needs its end seen first.", 1)
     assert "NOT SHOWN WHOLE" in first
     assert rest.count("Allow once needs its end seen first") == 2  # before v, and after a v that stopped short
-    assert "--- changes.patch: " in rest and "lines 1-21 of 3,004" in rest and "lines 22-42 of 3,004" in rest
-    assert "-- end of the patch --" in rest and "+line 2999" in rest
+    assert "--- changes.patch: " in rest and "lines 1-21 of 3,005" in rest and "lines 22-42 of 3,005" in rest
+    assert "-- end of the patch --" in rest and "+line 2999 \\u202e\\x1b[2J" in rest
+    assert "\u202e" not in screen and "\x1b" not in screen  # every page escaped as it is shown
     assert row is not None and row.decision == "ALLOW_ONCE"
 
 
@@ -174,3 +175,13 @@ def test_v_in_a_real_approver_pages_the_whole_patch_escaped_then_allow_once(home
         approver.terminate(force=True)
     row = ConsentStore(home.engine).fetch_request("r1")
     assert row is not None and row.decision == "ALLOW_ONCE"
+
+
+def test_the_pager_escapes_raw_characters_a_patch_should_not_hold(tmp_path: Path) -> None:
+    write_review(SMALL, tmp_path / "run")
+    (tmp_path / "run" / "changes.patch").write_bytes(b"+raw \x1b[2J\xe2\x80\xae\r\x07 and\xff\n" * 30)
+    pager = Pager(load_patch(tmp_path / "run", 1 << 20, escaped=False), 10)
+    pager.move("G")
+    page = pager.page()
+    assert "+raw \\u001b[2J\\u202e\\u000d\\u0007 and\ufffd" in page
+    assert not any(ch in page for ch in "\x1b\u202e\r\x07")
