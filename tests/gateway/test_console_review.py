@@ -175,3 +175,17 @@ def test_a_review_refuses_what_is_not_allow_once_or_deny_once(gw: GatewayHome, a
 )
 def test_each_patch_line_gets_its_mark(line: str, mark: str) -> None:
     assert line_class(line) == mark
+
+
+def test_raw_control_and_bidi_bytes_in_the_patch_are_escaped_in_the_block_and_the_route(
+    gw: GatewayHome, app: ASGIApp
+) -> None:
+    run_dir = ask(gw, HOSTILE)
+    (run_dir / "changes.patch").write_bytes(b"+raw \x1b]0;title\x07 \xe2\x80\xae</span><script>x()</script>\x00\n" * 3)
+    ada = signed_in(app, "ada")
+    for text in (ada.get("/approvals").text, ada.get("/approvals/r1/changes.patch").text):
+        assert not any(ch in text for ch in "\x1b\x07\u202e\x00")
+        assert "\\u001b]0;title\\u0007 \\u202e" in text
+    assert (
+        '<span class="add">+raw \\u001b]0;title\\u0007 \\u202e&lt;/span&gt;&lt;script&gt;' in ada.get("/approvals").text
+    )
