@@ -183,4 +183,4 @@ def cmd_consent_revoke(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_approvals(settings: Settings, _args: argparse.Namespace) -> int:
     locale = policy_for(settings, TOOL_NAMES).consent.locale
     stores = open_stores(settings)
-    return run_approvals(stores, locale, sessions=stores.sessions)
+    return run_approvals(stores, locale, sessions=stores.sessions, artifacts=settings.artifacts_dir)

@@ -25,13 +25,21 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Redire
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.approvals import actions_for
+from gateway.approvals import actions_for, deny_first
 from gateway.audit import EventDraft, EventType
 from gateway.calls import CallStore
 from gateway.consent.actions import Actor, decide_question, revoke_grant
+from gateway.consent.changes_view import (
+    Review,
+    is_change_review,
+    load_review,
+    review_dir,
+    review_run_id,
+)
 from gateway.consent.stage import Decision
 from gateway.consent.store import Channel
 from gateway.console import pages
+from gateway.console.changes import MAX_PATCH_BYTES, offered_in_block, whole_patch
 from gateway.console.copy import pick_locale, words_for
 from gateway.console.sessions import SessionBook, SignInLimit, StreamSlot, StreamSlots, tokens_match
 from gateway.console.shown import shown_card, shown_lines
@@ -267,7 +275,23 @@ class Endpoints:
         questions = await _run(self.visible_questions, who)
         now = self.c.stores.clock.now()
         notice = pages.notice_of(words, request.query_params.get("m"), request.query_params.get("d"))
-        return _html(pages.approvals_page(words, who, questions, now, notice))
+        reviews = {q.id: await _run(self.review_of, q) for q in questions if is_change_review(q)}
+        return _html(pages.approvals_page(words, who, questions, now, notice, reviews=reviews))
+
+    def review_of(self, question: Any, max_patch_bytes: int = MAX_PATCH_BYTES) -> Review:
+        """A change review's artifacts from its run's folder (gateway/consent/changes_view.py), bounded."""
+        return load_review(review_dir(self.c.stores.runs.artifacts_dir, question), max_patch_bytes)
+
+    async def review_patch(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
+        """The whole changes.patch of a change review the viewer may see, escaped, as text/plain."""
+        question = await _run(self.c.stores.consent_store.fetch_request, request.path_params["question_id"])
+        if question is None or not who.sees(question.workspace) or not is_change_review(question):
+            return self.not_found(request, who)
+        record = await _run(self.c.stores.runs.fetch, review_run_id(question))
+        if record is not None and (record.workspace != question.workspace or not who.sees(record.workspace)):
+            return self.not_found(request, who)
+        status, text = await _run(whole_patch, review_dir(self.c.stores.runs.artifacts_dir, question))
+        return Response(text, status_code=status, media_type="text/plain; charset=utf-8")
 
     async def api_questions(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
         questions = await _run(self.visible_questions, who)
@@ -282,13 +306,18 @@ class Endpoints:
             return self.not_found(request, who)
         if not who.may_decide:
             return _html(pages.message_page(words, who, "/approvals", words["cannot_decide"]), 403)
-        offered = dict(actions_for(question.destructive, question.choices)).values()
+        offered = dict(actions_for(deny_first(question), await self.offered(question))).values()
         if chosen not in Decision.__members__ or Decision(chosen) not in offered:
             return RedirectResponse("/approvals?m=not_offered", status_code=303)
         decision = Decision(chosen)
         recorded = await _run(decide_question, self.c.stores, question_id, decision, _actor(who))
         query = {"m": "decided", "d": decision.value} if recorded else {"m": "not_recorded"}
         return RedirectResponse("/approvals?" + urlencode(query), status_code=303)
+
+    async def offered(self, question: Any) -> tuple[str, ...] | None:
+        """What may be decided: as its block offers it (a change review that cannot be read: Deny once only)."""
+        review = await _run(self.review_of, question, 0) if is_change_review(question) else None
+        return offered_in_block(question, review)
 
     # --- grants ----------------------------------------------------------------------------------
 
@@ -379,6 +408,7 @@ def build_app(console: Console) -> ASGIApp:
         Route("/api/questions", page(e.api_questions)),
         Route("/approvals", page(e.approvals_page)),
         Route("/approvals/{question_id}", page(e.decide), methods=["POST"]),
+        Route("/approvals/{question_id}/changes.patch", page(e.review_patch)),
         Route("/grants", page(e.grants_page)),
         Route("/grants/{grant_id}/revoke", page(e.revoke), methods=["POST"]),
         Route("/audit", page(e.audit_page)),

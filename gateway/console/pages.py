@@ -14,16 +14,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from gateway.approvals import actions_for, default_for, whole_of
+from gateway.approvals import actions_for, default_for, deny_first, whole_of
 from gateway.audit import AuditEvent
 from gateway.clock import iso_utc
+from gateway.consent.changes_view import Review
 from gateway.consent.store import Grant, PendingRequest
+from gateway.console.changes import offered_in_block, review_block
 from gateway.console.copy import LOCALES
 from gateway.console.html import Safe, el, join
 from gateway.console.shown import shown, shown_lines
 from gateway.console.views import PAGE, AuditFilter, ChainWatch, Viewer, grant_state
 from gateway.runs import RunRecord
-from gateway.visible import excerpt
+from gateway.visible import Excerpt, excerpt
 
 SECTIONS = ("calls", "approvals", "grants", "audit", "runs")
 
@@ -148,14 +150,19 @@ def notice_of(words: Mapping[str, str], m: str | None, decision: str | None) -> 
     return words[m]
 
 
-def question_block(words: Mapping[str, str], who: Viewer, q: PendingRequest, now: float) -> Safe:
-    """A permission block: what is asked, by which tool of which server, risk, who, the whole preview, time left."""
+def question_block(
+    words: Mapping[str, str], who: Viewer, q: PendingRequest, now: float, review: Review | None = None
+) -> Safe:
+    """A permission block: what is asked, by which tool of which server, risk, who, the whole preview, time left.
+
+    For a change review (`review`: gateway/console/changes.py), the diff view instead of the preview,
+    Allow once and Deny once only, Deny once the default; Deny once alone when the set cannot be read."""
     whole = whole_of(q)
     part = excerpt(whole, words, max_lines=len(whole.split("\n")), max_line_chars=len(whole) + 1)
     heading_id = f"q-{q.id}"
     risk = el("span", {"class": f"risk risk-{q.risk_tier}"}, words.get(q.risk_tier, shown(q.risk_tier)))
-    actions = actions_for(q.destructive, q.choices)
-    default = default_for(q.destructive, False, q.choices)
+    actions = actions_for(deny_first(q), offered_in_block(q, review))
+    default = default_for(deny_first(q), False, offered_in_block(q, review))
     if who.may_decide:
         buttons = [
             el(
@@ -183,7 +190,13 @@ def question_block(words: Mapping[str, str], who: Viewer, q: PendingRequest, now
     return el(
         "article",
         {"class": "question", "role": "region", "aria_labelledby": heading_id, "data_id": q.id},
-        el("h2", {"id": heading_id}, words["title"], " ", el("code", None, shown(q.tool_name))),
+        el(
+            "h2",
+            {"id": heading_id},
+            words["review_title" if review else "title"],
+            " ",
+            el("code", None, shown(q.tool_name)),
+        ),
         el(
             "p",
             None,
@@ -193,8 +206,7 @@ def question_block(words: Mapping[str, str], who: Viewer, q: PendingRequest, now
             el("span", {"class": "note"}, " · " + words["destructive"]) if q.destructive else None,
         ),
         el("p", None, words["user_workspace"].format(user=shown(q.user), workspace=shown(q.workspace))),
-        el("p", {"class": "note"}, words["whole"].format(chars=part.chars, lines=part.lines, digest=part.digest)),
-        el("pre", {"class": "preview", "tabindex": "0", "aria_label": words["arguments"]}, whole),
+        review_block(words, q.id, review) if review is not None else _preview(words, whole, part),
         el(
             "p",
             {"class": "countdown", "data_expires": str(q.expires_at), "data_now": str(now)},
@@ -204,10 +216,23 @@ def question_block(words: Mapping[str, str], who: Viewer, q: PendingRequest, now
     )
 
 
+def _preview(words: Mapping[str, str], whole: str, part: Excerpt) -> Safe:
+    return join(
+        el("p", {"class": "note"}, words["whole"].format(chars=part.chars, lines=part.lines, digest=part.digest)),
+        el("pre", {"class": "preview", "tabindex": "0", "aria_label": words["arguments"]}, whole),
+    )
+
+
 def approvals_page(
-    words: Mapping[str, str], who: Viewer, questions: Sequence[PendingRequest], now: float, notice: str | None
+    words: Mapping[str, str],
+    who: Viewer,
+    questions: Sequence[PendingRequest],
+    now: float,
+    notice: str | None,
+    *,
+    reviews: Mapping[str, Review] | None = None,
 ) -> str:
-    blocks = [question_block(words, who, q, now) for q in questions]
+    blocks = [question_block(words, who, q, now, (reviews or {}).get(q.id)) for q in questions]
     status = el("p", {"id": "notice", "role": "status", "aria_live": "polite"}, notice or "")
     empty = el("p", None, words["no_questions"]) if not questions else None
     ids = el("div", {"id": "questions", "data_ids": ",".join(q.id for q in questions)}, blocks)

@@ -37,6 +37,11 @@ SessionFactory = Callable[..., MemorySession]
 
 @pytest.fixture
 def gw(make_gateway: Callable[..., GatewayHome], tmp_path: Path) -> GatewayHome:
+    return three_users(make_gateway, tmp_path)
+
+
+def three_users(make_gateway: Callable[..., GatewayHome], tmp_path: Path) -> GatewayHome:
+    """A gateway with ada (ADMIN) and alice (USER) in `default`, bob (USER) in `other`, each with a password."""
     other = tmp_path / "other-workspace"
     other.mkdir()
     gateway = make_gateway({"workspaces": {"other": str(other)}})
