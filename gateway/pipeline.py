@@ -44,6 +44,7 @@ from gateway.budget import Usage, reservation_ms, spent_ms
 from gateway.call_trail import CallTrail, Recorder, stored_tool_name
 from gateway.calls import CardStatus
 from gateway.canonical import args_hash
+from gateway.consent.changes_view import changes_prompt
 from gateway.consent.grant_scope import workspace_spellings
 from gateway.consent.stage import (
     OUT_OF_BAND,
@@ -70,11 +71,21 @@ from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord, RunStatus, artifact_errors
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
 from gateway.services import Services
-from gateway.start_failures import describe_start_failure, start_step
-from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
+from gateway.start_failures import describe_start_failure, describe_view_failure, start_step
+from gateway.tools.base import ExecutionRequest, Governance, ToolSpec, Written
+from gateway.tools.changes import (
+    REVIEW_PROMPT_CHARS,
+    apply_beneath,
+    changes_detail,
+    check_applied,
+    check_writable,
+    with_changes,
+    write_artifacts,
+)
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
 from sandbox import RUN_GRACE_S
+from sandbox.change_set import ChangeSet
 from sandbox.confine import LayerReport
 from sandbox.diagnose import why_missing
 from sandbox.errors import SandboxStartError
@@ -509,7 +520,7 @@ class Pipeline:
         if admitted.spec.execute is None:
             raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, admitted.spec.name)
         call.trail.executing, call.trail.started_at = True, self.s.clock.now()
-        return await self._run(admitted, call.trail, call.arguments, call.progress)
+        return await self._run(admitted, call.trail, call.arguments, call.progress, call.asker)
 
     def _execute_read(self, call: _Call, admitted: Admitted) -> ToolOutcome:
         return self._read(admitted, call.trail, call.arguments)
@@ -654,7 +665,12 @@ class Pipeline:
         )
 
     async def _run(
-        self, admitted: Admitted, trail: CallTrail, arguments: Mapping[str, Any], progress: CallProgress
+        self,
+        admitted: Admitted,
+        trail: CallTrail,
+        arguments: Mapping[str, Any],
+        progress: CallProgress,
+        asker: ConsentChannel = OUT_OF_BAND,
     ) -> ToolOutcome:
         """Stages 9-10 for a write tool: its `execute`, then what the pipeline records of any run."""
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
@@ -689,9 +705,7 @@ class Pipeline:
         except SandboxStartError as exc:
             trail.run_ms = 0  # nothing ran
             await in_db_thread(self.s.runs.finish, run_id, RunStatus.FAILED_TO_START, None)
-            message = describe_start_failure(exc.reason)
-            log.error("run %s: the sandbox could not start: %s", run_id, message)  # noqa: TRY400
-            raise SandboxViolationError(Reason.SANDBOX_START_FAILED, message, step=start_step(exc.reason)) from exc
+            raise start_refusal(run_id, exc) from exc
         trail.run_ms = run.duration_ms
         # How the run ended is recorded from the sandbox alone, before anything reads a file the
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
@@ -718,9 +732,16 @@ class Pipeline:
             trail.closed_by_sweep = True
         if refusal is not None:
             raise refusal
+        written = run.written()
+        settled = None
+        if written is not None:
+            trail.stage = "changes"
+            settled = await self._changes(admitted, trail, written, request, asker=asker, progress=progress)
         # Reads the run's files (never raises on their content), off the event loop: a hostile 16 MiB
         # junit.xml costs seconds of parsing, which other calls of this session need not wait for.
         outcome = await anyio.to_thread.run_sync(run.read_outcome)
+        if settled is not None:
+            outcome = with_changes(outcome, settled[0], settled[1], run_id)
         finished = EventDraft(
             EventType.TOOL_FINISHED,
             tool_name=spec.name,
@@ -731,6 +752,85 @@ class Pipeline:
         if not trail.closed_by_sweep:
             await in_db_thread(self._finished, trail, finished, outcome)
         return outcome
+
+    async def _changes(
+        self,
+        admitted: Admitted,
+        trail: CallTrail,
+        written: Written,
+        request: ExecutionRequest,
+        *,
+        asker: ConsentChannel,
+        progress: CallProgress,
+    ) -> tuple[ChangeSet, bool]:
+        """After SANDBOX_EXEC, a writing run's change set (decision 80): refused whole when it cannot be
+        acted on, before anyone is asked; else its artifacts written, then applied at once (`write`) or
+        after a person's Allow once (`review`), beneath the pinned workspace; WORKSPACE_CHANGES recorded
+        either way. Returns the set and whether it was applied, or raises the refusal."""
+        sandbox, root = self.s.policy.sandbox, request.root
+        if written.changes is not None:  # a set over a cap too: its patch says so and lists it so far
+            await anyio.to_thread.run_sync(write_artifacts, written.changes, request.run_dir)
+        try:
+            changes = check_writable(written, sandbox)
+        except SandboxViolationError as exc:
+            none = written.changes or ChangeSet((), ())
+            await in_db_thread(
+                self._changes_logged, trail, admitted, none, applied=False, decided_by="policy", reason=exc.reason
+            )
+            raise
+        if not changes.changes:
+            await in_db_thread(self._changes_logged, trail, admitted, changes, applied=False, decided_by="policy")
+            return changes, False
+        decided_by = "policy"
+        if written.review:
+            consent = self._consent_request(admitted, trail, request.arguments)
+            prompt = changes_prompt(request.run_dir, admitted.spec.name, REVIEW_PROMPT_CHARS)
+            answer = await self.s.consent.review_changes(consent, prompt, asker, progress)
+            decided_by = f"{answer.channel}:{answer.decided_by or answer.origin}"
+            if not answer.decision.allows:
+                await in_db_thread(
+                    self._changes_logged,
+                    trail,
+                    admitted,
+                    changes,
+                    applied=False,
+                    decided_by=decided_by,
+                    reason="changes_denied",
+                )
+                raise ConsentDeniedError(
+                    Reason.CHANGES_DENIED,
+                    "a person did not allow the run's changes (denied, or no answer in time); nothing was applied."
+                    " The patch stays in the run's artifacts as changes.patch",
+                )
+        result = await anyio.to_thread.run_sync(apply_beneath, root, changes, sandbox.protected_paths)
+        reason = None if result.applied else result.reason
+        await in_db_thread(
+            self._changes_logged, trail, admitted, changes, applied=result.applied, decided_by=decided_by, reason=reason
+        )
+        check_applied(result)
+        return changes, True
+
+    def _changes_logged(
+        self,
+        trail: CallTrail,
+        admitted: Admitted,
+        changes: ChangeSet,
+        *,
+        applied: bool,
+        decided_by: str,
+        reason: str | None = None,
+    ) -> None:
+        detail = {"run_id": str(trail.entry.run_id), **changes_detail(changes, applied, decided_by, reason)}
+        self.s.audit.append(
+            EventDraft(
+                EventType.WORKSPACE_CHANGES,
+                run_id=str(trail.entry.run_id),
+                user=admitted.principal.name,
+                workspace=admitted.scope.workspace,
+                tool_name=admitted.spec.name,
+                detail=detail,
+            )
+        )
 
 
 AUTHENTICATE: Check[None, Principal] = Check("authenticate", Pipeline._authenticate, Pipeline._authenticate_dry)
@@ -763,6 +863,18 @@ ROUTES: Mapping[bool, Route] = {sandboxed: route(GATES, EXECUTIONS, sandboxed) f
 """The hop batching (decision 63), built once: for a read tool (False) and a write tool (True), the
 stages after admission grouped as they run: the steps on admission's database thread (a read
 tool's execution among them), then each stage that waits on the event loop."""
+
+
+def start_refusal(run_id: str, exc: SandboxStartError) -> SandboxViolationError:
+    """-32006 for a run that could not start, logged: a writing run's copy that could not be made under its own
+    reason (decision 80), any other step as `sandbox_start_failed` with `data.step`."""
+    view = describe_view_failure(exc.reason)
+    if view is not None:
+        log.error("run %s: no writable copy of the workspace: %s", run_id, view)
+        return SandboxViolationError(Reason(start_step(exc.reason)), view)
+    message = describe_start_failure(exc.reason)
+    log.error("run %s: the sandbox could not start: %s", run_id, message)
+    return SandboxViolationError(Reason.SANDBOX_START_FAILED, message, step=start_step(exc.reason))
 
 
 def _path_spellings(
