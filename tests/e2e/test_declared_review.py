@@ -16,10 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
-from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, reachable_by_everyone
+from gateway import db
+from tests.harness import (
+    FORM_ELICITATION,
+    Approver,
+    GatewayHome,
+    StdioSession,
+    modern_meta,
+    reachable_by_everyone,
+    shows_request,
+)
+from tests.pg_cluster import on_both_engines
 
 SessionFactory = Callable[..., StdioSession]
+ESC = "\x1b"
 GatewayFactory = Callable[..., GatewayHome]
 
 UNUSED_IMPORT = "import os\nimport sys\n\nprint(sys.argv)\n"
@@ -83,13 +95,19 @@ def review_policy(gateway: GatewayHome, **extra: Any) -> None:
 
 
 @pytest.fixture
-def reviewed(make_gateway: GatewayFactory) -> GatewayHome:
+def gateway(make_gateway: GatewayFactory) -> GatewayHome:
+    """A workspace with a file ruff fixes; named as the `approvals` fixture (tests/e2e/conftest.py) looks for it."""
     gw = make_gateway()
     review_policy(gw)
     (gw.workspace / "lint_me.py").write_text(UNUSED_IMPORT)
     reachable_by_everyone(gw.workspace)
     gw.add_user("alice", "USER")
     return gw
+
+
+@pytest.fixture
+def reviewed(gateway: GatewayHome) -> GatewayHome:
+    return gateway
 
 
 def kinds(gateway: GatewayHome, run_id: str) -> list[str]:
@@ -293,3 +311,68 @@ def test_too_many_files_is_refused_before_anyone_is_asked(
     assert not (gw.workspace / "made.txt").exists()
     run_id = response["error"]["data"]["run_id"]
     assert kinds(gw, run_id)[-3:] == ["SANDBOX_EXEC", "WORKSPACE_CHANGES", "TOOL_FINISHED"]
+
+
+def question_rows(gateway: GatewayHome) -> list[dict[str, Any]]:
+    with gateway.engine.connect() as connection:
+        return [dict(row._mapping) for row in connection.execute(select(db.consent_requests))]
+
+
+@on_both_engines
+def test_the_approver_answers_a_change_review_out_of_band(
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
+) -> None:
+    approver = approvals()
+    session = open_session(gateway)  # declares no elicitation: both questions go out of band
+    target = gateway.workspace / "lint_me.py"
+    call_id = session.send_call("ruff_fix", {}, gateway.token("alice"))
+    shows_request(approver)
+    approver.send("1")  # the call: allow once
+    approver.expect("ALLOW_ONCE")
+    review_id = shows_request(approver)
+    screen = approver.before
+    assert "lint_me.py" in screen, screen
+    assert "Allow always" not in screen and "Allow for the session" not in screen, screen
+    assert target.read_text() == UNUSED_IMPORT  # the question is open: nothing applied
+    (row,) = [r for r in question_rows(gateway) if r["id"] == review_id]
+    assert (row["kind"], row["choices"]) == ("change_review", "ALLOW_ONCE,DENY_ONCE")
+    approver.send("1")
+    approver.expect("ALLOW_ONCE")
+    response = session.wait_response(call_id, timeout=120)
+    assert response["result"]["structuredContent"]["applied"] is True, response
+    assert target.read_text() == FIXED
+    run_id = response["result"]["structuredContent"]["run_id"]
+    assert row["run_id"] == run_id
+    changes = event(gateway, run_id, "WORKSPACE_CHANGES")
+    assert changes["decided_by"].startswith("approver:approvals:")
+    assert gateway.chain_ok()
+
+
+def test_a_round_trip_client_gets_its_change_review_out_of_band(
+    gateway: GatewayHome, open_session: SessionFactory, approvals: Callable[[], Approver]
+) -> None:
+    """A 2026-07-28 client answers the call's question in its retry; the run is over by the review, so that
+    question waits for the approver (a retry cannot carry a run's change set: decision 80)."""
+    approver = approvals()
+    session = open_session(gateway, initialize=False)
+    params: dict[str, Any] = {
+        "name": "ruff_fix",
+        "arguments": {},
+        "auth": {"token": gateway.token("alice")},
+        "_meta": modern_meta(),
+    }
+    first = session.request("tools/call", params, timeout=120)["result"]
+    assert first["resultType"] == "input_required", first
+    retry = {
+        **params,
+        "inputResponses": {"consent": {"action": "accept", "content": {"decision": "allow_once"}}},
+        "requestState": first["requestState"],
+    }
+    session.send({"jsonrpc": "2.0", "id": "retry", "method": "tools/call", "params": retry})
+    shows_request(approver)
+    assert "lint_me.py" in approver.before
+    approver.send(ESC)  # deny once
+    approver.expect("DENY_ONCE")
+    response = session.wait_response("retry", timeout=120)
+    assert (response["error"]["code"], response["error"]["data"]["reason"]) == (-32008, "changes_denied")
+    assert (gateway.workspace / "lint_me.py").read_text() == UNUSED_IMPORT
