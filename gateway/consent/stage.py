@@ -34,7 +34,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import anyio
 
-from gateway.audit import AuditLog, EventDraft, EventType
+from gateway.audit import CHANGE_REVIEW, AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
 from gateway.consent.grant_scope import deny_covers
@@ -500,7 +500,7 @@ class ConsentStage:
             run_id=request.run_id,
             preview=visible(prompt, lines=True),
         )
-        extra = {"about": "change_set", "question_id": question.id}
+        extra = {"about": CHANGE_REVIEW, "question_id": question.id}
         answer: Answer | None
         if self._policy.mode == "deny":
             answer = Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.POLICY)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,8 @@ import pytest
 from sqlalchemy import select
 
 from gateway import db
+from gateway.recovery import SWEEP_ENV
+from tests.e2e.test_recovery import wait_until
 from tests.harness import (
     FORM_ELICITATION,
     Approver,
@@ -345,6 +349,9 @@ def test_the_approver_answers_a_change_review_out_of_band(
     assert row["run_id"] == run_id
     changes = event(gateway, run_id, "WORKSPACE_CHANGES")
     assert changes["decided_by"].startswith("approver:approvals:")
+    acts = [e["detail"] for e in gateway.events_of(run_id) if e["event_type"] == "APPROVER_DECISION"]
+    assert [(a.get("about"), a.get("question_id")) for a in acts] == [(None, None), ("change_set", review_id)]
+    assert kinds(gateway, run_id).index("APPROVER_DECISION") < kinds(gateway, run_id).index("TOOL_STARTED")
     assert gateway.chain_ok()
 
 
@@ -376,3 +383,33 @@ def test_a_round_trip_client_gets_its_change_review_out_of_band(
     response = session.wait_response("retry", timeout=120)
     assert (response["error"]["code"], response["error"]["data"]["reason"]) == (-32008, "changes_denied")
     assert (gateway.workspace / "lint_me.py").read_text() == UNUSED_IMPORT
+
+
+def test_a_review_whose_gateway_died_is_closed_in_its_runs_trail_with_nothing_applied(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    granted = gateway.cli("consent", "grant", "alice", "ruff_fix", "--always")
+    assert granted.returncode == 0, granted.stderr
+    session = open_session(gateway)  # no elicitation: the stored grant runs the call, the review waits out of band
+    session.send_call("ruff_fix", {}, gateway.token("alice"))
+
+    def review_row() -> dict[str, Any] | None:
+        rows = [r for r in question_rows(gateway) if r["kind"] == "change_review" and r["status"] == "pending"]
+        return rows[0] if rows else None
+
+    row = wait_until(review_row, 60)
+    assert row is not None, session.stderr_text()
+    os.kill(session.process.pid, signal.SIGKILL)
+    session.process.wait(timeout=10)
+
+    successor = open_session(gateway, env={SWEEP_ENV: "0.5"})
+    run_id = str(row["run_id"])
+    assert wait_until(lambda: "TOOL_FINISHED" in kinds(gateway, run_id), 15), successor.stderr_text()
+    assert (gateway.workspace / "lint_me.py").read_text() == UNUSED_IMPORT
+    (closed,) = [r for r in question_rows(gateway) if r["id"] == row["id"]]
+    assert closed["status"] == "abandoned"
+    assert kinds(gateway, run_id)[-2:] == ["mcp.permission.decision", "TOOL_FINISHED"]
+    review = gateway.events_of(run_id)[-2]["detail"]
+    assert (review["about"], review["decision"], review["reason"]) == ("change_set", "DENY_ONCE", "changes_denied")
+    assert gateway.events_of(str(row["id"])) == [], "nothing is written under the question's own id"
+    assert gateway.chain_ok()
