@@ -639,9 +639,10 @@ class Pipeline:
     def _finished(self, trail: CallTrail, finished: EventDraft, outcome: ToolOutcome) -> None:
         self.s.audit.append(finished, along=trail.card(CardStatus.DONE, outcome=outcome))
 
-    def _ran(self, trail: CallTrail, executed: EventDraft, user: str) -> Usage:
-        """SANDBOX_EXEC, the reservation settled to the run's duration, and the user's usage after it."""
-        self.s.audit.append(executed)
+    def _ran(self, trail: CallTrail, executed: EventDraft, user: str, *, reviewing: bool = False) -> Usage:
+        """SANDBOX_EXEC (the card `reviewing` when a person is to decide on the run's changes next), the
+        reservation settled to the run's duration, and the user's usage after it."""
+        self.s.audit.append(executed, along=trail.card(CardStatus.REVIEWING) if reviewing else ())
         self._settle(trail)
         return self.s.budget.usage(user, self.s.policy.budget)
 
@@ -710,7 +711,9 @@ class Pipeline:
         # How the run ended is recorded from the sandbox alone, before anything reads a file the
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
         executed = EventDraft(EventType.SANDBOX_EXEC, tool_name=spec.name, detail=run.sandbox_detail(), **common)
-        usage = await in_db_thread(self._ran, trail, executed, principal.name)
+        written = run.written()
+        reviewing = written is not None and written.review and run.refusal() is None
+        usage = await in_db_thread(self._ran, trail, executed, principal.name, reviewing=reviewing)
         try:
             with artifact_errors(run_id):
                 run.write_evidence(
@@ -732,11 +735,11 @@ class Pipeline:
             trail.closed_by_sweep = True
         if refusal is not None:
             raise refusal
-        written = run.written()
-        settled = None
-        if written is not None:
-            trail.stage = "changes"
-            settled = await self._changes(admitted, trail, written, request, asker=asker, progress=progress)
+        settled = (
+            None
+            if written is None
+            else await self._changes(admitted, trail, written, request, asker=asker, progress=progress)
+        )
         # Reads the run's files (never raises on their content), off the event loop: a hostile 16 MiB
         # junit.xml costs seconds of parsing, which other calls of this session need not wait for.
         outcome = await anyio.to_thread.run_sync(run.read_outcome)
@@ -767,6 +770,7 @@ class Pipeline:
         acted on, before anyone is asked; else its artifacts written, then applied at once (`write`) or
         after a person's Allow once (`review`), beneath the pinned workspace; WORKSPACE_CHANGES recorded
         either way. Returns the set and whether it was applied, or raises the refusal."""
+        trail.stage = "changes"
         sandbox, root = self.s.policy.sandbox, request.root
         if written.changes is not None:  # a set over a cap too: its patch says so and lists it so far
             await anyio.to_thread.run_sync(write_artifacts, written.changes, request.run_dir)

@@ -378,7 +378,7 @@ def _close_call(services: Stores, calls: OpenCalls, call: OpenCall) -> bool:
     ended without its terminal event): its terminal event, its card closed, nothing charged if nothing ran."""
     if not calls.claim(call):
         return False
-    executing = call.status == CardStatus.RUNNING
+    executing = call.status in (CardStatus.RUNNING, CardStatus.REVIEWING)
     try:
         services.audit.append(
             EventDraft(

@@ -209,7 +209,7 @@ class GatewaySession(Base):
     closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
-_OPEN_CARD = text("status IN ('pending', 'running')")
+_OPEN_CARD = text("status IN ('pending', 'running', 'reviewing')")
 
 
 class ToolCall(Base):

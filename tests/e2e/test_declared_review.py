@@ -123,6 +123,11 @@ def event(gateway: GatewayHome, run_id: str, kind: str) -> dict[str, Any]:
     return dict(found["detail"])
 
 
+def card_statuses(gateway: GatewayHome) -> list[str]:
+    with gateway.engine.connect() as connection:
+        return [str(row.status) for row in connection.execute(select(db.tool_calls.c.status))]
+
+
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -149,15 +154,15 @@ def test_allow_applies_ruffs_fix_after_the_question_and_audits_it(
     reviewed: GatewayHome, open_session: SessionFactory
 ) -> None:
     target = reviewed.workspace / "lint_me.py"
-    seen: list[str] = []
-    person = Person("allow_once", before=lambda: seen.append(target.read_text()))
+    seen: list[tuple[str, list[str]]] = []
+    person = Person("allow_once", before=lambda: seen.append((target.read_text(), card_statuses(reviewed))))
     session = open_session(reviewed, capabilities=FORM_ELICITATION)
     session.responder = person
 
     response = session.call_tool("ruff_fix", {"path": "lint_me.py"}, reviewed.token("alice"), timeout=120)
 
     assert "result" in response, response
-    assert seen == [UNUSED_IMPORT]  # nothing applied while the person was being asked
+    assert seen == [(UNUSED_IMPORT, ["reviewing"])]  # nothing applied while the person was being asked
     assert target.read_text() == FIXED
     question = person.asked[1]
     assert "lint_me.py" in question["message"]
@@ -194,6 +199,7 @@ def test_allow_applies_ruffs_fix_after_the_question_and_audits_it(
     assert document["changes"][0]["action"] == "modified"
     assert document["too_large"] is None
     assert "-import os" in (reviewed.home / "artifacts" / run_id / "changes.patch").read_text()
+    assert card_statuses(reviewed) == ["done"]
     assert reviewed.chain_ok()
 
 

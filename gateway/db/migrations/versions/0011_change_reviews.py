@@ -9,6 +9,10 @@ set (`mcp.permission.decision` with `detail.about: change_set`) is its own kind,
 one too. gateway/audit.py `_end_kind` says the same for SQLite; on PostgreSQL `gateway_audit_append`
 reads it from the detail's canonical JSON, where `"about":"change_set"` can only be that key (a quote
 inside a string value is always escaped).
+
+A call's card has one more open status, `reviewing` (its run is over, a person decides on its
+changes): the partial index of open cards (migration 0010) covers it, so the sweep still finds them
+by index.
 """
 
 import importlib
@@ -33,9 +37,19 @@ if _PREVIOUS.count(_DECISION) != 2 or _APPEND.count("'review'") != 2:
     raise RuntimeError("migration 0011 no longer matches the function of migration 0010")
 
 
+_OPEN_BEFORE = sa.text("status IN ('pending', 'running')")
+_OPEN = sa.text("status IN ('pending', 'running', 'reviewing')")
+
+
+def _open_cards_index(where: sa.TextClause) -> None:
+    op.drop_index("ix_tool_calls_open", "tool_calls")
+    op.create_index("ix_tool_calls_open", "tool_calls", ["session_id"], postgresql_where=where, sqlite_where=where)
+
+
 def upgrade() -> None:
     op.add_column("consent_requests", sa.Column("kind", sa.String(16), nullable=False, server_default="call"))
     op.add_column("consent_requests", sa.Column("run_id", sa.String(64), nullable=True))
+    _open_cards_index(_OPEN)
     if op.get_bind().dialect.name == "postgresql":
         op.execute(_APPEND)
 
@@ -43,6 +57,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(_PREVIOUS)
+    _open_cards_index(_OPEN_BEFORE)
     with op.batch_alter_table("consent_requests") as batch:
         batch.drop_column("run_id")
         batch.drop_column("kind")
