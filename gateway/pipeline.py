@@ -48,9 +48,11 @@ from gateway.consent.changes_view import changes_prompt
 from gateway.consent.grant_scope import workspace_spellings
 from gateway.consent.stage import (
     OUT_OF_BAND,
+    Answer,
     ConsentChannel,
     ConsentRequest,
     InputRequired,
+    Origin,
     RoundTrip,
     consent_profile,
 )
@@ -788,9 +790,11 @@ class Pipeline:
         decided_by = "policy"
         if written.review:
             consent = self._consent_request(admitted, trail, request.arguments)
-            prompt = changes_prompt(request.run_dir, admitted.spec.name, REVIEW_PROMPT_CHARS)
+            prompt = await anyio.to_thread.run_sync(
+                changes_prompt, request.run_dir, admitted.spec.name, REVIEW_PROMPT_CHARS
+            )
             answer = await self.s.consent.review_changes(consent, prompt, asker, progress)
-            decided_by = f"{answer.channel}:{answer.decided_by or answer.origin}"
+            decided_by = who_decided(answer, consent.user)
             if not answer.decision.allows:
                 await in_db_thread(
                     self._changes_logged,
@@ -806,11 +810,20 @@ class Pipeline:
                     "a person did not allow the run's changes (denied, or no answer in time); nothing was applied."
                     " The patch stays in the run's artifacts as changes.patch",
                 )
-        result = await anyio.to_thread.run_sync(apply_beneath, root, changes, sandbox.protected_paths)
-        reason = None if result.applied else result.reason
-        await in_db_thread(
-            self._changes_logged, trail, admitted, changes, applied=result.applied, decided_by=decided_by, reason=reason
-        )
+        # Once applying starts, what it did is recorded whatever happens to the call: a cancellation
+        # waits for WORKSPACE_CHANGES, so no change reaches the workspace without its event.
+        with anyio.CancelScope(shield=True):
+            result = await anyio.to_thread.run_sync(apply_beneath, root, changes, sandbox.protected_paths)
+            reason = None if result.applied else result.reason
+            await in_db_thread(
+                self._changes_logged,
+                trail,
+                admitted,
+                changes,
+                applied=result.applied,
+                decided_by=decided_by,
+                reason=reason,
+            )
         check_applied(result)
         return changes, True
 
@@ -867,6 +880,16 @@ ROUTES: Mapping[bool, Route] = {sandboxed: route(GATES, EXECUTIONS, sandboxed) f
 """The hop batching (decision 63), built once: for a read tool (False) and a write tool (True), the
 stages after admission grouped as they run: the steps on admission's database thread (a read
 tool's execution among them), then each stage that waits on the event loop."""
+
+
+def who_decided(answer: Answer, user: str) -> str:
+    """WORKSPACE_CHANGES's `decided_by` for a review: the channel and who (the approver's name, or the
+    client's user), or why nobody did (`timeout`, `no_answer`, `policy`)."""
+    if answer.decided_by:
+        return f"{answer.channel}:{answer.decided_by}"
+    if answer.origin is Origin.USER_PROMPT:
+        return f"{answer.channel}:{user}"
+    return f"{answer.channel}:{answer.origin}"
 
 
 def start_refusal(run_id: str, exc: SandboxStartError) -> SandboxViolationError:

@@ -187,7 +187,7 @@ def test_allow_applies_ruffs_fix_after_the_question_and_audits_it(
     changes = event(reviewed, run_id, "WORKSPACE_CHANGES")
     assert changes["applied"] is True
     assert changes["run_id"] == run_id
-    assert changes["decided_by"].startswith("elicitation:")
+    assert changes["decided_by"] == "elicitation:alice"
     assert changes["files"][0]["path"] == "lint_me.py"
     assert changes["files"][0]["sha256_after"] == sha256(FIXED)
     decisions = [e["detail"] for e in reviewed.events_of(run_id) if e["event_type"] == "mcp.permission.decision"]
@@ -419,3 +419,12 @@ def test_a_review_whose_gateway_died_is_closed_in_its_runs_trail_with_nothing_ap
     assert (review["about"], review["decision"], review["reason"]) == ("change_set", "DENY_ONCE", "changes_denied")
     assert gateway.events_of(str(row["id"])) == [], "nothing is written under the question's own id"
     assert gateway.chain_ok()
+
+
+def test_policy_explain_says_what_follows_a_review_run(gateway: GatewayHome) -> None:
+    explained = gateway.cli("policy", "explain", "--user", "alice", "--tool", "ruff_fix", "--args", "{}")
+    assert explained.returncode == 0, explained.stderr
+    said = " ".join(explained.stdout.split())
+    assert "would run (workspace: review)" in said
+    assert "shown to a person, allow once or deny once, and applied beneath the workspace only on allow" in said
+    assert "sandbox.max_change_files" in said
