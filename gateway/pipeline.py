@@ -774,18 +774,21 @@ class Pipeline:
         either way. Returns the set and whether it was applied, or raises the refusal."""
         trail.stage = "changes"
         sandbox, root = self.s.policy.sandbox, request.root
+
+        async def logged(changes: ChangeSet, decided_by: str, reason: str | None, *, applied: bool = False) -> None:
+            await in_db_thread(
+                self._changes_logged, trail, admitted, changes, applied=applied, decided_by=decided_by, reason=reason
+            )
+
         if written.changes is not None:  # a set over a cap too: its patch says so and lists it so far
             await anyio.to_thread.run_sync(write_artifacts, written.changes, request.run_dir)
         try:
             changes = check_writable(written, sandbox)
         except SandboxViolationError as exc:
-            none = written.changes or ChangeSet((), ())
-            await in_db_thread(
-                self._changes_logged, trail, admitted, none, applied=False, decided_by="policy", reason=exc.reason
-            )
+            await logged(written.changes or ChangeSet((), ()), "policy", exc.reason)
             raise
         if not changes.changes:
-            await in_db_thread(self._changes_logged, trail, admitted, changes, applied=False, decided_by="policy")
+            await logged(changes, "policy", None)
             return changes, False
         decided_by = "policy"
         if written.review:
@@ -793,18 +796,15 @@ class Pipeline:
             prompt = await anyio.to_thread.run_sync(
                 changes_prompt, request.run_dir, admitted.spec.name, REVIEW_PROMPT_CHARS
             )
-            answer = await self.s.consent.review_changes(consent, prompt, asker, progress)
+            try:
+                answer = await self.s.consent.review_changes(consent, prompt, asker, progress)
+            except anyio.get_cancelled_exc_class():  # the set is recorded, not applied; then the call ends
+                with anyio.CancelScope(shield=True), contextlib.suppress(StorageUnavailableError):
+                    await logged(changes, "nobody", "cancelled")
+                raise
             decided_by = who_decided(answer, consent.user)
             if not answer.decision.allows:
-                await in_db_thread(
-                    self._changes_logged,
-                    trail,
-                    admitted,
-                    changes,
-                    applied=False,
-                    decided_by=decided_by,
-                    reason="changes_denied",
-                )
+                await logged(changes, decided_by, Reason.CHANGES_DENIED)
                 raise ConsentDeniedError(
                     Reason.CHANGES_DENIED,
                     "a person did not allow the run's changes (denied, or no answer in time); nothing was applied."
@@ -814,16 +814,7 @@ class Pipeline:
         # waits for WORKSPACE_CHANGES, so no change reaches the workspace without its event.
         with anyio.CancelScope(shield=True):
             result = await anyio.to_thread.run_sync(apply_beneath, root, changes, sandbox.protected_paths)
-            reason = None if result.applied else result.reason
-            await in_db_thread(
-                self._changes_logged,
-                trail,
-                admitted,
-                changes,
-                applied=result.applied,
-                decided_by=decided_by,
-                reason=reason,
-            )
+            await logged(changes, decided_by, None if result.applied else result.reason, applied=result.applied)
         check_applied(result)
         return changes, True
 

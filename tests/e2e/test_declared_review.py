@@ -391,13 +391,12 @@ def test_a_round_trip_client_gets_its_change_review_out_of_band(
     assert (gateway.workspace / "lint_me.py").read_text() == UNUSED_IMPORT
 
 
-def test_a_review_whose_gateway_died_is_closed_in_its_runs_trail_with_nothing_applied(
-    gateway: GatewayHome, open_session: SessionFactory
-) -> None:
+def waiting_review(gateway: GatewayHome, open_session: SessionFactory) -> tuple[StdioSession, int, dict[str, Any]]:
+    """A call whose review waits out of band (no elicitation; a stored grant ran the call): its session, id, row."""
     granted = gateway.cli("consent", "grant", "alice", "ruff_fix", "--always")
     assert granted.returncode == 0, granted.stderr
-    session = open_session(gateway)  # no elicitation: the stored grant runs the call, the review waits out of band
-    session.send_call("ruff_fix", {}, gateway.token("alice"))
+    session = open_session(gateway)
+    call_id = session.send_call("ruff_fix", {}, gateway.token("alice"))
 
     def review_row() -> dict[str, Any] | None:
         rows = [r for r in question_rows(gateway) if r["kind"] == "change_review" and r["status"] == "pending"]
@@ -405,6 +404,13 @@ def test_a_review_whose_gateway_died_is_closed_in_its_runs_trail_with_nothing_ap
 
     row = wait_until(review_row, 60)
     assert row is not None, session.stderr_text()
+    return session, call_id, row
+
+
+def test_a_review_whose_gateway_died_is_closed_in_its_runs_trail_with_nothing_applied(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session, _, row = waiting_review(gateway, open_session)
     os.kill(session.process.pid, signal.SIGKILL)
     session.process.wait(timeout=10)
 
@@ -428,3 +434,21 @@ def test_policy_explain_says_what_follows_a_review_run(gateway: GatewayHome) -> 
     assert "would run (workspace: review)" in said
     assert "shown to a person, allow once or deny once, and applied beneath the workspace only on allow" in said
     assert "sandbox.max_change_files" in said
+
+
+def test_a_call_cancelled_during_its_review_applies_nothing_and_closes_the_question(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session, call_id, row = waiting_review(gateway, open_session)
+    run_id = str(row["run_id"])
+    session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": call_id}})
+    assert wait_until(lambda: "TOOL_FINISHED" in kinds(gateway, run_id), 30), kinds(gateway, run_id)
+    assert gateway.events_of(run_id)[-1]["detail"]["status"] == "cancelled"
+    assert kinds(gateway, run_id)[-3:] == ["SANDBOX_EXEC", "WORKSPACE_CHANGES", "TOOL_FINISHED"], "nobody decided"
+    changes = event(gateway, run_id, "WORKSPACE_CHANGES")
+    assert (changes["applied"], changes["decided_by"], changes["reason"]) == (False, "nobody", "cancelled")
+    assert changes["files"][0]["path"] == "lint_me.py"
+    assert (gateway.workspace / "lint_me.py").read_text() == UNUSED_IMPORT
+    (closed,) = [r for r in question_rows(gateway) if r["id"] == row["id"]]
+    assert closed["status"] == "expired"
+    assert card_statuses(gateway) == ["cancelled"]
