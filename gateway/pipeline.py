@@ -798,6 +798,9 @@ class Pipeline:
             )
             try:
                 answer = await self.s.consent.review_changes(consent, prompt, asker, progress)
+            except ConsentDeniedError as exc:  # consent_questions_limit: nobody could be asked
+                await logged(changes, "policy", exc.reason)
+                raise
             except anyio.get_cancelled_exc_class():  # the set is recorded, not applied; then the call ends
                 with anyio.CancelScope(shield=True), contextlib.suppress(StorageUnavailableError):
                     await logged(changes, "nobody", "cancelled")

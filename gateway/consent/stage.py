@@ -710,7 +710,9 @@ class ConsentStage:
         try:
             self._store.insert_request(question, status=status)
         except ConsentDeniedError as exc:  # consent_questions_limit: nobody is asked
-            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, channel), reason=exc.reason)
+            review = question.kind == QuestionKind.CHANGE_REVIEW
+            extra = {"about": CHANGE_REVIEW, "question_id": question.id} if review else None
+            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, channel), reason=exc.reason, extra=extra)
             raise
 
     def _answer_of(self, request_id: str, choices: tuple[Decision, ...]) -> Answer | None:

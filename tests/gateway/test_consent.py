@@ -595,3 +595,20 @@ def test_consent_mode_deny_denies_a_change_review_without_asking(engine: Engine,
     answer = review(stage, request("r1"), asker)
     assert (answer.decision, answer.origin, answer.channel) == (Decision.DENY_ONCE, Origin.POLICY, Channel.POLICY)
     assert asker.asked == []
+
+
+def test_a_change_review_over_the_cap_of_open_questions_is_recorded_as_the_reviews_decision(
+    engine: Engine, clock: FakeClock
+) -> None:
+    audit = AuditLog(engine, clock)
+    full = ConsentStage(ConsentPolicy(timeout_s=5), audit, ConsentStore(engine, max_open=1), clock, SequentialRunIds())
+    asker = Asker(Decision.ALLOW_ONCE)
+    assert require(full, request("r1"), asker) is Decision.ALLOW_ONCE  # the call's own decision: closed at once
+    another = full._question(request("r2"), "q2", clock.now(), (Decision.ALLOW_ONCE,))
+    ConsentStore(engine).insert_request(another)  # another call's question, still open: the cap is reached
+    with pytest.raises(ConsentDeniedError) as caught:
+        review(full, request("r1"), Asker(Decision.ALLOW_ONCE))
+    assert caught.value.reason == "consent_questions_limit"
+    details = [e.detail for e in audit.events(run_id="r1")]
+    assert [d.get("about") for d in details] == [None, "change_set"]
+    assert details[1]["reason"] == "consent_questions_limit"
