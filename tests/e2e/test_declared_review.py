@@ -219,24 +219,51 @@ def test_deny_applies_nothing_and_keeps_the_patch(reviewed: GatewayHome, open_se
     assert event(reviewed, run_id, "WORKSPACE_CHANGES")["applied"] is False
 
 
-def test_an_edit_while_the_question_is_open_is_a_conflict_and_is_kept(
-    reviewed: GatewayHome, open_session: SessionFactory
+EDITED = "import os\nimport sys\n\nprint(sys.argv, 'edited by a person')\n"
+
+
+def edited(target: Path) -> None:
+    target.write_text(EDITED)
+
+
+def deleted(target: Path) -> None:
+    target.unlink()
+
+
+def linked(target: Path) -> None:
+    """Replaced by a symlink to a file outside the workspace: applying must neither follow nor replace it."""
+    outside = target.parent.parent / "outside.py"
+    outside.write_text(UNUSED_IMPORT)
+    target.unlink()
+    target.symlink_to(outside)
+
+
+def chmodded(target: Path) -> None:
+    target.chmod(0o600)
+
+
+@pytest.mark.parametrize("meanwhile", [edited, deleted, linked, chmodded])
+def test_a_change_while_the_question_is_open_is_a_conflict_and_is_kept(
+    reviewed: GatewayHome, open_session: SessionFactory, meanwhile: Callable[[Path], None]
 ) -> None:
     target = reviewed.workspace / "lint_me.py"
-    edited = "import os\nimport sys\n\nprint(sys.argv, 'edited by a person')\n"
     session = open_session(reviewed, capabilities=FORM_ELICITATION)
-
-    def edit() -> None:
-        target.write_text(edited)
-
-    session.responder = Person("allow_once", before=edit)
+    session.responder = Person("allow_once", before=lambda: meanwhile(target))
 
     response = session.call_tool("ruff_fix", {}, reviewed.token("alice"), timeout=120)
 
     assert response["error"]["code"] == -32004, response
     assert response["error"]["data"]["reason"] == "changes_conflict"
     assert "lint_me.py" in response["error"]["message"]
-    assert target.read_text() == edited
+    if meanwhile is edited:
+        assert target.read_text() == EDITED
+    elif meanwhile is deleted:
+        assert not target.exists()
+    elif meanwhile is linked:
+        assert target.is_symlink()
+        assert (target.parent.parent / "outside.py").read_text() == UNUSED_IMPORT
+    else:
+        assert (target.stat().st_mode & 0o777, target.read_text()) == (0o600, UNUSED_IMPORT)
     run_id = response["error"]["data"]["run_id"]
     changes = event(reviewed, run_id, "WORKSPACE_CHANGES")
     assert (changes["applied"], changes["reason"]) == (False, "changes_conflict")
