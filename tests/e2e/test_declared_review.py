@@ -57,6 +57,14 @@ for target in (".git/hooks/pre-commit", OUTSIDE):
         tried.append(target)
     except OSError as exc:
         tried.append(f"{target}: {exc.strerror}")
+if "--hostile" in sys.argv:  # each refused by the change set, whatever the run could do in its copy
+    import os
+    os.symlink("/etc/passwd", "link-out")
+    os.mkfifo("a-fifo")
+    with open("setuid-tool", "w") as handle:
+        handle.write("#!/bin/sh\\n")
+    os.chmod("setuid-tool", 0o4755)
+    os.link("made.txt", "hard-link")
 print(tried)
 """
 
@@ -283,7 +291,10 @@ def writer_policy(gateway: GatewayHome, outside: Path, **sandbox: Any) -> None:
                     "writer": {
                         "description": "Write a few files",
                         "command": ["bin/writer"],
-                        "arguments": {"files": {"type": "integer", "min": 0, "max": 50, "flag": "--files"}},
+                        "arguments": {
+                            "files": {"type": "integer", "min": 0, "max": 50, "flag": "--files"},
+                            "hostile": {"type": "boolean", "flag": "--hostile"},
+                        },
                         "annotations": {"destructiveHint": False, "openWorldHint": False},
                         "workspace": "write",
                     }
@@ -479,3 +490,25 @@ def test_a_call_cancelled_during_its_review_applies_nothing_and_closes_the_quest
     (closed,) = [r for r in question_rows(gateway) if r["id"] == row["id"]]
     assert closed["status"] == "expired"
     assert card_statuses(gateway) == ["cancelled"]
+
+
+def test_write_mode_refuses_links_fifos_and_setuid_files_and_lists_each(
+    make_gateway: GatewayFactory, open_session: SessionFactory
+) -> None:
+    gw = make_gateway()
+    writer_policy(gw, gw.policy_path.parent / "outside.txt")
+    gw.add_user("alice", "USER")
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = Person("allow_once")
+
+    response = session.call_tool("writer", {"hostile": True}, gw.token("alice"), timeout=120)
+
+    assert "result" in response, response
+    refused = event(gw, response["result"]["structuredContent"]["run_id"], "WORKSPACE_CHANGES")["refused"]
+    whys = {entry["path"]: entry["why"] for entry in refused}
+    assert whys["link-out"] == "symlink"
+    assert whys["a-fifo"] == "fifo"
+    assert whys["setuid-tool"] == "setuid_or_setgid_bit"
+    assert whys["hard-link"] == whys["made.txt"] == "hard_link"  # both names of the one inode
+    for name in ("link-out", "a-fifo", "setuid-tool", "hard-link", "made.txt"):
+        assert not os.path.lexists(gw.workspace / name), name
