@@ -2,7 +2,7 @@
 
     1 audit MCP_TOOL_CALL   2 authenticate   3 authorize   4 policy   5 validate
     5b preflight (the run's paths reachable by its uid)   6 budget   7 sandbox precondition
-    8 consent   9 execute   10 audit + charge
+    8 consent   9 execute   10 audit + charge   10b a writing run's change set (`_changes`)
 
 The order is the tuple `STAGES`, walked by `Pipeline.call` (each stage's `step` or `run`) and by
 `Pipeline.explain`, the dry run of `policy explain` (each stage's `dry`, which writes nothing):
@@ -23,7 +23,10 @@ its events are committed. If an audit event cannot be committed the call
 fails closed with -32603 and nothing (more) runs. Database work runs on worker threads
 (gateway/db/threads.py): consecutive steps (every stage that does not wait for a person or a
 run) in one hop, with the refusal's events when one of them refuses (`ROUTES`, decision 63). The
-call's events and card are its `CallTrail` (gateway/call_trail.py).
+call's events and card are its `CallTrail` (gateway/call_trail.py). A declared `write` or `review`
+tool's run leaves a change set: after SANDBOX_EXEC it is refused (over a cap), applied (`write`),
+or put to a person first (`review`), and recorded as WORKSPACE_CHANGES before the terminal event
+(decision 80).
 """
 
 from __future__ import annotations

@@ -176,6 +176,7 @@ def test_allow_applies_ruffs_fix_after_the_question_and_audits_it(
     assert "lint_me.py" in question["message"]
     offered = question["requestedSchema"]["properties"]["decision"]["enum"]
     assert sorted(offered) == ["allow_once", "deny_once"]
+    assert question["requestedSchema"]["properties"]["decision"]["default"] == "deny_once"
     structured = response["result"]["structuredContent"]
     assert structured["applied"] is True
     assert structured["changes"] == [
