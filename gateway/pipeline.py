@@ -784,7 +784,8 @@ class Pipeline:
             )
 
         if written.changes is not None:  # a set over a cap too: its patch says so and lists it so far
-            await anyio.to_thread.run_sync(write_artifacts, written.changes, request.run_dir)
+            with artifact_errors(request.run_id):  # a full disk: -32603, nothing asked or applied
+                await anyio.to_thread.run_sync(write_artifacts, written.changes, request.run_dir)
         try:
             changes = check_writable(written, sandbox)
         except SandboxViolationError as exc:
