@@ -36,6 +36,8 @@ class EventType(StrEnum):
     TOOL_STARTED = "TOOL_STARTED"
     SANDBOX_EXEC = "SANDBOX_EXEC"
     TOOL_FINISHED = "TOOL_FINISHED"
+    WORKSPACE_CHANGES = "WORKSPACE_CHANGES"
+    """A writing run's change set (decision 80): after SANDBOX_EXEC, before the terminal event."""
     PERMISSION_DECISION = "mcp.permission.decision"
     USER_ADDED = "USER_ADDED"
     USER_DISABLED = "USER_DISABLED"
@@ -301,11 +303,22 @@ _END_KINDS: Mapping[str, str] = {
     EventType.TOOL_FINISHED: "end",
 }
 """The events a call has at most one of each kind of (`call_ends`, migration 0009)."""
+CHANGE_REVIEW = "change_set"
+"""`detail.about` of the decision on a run's change set (decision 80): a call's second decision, kind `review`."""
+
+
+def _end_kind(event_type: str, detail: Mapping[str, Any]) -> str | None:
+    """The `call_ends` kind an event records (migration 0011 computes the same on PostgreSQL), None: no end."""
+    kind = _END_KINDS.get(event_type)
+    if kind == "decision" and detail.get("about") == CHANGE_REVIEW:
+        return "review"
+    return kind
 
 
 def _ends_of(drafts: Sequence[EventDraft]) -> list[tuple[str, str]]:
-    """(run_id, kind) of each draft that records a call's decision or its end."""
-    return [(d.run_id, _END_KINDS[d.event_type]) for d in drafts if d.run_id is not None and d.event_type in _END_KINDS]
+    """(run_id, kind) of each draft that records a call's decision, its change review's, or its end."""
+    kinds = ((d.run_id, _end_kind(d.event_type, d.detail)) for d in drafts)
+    return [(run_id, kind) for run_id, kind in kinds if run_id is not None and kind is not None]
 
 
 _FIND_END = select(db.call_ends.c.event_id).where(
@@ -325,7 +338,7 @@ def _end_rows(written: Sequence[AuditEvent]) -> list[dict[str, Any]]:
     seen: set[tuple[str, str]] = set()
     rows = []
     for event in written:
-        kind = _END_KINDS.get(event.event_type)
+        kind = _end_kind(event.event_type, event.detail)
         if kind is None or event.run_id is None or (event.run_id, kind) in seen:
             continue
         seen.add((event.run_id, kind))

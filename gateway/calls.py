@@ -49,6 +49,8 @@ class CardStatus(StrEnum):
     PENDING = "pending"
     """Waiting: for the budget, the sandbox, consent; or its entry is logged and nothing has run yet."""
     RUNNING = "running"
+    REVIEWING = "reviewing"
+    """The run is over and a person is asked whether its changes apply (`workspace: review`, decision 80)."""
     DONE = "done"
     ERROR = "error"
     CANCELLED = "cancelled"

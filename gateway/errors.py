@@ -60,6 +60,7 @@ class Reason(StrEnum):
     PATH_LOOKS_LIKE_OPTION = "path_looks_like_option"
     PATH_OUTSIDE_WORKSPACE = "path_outside_workspace"
     PROGRAM_CHANGED = "program_changed"
+    CHANGES_CONFLICT = "changes_conflict"
     # -32005
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     ELAPSED_EXHAUSTED = "elapsed_exhausted"
@@ -70,7 +71,13 @@ class Reason(StrEnum):
     RUN_PATH_UNREACHABLE = "run_path_unreachable"
     OUTPUT_LIMIT = "output_limit"
     MEMORY_LIMIT = "memory_limit"
-    WORKSPACE_MODE_UNAVAILABLE = "workspace_mode_unavailable"
+    WORKSPACE_VIEW_UNAVAILABLE = "workspace_view_unavailable"
+    WORKSPACE_TOO_LARGE_FOR_VIEW = "workspace_too_large_for_view"
+    WORKSPACE_COPY_FAILED = "workspace_copy_failed"
+    WORKSPACE_VIEW_BUSY = "workspace_view_busy"
+    CHANGES_UNREADABLE = "changes_unreadable"
+    CHANGES_TOO_LARGE = "changes_too_large"
+    CHANGES_APPLY_FAILED = "changes_apply_failed"
     # -32007
     TIMEOUT = "timeout"
     # -32008
@@ -81,6 +88,7 @@ class Reason(StrEnum):
     CONSENT_MODE_DENY = "consent_mode_deny"
     CONSENT_STATE_INVALID = "consent_state_invalid"
     CONSENT_QUESTIONS_LIMIT = "consent_questions_limit"
+    CHANGES_DENIED = "changes_denied"
     # -32602
     UNKNOWN_TOOL = "unknown_tool"
     UNHASHABLE_ARGUMENTS = "unhashable_arguments"

@@ -1,7 +1,7 @@
 """The calls a gateway left open when it died (decision 69): their cards, found and claimed for the sweep.
 
-Every `MCP_TOOL_CALL` the log keeps without a terminal event has a card still `pending` or
-`running` (gateway/calls.py: the entry event and the card's first row are one commit), and the
+Every `MCP_TOOL_CALL` the log keeps without a terminal event has a card still `pending`,
+`running` or `reviewing` (gateway/calls.py: the entry event and the card's first row are one commit), and the
 card names the gateway session it ran in (migration 0010). gateway/recovery.py closes such a
 card when its gateway is dead. Two kinds are left to the closures that know more, so that no call
 gets two terminal events: a card whose run is still `running` or closed as `abandoned` (the run's
@@ -21,7 +21,7 @@ from gateway.calls import CardStatus
 from gateway.db.errors import storage_errors
 from gateway.runs import RunStatus
 
-OPEN = (CardStatus.PENDING, CardStatus.RUNNING)
+OPEN = (CardStatus.PENDING, CardStatus.RUNNING, CardStatus.REVIEWING)
 CLAIMED = CardStatus.ERROR
 
 

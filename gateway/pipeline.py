@@ -2,7 +2,7 @@
 
     1 audit MCP_TOOL_CALL   2 authenticate   3 authorize   4 policy   5 validate
     5b preflight (the run's paths reachable by its uid)   6 budget   7 sandbox precondition
-    8 consent   9 execute   10 audit + charge
+    8 consent   9 execute   10 audit + charge   10b a writing run's change set (`_changes`)
 
 The order is the tuple `STAGES`, walked by `Pipeline.call` (each stage's `step` or `run`) and by
 `Pipeline.explain`, the dry run of `policy explain` (each stage's `dry`, which writes nothing):
@@ -23,7 +23,10 @@ its events are committed. If an audit event cannot be committed the call
 fails closed with -32603 and nothing (more) runs. Database work runs on worker threads
 (gateway/db/threads.py): consecutive steps (every stage that does not wait for a person or a
 run) in one hop, with the refusal's events when one of them refuses (`ROUTES`, decision 63). The
-call's events and card are its `CallTrail` (gateway/call_trail.py).
+call's events and card are its `CallTrail` (gateway/call_trail.py). A declared `write` or `review`
+tool's run leaves a change set: after SANDBOX_EXEC it is refused (over a cap), applied (`write`),
+or put to a person first (`review`), and recorded as WORKSPACE_CHANGES before the terminal event
+(decision 80).
 """
 
 from __future__ import annotations
@@ -44,12 +47,15 @@ from gateway.budget import Usage, reservation_ms, spent_ms
 from gateway.call_trail import CallTrail, Recorder, stored_tool_name
 from gateway.calls import CardStatus
 from gateway.canonical import args_hash
+from gateway.consent.changes_view import changes_prompt
 from gateway.consent.grant_scope import workspace_spellings
 from gateway.consent.stage import (
     OUT_OF_BAND,
+    Answer,
     ConsentChannel,
     ConsentRequest,
     InputRequired,
+    Origin,
     RoundTrip,
     consent_profile,
 )
@@ -70,11 +76,21 @@ from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord, RunStatus, artifact_errors
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
 from gateway.services import Services
-from gateway.start_failures import describe_start_failure, start_step
-from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
+from gateway.start_failures import describe_start_failure, describe_view_failure, start_step
+from gateway.tools.base import ExecutionRequest, Governance, ToolSpec, Written
+from gateway.tools.changes import (
+    REVIEW_PROMPT_CHARS,
+    apply_beneath,
+    changes_detail,
+    check_applied,
+    check_writable,
+    with_changes,
+    write_artifacts,
+)
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
 from sandbox import RUN_GRACE_S
+from sandbox.change_set import ChangeSet
 from sandbox.confine import LayerReport
 from sandbox.diagnose import why_missing
 from sandbox.errors import SandboxStartError
@@ -509,7 +525,7 @@ class Pipeline:
         if admitted.spec.execute is None:
             raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, admitted.spec.name)
         call.trail.executing, call.trail.started_at = True, self.s.clock.now()
-        return await self._run(admitted, call.trail, call.arguments, call.progress)
+        return await self._run(admitted, call.trail, call.arguments, call.progress, call.asker)
 
     def _execute_read(self, call: _Call, admitted: Admitted) -> ToolOutcome:
         return self._read(admitted, call.trail, call.arguments)
@@ -628,9 +644,10 @@ class Pipeline:
     def _finished(self, trail: CallTrail, finished: EventDraft, outcome: ToolOutcome) -> None:
         self.s.audit.append(finished, along=trail.card(CardStatus.DONE, outcome=outcome))
 
-    def _ran(self, trail: CallTrail, executed: EventDraft, user: str) -> Usage:
-        """SANDBOX_EXEC, the reservation settled to the run's duration, and the user's usage after it."""
-        self.s.audit.append(executed)
+    def _ran(self, trail: CallTrail, executed: EventDraft, user: str, *, reviewing: bool = False) -> Usage:
+        """SANDBOX_EXEC (the card `reviewing` when a person is to decide on the run's changes next), the
+        reservation settled to the run's duration, and the user's usage after it."""
+        self.s.audit.append(executed, along=trail.card(CardStatus.REVIEWING) if reviewing else ())
         self._settle(trail)
         return self.s.budget.usage(user, self.s.policy.budget)
 
@@ -654,7 +671,12 @@ class Pipeline:
         )
 
     async def _run(
-        self, admitted: Admitted, trail: CallTrail, arguments: Mapping[str, Any], progress: CallProgress
+        self,
+        admitted: Admitted,
+        trail: CallTrail,
+        arguments: Mapping[str, Any],
+        progress: CallProgress,
+        asker: ConsentChannel = OUT_OF_BAND,
     ) -> ToolOutcome:
         """Stages 9-10 for a write tool: its `execute`, then what the pipeline records of any run."""
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
@@ -689,14 +711,14 @@ class Pipeline:
         except SandboxStartError as exc:
             trail.run_ms = 0  # nothing ran
             await in_db_thread(self.s.runs.finish, run_id, RunStatus.FAILED_TO_START, None)
-            message = describe_start_failure(exc.reason)
-            log.error("run %s: the sandbox could not start: %s", run_id, message)  # noqa: TRY400
-            raise SandboxViolationError(Reason.SANDBOX_START_FAILED, message, step=start_step(exc.reason)) from exc
+            raise start_refusal(run_id, exc) from exc
         trail.run_ms = run.duration_ms
         # How the run ended is recorded from the sandbox alone, before anything reads a file the
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
         executed = EventDraft(EventType.SANDBOX_EXEC, tool_name=spec.name, detail=run.sandbox_detail(), **common)
-        usage = await in_db_thread(self._ran, trail, executed, principal.name)
+        written = run.written()
+        reviewing = written is not None and written.review and run.refusal() is None
+        usage = await in_db_thread(self._ran, trail, executed, principal.name, reviewing=reviewing)
         try:
             with artifact_errors(run_id):
                 run.write_evidence(
@@ -718,9 +740,16 @@ class Pipeline:
             trail.closed_by_sweep = True
         if refusal is not None:
             raise refusal
+        settled = (
+            None
+            if written is None
+            else await self._changes(admitted, trail, written, request, asker=asker, progress=progress)
+        )
         # Reads the run's files (never raises on their content), off the event loop: a hostile 16 MiB
         # junit.xml costs seconds of parsing, which other calls of this session need not wait for.
         outcome = await anyio.to_thread.run_sync(run.read_outcome)
+        if settled is not None:
+            outcome = with_changes(outcome, settled[0], settled[1], run_id)
         finished = EventDraft(
             EventType.TOOL_FINISHED,
             tool_name=spec.name,
@@ -731,6 +760,92 @@ class Pipeline:
         if not trail.closed_by_sweep:
             await in_db_thread(self._finished, trail, finished, outcome)
         return outcome
+
+    async def _changes(
+        self,
+        admitted: Admitted,
+        trail: CallTrail,
+        written: Written,
+        request: ExecutionRequest,
+        *,
+        asker: ConsentChannel,
+        progress: CallProgress,
+    ) -> tuple[ChangeSet, bool]:
+        """After SANDBOX_EXEC, a writing run's change set (decision 80): refused whole when it cannot be
+        acted on, before anyone is asked; else its artifacts written, then applied at once (`write`) or
+        after a person's Allow once (`review`), beneath the pinned workspace; WORKSPACE_CHANGES recorded
+        either way. Returns the set and whether it was applied, or raises the refusal."""
+        trail.stage = "changes"
+        sandbox, root = self.s.policy.sandbox, request.root
+
+        async def logged(changes: ChangeSet, decided_by: str, reason: str | None, *, applied: bool = False) -> None:
+            await in_db_thread(
+                self._changes_logged, trail, admitted, changes, applied=applied, decided_by=decided_by, reason=reason
+            )
+
+        if written.changes is not None:  # a set over a cap too: its patch says so and lists it so far
+            with artifact_errors(request.run_id):  # a full disk: -32603, nothing asked or applied
+                await anyio.to_thread.run_sync(write_artifacts, written.changes, request.run_dir)
+        try:
+            changes = check_writable(written, sandbox)
+        except SandboxViolationError as exc:
+            await logged(written.changes or ChangeSet((), ()), "policy", exc.reason)
+            raise
+        if not changes.changes:
+            await logged(changes, "policy", None)
+            return changes, False
+        decided_by = "policy"
+        if written.review:
+            consent = self._consent_request(admitted, trail, request.arguments)
+            prompt = await anyio.to_thread.run_sync(
+                changes_prompt, request.run_dir, admitted.spec.name, REVIEW_PROMPT_CHARS
+            )
+            try:
+                answer = await self.s.consent.review_changes(consent, prompt, asker, progress)
+            except ConsentDeniedError as exc:  # consent_questions_limit: nobody could be asked
+                await logged(changes, "policy", exc.reason)
+                raise
+            except anyio.get_cancelled_exc_class():  # the set is recorded, not applied; then the call ends
+                with anyio.CancelScope(shield=True), contextlib.suppress(StorageUnavailableError):
+                    await logged(changes, "nobody", "cancelled")
+                raise
+            decided_by = who_decided(answer, consent.user)
+            if not answer.decision.allows:
+                await logged(changes, decided_by, Reason.CHANGES_DENIED)
+                raise ConsentDeniedError(
+                    Reason.CHANGES_DENIED,
+                    "a person did not allow the run's changes (denied, or no answer in time); nothing was applied."
+                    " The patch stays in the run's artifacts as changes.patch",
+                )
+        # Once applying starts, what it did is recorded whatever happens to the call: a cancellation
+        # waits for WORKSPACE_CHANGES, so no change reaches the workspace without its event.
+        with anyio.CancelScope(shield=True):
+            result = await anyio.to_thread.run_sync(apply_beneath, root, changes, sandbox.protected_paths)
+            await logged(changes, decided_by, None if result.applied else result.reason, applied=result.applied)
+        check_applied(result)
+        return changes, True
+
+    def _changes_logged(
+        self,
+        trail: CallTrail,
+        admitted: Admitted,
+        changes: ChangeSet,
+        *,
+        applied: bool,
+        decided_by: str,
+        reason: str | None = None,
+    ) -> None:
+        detail = {"run_id": str(trail.entry.run_id), **changes_detail(changes, applied, decided_by, reason)}
+        self.s.audit.append(
+            EventDraft(
+                EventType.WORKSPACE_CHANGES,
+                run_id=str(trail.entry.run_id),
+                user=admitted.principal.name,
+                workspace=admitted.scope.workspace,
+                tool_name=admitted.spec.name,
+                detail=detail,
+            )
+        )
 
 
 AUTHENTICATE: Check[None, Principal] = Check("authenticate", Pipeline._authenticate, Pipeline._authenticate_dry)
@@ -763,6 +878,28 @@ ROUTES: Mapping[bool, Route] = {sandboxed: route(GATES, EXECUTIONS, sandboxed) f
 """The hop batching (decision 63), built once: for a read tool (False) and a write tool (True), the
 stages after admission grouped as they run: the steps on admission's database thread (a read
 tool's execution among them), then each stage that waits on the event loop."""
+
+
+def who_decided(answer: Answer, user: str) -> str:
+    """WORKSPACE_CHANGES's `decided_by` for a review: the channel and who (the approver's name, or the
+    client's user), or why nobody did (`timeout`, `no_answer`, `policy`)."""
+    if answer.decided_by:
+        return f"{answer.channel}:{answer.decided_by}"
+    if answer.origin is Origin.USER_PROMPT:
+        return f"{answer.channel}:{user}"
+    return f"{answer.channel}:{answer.origin}"
+
+
+def start_refusal(run_id: str, exc: SandboxStartError) -> SandboxViolationError:
+    """-32006 for a run that could not start, logged: a writing run's copy that could not be made under its own
+    reason (decision 80), any other step as `sandbox_start_failed` with `data.step`."""
+    view = describe_view_failure(exc.reason)
+    if view is not None:
+        log.error("run %s: no writable copy of the workspace: %s", run_id, view)
+        return SandboxViolationError(Reason(start_step(exc.reason)), view)
+    message = describe_start_failure(exc.reason)
+    log.error("run %s: the sandbox could not start: %s", run_id, message)
+    return SandboxViolationError(Reason.SANDBOX_START_FAILED, message, step=start_step(exc.reason))
 
 
 def _path_spellings(

@@ -45,10 +45,10 @@ import anyio.to_thread
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
-from gateway.audit import EventDraft, EventType
+from gateway.audit import CHANGE_REVIEW, EventDraft, EventType
 from gateway.calls import CardStatus, Moved
 from gateway.consent.stage import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
-from gateway.consent.store import Channel, ConsentStore, PendingRequest, QuestionStatus
+from gateway.consent.store import Channel, ConsentStore, PendingRequest, QuestionKind, QuestionStatus
 from gateway.db.errors import cause_name
 from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason, StorageUnavailableError
@@ -307,6 +307,8 @@ def _close_question(
     if not questions.abandon(question.id, now):
         return False  # decided or closed first
     nobody = Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.APPROVER, no_answer=GATEWAY_LOST)
+    if question.kind == QuestionKind.CHANGE_REVIEW:
+        return _close_review(services, questions, question, nobody)
     decided = decision_event(_asked(question), nobody, Reason.CONSENT_NO_ANSWER)
     blocked = {"status": "abandoned", "reason": GATEWAY_LOST}
     try:
@@ -342,6 +344,29 @@ def _close_question(
     return True
 
 
+def _close_review(services: Stores, questions: ConsentStore, question: PendingRequest, nobody: Answer) -> bool:
+    """A change review (decision 80) whose gateway is gone: its decision, a deny nobody made, in its run's
+    trail. Nothing was applied; the call's card and terminal event are the open call's closure (`_close_call`),
+    and its budget was settled when the run ended."""
+    if question.run_id is None:
+        return True  # a review always names its run; one that does not has no trail to write in
+    asked = dataclasses.replace(_asked(question), run_id=question.run_id)
+    extra = {"about": CHANGE_REVIEW, "question_id": question.id}
+    try:
+        services.audit.append(decision_event(asked, nobody, Reason.CHANGES_DENIED, extra))
+    except StorageUnavailableError:
+        questions.reopen(question.id)
+        log.error("change review %s: could not record its closure (audit log unavailable)", question.id)  # noqa: TRY400
+        return False
+    log.warning(
+        "change review %s of run %s was asked by gateway session %s, which is gone: closed, nothing applied",
+        question.id,
+        question.run_id,
+        question.session_id,
+    )
+    return True
+
+
 _RUN_ABANDONED = "closed as abandoned: the gateway running it is gone, or could not record its end"
 _CALL_ABANDONED = "closed as abandoned: the gateway handling this call died before it ended"
 _ASKER_GONE = "closed as abandoned: the gateway that asked is gone; nobody can answer it now"
@@ -353,7 +378,7 @@ def _close_call(services: Stores, calls: OpenCalls, call: OpenCall) -> bool:
     ended without its terminal event): its terminal event, its card closed, nothing charged if nothing ran."""
     if not calls.claim(call):
         return False
-    executing = call.status == CardStatus.RUNNING
+    executing = call.status in (CardStatus.RUNNING, CardStatus.REVIEWING)
     try:
         services.audit.append(
             EventDraft(

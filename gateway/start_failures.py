@@ -118,3 +118,26 @@ def describe_start_failure(slug: str) -> str:
         return f"the sandbox could not start the run (step {step}); {POLICY_CHECK} and report it"
     what = f"{known.what} ({detail})" if detail else known.what
     return f"step {step}: {what}; fix: {known.fix}"
+
+
+VIEW_STEPS: dict[str, StartStep] = {
+    "workspace_view_unavailable": StartStep(
+        "no writable copy of the workspace can be made on this host (it needs mount and user namespaces)",
+        "run `mcp-gateway doctor`, or declare the tool `workspace: read_only`",
+    ),
+    "workspace_too_large_for_view": StartStep(
+        "the workspace holds more than a writing run's copy may take (1 GiB or 100,000 entries)",
+        "point the tool at a smaller workspace, or declare it `workspace: read_only`",
+    ),
+    "workspace_copy_failed": StartStep(
+        "the workspace could not be copied for the run (an entry could not be read as the gateway)",
+        "check the gateway can read every file of the workspace, then call again",
+    ),
+}
+"""A writing run's own start failures (decision 78): each is its own `data.reason`, not `sandbox_start_failed`."""
+
+
+def describe_view_failure(slug: str) -> str | None:
+    """The sentence for a writing run's copy that could not be made (VIEW_STEPS); None for any other slug."""
+    known = VIEW_STEPS.get(start_step(slug))
+    return None if known is None else f"{known.what}; nothing ran; fix: {known.fix}"

@@ -11,8 +11,10 @@ mode, a folder must still be a folder. If any differs, nothing is written and th
 paths (the gateway answers -32004 `changes_conflict`). A set that is too large applies nothing.
 Then: folders added (parents first, created as needed, never through a link), files written each
 to a temporary in its target folder and renamed into place (atomic per file), deletions by
-unlinkat and rmdir (deepest first), folder modes. Modes carry permission bits only; what is
-written belongs to the gateway's user.
+unlinkat and rmdir (deepest first), folder modes. Modes carry permission bits only (never
+setuid, setgid or sticky). What is written belongs to the gateway's user, except for a gateway
+running as root (decision 80): a modified file keeps its owner and group, an added file or folder
+gets those of the folder it lands in, so a root gateway leaves no root-owned file in a user's tree.
 """
 
 from __future__ import annotations
@@ -178,7 +180,10 @@ def _folder_fd(workspace_fd: int, parent: str) -> int:
             try:
                 inner = open_beneath(fd, part, _FOLDER)
             except FileNotFoundError:
+                owner = _owner(fd, None)
                 os.mkdir(part, 0o755, dir_fd=fd)
+                if owner is not None:
+                    os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
                 inner = open_beneath(fd, part, _FOLDER)
             os.close(fd)
             fd = inner
@@ -188,6 +193,19 @@ def _folder_fd(workspace_fd: int, parent: str) -> int:
     return fd
 
 
+def _owner(folder: int, name: str | None) -> tuple[int, int] | None:
+    """Whose a written entry is to be (root only; None: the gateway's own): `name`'s owner and group
+    when it is there already, else the folder's."""
+    if os.geteuid() != 0:
+        return None
+    if name is not None:
+        with contextlib.suppress(FileNotFoundError):
+            info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+            return info.st_uid, info.st_gid
+    info = os.fstat(folder)
+    return info.st_uid, info.st_gid
+
+
 def _apply_one(workspace_fd: int, change: Change, new_token: Callable[[], str]) -> None:
     parent, name = _split(change.path)
     folder = _folder_fd(workspace_fd, parent)
@@ -195,8 +213,11 @@ def _apply_one(workspace_fd: int, change: Change, new_token: Callable[[], str]) 
         mode = (change.mode_after or 0) & PERMISSION_BITS
         if change.kind is Kind.FOLDER:
             if change.action is Action.ADDED:
+                owner = _owner(folder, None)
                 with contextlib.suppress(FileExistsError):  # the check found a folder already there
                     os.mkdir(name, mode, dir_fd=folder)
+                    if owner is not None:
+                        os.chown(name, *owner, dir_fd=folder, follow_symlinks=False)
                 _chmod_folder(folder, name, mode)
             elif change.action is Action.DELETED:
                 os.rmdir(name, dir_fd=folder)
@@ -205,7 +226,8 @@ def _apply_one(workspace_fd: int, change: Change, new_token: Callable[[], str]) 
         elif change.action is Action.DELETED:
             os.unlink(name, dir_fd=folder)
         else:
-            _write_atomically(folder, name, change.content or b"", mode, new_token())
+            owner = _owner(folder, name if change.action is Action.MODIFIED else None)
+            _write_atomically(folder, name, change.content or b"", mode, new_token(), owner=owner)
     finally:
         os.close(folder)
 
@@ -218,7 +240,9 @@ def _chmod_folder(folder: int, name: str, mode: int) -> None:
         os.close(fd)
 
 
-def _write_atomically(folder: int, name: str, content: bytes, mode: int, token: str) -> None:
+def _write_atomically(
+    folder: int, name: str, content: bytes, mode: int, token: str, *, owner: tuple[int, int] | None
+) -> None:
     temporary = f".mcp-write-{token}.tmp"  # short: `name` may be 255 bytes already
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temporary, flags, 0o600, dir_fd=folder)
@@ -226,6 +250,8 @@ def _write_atomically(folder: int, name: str, content: bytes, mode: int, token: 
         view = memoryview(content)
         while view:
             view = view[os.write(fd, view) :]
+        if owner is not None:
+            os.fchown(fd, *owner)  # before the mode: a chown may clear mode bits
         os.fchmod(fd, mode)
         os.fsync(fd)
     except BaseException:

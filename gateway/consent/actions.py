@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.audit import AuditLog, EventDraft, EventType
+from gateway.audit import CHANGE_REVIEW, AuditLog, EventDraft, EventType
 from gateway.clock import Clock
 from gateway.consent.stage import Decision
-from gateway.consent.store import Channel, ConsentStore, Grant
+from gateway.consent.store import Channel, ConsentStore, Grant, QuestionKind
 
 
 class ConsentStores(Protocol):
@@ -62,10 +62,13 @@ def decide_question(stores: ConsentStores, question_id: str, decision: Decision,
     store = stores.consent_store
     recorded = store.decide(question_id, decision.value, by.name, stores.clock.now())
     question = store.fetch_request(question_id)
+    review = question is not None and question.kind == QuestionKind.CHANGE_REVIEW and question.run_id is not None
+    about = {"about": CHANGE_REVIEW, "question_id": question_id} if review else {}
     stores.audit.append(
         EventDraft(
             event_type,
-            run_id=question_id,
+            # A call's question has its run's id; a change review names its run (decision 80).
+            run_id=question.run_id if review and question is not None else question_id,
             user=question.user if question else None,
             workspace=question.workspace if question else None,
             tool_name=question.tool_name if question else None,
@@ -75,6 +78,7 @@ def decide_question(stores: ConsentStores, question_id: str, decision: Decision,
                 "decided_by": by.name,
                 "recorded": recorded,
                 "channel": str(by.channel),
+                **about,
             },
         )
     )

@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.consent.store import PendingRequest, QuestionKind
 from gateway.visible import MAX_LINE_CHARS, excerpt, visible
 
 PATCH = "changes.patch"
 DOCUMENT = "changes.json"
-CHANGE_REVIEW = "change_review"
-"""The `kind` of a change review's question (`consent_requests.kind`)."""
 
 MAX_DOCUMENT_BYTES = 4 << 20
 """changes.json at most: 1,000 entries (the default cap) take about 400 KiB."""
@@ -120,16 +119,15 @@ class ReviewText:
 # --- which questions are change reviews ---------------------------------------------------------
 
 
-def is_change_review(question: object) -> bool:
-    """Whether a question (a `consent.store.PendingRequest`) asks to apply a run's change set rather
-    than to run a call: its `kind` is `change_review` (decision 80). Read with getattr so that a
-    question row of a schema without the column is a call's."""
-    return getattr(question, "kind", None) == CHANGE_REVIEW and review_run_id(question) is not None
+def is_change_review(question: PendingRequest) -> bool:
+    """Whether a question asks to apply a run's change set rather than to run a call (decision 80),
+    with a run id that can name a folder of the artifacts."""
+    return question.kind == QuestionKind.CHANGE_REVIEW and review_run_id(question) is not None
 
 
-def review_run_id(question: object) -> str | None:
+def review_run_id(question: PendingRequest) -> str | None:
     """The run whose artifacts folder holds the change set; None when it is not a plain name."""
-    run_id = getattr(question, "run_id", None)
+    run_id = question.run_id
     if not isinstance(run_id, str) or not run_id or run_id in (".", "..") or not run_id.isprintable():
         return None
     if "/" in run_id or "\\" in run_id or not run_id.isascii():
@@ -137,7 +135,7 @@ def review_run_id(question: object) -> str | None:
     return run_id
 
 
-def review_dir(artifacts_dir: Path, question: object) -> Path | None:
+def review_dir(artifacts_dir: Path, question: PendingRequest) -> Path | None:
     """The question's run folder under `artifacts_dir`, or None for a question that is not a change review."""
     run_id = review_run_id(question) if is_change_review(question) else None
     return None if run_id is None else artifacts_dir / run_id

@@ -22,6 +22,7 @@ The decisions themselves are pure functions of values and `now` (`consent_profil
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import time
@@ -33,11 +34,19 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import anyio
 
-from gateway.audit import AuditLog, EventDraft, EventType
+from gateway.audit import CHANGE_REVIEW, AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
 from gateway.consent.grant_scope import deny_covers
-from gateway.consent.store import Channel, ConsentStore, Grant, GrantDecision, PendingRequest, QuestionStatus
+from gateway.consent.store import (
+    Channel,
+    ConsentStore,
+    Grant,
+    GrantDecision,
+    PendingRequest,
+    QuestionKind,
+    QuestionStatus,
+)
 from gateway.consent.text import prompt_for, redacted_preview
 from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason
@@ -472,6 +481,56 @@ class ConsentStage:
         async with progress.waiting(describe):
             return await self._asked(request, channel)
 
+    async def review_changes(
+        self, request: ConsentRequest, prompt: str, channel: ConsentChannel, progress: CallProgress = NO_PROGRESS
+    ) -> Answer:
+        """A `workspace: review` run's change set put to a person (decision 80): the answer, recorded.
+
+        Only Allow once and Deny once are offered, by the client's form when the policy lets it allow
+        once, else out of band (a 2026-07-28 round trip too: its run is over and cannot wait for a
+        retry). No stored grant, session allow or `consent.mode` ever allows it, and nothing of it is
+        stored as a grant. No answer before `consent.timeout_s`, a failed dialog, or `consent.mode: deny`
+        is a deny. The decision is `mcp.permission.decision` with `detail.about: change_set`."""
+        in_band = isinstance(channel, Dialog) and self._may_answer(Channel.ELICITATION, Decision.ALLOW_ONCE)
+        asked_on: Channel = Channel.ELICITATION if in_band else Channel.APPROVER
+        choices = tuple(d for d in _REVIEW_CHOICES if self._may_answer(asked_on, d)) or (Decision.DENY_ONCE,)
+        question = dataclasses.replace(
+            self._question(request, self._new_id(), self._clock.now(), choices),
+            kind=QuestionKind.CHANGE_REVIEW,
+            run_id=request.run_id,
+            preview=visible(prompt, lines=True),
+        )
+        extra = {"about": CHANGE_REVIEW, "question_id": question.id}
+        answer: Answer | None
+        if self._policy.mode == "deny":
+            answer = Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.POLICY)
+        else:
+            where = "in your client's dialog" if in_band else "with `mcp-gateway approvals` or the console"
+            deadline = time.monotonic() + self._policy.timeout_s
+
+            def describe() -> str:
+                return (
+                    f"Waiting for a person to apply {request.tool_name}'s changes (answer {where}):"
+                    f" {seconds_left(deadline)} s left, then they are not applied"
+                )
+
+            async with progress.waiting(describe):
+                if in_band and isinstance(channel, Dialog):
+                    answer = await self._dialog(request, channel.client, question, prompt, deny_first(choices))
+                else:
+                    answer = await self.ask_out_of_band(request, choices, question)
+            if answer is None:
+                answer = Answer(Decision.DENY_ONCE, Origin.TIMEOUT, asked_on)
+        if answer.decision is not Decision.ALLOW_ONCE:
+            answer = dataclasses.replace(answer, decision=Decision.DENY_ONCE)
+        reason = None if answer.decision.allows else Reason.CHANGES_DENIED
+        await in_db_thread(self._record, request, answer, reason=reason, extra=extra)
+        return answer
+
+    def _may_answer(self, channel: Channel, decision: Decision) -> bool:
+        permitted = self._policy.channels.get(channel)
+        return permitted is None or decision in permitted
+
     def _stored(self, request: ConsentRequest) -> Decision | None:
         """A stored grant or this session's allow decides (raising if it denies); None: a person must."""
         grants = self._store.fetch_grants(request.user, request.workspace, request.server_id, request.tool_name)
@@ -514,20 +573,34 @@ class ConsentStage:
         """`Dialog`: the client's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client
         went away or failed the question; None when nobody answered in time."""
         prompt = prompt_for(request, self._policy.locale)
-        # Stored while the dialog is open, so it counts in the cap of open questions (decision 70).
         question = self._question(request, request.run_id, self._clock.now(), choices)
+        return await self._dialog(
+            request, client, question, prompt.text, deny_first(choices) if prompt.cut else choices
+        )
+
+    async def _dialog(
+        self,
+        request: ConsentRequest,
+        client: ConsentAsker,
+        question: PendingRequest,
+        message: str,
+        offered: tuple[Decision, ...],
+    ) -> Answer | None:
+        """Ask `question` in the client's form (`offered`, in that order), stored `in_dialog` meanwhile."""
+        choices = tuple(Decision(c) for c in question.choices or ())
+        # Stored while the dialog is open, so it counts in the cap of open questions (decision 70).
         await in_db_thread(self._open, request, question, Channel.ELICITATION, QuestionStatus.IN_DIALOG)
         try:
             with anyio.move_on_after(self._policy.timeout_s):
-                decision = await client.ask(prompt.text, deny_first(choices) if prompt.cut else choices)
+                decision = await client.ask(message, offered)
                 if isinstance(decision, NoAnswer):
                     return Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.ELICITATION, no_answer=decision.why)
-                offered = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
-                return Answer(offered, Origin.USER_PROMPT, Channel.ELICITATION)
+                given = decision if decision in choices else Decision.DENY_ONCE  # decline, cancel, or not offered
+                return Answer(given, Origin.USER_PROMPT, Channel.ELICITATION)
             return None
         finally:
             with anyio.CancelScope(shield=True):
-                await in_db_thread(self._store.expire, request.run_id, self._clock.now(), QuestionStatus.IN_DIALOG)
+                await in_db_thread(self._store.expire, question.id, self._clock.now(), QuestionStatus.IN_DIALOG)
 
     def _in_band(self, channel: ConsentChannel) -> bool:
         """Whether the client answers: it declared elicitation, and the policy lets elicitation answer."""
@@ -605,27 +678,30 @@ class ConsentStage:
             choices=tuple(c.value for c in choices),
         )
 
-    async def ask_out_of_band(self, request: ConsentRequest, choices: tuple[Decision, ...]) -> Answer | None:
-        """`OUT_OF_BAND`: the decision an approver or the console stores for the question; None when none came
-        before `consent.timeout_s`."""
-        question = self._question(request, request.run_id, self._clock.now(), choices)
+    async def ask_out_of_band(
+        self, request: ConsentRequest, choices: tuple[Decision, ...], question: PendingRequest | None = None
+    ) -> Answer | None:
+        """`OUT_OF_BAND`: the decision an approver or the console stores for the question (by default the
+        call's own, its id the run's); None when none came before `consent.timeout_s`."""
+        if question is None:
+            question = self._question(request, request.run_id, self._clock.now(), choices)
         await in_db_thread(self._open, request, question, Channel.APPROVER, QuestionStatus.PENDING)
         pause, answer = _POLL_FIRST_S, None
         try:
             with anyio.move_on_after(self._policy.timeout_s):
                 while answer is None:
-                    answer = await in_db_thread(self._answer_of, request.run_id, choices)
+                    answer = await in_db_thread(self._answer_of, question.id, choices)
                     if answer is None:
                         await anyio.sleep(pause)
                         pause = min(pause * 2, _POLL_MAX_S)
         finally:
             if answer is None:  # past the timeout, or cancelled: close the question
                 with anyio.CancelScope(shield=True):
-                    closed = await in_db_thread(self._store.expire, request.run_id, self._clock.now())
+                    closed = await in_db_thread(self._store.expire, question.id, self._clock.now())
         # A decision that got in before the question closed still counts.
         if answer is not None or closed:
             return answer
-        return await in_db_thread(self._answer_of, request.run_id, choices)
+        return await in_db_thread(self._answer_of, question.id, choices)
 
     def _open(
         self, request: ConsentRequest, question: PendingRequest, channel: Channel, status: QuestionStatus
@@ -634,7 +710,9 @@ class ConsentStage:
         try:
             self._store.insert_request(question, status=status)
         except ConsentDeniedError as exc:  # consent_questions_limit: nobody is asked
-            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, channel), reason=exc.reason)
+            review = question.kind == QuestionKind.CHANGE_REVIEW
+            extra = {"about": CHANGE_REVIEW, "question_id": question.id} if review else None
+            self._record(request, Answer(Decision.DENY_ONCE, Origin.POLICY, channel), reason=exc.reason, extra=extra)
             raise
 
     def _answer_of(self, request_id: str, choices: tuple[Decision, ...]) -> Answer | None:
@@ -697,6 +775,8 @@ def _answers(trip: RoundTrip) -> None:
         trip.on_question(trip.state)
 
 
+_REVIEW_CHOICES = (Decision.ALLOW_ONCE, Decision.DENY_ONCE)
+"""A change review's only answers (decision 80): nothing about it lasts beyond the one run."""
 _DENY_REASONS = {Decision.DENY_ONCE: Reason.CONSENT_DENIED, Decision.DENY_ALWAYS: Reason.CONSENT_DENIED_ALWAYS}
 _DENIED = "a person denied this call; retrying will not help unless they change their mind"
 _DENIED_ALWAYS = (

@@ -61,6 +61,15 @@ class QuestionStatus(StrEnum):
     """Closed because the gateway that asked it is gone (gateway/recovery.py)."""
 
 
+class QuestionKind(StrEnum):
+    """What a question asks (`consent_requests.kind`): may this call run, or may its run's changes apply."""
+
+    CALL = "call"
+    CHANGE_REVIEW = "change_review"
+    """A `workspace: review` run's change set (decision 80): only Allow once or Deny once, never stored as a
+    grant; `run_id` names the run whose artifacts hold changes.patch and changes.json."""
+
+
 OPEN_STATUSES = (QuestionStatus.PENDING, QuestionStatus.AWAITING_CLIENT, QuestionStatus.IN_DIALOG)
 
 
@@ -141,6 +150,10 @@ class PendingRequest:
     decided_by: str | None = None
     choices: tuple[str, ...] | None = None
     """The decisions the approver may give (consent.Decision values); None: those `destructive` allows."""
+    kind: str = QuestionKind.CALL
+    """A `QuestionKind`."""
+    run_id: str | None = None
+    """For a change review, the run whose change set it asks about (its artifacts folder); None for a call's."""
 
 
 class ConsentStore:
@@ -257,6 +270,8 @@ class ConsentStore:
                     destructive=request.destructive,
                     status=status,
                     choices=None if request.choices is None else ",".join(request.choices),
+                    kind=request.kind,
+                    run_id=request.run_id,
                 )
             )
 
@@ -442,4 +457,6 @@ def _request(row: object) -> PendingRequest:
         decided_by=m["decided_by"],
         preview=m["preview"],
         choices=None if m["choices"] is None else tuple(c for c in m["choices"].split(",") if c),
+        kind=m["kind"],
+        run_id=m["run_id"],
     )

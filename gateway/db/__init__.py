@@ -182,6 +182,10 @@ class ConsentRequestRow(Base):
     decided_at: Mapped[float | None] = mapped_column(Double, nullable=True)
     choices: Mapped[str | None] = mapped_column(String(128), nullable=True)
     """The decisions offered, comma-separated (the policy's consent.channels.approver); NULL: by `destructive`."""
+    kind: Mapped[str] = mapped_column(String(16), server_default="call")
+    """`call` (may the call run) or `change_review` (may its run's changes apply: decision 80)."""
+    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """A change review's run (its artifacts hold changes.patch and changes.json); NULL for a call's question."""
     __table_args__ = (Index("ix_consent_requests_status", "status", "created_at"),)
 
 
@@ -205,7 +209,7 @@ class GatewaySession(Base):
     closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
-_OPEN_CARD = text("status IN ('pending', 'running')")
+_OPEN_CARD = text("status IN ('pending', 'running', 'reviewing')")
 
 
 class ToolCall(Base):
@@ -438,7 +442,7 @@ def _sqlite_on_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-SCHEMA_HEAD = "0010"
+SCHEMA_HEAD = "0011"
 """The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
 
 

@@ -24,6 +24,7 @@ from gateway.tools.outcome import ToolOutcome
 if TYPE_CHECKING:
     from gateway.policy import SandboxPolicy
     from gateway.runs import RunStatus, RunStore
+    from sandbox.change_set import ChangeSet
     from sandbox.confine import LayerReport
     from sandbox.pinned import Pinned
 
@@ -60,6 +61,17 @@ class Governance:
     policy_timeout_s: int
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a writing run (`workspace: write` or `review`) left for the pipeline: decision 80."""
+
+    review: bool
+    """A person decides whether it applies; False: it applies at once (`write`)."""
+    changes: ChangeSet | None
+    error: str | None
+    """Why there is no change set (`RunResult.changes_error`): nothing of it applies."""
+
+
 class ToolRun(Protocol):
     """A finished sandboxed run. How it ended comes from the sandbox (trusted); its answer is read
     from files the run wrote (untrusted), and only after the pipeline has recorded how it ended."""
@@ -89,6 +101,10 @@ class ToolRun(Protocol):
 
     def status(self) -> RunStatus:
         """The status of the run record and of TOOL_FINISHED when there is no refusal: `ok` or `error`."""
+        ...
+
+    def written(self) -> Written | None:
+        """A writing run's change set, for the pipeline to apply or put to a person; None: the run read only."""
         ...
 
     def write_evidence(self, governance: Governance) -> None:

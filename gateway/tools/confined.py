@@ -20,8 +20,9 @@ from typing import Any, Self
 from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.progress import NO_PROGRESS, CallProgress
-from gateway.tools.base import ExecutionRequest, Governance
+from gateway.tools.base import ExecutionRequest, Governance, Written
 from sandbox import Limits, RunResult, guarantees, run_sandboxed
+from sandbox.change_set import ChangeRules
 from sandbox.confine import LayerReport
 from sandbox.layers import Layer
 from sandbox.leftovers import scratch_folder
@@ -121,6 +122,8 @@ class ConfinedRun:
     run_dir: Path
     policy: SandboxPolicy
     host: LayerReport
+    review: bool | None = None
+    """A writing run: True when a person decides on its changes, False when they apply at once; None: it read only."""
 
     @property
     def duration_ms(self) -> int:
@@ -140,13 +143,18 @@ class ConfinedRun:
     def refusal(self) -> GatewayError | None:
         return refusal_for(self.result, self.limits.timeout_s, self.policy)
 
+    def written(self) -> Written | None:
+        if self.review is None:
+            return None
+        return Written(self.review, self.result.changes, self.result.changes_error)
+
     def write_evidence(self, governance: Governance) -> None:
         write_evidence(self.run_dir, governance, self.limits, self.result, self.host)
 
     @classmethod
     def of(cls, run: ConfinedRun) -> Self:
         """A tool's own run (a subclass that adds its answer) of this one."""
-        return cls(run.result, run.limits, run.run_id, run.run_dir, run.policy, run.host)
+        return cls(run.result, run.limits, run.run_id, run.run_dir, run.policy, run.host, run.review)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +195,16 @@ async def run_confined(
     describe: Callable[[], str],
     collect: Mapping[str, Path] = MappingProxyType({}),
     on_stdout: Callable[[bytes], None] | None = None,
+    writes: ChangeRules | None = None,
+    review: bool = False,
 ) -> ConfinedRun:
     """Run `argv(scratch)` for one call; nothing the run produced is read here.
 
     `root` and `allowed_paths` are the folders pinned at policy load (stage 4 found them intact):
     the sandbox reaches them through their fds, so a path swapped since then leads the run nowhere
-    new. While the run is on, `progress` sends `describe()` to the caller.
+    new. While the run is on, `progress` sends `describe()` to the caller. With `writes`, the run
+    works on a copy of the workspace and its change set comes back for the pipeline to apply or
+    put to a person (`review`): decision 80.
     """
     c.run_dir.mkdir(parents=True, exist_ok=False, mode=0o700)
     with scratch_folder(c.run_id[:8]) as scratch:  # held while the run is on; removed after it
@@ -220,5 +232,6 @@ async def run_confined(
                 collect=collect,
                 host=c.host,
                 on_stdout=on_stdout,
+                writes=writes,
             )
-    return ConfinedRun(result, limits, c.run_id, c.run_dir, c.policy, c.host)
+    return ConfinedRun(result, limits, c.run_id, c.run_dir, c.policy, c.host, None if writes is None else review)

@@ -5,7 +5,9 @@ inputSchema from its arguments, its annotations, a `_meta` digest of the whole d
 consent fingerprint covers it), and its behaviour. `render_argv` turns a call's arguments into
 the argv, no shell anywhere: each `{name}` is one whole element, a path follows `./`, a value
 never starts with '-' or '@' wherever it stands, a flag is the author's literal. The run is the
-sandbox's (gateway/tools/confined.py), like run_pytest's, with the declaration's own limits.
+sandbox's (gateway/tools/confined.py), like run_pytest's, with the declaration's own limits; a
+`write` or `review` tool's run works on a copy of the workspace and leaves a change set that the
+pipeline applies or puts to a person (decision 80).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from gateway.declarations import (
     placeholder_of,
     value_problem,
 )
-from gateway.errors import GatewayError, InvalidParamsError, PolicyBlockedError, Reason, SandboxViolationError
+from gateway.errors import GatewayError, InvalidParamsError, PolicyBlockedError, Reason
+from gateway.policy import SandboxPolicy
 from gateway.programs import program_change
 from gateway.runs import RunStatus
 from gateway.tools.base import ExecutionRequest, ToolSpec
@@ -36,6 +39,7 @@ from gateway.tools.confined import ConfinedRun, confinement, run_confined, shown
 from gateway.tools.outcome import ResourceLink, ToolOutcome
 from gateway.tools.run_pytest import artifact_uri
 from gateway.tools.schemas import NOT_AN_OPTION, WORKSPACE, object_schema
+from sandbox.change_set import ChangeRules
 
 ARTIFACTS = {"stdout.txt": "text/plain", "stderr.txt": "text/plain", "evidence.json": "application/json"}
 STDOUT_CHARS = 4000
@@ -154,14 +158,30 @@ def _expand(argument: Argument, arguments: Mapping[str, Any]) -> list[str]:
     return [argument.flag, text] if argument.flag else [text]
 
 
-def check_workspace_mode(declaration: Declaration) -> None:
-    """The one hook for `workspace: review|write`: until the change-set part lands, such a call stops here."""
-    if declaration.workspace is not WorkspaceMode.READ_ONLY:
-        raise SandboxViolationError(
-            Reason.WORKSPACE_MODE_UNAVAILABLE,
-            f"{declaration.name} declares workspace: {declaration.workspace}, and this gateway has no change sets"
-            " yet (the writable copy, its diff and applying it); nothing ran. Use workspace: read_only for now",
+def change_rules(declaration: Declaration, policy: SandboxPolicy) -> ChangeRules | None:
+    """A writing run's rules (decision 80): the policy's protected paths and caps; None for `read_only`."""
+    if declaration.workspace is WorkspaceMode.READ_ONLY:
+        return None
+    return ChangeRules(
+        protected=policy.protected_paths, max_files=policy.max_change_files, max_bytes=policy.max_change_bytes
+    )
+
+
+def after_run(declaration: Declaration) -> str:
+    """What `policy explain` says happens to a writing run's changes (decision 80); empty for `read_only`."""
+    caps = "sandbox.max_change_files and sandbox.max_change_bytes"
+    if declaration.workspace is WorkspaceMode.REVIEW:
+        return (
+            f"; on a copy of the workspace, then its change set (over {caps}: refused, nobody asked) is shown to a"
+            " person, allow once or deny once, and applied beneath the workspace only on allow"
+            " (sandbox.protected_paths never)"
         )
+    if declaration.workspace is WorkspaceMode.WRITE:
+        return (
+            f"; on a copy of the workspace, then its change set (over {caps}: refused) is applied beneath the"
+            " workspace at once, nobody asked (sandbox.protected_paths never)"
+        )
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +202,10 @@ class DeclaredTool:
             argv = render_argv(self.declaration, arguments, root)
         except GatewayError as exc:
             return f"would refuse: {exc.public_message()}"
-        return f"would run (workspace: {self.declaration.workspace}): {shlex.join(argv)}"
+        return f"would run (workspace: {self.declaration.workspace}): {shlex.join(argv)}{after_run(self.declaration)}"
 
     async def execute(self, request: ExecutionRequest) -> DeclaredRun:
         declaration = self.declaration
-        check_workspace_mode(declaration)
         argv = render_argv(declaration, request.arguments, request.root.path)
         self.check_ready()  # the last look before the sandbox spawns it (decision 77 says what is left)
         policy = replace(
@@ -196,6 +215,8 @@ class DeclaredTool:
             replace(confinement(request), policy=policy),
             lambda _scratch: argv,
             describe=lambda: f"Running {declaration.name}",
+            writes=change_rules(declaration, request.policy),
+            review=declaration.workspace is WorkspaceMode.REVIEW,
         )
         return DeclaredRun.of(run)
 

@@ -16,7 +16,6 @@ import pytest
 
 from gateway.audit import AuditLog
 from gateway.clock import SystemClock
-from gateway.runs import RunStatus, RunStore
 from tests.deadlines import scaled
 from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, reachable_by_everyone
 
@@ -270,26 +269,6 @@ def test_editing_the_template_asks_again(make_gateway: GatewayFactory, open_sess
     again = session.call_tool("pytool", {"path": "tests"}, gw.token("alice"))
     assert refusal(again) == (-32008, "consent_denied")
     assert len(asked) == 1  # the grant was for another definition: the person was asked
-
-
-def test_review_is_refused_at_execution_until_change_sets_land(
-    make_gateway: GatewayFactory, open_session: SessionFactory
-) -> None:
-    gw = make_gateway()
-    program_folder(gw)
-    gw.write_policy(declared_policy({"fix": pytool(workspace="review")}))
-    gw.add_user("alice", "USER")
-    session = open_session(gw, capabilities=FORM_ELICITATION)
-    session.responder = answer("allow_once")
-    response = session.call_tool("fix", {}, gw.token("alice"))
-    assert refusal(response) == (-32006, "workspace_mode_unavailable")
-    run_id = response["error"]["data"]["run_id"]
-    assert kinds(gw, run_id)[-1] == "TOOL_FINISHED"
-    assert "SANDBOX_EXEC" not in kinds(gw, run_id)
-    record = RunStore(gw.engine, gw.home / "artifacts").fetch(run_id)
-    assert record is not None
-    assert record.status == RunStatus.FAILED  # closed at once, not left running for a sweep
-    assert not (gw.home / "artifacts" / run_id).exists()  # nothing was spawned
 
 
 def test_policy_check_prints_the_program_and_explain_the_argv(declared: GatewayHome) -> None:

@@ -421,3 +421,20 @@ def test_an_append_with_a_second_end_writes_nothing_of_itself(engine: Engine, cl
     cli = EventDraft(EventType.PERMISSION_DECISION, detail={"decision": "ALLOW_ALWAYS"})
     assert len(audit.append(cli)) == 1 and len(audit.append(cli)) == 1
     assert verify(audit).ok
+
+
+def test_a_call_gets_one_change_review_decision_besides_its_decision(engine: Engine, clock: FakeClock) -> None:
+    """Decision 80: the decision on a run's change set (`detail.about: change_set`) is its own kind, at most one;
+    the same words inside a value of another decision's detail are not that key (both engines agree)."""
+    audit = AuditLog(engine, clock)
+    decided = EventDraft(EventType.PERMISSION_DECISION, run_id="q1", detail={"decision": "ALLOW_ONCE"})
+    reviewed = dataclasses.replace(decided, detail={"decision": "ALLOW_ONCE", "about": "change_set"})
+    assert len(audit.append(decided)) == 1
+    assert len(audit.append(reviewed)) == 1
+    assert audit.append(dataclasses.replace(reviewed, detail={"decision": "DENY_ONCE", "about": "change_set"})) == []
+    lookalike = dataclasses.replace(decided, run_id="q2", detail={"decided_by": '"about":"change_set"'})
+    assert len(audit.append(lookalike)) == 1
+    assert audit.append(dataclasses.replace(decided, run_id="q2")) == [], "the look-alike was the call's decision"
+    assert len(audit.append(dataclasses.replace(reviewed, run_id="q2"))) == 1
+    assert _trail(engine, "q1") == ["mcp.permission.decision", "mcp.permission.decision"]
+    assert verify(audit).ok

@@ -20,6 +20,7 @@ from gateway.consent.changes_view import (
     review_dir,
     review_text,
 )
+from gateway.consent.store import PendingRequest, QuestionKind
 from sandbox.change_set import Action, Change, ChangeSet, Refusal
 from sandbox.workspace_copy import Kind
 from tests.review_artifacts import added, deleted, modified, refused, write_review
@@ -258,24 +259,25 @@ def test_a_cut_inside_a_character_never_invents_one(tmp_path: Path) -> None:
     assert not patch.complete and "\ufffd" not in patch.text
 
 
-@dataclass(frozen=True)
-class Row:
-    kind: str = "change_review"
-    run_id: str | None = "0123abcd"
+def question(kind: str = QuestionKind.CHANGE_REVIEW, run_id: str | None = "0123abcd") -> PendingRequest:
+    return PendingRequest(
+        id="q1", created_at=0.0, expires_at=60.0, session_id="s", user="alice", workspace="default",
+        server_id="gateway", tool_name="ruff_fix", args_hash="0" * 64, args_preview="{}", risk_tier="low",
+        destructive=False, kind=kind, run_id=run_id,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("row", "review"),
     [
-        (Row(), True),
-        (Row(kind="call"), False),
-        (Row(run_id=None), False),
-        (Row(run_id="../other"), False),
-        (Row(run_id=".."), False),
-        (Row(run_id="a\nb"), False),
-        (object(), False),
+        (question(), True),
+        (question(kind=QuestionKind.CALL), False),
+        (question(run_id=None), False),
+        (question(run_id="../other"), False),
+        (question(run_id=".."), False),
+        (question(run_id="a\nb"), False),
     ],
 )
-def test_only_a_change_review_with_a_plain_run_id_is_one(tmp_path: Path, row: object, review: bool) -> None:
+def test_only_a_change_review_with_a_plain_run_id_is_one(tmp_path: Path, row: PendingRequest, review: bool) -> None:
     assert is_change_review(row) is review
     assert (review_dir(tmp_path, row) == tmp_path / "0123abcd") is review

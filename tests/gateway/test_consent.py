@@ -549,3 +549,66 @@ def test_each_way_of_asking_is_a_consent_channel_in_band_or_out() -> None:
 def test_the_policys_consent_channels_are_channels() -> None:
     """gateway/policy.py sits below the consent wing and spells `consent.channels`' keys itself."""
     assert {Channel(name) for name in CONSENT_CHANNELS} == {Channel.ELICITATION, Channel.APPROVER}
+
+
+# --- the change review (decision 80) ---------------------------------------------------------------
+
+
+def review(stage: ConsentStage, req: ConsentRequest, asker: Asker) -> Answer:
+    return anyio.run(stage.review_changes, req, "Apply the changes of fix? modified a.py", Dialog(asker))
+
+
+def test_a_change_review_is_asked_whatever_is_stored_and_stores_nothing(stage: ConsentStage, engine: Engine) -> None:
+    asker = Asker(Decision.ALLOW_ALWAYS, Decision.ALLOW_ONCE)
+    assert require(stage, request("r1"), asker) is Decision.ALLOW_ALWAYS  # a stored Allow always for the tool
+    assert require(stage, request("r2"), asker) is Decision.ALLOW_ALWAYS  # answered from it
+    store = ConsentStore(engine)
+    grants = store.list_grants()
+
+    answer = review(stage, request("r2"), asker)
+
+    assert answer.decision is Decision.ALLOW_ONCE
+    assert asker.asked[-1] == (Decision.DENY_ONCE, Decision.ALLOW_ONCE)  # only these, Deny once first
+    assert store.list_grants() == grants  # nothing stored
+    questions = [store.fetch_request(f"{n:032x}") for n in range(1, 6)]
+    (question,) = [q for q in questions if q is not None and q.kind == "change_review"]
+    assert (question.run_id, question.choices) == ("r2", ("ALLOW_ONCE", "DENY_ONCE"))
+    assert question.preview is not None and "a.py" in question.preview
+
+
+@pytest.mark.parametrize("given", [Decision.ALLOW_ALWAYS, Decision.ALLOW_SESSION, Decision.DENY_ALWAYS, None])
+def test_a_change_review_answered_with_anything_but_allow_once_is_deny_once(
+    stage: ConsentStage, engine: Engine, given: Decision | None
+) -> None:
+    answer = review(stage, request("r1"), Asker(given))
+    assert answer.decision is Decision.DENY_ONCE
+    assert ConsentStore(engine).list_grants() == []
+    (decided,) = AuditLog(engine, FakeClock()).events(run_id="r1")
+    assert decided.detail["about"] == "change_set"
+    assert decided.detail["reason"] == "changes_denied"
+
+
+def test_consent_mode_deny_denies_a_change_review_without_asking(engine: Engine, clock: FakeClock) -> None:
+    policy = ConsentPolicy(mode="deny", timeout_s=5)
+    stage = ConsentStage(policy, AuditLog(engine, clock), ConsentStore(engine), clock, SequentialRunIds())
+    asker = Asker()
+    answer = review(stage, request("r1"), asker)
+    assert (answer.decision, answer.origin, answer.channel) == (Decision.DENY_ONCE, Origin.POLICY, Channel.POLICY)
+    assert asker.asked == []
+
+
+def test_a_change_review_over_the_cap_of_open_questions_is_recorded_as_the_reviews_decision(
+    engine: Engine, clock: FakeClock
+) -> None:
+    audit = AuditLog(engine, clock)
+    full = ConsentStage(ConsentPolicy(timeout_s=5), audit, ConsentStore(engine, max_open=1), clock, SequentialRunIds())
+    asker = Asker(Decision.ALLOW_ONCE)
+    assert require(full, request("r1"), asker) is Decision.ALLOW_ONCE  # the call's own decision: closed at once
+    another = full._question(request("r2"), "q2", clock.now(), (Decision.ALLOW_ONCE,))
+    ConsentStore(engine).insert_request(another)  # another call's question, still open: the cap is reached
+    with pytest.raises(ConsentDeniedError) as caught:
+        review(full, request("r1"), Asker(Decision.ALLOW_ONCE))
+    assert caught.value.reason == "consent_questions_limit"
+    details = [e.detail for e in audit.events(run_id="r1")]
+    assert [d.get("about") for d in details] == [None, "change_set"]
+    assert details[1]["reason"] == "consent_questions_limit"

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from textwrap import dedent
 from typing import Any
 
-import anyio
 import pytest
 
 from gateway.consent.stage import DECLARATION_META_KEY, consent_profile, tool_fingerprint
+from gateway.declarations import WorkspaceMode
 from gateway.errors import GatewayError, InvalidParamsError, PolicyBlockedError, Reason, SandboxViolationError
 from gateway.policy import Policy, parse_policy
 from gateway.policy_warnings import risky_settings
 from gateway.preflight import check_run_paths, unreachable_run_paths
 from gateway.scope import Caller, check_arguments, check_call
-from gateway.tools.declared import declared_tool, read_tail, render_argv
+from gateway.tools.declared import after_run, change_rules, declared_tool, read_tail, render_argv
 from gateway.tools.registry import TOOL_NAMES, TOOLS, catalogue
 from sandbox.reachable import Access
 from tests.harness import reachable_by_everyone
@@ -239,18 +240,19 @@ def test_risk_follows_the_annotations(folder: Path) -> None:
     assert consent_profile(tools["make"]).destructive
 
 
-def test_review_and_write_fail_closed_until_change_sets_land(folder: Path) -> None:
-    spec = catalogue(load(folder))["make"]
-    assert spec.execute is not None
-    execute = spec.execute
-
-    async def main() -> None:
-        await execute(None)  # type: ignore[arg-type]  # refused before the request is read
-
-    with pytest.raises(SandboxViolationError) as caught:
-        anyio.run(main)
-    assert caught.value.reason is Reason.WORKSPACE_MODE_UNAVAILABLE
-    assert "workspace: review" in caught.value.public_message()
+def test_review_and_write_runs_get_the_policys_change_rules(folder: Path) -> None:
+    policy = load(folder)
+    declared = policy.declared
+    sandbox = replace(policy.sandbox, protected_paths=(".envrc",), max_change_files=7, max_change_bytes=99)
+    assert change_rules(declared["lint"], sandbox) is None  # read_only: no copy, no change set
+    rules = change_rules(declared["make"], sandbox)
+    assert rules is not None
+    assert (rules.protected, rules.max_files, rules.max_bytes) == ((".envrc",), 7, 99)
+    assert after_run(declared["lint"]) == ""
+    assert "shown to a person, allow once or deny once" in after_run(declared["make"])
+    assert "applied beneath the workspace at once" in after_run(
+        replace(declared["make"], workspace=WorkspaceMode.WRITE)
+    )
 
 
 def test_the_preview_shows_the_argv_or_the_refusal(folder: Path) -> None:

@@ -22,16 +22,18 @@ from sqlalchemy import Engine, text
 from gateway.audit import AuditEvent
 from gateway.auth import ensure_keys, issue_token
 from gateway.budget import Usage
-from gateway.consent.stage import OUT_OF_BAND, ConsentChannel, InputRequired, RoundTrip
+from gateway.consent.stage import OUT_OF_BAND, Answer, ConsentChannel, Decision, InputRequired, Origin, RoundTrip
+from gateway.consent.store import Channel
 from gateway.db import make_engine, migrate
 from gateway.errors import GatewayError, SandboxViolationError
-from gateway.pipeline import CallRequest, Pipeline, check_sandbox_ready
+from gateway.pipeline import CallRequest, Pipeline, check_sandbox_ready, start_refusal, who_decided
 from gateway.policy import parse_policy
 from gateway.services import Services, open_services
 from gateway.settings import Settings
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOL_NAMES
 from sandbox.confine import LayerReport
+from sandbox.errors import SandboxStartError
 from sandbox.guarantees import Guarantee
 from tests.fakes import FAKE_HOST, FakeClock, SequentialRunIds
 from tests.harness import DEFAULT_POLICY, deep_merge, reachable_by_everyone
@@ -295,3 +297,36 @@ def test_a_read_tool_leaves_its_call_and_its_end(in_process: Callable[..., InPro
     assert all(e.user == "alice" and e.tool_name == "list_artifacts" for e in events)
     assert events[-1].detail == {"status": "ok"}
     assert gateway.usage() == Usage(0, 0)  # reads are not charged
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (Answer(Decision.ALLOW_ONCE, Origin.USER_PROMPT, Channel.ELICITATION), "elicitation:alice"),
+        (Answer(Decision.ALLOW_ONCE, Origin.USER_PROMPT, Channel.APPROVER, "approvals:bob"), "approver:approvals:bob"),
+        (Answer(Decision.DENY_ONCE, Origin.TIMEOUT, Channel.APPROVER), "approver:timeout"),
+        (Answer(Decision.DENY_ONCE, Origin.POLICY, Channel.POLICY), "policy:policy"),
+        (
+            Answer(Decision.DENY_ONCE, Origin.NO_ANSWER, Channel.ELICITATION, no_answer="client_gone"),
+            "elicitation:no_answer",
+        ),
+    ],
+)
+def test_who_decided_a_change_review(answer: Answer, said: str) -> None:
+    assert who_decided(answer, "alice") == said
+
+
+@pytest.mark.parametrize(
+    ("slug", "reason"),
+    [
+        ("workspace_view_unavailable", "workspace_view_unavailable"),
+        ("workspace_too_large_for_view", "workspace_too_large_for_view"),
+        ("workspace_copy_failed", "workspace_copy_failed"),
+        ("cgroup_failed", "sandbox_start_failed"),
+        ("seccomp_filter_failed", "sandbox_start_failed"),
+    ],
+)
+def test_a_writing_runs_copy_that_cannot_be_made_is_its_own_reason(slug: str, reason: str) -> None:
+    refused = start_refusal("r1", SandboxStartError(slug))
+    assert (refused.code, refused.reason) == (-32006, reason)
+    assert "fix" in refused.public_message()

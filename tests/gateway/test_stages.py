@@ -41,7 +41,7 @@ from gateway.policy import load_policy
 from gateway.rbac import Permission
 from gateway.runs import RunStatus
 from gateway.services import Services, open_services
-from gateway.tools.base import ExecutionRequest, Governance, ToolSpec
+from gateway.tools.base import ExecutionRequest, Governance, ToolSpec, Written
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOL_NAMES, TOOLS
 from gateway.tools.schemas import WORKSPACE, object_schema
@@ -69,6 +69,9 @@ class EchoRun:
 
     def status(self) -> RunStatus:
         return RunStatus.OK if self.exit_code == 0 else RunStatus.ERROR
+
+    def written(self) -> Written | None:
+        return None  # it changes no workspace
 
     def write_evidence(self, governance: Governance) -> None:
         (self.run_dir / "evidence.json").write_text(json.dumps({"governance": asdict(governance)}))

@@ -309,6 +309,32 @@ def test_modes_are_permission_bits_and_files_belong_to_the_gateway(tmp_path: Pat
         assert (info.st_mode & 0o7777, info.st_uid) == (0o755, os.getuid())
 
 
+def test_a_root_gateway_keeps_owners_and_gives_new_entries_their_folders(tmp_path: Path) -> None:
+    """Decision 80: a modified file keeps its owner and group, an added file or folder gets its folder's."""
+    with workspace(tmp_path, {"mine.py": b"x = 1\n", "sub/keep.txt": b"k"}) as ws:
+        os.chown(ws.path, 61230, 61231)
+        os.chown(ws.path / "mine.py", 61232, 61233)
+        os.chown(ws.path / "sub", 61234, 61235)
+        with copied(ws) as (view, originals, copy):
+            (copy / "mine.py").write_bytes(b"x = 2\n")
+            (copy / "sub" / "new.txt").write_bytes(b"n")
+            (copy / "made" / "deeper").mkdir(parents=True)
+            (copy / "made" / "deeper" / "f.txt").write_bytes(b"f")
+            changes = changes_of(view, originals, ws)
+            assert apply_changes(ws.fd, changes).applied
+
+        def owner(relative: str) -> tuple[int, int, int]:
+            info = (ws.path / relative).stat()
+            return info.st_uid, info.st_gid, info.st_mode & 0o7000
+
+        assert owner("mine.py") == (61232, 61233, 0)
+        assert owner("sub/new.txt") == (61234, 61235, 0)
+        assert owner("made") == (61230, 61231, 0)
+        assert owner("made/deeper") == (61230, 61231, 0)
+        assert owner("made/deeper/f.txt") == (61230, 61231, 0)
+        assert (ws.path / "mine.py").read_bytes() == b"x = 2\n"
+
+
 @pytest.mark.parametrize(
     ("name", "seen"),
     [

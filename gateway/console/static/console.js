@@ -5,7 +5,7 @@
 
 (function () {
   const words = JSON.parse(document.getElementById("words").textContent);
-  const STATES = ["pending", "running", "done", "error", "cancelled"];
+  const STATES = ["pending", "running", "reviewing", "done", "error", "cancelled"];
   const MAX_CHARS = 2000;
   const MAX_LINES = 30;
   const RUNNING_DWELL_MS = 600;
