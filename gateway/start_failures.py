@@ -49,19 +49,6 @@ START_STEPS: dict[str, StartStep] = {
         f"{POLICY_CHECK}: it names the first folder the run cannot reach; "
         f"use a venv the run can reach, e.g. under /opt; {OPERATIONS}",
     ),
-    "workspace_view_unavailable": StartStep(
-        "the run's writable copy of the workspace could not be set up (a writing run needs the workspace pinned, "
-        "a PID namespace when rootless, and CAP_SYS_ADMIN as root)",
-        "run `mcp-gateway doctor`; or declare the tool `workspace: read_only` (docs/declared-tools.md)",
-    ),
-    "workspace_too_large_for_view": StartStep(
-        "the workspace is too large to copy for a writing run (more entries or bytes than the copy may hold)",
-        "point the workspace at a smaller folder, or declare the tool `workspace: read_only` (docs/declared-tools.md)",
-    ),
-    "workspace_copy_failed": StartStep(
-        "the workspace could not be copied for a writing run (a file in it could not be read)",
-        "check the workspace's files are readable by the gateway; the gateway's log names the run",
-    ),
     "cgroup_unavailable": StartStep(
         "no cgroup hierarchy with the memory and pids controllers was found",
         "run `mcp-gateway doctor`; or leave memory_total out of sandbox.require",
