@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -14,9 +15,13 @@ from gateway.default_policy import SHIPPED_POLICY
 
 @pytest.fixture(autouse=True)
 def collector_restored() -> Iterator[None]:
-    """This worker's collector as it was, whatever a test froze or turned off."""
+    """This worker's collector and umask as they were, whatever a test froze, turned off or set
+    (`main` sets the umask to 077: later tests of the worker would make private folders)."""
     was_enabled = gc.isenabled()
+    umask = os.umask(0o022)
+    os.umask(umask)
     yield
+    os.umask(umask)
     gc.unfreeze()
     if was_enabled:
         gc.enable()
