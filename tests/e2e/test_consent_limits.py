@@ -198,6 +198,11 @@ def dialogs_of(session: StdioSession) -> list[dict[str, Any]]:
     return [m for m in session.unsolicited if m["method"] == "elicitation/create"]
 
 
+def withdrawn_dialogs(session: StdioSession) -> set[Any]:
+    """The ids of the dialogs the gateway cancelled (a call cancelled while its question was open)."""
+    return {m["params"]["requestId"] for m in session.unsolicited if m["method"] == "notifications/cancelled"}
+
+
 @on_both_engines
 def test_in_band_elicitations_stop_at_the_cap_and_share_it_with_every_other_channel(
     make_gateway: Callable[..., GatewayHome], open_session: SessionFactory
@@ -265,11 +270,16 @@ def test_a_dialog_that_ends_without_an_answer_frees_its_place_at_once(
     assert over["error"]["data"]["reason"] == LIMIT
 
     dialog.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ids[0]}})
-    failed = dialogs_of(dialog)[1]
-    dialog.send({"jsonrpc": "2.0", "id": failed["id"], "error": {"code": -32603, "message": "dialog crashed"}})
+    # The calls are asked in whatever order they reach consent: the cancelled call's dialog is the one
+    # the gateway withdraws (its own notifications/cancelled); another one is failed.
     deadline = time.monotonic() + 90  # generous: the suite runs beside 16-gateway fleets
+    while not (withdrawn := withdrawn_dialogs(dialog)):
+        assert time.monotonic() < deadline, "the cancelled call's dialog was not withdrawn"
+        dialog.pump(0.2)
+    failed = next(d for d in dialogs_of(dialog) if d["id"] not in withdrawn)
+    dialog.send({"jsonrpc": "2.0", "id": failed["id"], "error": {"code": -32603, "message": "dialog crashed"}})
     while not dialog._pending:
-        assert time.monotonic() < deadline, "the call whose dialog failed was not answered"
+        assert time.monotonic() < deadline, f"the call whose dialog failed was not answered: {dialog.stderr_text()}"
         dialog.pump(0.2)
     (answered,) = dialog._pending.values()
     assert answered["error"]["data"]["reason"] == "consent_no_answer", answered
