@@ -104,7 +104,7 @@ bytecode: $(STAMP)
 
 # The unit tests of the gateway and the sandbox, under a minute: no stdio sessions (tests/e2e),
 # no hostile suites (tests/adversarial). Run `make test` before you push. In parallel as `make test`
-# is: 3,109 tests cost about 73 s of CPU (user+sys, workers included), over a minute on one core.
+# is: 3,685 tests cost about 100 s of CPU (user+sys, workers included), 1:14 on 2 cores.
 unit: $(STAMP) bytecode
 	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) tests/gateway tests/sandbox
 
