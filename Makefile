@@ -102,7 +102,7 @@ TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 bytecode: $(STAMP)
 	$(PY) -m compileall -q gateway sandbox >/dev/null
 
-# The unit tests of the gateway and the sandbox, under a minute: no stdio sessions (tests/e2e),
+# The unit tests of the gateway and the sandbox (the aim: under a minute): no stdio sessions (tests/e2e),
 # no hostile suites (tests/adversarial). Run `make test` before you push. In parallel as `make test`
 # is: 3,685 tests cost about 100 s of CPU (user+sys, workers included), 1:14 on 2 cores.
 unit: $(STAMP) bytecode
