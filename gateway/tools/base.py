@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -120,6 +121,32 @@ class ToolRun(Protocol):
         ...
 
 
+class Trust(StrEnum):
+    """How far the gateway trusts the server a tool comes from: it moves a read-only tool's risk tier
+    (docs/consent.md, "Risk tiers and expiry"). The gateway's own tools are trusted."""
+
+    TRUSTED = "trusted"
+    UNTRUSTED = "untrusted"
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a tool comes from when the gateway did not write it: an upstream MCP server, put behind the
+    pipeline by policy.yaml's `upstreams`. The tool is offered as `<upstream>__<tool>`."""
+
+    upstream: str
+    """The upstream's name in policy.yaml."""
+    tool: str
+    """The tool's own name on its server."""
+    trust: Trust
+    """The upstream's `trust`, as the policy says it."""
+    description: str
+    """The tool's description in the server's own words, unchecked: prompts show it marked as such."""
+    definition_sha256: str
+    """The digest of the tool's pinned definition (name, description, inputSchema, annotations): the
+    consent fingerprint covers it, so a grant holds for the definition it was given for."""
+
+
 class Execute(Protocol):
     async def __call__(self, request: ExecutionRequest, /) -> ToolRun: ...
 
@@ -155,6 +182,8 @@ class ToolSpec:
     """A read tool's behaviour."""
     execute: Execute | None = None
     """A write tool's behaviour: it runs in the sandbox, needs consent and is charged to the budget."""
+    origin: Origin | None = None
+    """The upstream MCP server the tool comes from; None: the gateway's own tool (built-in or declared)."""
 
     @property
     def sandboxed(self) -> bool:
