@@ -45,6 +45,9 @@ from sandbox.workspace_copy import Original, Originals
 
 STDERR_TAIL_BYTES = 4096
 """How much of a server's stderr is kept: its last words, for the error that says why it died."""
+SERVER_DEVICES = (Path("/dev/urandom"),)
+"""Read-only for a native server, beyond a run's grants: git and Node read their random bytes there (a run's
+pytest takes them from getrandom)."""
 STOPPED = "stopped"
 MEMORY = "memory"
 
@@ -96,6 +99,7 @@ class ConfinedServer:
         self._stopping = False
         self._baseline: Originals = run.copy.originals
         self._sync_lock = anyio.Lock()
+        self._exited = os.pidfd_open(self.pid)  # now: it may end (and be reaped by `stop`) before the watcher starts
 
     def stderr_tail(self) -> str:
         """The last STDERR_TAIL_BYTES of its stderr, decoded with replacement."""
@@ -155,17 +159,15 @@ class ConfinedServer:
 
     async def _watch(self) -> None:
         """Wait for the spawned process's end, kill whatever is left of the server, and say why it ended."""
-        exited = os.pidfd_open(self.pid)
-        try:
-            while True:
+        while not self._ended.is_set():
+            try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid:
-                    break
-                await anyio.wait_readable(exited)
-        finally:
-            anyio.notify_closing(exited)
-            os.close(exited)
-        self._ended_with(status)
+            except ChildProcessError:
+                return  # `stop()` reaped it
+            if pid:
+                self._ended_with(status)
+                return
+            await anyio.wait_readable(self._exited)
 
     def _ended_with(self, status: int) -> None:
         self._run.process.returncode = os.waitstatus_to_exitcode(status)
@@ -189,6 +191,10 @@ class ConfinedServer:
     async def _close(self) -> None:
         for stream in (self.stdin, self.stdout, self._stderr):
             await stream.aclose()
+        if self._exited >= 0:
+            anyio.notify_closing(self._exited)
+            os.close(self._exited)
+            self._exited = -1
 
 
 @contextlib.asynccontextmanager
@@ -202,6 +208,9 @@ async def start_server(
     Spawn it from the event loop's thread: the supervisors' parent-death signal follows that thread."""
     if not spec.argv or not os.path.isabs(spec.argv[0]):
         raise SandboxStartError("server_program_not_absolute")
+    limits = spec.limits
+    if limits.backend == "native":  # bubblewrap's own /dev has it
+        limits = dataclasses.replace(limits, allowed_paths=(*limits.allowed_paths, *SERVER_DEVICES))
     ends = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # (read, write) for stdin, stdout, stderr
     child: tuple[int, ...] = (ends[0][0], ends[1][1], ends[2][1])
     mine: tuple[int, ...] = (ends[0][1], ends[1][0], ends[2][0])
@@ -209,7 +218,7 @@ async def start_server(
         async with spawn_confined(
             list(spec.argv),
             spec.workspace,
-            spec.limits,
+            limits,
             scratch=scratch,
             host=host,
             writes=spec.rules if spec.writable else None,
