@@ -134,7 +134,7 @@ class ConfinedServer:
         workspace (sandbox/apply.py): all of it or, on a conflict (a file the workspace changed
         meanwhile), none of it, which then stays pending in the copy. Protected paths, links, devices,
         FIFOs and setuid bits are refused, listed in `changes.refused`, never applied. Call it while no
-        request is in flight (between calls). Raises SandboxStartError `workspace_not_writable` for a
+        request is in flight (after each call), or after `stop()`: the copy lives until the context ends. Raises SandboxStartError `workspace_not_writable` for a
         read-only server, `workspace_view_unreadable` when the copy cannot be read (its server is gone)."""
         mount_fd = self._run.copy.mount_fd if self._spec.writable else None
         if mount_fd is None:

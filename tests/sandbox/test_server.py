@@ -492,6 +492,7 @@ def test_a_writable_server_never_writes_protected_paths_nor_outside(backend: Bac
         async def main() -> tuple[Any, dict[str, str], list[str]]:
             async with serving(folder, ws, backend, writable=True) as (server, talk):
                 answer = await talk.ask(f"OUTSIDE = {str(outside)!r}\n{PROTECTED}")
+                await server.stop()  # the copy is kept until the context ends: a stopped server's changes still sync
                 synced = await server.sync()
                 refused = {entry.path: str(entry.why) for entry in synced.changes.refused}
                 return answer, refused, list(synced.applied.written)
