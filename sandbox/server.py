@@ -77,7 +77,8 @@ class ServerSpec:
 class Synced:
     """One `sync()`: what the server changed in its copy since the last one, and what of it reached the workspace."""
 
-    changes: ChangeSet
+    changes: ChangeSet | None
+    """None when the copy could not be read (`applied.reason` is then `changes_unreadable`)."""
     applied: ApplyResult
 
 
@@ -88,6 +89,7 @@ class ConfinedServer:
         self.stdin: anyio.abc.ByteSendStream = PipeSendStream(stdin)
         self.stdout: anyio.abc.ByteReceiveStream = PipeReceiveStream(stdout)
         self.pid = run.process.pid
+        """The process the gateway spawned: the outer supervisor (the server itself is pid 2 of its PID namespace)."""
         self.layers: tuple[Layer, ...] = run.layers
         self.returncode: int | None = None
         self._run = run
@@ -134,17 +136,19 @@ class ConfinedServer:
         workspace (sandbox/apply.py): all of it or, on a conflict (a file the workspace changed
         meanwhile), none of it, which then stays pending in the copy. Protected paths, links, devices,
         FIFOs and setuid bits are refused, listed in `changes.refused`, never applied. Call it while no
-        request is in flight (after each call), or after `stop()`: the copy lives until the context ends. Raises SandboxStartError `workspace_not_writable` for a
-        read-only server, `workspace_view_unreadable` when the copy cannot be read (its server is gone)."""
+        request is in flight (after each call), or after `stop()`: the copy lives until the context ends.
+        A set over a cap (`changes_too_large`) or in conflict (`changes_conflict`) applies nothing and stays
+        pending: every later sync meets it again, until the server is restarted on a fresh copy.
+        Raises ValueError for a server that is not `writable` (it has no copy)."""
         mount_fd = self._run.copy.mount_fd if self._spec.writable else None
         if mount_fd is None:
-            raise SandboxStartError("workspace_not_writable")
+            raise ValueError("only a writable server has a copy to sync")
         async with self._sync_lock:
             rules, workspace = self._spec.rules, self._spec.workspace
             try:
                 changes = await anyio.to_thread.run_sync(read_changes, mount_fd, self._baseline, rules, None)
-            except OSError as exc:
-                raise SandboxStartError("workspace_view_unreadable") from exc
+            except OSError:
+                return Synced(None, ApplyResult(False, "changes_unreadable"))
             applied = await anyio.to_thread.run_sync(
                 lambda: apply_changes(workspace.fd, changes, protected=rules.protected)
             )
@@ -184,7 +188,8 @@ class ConfinedServer:
                 code = exit_code if exit_code is not None else -(signal_number or signal.SIGKILL)
         if self._stopping:
             return code, STOPPED
-        if self._run.group is not None and self._run.group.usage().oom_kills:
+        killed = code == -signal.SIGKILL or code == 128 + signal.SIGKILL  # natively, or as bwrap reports it
+        if killed and self._run.group is not None and self._run.group.usage().oom_kills:
             return code, MEMORY
         return code, f"exit {code}" if code >= 0 else f"signal {-code}"
 

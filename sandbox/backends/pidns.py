@@ -27,7 +27,8 @@ gateway's database, lock files, the exec-error pipe) and never exec; the command
 has no handler for, and `I` blocks every catchable one).
 
 With bubblewrap, which makes its own PID namespace and kills it when bwrap dies
-(`--die-with-parent`), there is no `I`: `P` is the watchdog and the command is bwrap.
+(`--die-with-parent`), there is no `I`: `P` is the watchdog and the command is bwrap, which gets
+a parent-death signal to `P` before its exec (kept across the exec of a non-setuid program).
 
 The supervisors count as processes of the run: RLIMIT_NPROC and the pids cgroup are raised by
 `limits.SUPERVISOR_PROCESSES` (natively `P` and `I`; with bubblewrap `P`, bwrap and its pid 1).
