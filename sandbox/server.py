@@ -77,8 +77,8 @@ class ServerSpec:
 class Synced:
     """One `sync()`: what the server changed in its copy since the last one, and what of it reached the workspace."""
 
-    changes: ChangeSet | None
-    """None when the copy could not be read (`applied.reason` is then `changes_unreadable`)."""
+    changes: ChangeSet
+    """Empty when the copy could not be read (`applied.reason` is then `changes_unreadable`)."""
     applied: ApplyResult
 
 
@@ -148,7 +148,7 @@ class ConfinedServer:
             try:
                 changes = await anyio.to_thread.run_sync(read_changes, mount_fd, self._baseline, rules, None)
             except OSError:
-                return Synced(None, ApplyResult(False, "changes_unreadable"))
+                return Synced(ChangeSet((), ()), ApplyResult(False, "changes_unreadable"))
             applied = await anyio.to_thread.run_sync(
                 lambda: apply_changes(workspace.fd, changes, protected=rules.protected)
             )

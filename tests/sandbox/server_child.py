@@ -92,8 +92,7 @@ async def main() -> None:
             synced = await server.sync()
             outcome["applied"] = synced.applied.applied
             outcome["written"] = list(synced.applied.written)
-            refused = synced.changes.refused if synced.changes is not None else ()
-            outcome["refused"] = {entry.path: str(entry.why) for entry in refused}
+            outcome["refused"] = {entry.path: str(entry.why) for entry in synced.changes.refused}
         if mode == "hold":
             outcome["pid"] = server.pid
             print(json.dumps(outcome), flush=True)
