@@ -119,9 +119,8 @@ class RunSupervisor:
                 self._watch(command, start, parent=own)  # I, pid 1
             os.close(own)
         else:
-            _arm_parent_death(
-                supervisor
-            )  # bwrap keeps it across exec: P's death ends it, even before --die-with-parent
+            # bwrap keeps this signal across its exec: P's death ends it, even before its own --die-with-parent.
+            _arm_parent_death(supervisor)
         signal.pthread_sigmask(signal.SIG_SETMASK, saved)
         # The command: back to preexec_fn's caller, which execs it.
 
