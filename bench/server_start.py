@@ -10,7 +10,7 @@ then, for the writable server, one `git commit` of one changed file inside it an
 that brings it back (its own time). Interleaved rounds after unmeasured warm-up ones; prints
 p50/p90 in ms and each side's p50 over bare.
 
-    .venv/bin/python bench/server_start.py [--rounds 20] [--files 2000] [--rootless-uid 64090]
+    .venv/bin/python bench/server_start.py [--rounds 20] [--files 2000] [--rootless-uid 64091]
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--files", type=int, default=2000)
-    parser.add_argument("--rootless-uid", type=int, default=64090)
+    parser.add_argument("--rootless-uid", type=int, default=64091)
     parser.add_argument("--as-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     samples = anyio.run(measure, args.rounds, args.warmup, args.files)

@@ -324,7 +324,7 @@ def test_a_server_dies_with_its_gateway_killed_by_sigkill(backend: Backend) -> N
         assert took < pidns.WATCHDOG_GRACE_S, f"at once, by the parent-death signals ({took:.2f} s)"
 
 
-ROOTLESS_UIDS = range(64074, 64080)
+ROOTLESS_UIDS = range(64080, 64086)
 """Ordinary uids with no account for the rootless servers (not root, not a pool uid, not another test's), one per
 test and backend: each test finds its uid's processes its own, tests running side by side."""
 
