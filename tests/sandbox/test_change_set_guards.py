@@ -498,16 +498,24 @@ GIT_REFUSED = {
 }
 
 
-def hostile_project(folder: Path) -> None:
-    """A repository with a developer's `.env` (0600) and a 0700 folder, beside what everyone may read."""
-    ws = folder / "ws"
-    for path in (".git/objects", ".git/refs/heads", "sub", "private"):
-        (ws / path).mkdir(parents=True, exist_ok=True)
+def hostile_project(ws: Path) -> None:
+    """A repository with a `.env` and a folder holding a key, beside what everyone may read (all 0644 or 0755)."""
+    for folder in (".git/objects", ".git/refs/heads", "sub", "private"):
+        (ws / folder).mkdir(parents=True, exist_ok=True)
     (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     (ws / ".git" / "config").write_text("[core]\n\trepositoryformatversion = 0\n")
     (ws / "a.py").write_text("x = 1\n")
     (ws / ".env").write_bytes(SECRET)
     (ws / "private" / "id_ed25519").write_bytes(KEY)
+    for path in (ws, *ws.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def developers_own(ws: Path) -> None:
+    """The `.env` (0600) and the folder (0700) made the developer's: a root gateway's run cannot read them."""
+    for name, mode in ((".env", 0o600), ("private", 0o700), ("private/id_ed25519", 0o600)):
+        os.chown(ws / name, DEVELOPER, DEVELOPER)
+        (ws / name).chmod(mode)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -515,14 +523,10 @@ def test_a_root_gateways_run_changes_no_git_control_nothing_it_could_not_read_an
     backend: Backend,
 ) -> None:
     with shared_dir() as folder:
-        (folder / "ws").mkdir()
-        hostile_project(folder)
         ws = folder / "ws"
-        for path in (ws, *ws.rglob("*")):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        for name, mode in ((".env", 0o600), ("private", 0o700), ("private/id_ed25519", 0o600)):
-            os.chown(ws / name, DEVELOPER, DEVELOPER)
-            (ws / name).chmod(mode)
+        ws.mkdir()
+        hostile_project(ws)
+        developers_own(ws)
         (folder / "scratch").mkdir()
         pinned = pin(ws)
         try:
@@ -556,11 +560,9 @@ def test_a_root_gateways_run_changes_no_git_control_nothing_it_could_not_read_an
 def test_a_rootless_gateways_run_changes_no_git_control_and_no_mode_to_writable(backend: Backend) -> None:
     """Rootless, the run has the gateway's uid: what the gateway could copy, the run could read."""
     with users_project({}) as folder:
-        hostile_project(folder)
+        hostile_project(folder / "ws")
         for path in (folder, *folder.rglob("*")):
             os.chown(path, ROOTLESS_UID, ROOTLESS_UID)
-        for path in (folder / "ws", *(folder / "ws").rglob("*")):
-            path.chmod(0o755 if path.is_dir() else 0o644)
         (folder / "ws" / ".env").chmod(0o600)  # the gateway's user's own: the run (that uid) reads it
         seen = as_user(HOSTILE_RUN.replace("MARK", str(folder / "ran")), folder, backend)
         assert seen["exit_code"] == 0, seen
