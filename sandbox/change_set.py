@@ -163,10 +163,11 @@ def is_protected(path: str, protected: tuple[str, ...]) -> bool:
 
 
 def git_folders(present: Iterable[str]) -> frozenset[str]:
-    """The folders among `present` (relative paths) that hold an entry named `HEAD` (case folded): git takes a
+    """The folders among `present` (relative paths) that hold an entry named `HEAD` (any case): git takes a
     folder with a `HEAD`, and `objects` and `refs` there or in its `commondir`, for a repository (a bare
     one, found from any folder beneath it), so nothing in one may change (Refusal.GIT_DIRECTORY)."""
-    return frozenset(entry.rpartition("/")[0] for entry in present if entry.rpartition("/")[2].casefold() == "head")
+    split = (entry.rpartition("/") for entry in present)
+    return frozenset(folder for folder, _, name in split if name.casefold() == "head")
 
 
 def adds_write_bits(change: Change, folder_mode: int | None) -> bool:
@@ -259,10 +260,7 @@ class _Walk:
         self._children: dict[str, list[str]] | None = None
         self.run_uid: int | None = None
         """The uid whose rights judge what the run could read (None: it could read all that was copied)."""
-        self.hidden: frozenset[str] = frozenset()
-        """Copied entries the run could not read themselves (what is beneath them it could not reach either)."""
-        self.hiding: frozenset[str] = frozenset()
-        """The folders holding a hidden entry: none of them can be deleted without deleting that."""
+        self._hiding_folders: frozenset[str] | None = None
         self.git_before = git_folders(originals)
         self.guarding |= {"/".join(_parts(f)[:end]) for f in self.git_before for end in range(1, len(_parts(f)) + 1)}
         self._root = -1
@@ -280,14 +278,11 @@ class _Walk:
             return
         self.run_uid = run_owner.uid
         self.root_hidden = not self._readable(os.fstat(root))
-        self.hidden = frozenset(
-            path
-            for path, was in self.originals.items()
-            if not _readable_by_others(was) or (self.root_hidden and "/" not in path)
-        )
-        self.hiding = frozenset(
-            "/".join(_parts(path)[:end]) for path in self.hidden for end in range(1, len(_parts(path)))
-        )
+
+    def _was_hidden(self, original: Original) -> bool:
+        """Whether the run could not read this copied entry itself (its folders aside): copy_workspace gave it
+        only what others may read."""
+        return self.run_uid is not None and (self.root_hidden or not _readable_by_others(original))
 
     def _readable(self, info: os.stat_result) -> bool:
         """Whether the run's uid could read an entry of the copy as it is now (its own, which it could chmod,
@@ -299,13 +294,28 @@ class _Walk:
 
     def _hidden_at(self, path: str) -> str | None:
         """The copied entry, `path` or a folder above it, the run could not read (the topmost), or None."""
-        if not self.hidden:
+        if self.run_uid is None:
             return None
         parts = _parts(path)
         return next(
-            (above for above in ("/".join(parts[:end]) for end in range(1, len(parts) + 1)) if above in self.hidden),
+            (above for above in ("/".join(parts[:end]) for end in range(1, len(parts) + 1))
+             if self._was_hidden(self.originals[above])),
             None,
-        )
+        )  # fmt: skip
+
+    def _hiding(self, folder: str) -> bool:
+        """Whether the copied folder held an entry the run could not read (its deletion would delete that);
+        the set is made at the first folder deleted by a run that could not read everything."""
+        if self.run_uid is None:
+            return False
+        if self._hiding_folders is None:
+            self._hiding_folders = frozenset(
+                "/".join(_parts(path)[:end])
+                for path, was in self.originals.items()
+                if self._was_hidden(was)
+                for end in range(1, len(_parts(path)))
+            )
+        return folder in self._hiding_folders
 
     def _in_git_folder(self, path: str) -> bool:
         """Whether `path`, or a folder above it, holds a `HEAD` as copied or in the copy now (git_folders)."""
@@ -399,10 +409,11 @@ class _Walk:
         """Whether the entry at `path` was one the run could not read, as copied or as it is now (a folder it
         could not read renamed there): then it is refused if anything of it changed, and neither read,
         shown nor applied, nor anything beneath it named (the run never learnt those names)."""
-        if not self.root_hidden and path not in self.hidden and self._readable(info):
+        original = self.originals.get(path)
+        was_hidden = self.root_hidden or (original is not None and self._was_hidden(original))
+        if not was_hidden and self._readable(info):
             return False
         self.seen.add(path)
-        original = self.originals.get(path)
         if original is not None and original.kind is Kind.FOLDER:
             self.seen.update(self._beneath(path))
         same = original is not None and (original.copy_ino, original.copy_ctime_ns) == (info.st_ino, info.st_ctime_ns)
@@ -485,7 +496,7 @@ class _Walk:
                 self._refuse(path, Refusal.NOT_READABLE)
             return
         original = self.originals[path]
-        if original.kind is Kind.FOLDER and path in self.hiding:
+        if original.kind is Kind.FOLDER and self._hiding(path):
             self._refuse(path, Refusal.NOT_READABLE)
             return
         if original.kind is Kind.SYMLINK:

@@ -592,3 +592,21 @@ def test_a_rootless_gateway_cannot_copy_what_it_cannot_read_and_runs_nothing() -
         seen = as_user(f"open({str(marker)!r}, 'w')", folder, "native")
         assert seen == {"rootless": True, "start_error": "workspace_copy_failed"}
         assert not marker.exists() and (folder / "ws" / ".env").read_bytes() == SECRET
+
+
+def test_a_file_added_in_a_folder_refused_for_its_mode_lands_in_a_folder_writable_by_no_one_else(
+    tmp_path: Path,
+) -> None:
+    """The folder is made as applying makes any missing one: 0755 less the gateway's umask."""
+    with workspace(tmp_path, {"a.py": b"x"}) as ws:
+        ws.path.chmod(0o755)
+        with copied(ws) as (view, originals, copy):
+            (copy / "gen").mkdir()
+            (copy / "gen" / "out.py").write_bytes(b"generated\n")
+            (copy / "gen").chmod(0o777)
+            changes = changes_of(view, originals, ws)
+        assert refused(changes) == {"gen": Refusal.WRITABLE}
+        assert [(c.path, c.action) for c in changes.changes] == [("gen/out.py", Action.ADDED)]
+        assert apply_changes(ws.fd, changes).applied
+        assert not stat.S_IMODE((ws.path / "gen").stat().st_mode) & 0o022
+        assert (ws.path / "gen" / "out.py").read_bytes() == b"generated\n"
