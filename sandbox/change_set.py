@@ -142,10 +142,14 @@ def _parts(path: str) -> tuple[str, ...]:
     return tuple(part for part in path.split("/") if part not in ("", "."))
 
 
+_IGNORED_BY_HFS = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
+"""Code points HFS+ drops from a name (git's is_hfs_dotgit): `.g\u200cit` is `.git` on a Mac the tree is synced to."""
+
+
 def is_dot_git(name: str) -> bool:
-    """Whether git, or a filesystem that folds case or drops trailing dots and spaces (ext4's casefold
-    folders, vfat, NTFS, its 8.3 short name), could take `name` for `.git`."""
-    return name.casefold().rstrip(". ") in (".git", "git~1")
+    """Whether git, or a filesystem that folds case, drops trailing dots and spaces or ignores some code
+    points (ext4's casefold folders, vfat, NTFS and its 8.3 short name, HFS+), could take `name` for `.git`."""
+    return name.translate(_IGNORED_BY_HFS).casefold().rstrip(". ") in (".git", "git~1")
 
 
 def is_protected(path: str, protected: tuple[str, ...]) -> bool:

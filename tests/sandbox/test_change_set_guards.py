@@ -312,11 +312,21 @@ def overwrite_an_unreadable_file(copy: Path) -> None:
     (copy / "drop" / "inbox.txt").write_bytes(b"overwritten without reading\n")
 
 
+def move_env_into_a_new_folder(copy: Path) -> None:
+    (copy / "mine").mkdir()
+    (copy / ".env").rename(copy / "mine" / ".env")
+
+
+def rename_env_over_a_readable_file(copy: Path) -> None:
+    (copy / ".env").rename(copy / "a.py")
+
+
 def delete_the_folder_holding_one(copy: Path) -> None:
     shutil.rmtree(copy / "conf")
 
 
 DELETED_A = {"conf/a.py": Action.DELETED}
+MINE = {"mine": Action.ADDED}
 
 
 @pytest.mark.parametrize(
@@ -327,6 +337,8 @@ DELETED_A = {"conf/a.py": Action.DELETED}
         (replace_env, {".env": Refusal.NOT_READABLE}, {}),
         (replace_private, {"old": Refusal.NOT_READABLE, "private": Refusal.NOT_READABLE}, {}),
         (write_in_a_drop_box, {"drop": Refusal.NOT_READABLE}, {}),
+        (move_env_into_a_new_folder, {".env": Refusal.NOT_READABLE, "mine/.env": Refusal.NOT_READABLE}, MINE),
+        (rename_env_over_a_readable_file, {".env": Refusal.NOT_READABLE, "a.py": Refusal.NOT_READABLE}, {}),
         (overwrite_an_unreadable_file, {"drop": Refusal.NOT_READABLE}, {}),
         (delete_the_folder_holding_one, {"conf/.env": Refusal.NOT_READABLE, "conf": Refusal.NOT_READABLE}, DELETED_A),
     ],
@@ -353,6 +365,7 @@ def test_what_the_run_could_not_read_is_never_shown_read_or_applied(
         assert originals[".env"].sha256 not in hashes
         assert apply_changes(ws.fd, changes).applied
         assert (ws.path / ".env").read_bytes() == SECRET
+        assert (ws.path / "a.py").read_bytes() == b"x = 1\n"
         assert (ws.path / "private" / "id_ed25519").read_bytes() == KEY
         assert sorted(os.listdir(ws.path / "drop")) == ["inbox.txt"]
         assert (ws.path / "conf" / ".env").read_bytes() == SECRET

@@ -109,6 +109,9 @@ pytestmark = requires_root
         (".git./config", True),  # NTFS drops trailing dots and spaces
         (".git ", True),
         ("git~1/config", True),  # NTFS's 8.3 short name
+        (".g\u200cit/config", True),  # HFS+ ignores zero-width and bidi marks
+        ("\ufeff.git", True),
+        (".g\u0131t/config", False),  # a dotless i: no filesystem folds it to .git
         (".git/modules/lib/hooks/post-checkout", True),  # a submodule's git folder
         (".git/modules/lib/config", True),
         (".git/modules/lib/HEAD", True),
