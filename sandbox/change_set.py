@@ -163,7 +163,8 @@ def is_protected(path: str, protected: tuple[str, ...]) -> bool:
         size = len(guarded)
         if any(parts[start : start + size] == guarded for start in range(len(parts) - size + 1)):
             return True
-    return any(is_dot_git(part) for part in parts)
+    folded = path.translate(_IGNORED_BY_HFS).casefold()  # one look at the whole path first: most have no "git"
+    return "git" in folded and any(is_dot_git(part) for part in parts)
 
 
 def git_folders(present: Iterable[str]) -> frozenset[str]:
@@ -321,10 +322,11 @@ class _Walk:
             )
         return folder in self._hiding_folders
 
-    def _in_git_folder(self, path: str) -> bool:
-        """Whether `path`, or a folder above it, holds a `HEAD` as copied or in the copy now (git_folders)."""
+    def _in_git_folder(self, path: str, kind: Kind) -> bool:
+        """Whether `path` (a folder), or a folder above it, holds a `HEAD` as copied or in the copy now
+        (git_folders; the walk notes each folder it lists, an added one is listed here first)."""
         parts = _parts(path)
-        for end in range(len(parts) + 1):
+        for end in range(len(parts) + (kind is Kind.FOLDER)):
             folder = "/".join(parts[:end])
             if folder in self.git_before or self._holds_head(folder):
                 return True
@@ -356,7 +358,7 @@ class _Walk:
         if is_protected(change.path, self.rules.protected):
             self._refuse(change.path, Refusal.PROTECTED)
             return
-        if self._in_git_folder(change.path):
+        if self._in_git_folder(change.path, change.kind):
             self._refuse(change.path, Refusal.GIT_DIRECTORY)
             return
         if adds_write_bits(change, self._folder_mode(change.path)):
@@ -377,7 +379,9 @@ class _Walk:
             raise _TooLargeStop(TooLarge.BYTES)
 
     def folder(self, fd: int, prefix: str, depth: int = 0) -> None:
-        for name in sorted(os.listdir(fd)):
+        names = sorted(os.listdir(fd))
+        self._git_after[prefix.removesuffix("/")] = any(name.casefold() == "head" for name in names)
+        for name in names:
             path = f"{prefix}{name}"
             info = os.stat(name, dir_fd=fd, follow_symlinks=False)
             original = self.originals.get(path)
