@@ -597,14 +597,22 @@ def test_a_rootless_gateways_run_changes_no_git_control_and_no_mode_to_writable(
         assert stat.S_IMODE((ws / "a.py").stat().st_mode) == 0o644
 
 
-def test_a_rootless_gateway_cannot_copy_what_it_cannot_read_and_runs_nothing() -> None:
+@pytest.mark.parametrize("hidden", [".env", "private"])
+def test_a_rootless_gateway_cannot_copy_what_it_cannot_read_and_runs_nothing(hidden: str) -> None:
     with users_project({"a.py": "x = 1\n"}) as folder:
         (folder / "ws" / ".env").write_bytes(SECRET)
-        (folder / "ws" / ".env").chmod(0o600)  # root's: neither the gateway's uid nor its run reads it
+        (folder / "ws" / "private").mkdir()
+        (folder / "ws" / "private" / "id_ed25519").write_bytes(KEY)
+        (folder / "ws" / hidden).chmod(
+            0o700 if hidden == "private" else 0o600
+        )  # root's: the gateway's uid cannot read it
+        for other in {".env", "private", "private/id_ed25519"} - {hidden}:
+            os.chown(folder / "ws" / other, ROOTLESS_UID, ROOTLESS_UID)
         marker = folder / "outside" / "ran"
         seen = as_user(f"open({str(marker)!r}, 'w')", folder, "native")
         assert seen == {"rootless": True, "start_error": "workspace_copy_failed"}
         assert not marker.exists() and (folder / "ws" / ".env").read_bytes() == SECRET
+        assert (folder / "ws" / "private" / "id_ed25519").read_bytes() == KEY
 
 
 def test_a_file_added_in_a_folder_refused_for_its_mode_lands_in_a_folder_writable_by_no_one_else(
