@@ -5,7 +5,10 @@ run is over and the copy frozen, and compares it with what was copied (sandbox/w
 `Originals`): folders and regular files added, modified or deleted, each with its hashes, sizes
 and modes and, for what is to be written, its content. What cannot be applied is listed as
 refused with why: symlinks (anywhere, to anywhere), hard links, devices, FIFOs, sockets,
-setuid/setgid bits, protected paths. Past `max_files` changes or `max_bytes` of content the walk
+setuid/setgid bits, protected paths (and anything named `.git` or beneath one), anything in a
+folder git would take for a repository (it holds a `HEAD`), what the run could not read (never
+read here, nor named beneath a folder it could not read), and modes that add write for others
+(decision 80, "Reviewed"). Past `max_files` changes or `max_bytes` of content the walk
 stops (at the cap plus one) and the whole set is `too_large`: nothing of it applies.
 
 Bounded by construction: the copy's tmpfs holds at most as many inodes as the copy plus the
