@@ -27,9 +27,9 @@ from sandbox.limits import BACKENDS, Backend
 from sandbox.patch import render_patch, summarize
 from sandbox.pinned import Pinned, pin
 from sandbox.workspace_copy import Kind, Originals, Owner, copy_workspace
-from tests.sandbox.confined_child import requires_root, shared_dir
+from tests.sandbox.confined_child import requires_root, shared_dir, users_project
 from tests.sandbox.test_workspace_changes import changes_of, copied, workspace
-from tests.sandbox.test_workspace_runs import ROOTLESS_UID, as_user, run, users_project
+from tests.sandbox.test_workspace_runs import ROOTLESS_UID, as_user, run
 
 pytestmark = requires_root
 
@@ -572,7 +572,7 @@ def test_a_root_gateways_run_changes_no_git_control_nothing_it_could_not_read_an
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_rootless_gateways_run_changes_no_git_control_and_no_mode_to_writable(backend: Backend) -> None:
     """Rootless, the run has the gateway's uid: what the gateway could copy, the run could read."""
-    with users_project({}) as folder:
+    with users_project({}, ROOTLESS_UID) as folder:
         hostile_project(folder / "ws")
         for path in (folder, *folder.rglob("*")):
             os.chown(path, ROOTLESS_UID, ROOTLESS_UID)
@@ -599,7 +599,7 @@ def test_a_rootless_gateways_run_changes_no_git_control_and_no_mode_to_writable(
 
 @pytest.mark.parametrize("hidden", [".env", "private"])
 def test_a_rootless_gateway_cannot_copy_what_it_cannot_read_and_runs_nothing(hidden: str) -> None:
-    with users_project({"a.py": "x = 1\n"}) as folder:
+    with users_project({"a.py": "x = 1\n"}, ROOTLESS_UID) as folder:
         (folder / "ws" / ".env").write_bytes(SECRET)
         (folder / "ws" / "private").mkdir()
         (folder / "ws" / "private" / "id_ed25519").write_bytes(KEY)
