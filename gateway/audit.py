@@ -52,6 +52,12 @@ class EventType(StrEnum):
     """A consent decision given in the web console (detail.recorded: whether it was the one that counted)."""
     APPROVER_DECISION = "APPROVER_DECISION"
     """The same, given in the terminal approver, `mcp-gateway approvals` (gateway/consent/actions.py)."""
+    TOOL_DEFINITION_CHANGED = "TOOL_DEFINITION_CHANGED"
+    """An upstream tool's definition differs from its pin: the tool is withheld (gateway/upstreams/pins.py;
+    detail: upstream, tool, pinned_sha256, seen_sha256, and `refused` when it cannot be pinned)."""
+    TOOL_DEFINITION_ACCEPTED = "TOOL_DEFINITION_ACCEPTED"
+    """An ADMIN accepted a changed definition as the new pin (detail: upstream, tool, previous_sha256,
+    accepted_sha256, accepted_by, channel)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from gateway.runs import RunStore
 from gateway.settings import Settings
 from gateway.tools.base import ToolSpec
 from gateway.tools.registry import TOOL_NAMES, TOOLS, catalogue
+from gateway.upstreams.pins import PinStore
 from gateway.users import UserStore
 from sandbox import probe_host
 from sandbox.confine import LayerReport
@@ -46,6 +47,8 @@ class Stores:
     runs: RunStore
     consent_store: ConsentStore
     sessions: SessionStore
+    pins: PinStore
+    """Upstream tools' pinned definitions (gateway/upstreams/pins.py)."""
 
 
 @dataclass(frozen=True)
@@ -70,16 +73,18 @@ def open_stores(settings: Settings, clock: Clock | None = None, *, engine: Engin
     """Connect the stores (no connection is made until one is used). Raises ConfigError on a bad database URL."""
     clock = clock or SystemClock()
     engine = engine or make_engine(settings.db_url)
+    audit = AuditLog(engine, clock)
     return Stores(
         engine=engine,
         clock=clock,
-        audit=AuditLog(engine, clock),
+        audit=audit,
         users=UserStore(engine, clock),
         tokens=TokenStore(engine),
         budget=BudgetLedger(engine, clock),
         runs=RunStore(engine, settings.artifacts_dir),
         consent_store=ConsentStore(engine),
         sessions=SessionStore(engine),
+        pins=PinStore(engine, audit, clock),
     )
 
 
@@ -112,6 +117,7 @@ def open_services(
         runs=stores.runs,
         consent_store=stores.consent_store,
         sessions=stores.sessions,
+        pins=stores.pins,
         settings=settings,
         policy=policy,
         new_run_id=new_id,
