@@ -38,6 +38,9 @@ class EventType(StrEnum):
     TOOL_FINISHED = "TOOL_FINISHED"
     WORKSPACE_CHANGES = "WORKSPACE_CHANGES"
     """A writing run's change set (decision 80): after SANDBOX_EXEC, before the terminal event."""
+    UPSTREAM_CALL = "UPSTREAM_CALL"
+    """A call forwarded to an upstream MCP server (decision 84): in place of SANDBOX_EXEC, before the terminal
+    event; upstream, tool, duration_ms, is_error, the result's sha256 (never its content)."""
     PERMISSION_DECISION = "mcp.permission.decision"
     USER_ADDED = "USER_ADDED"
     USER_DISABLED = "USER_DISABLED"

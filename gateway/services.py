@@ -29,6 +29,7 @@ from gateway.settings import Settings
 from gateway.tools.base import ToolSpec
 from gateway.tools.registry import TOOL_NAMES, TOOLS, catalogue
 from gateway.upstreams.pins import PinStore
+from gateway.upstreams.servers import Catalogue, UpstreamServers
 from gateway.users import UserStore
 from sandbox import probe_host
 from sandbox.confine import LayerReport
@@ -127,5 +128,14 @@ def open_services(
             stores.engine, keys, policy.auth, tokens=stores.tokens, users=stores.users, clock=stores.clock
         ),
         consent=ConsentStage(policy.consent, stores.audit, stores.consent_store, stores.clock, new_id),
-        tools=catalogue(policy),
+        tools=_catalogue(policy, stores, settings, host),
     )
+
+
+def _catalogue(policy: Policy, stores: Stores, settings: Settings, host: LayerReport) -> Mapping[str, ToolSpec]:
+    """The gateway's own tools, and with `upstreams` in the policy those their servers offer (docs/upstreams.md)."""
+    own = catalogue(policy)
+    if not policy.upstreams:
+        return own
+    servers = UpstreamServers(policy, stores.pins.observe, environ=dict(os.environ), host=host, hidden=(settings.home,))
+    return Catalogue(own, servers)

@@ -32,6 +32,7 @@ BANDS: tuple[tuple[str, ...], ...] = (
         "liveness",
         "policy",
         "declarations",
+        "upstream_policy",
         "programs",
         "tick_failures",
         "previews",
