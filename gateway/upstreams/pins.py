@@ -33,6 +33,7 @@ from gateway.canonical import canonical_json, is_text, sha256_hex
 from gateway.clock import Clock
 from gateway.consent.actions import Actor
 from gateway.db.errors import storage_errors
+from gateway.policy import Policy
 
 log = logging.getLogger("gateway.upstreams.pins")
 
@@ -121,14 +122,9 @@ def definition_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def offered_tools(policy: object) -> Mapping[str, tuple[str, ...]]:
-    """The policy's upstreams by name, each with the tools it offers (`Policy.upstreams`: name -> an
-    upstream with `.tools`); none for a policy without the key. The one place the pins' commands and
-    pages read the policy's upstreams."""
-    upstreams = getattr(policy, "upstreams", None)
-    if not isinstance(upstreams, Mapping):
-        return {}
-    return {str(name): tuple(str(t) for t in getattr(up, "tools", ())) for name, up in upstreams.items()}
+def offered_tools(policy: Policy) -> Mapping[str, tuple[str, ...]]:
+    """The policy's upstreams by name, each with the tools it offers (`upstreams.<name>.tools`)."""
+    return {name: upstream.tools for name, upstream in policy.upstreams.items()}
 
 
 NOT_SEEN = "not seen"

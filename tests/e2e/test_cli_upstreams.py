@@ -13,6 +13,7 @@ import pytest
 from gateway.audit import AuditLog
 from gateway.clock import SystemClock
 from gateway.upstreams.pins import PinStore, definition_sha256, tool_definition
+from tests.e2e.test_upstreams import OFFERED, install_server, upstream_policy
 from tests.harness import GatewayHome
 
 EVIL_NAME = "read\u202etxt.exe\x1b[31m"
@@ -132,3 +133,22 @@ def test_what_cannot_be_accepted_says_why_and_exits_1(home: GatewayHome, args: t
     assert message in refused.stderr
     assert "Traceback" not in refused.stderr
     assert [e for e in home.audit_events() if e["event_type"] == "TOOL_DEFINITION_ACCEPTED"] == []
+
+
+def test_list_shows_each_tool_the_policy_offers_not_seen_until_a_server_lists_it(
+    make_gateway: Callable[..., GatewayHome], db_url: str
+) -> None:
+    gateway = make_gateway()
+    install_server(gateway)
+    gateway.write_policy(upstream_policy())
+    pins_of(gateway).observe("up", [tool("echo")])
+    listed = gateway.cli("upstream", "list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    (upstream,) = json.loads(listed.stdout)["upstreams"]
+    assert (upstream["name"], upstream["in_policy"]) == ("up", True)
+    assert [(t["tool"], t["state"], t["offered"]) for t in upstream["tools"]] == [
+        (name, "pinned" if name == "echo" else "not seen", "yes") for name in OFFERED
+    ]
+    nothing = gateway.cli("upstream", "accept", "up", "note")
+    assert nothing.returncode == 1
+    assert "nothing to accept: the server has not listed 'note' of up" in nothing.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -27,7 +26,6 @@ from gateway.upstreams.pins import (
     PinStore,
     definition_diff,
     definition_sha256,
-    offered_tools,
     tool_definition,
     tool_lines,
 )
@@ -324,22 +322,6 @@ def test_two_admins_accepting_at_once_write_one_event(engine: Engine) -> None:
 
 
 # --- the policy's upstreams, as `upstream list` and the console read them ----------------------------------
-
-
-@dataclass(frozen=True)
-class _Upstream:
-    tools: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _Policy:
-    upstreams: Mapping[str, _Upstream]
-
-
-def test_offered_tools_reads_the_policys_upstreams_and_a_policy_without_them_has_none() -> None:
-    policy = _Policy({"git": _Upstream(("git_status", "git_commit")), "fs": _Upstream(())})
-    assert offered_tools(policy) == {"git": ("git_status", "git_commit"), "fs": ()}
-    assert offered_tools(object()) == {}
 
 
 def test_each_offered_tool_is_listed_not_seen_until_its_server_lists_it(engine: Engine) -> None:
