@@ -12,7 +12,7 @@ JSON. Everything here comes from the server and is untrusted: stored as it came,
 (`MAX_DEFINITION_BYTES` per definition, `MAX_LISTED_TOOLS` per listing, `MAX_NAME_CHARS` per
 name), shown only through `gateway.visible`. Observing and accepting hold a lock per upstream
 (SQLite's write lock, a PostgreSQL advisory lock), so of several gateways seeing the same change
-exactly one records it.
+exactly one records it; each event commits in the same transaction as the rows it records.
 """
 
 from __future__ import annotations
@@ -235,11 +235,10 @@ class PinStore:
                     event = _apply(connection, upstream, name, seen, row=rows.get(name), now=now)
                     if event is not None:
                         drafts.append(event)
+                if drafts:  # committed with the rows that withhold the tools, or not at all
+                    self._audit.append_within(connection, *drafts)
             result = self._fetch(upstream, listed)
         if drafts:
-            # After the commit: SQLite has one writer, and the row already withholds the tool. Only the
-            # gateway whose update made the change writes its event.
-            self._audit.append(*drafts)
             for draft in drafts:
                 log.warning(
                     "upstream %s: tool %s changed its definition; withheld until an ADMIN accepts it "
@@ -292,10 +291,9 @@ class PinStore:
                             accepted_by=by.name,
                         )
                     )
-                    previous = _pin_of(row)
-                    accepted.append(previous)
-            if accepted:
-                self._audit.append(*(_accepted_event(pin, by) for pin in accepted))
+                    accepted.append(_pin_of(row))
+                if accepted:  # the act commits with its record, or neither does
+                    self._audit.append_within(connection, *(_accepted_event(pin, by) for pin in accepted))
             return [p for p in self.pins(upstream) if any(p.tool == a.tool for a in accepted)]
 
     def _fetch(self, upstream: str, names: Collection[str]) -> dict[str, ToolPin]:
