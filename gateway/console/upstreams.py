@@ -20,7 +20,7 @@ from gateway.console.html import Safe, el
 from gateway.console.shown import shown, shown_lines
 from gateway.console.views import Viewer
 from gateway.rbac import ADMIN_ROLE
-from gateway.upstreams.pins import PinState, ToolLine, definition_diff
+from gateway.upstreams.pins import PinState, ToolLine, definition_diff, shown_name
 
 MAX_DIFFS = 20
 """Changed definitions shown as a diff on one page."""
@@ -101,11 +101,11 @@ def _section(
     more = el("p", {"class": "warn"}, words["pin_more"].format(count=left_out)) if left_out else None
     return el(
         "section",
-        {"class": "upstream", "aria_labelledby": heading, "data_upstream": shown(upstream)},
+        {"class": "upstream", "aria_labelledby": heading, "data_upstream": shown_name(upstream)},
         el(
             "h2",
             {"id": heading},
-            el("code", None, shown(upstream)),
+            el("code", None, shown_name(upstream)),
             " ",
             el("span", {"class": "chip"}, words["pin_in_policy" if in_policy else "pin_not_in_policy"]),
         ),
@@ -121,8 +121,8 @@ def _row(words: Mapping[str, str], line: ToolLine) -> Safe:
     reason = el("p", {"class": "warn"}, shown(pin.reason)) if pin is not None and pin.reason else None
     return el(
         "tr",
-        {"data_tool": shown(line.tool), "data_state": state},
-        el("td", None, el("code", None, shown(line.tool))),
+        {"data_tool": shown_name(line.tool), "data_state": state},
+        el("td", None, el("code", None, shown_name(line.tool))),
         el("td", {"class": f"pin-{state.replace(' ', '-')}"}, words.get(f"pin_state_{state}", state), reason),
         el("td", None, words["yes" if line.offered else "no"]),
         el("td", None, _digest(pin.pinned_sha256 if pin else None)),
@@ -157,8 +157,8 @@ def _change(words: Mapping[str, str], who: Viewer, line: ToolLine) -> Safe:
     since = iso_utc(pin.changed_at) if pin.changed_at is not None else "?"
     return el(
         "article",
-        {"class": "question pin-change", "aria_labelledby": heading, "data_tool": shown(line.tool)},
-        el("h3", {"id": heading}, words["pin_changed_title"], " ", el("code", None, shown(line.tool))),
+        {"class": "question pin-change", "aria_labelledby": heading, "data_tool": shown_name(line.tool)},
+        el("h3", {"id": heading}, words["pin_changed_title"], " ", el("code", None, shown_name(line.tool))),
         el("p", {"class": "note"}, words["pin_changed_note"].format(since=since)),
         el(
             "pre",

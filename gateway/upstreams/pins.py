@@ -34,6 +34,7 @@ from gateway.clock import Clock
 from gateway.consent.actions import Actor
 from gateway.db.errors import storage_errors
 from gateway.policy import Policy
+from gateway.visible import visible
 
 log = logging.getLogger("gateway.upstreams.pins")
 
@@ -88,6 +89,13 @@ class ToolPin:
     """Why the latest definition was refused (`refused` only)."""
     changed_at: float | None = None
     """When the latest differing definition was first seen."""
+
+
+def shown_name(name: str) -> str:
+    """A server's name (or any one-line text of it) as every display shows it: `visible`, and a backslash
+    itself escaped (`\\u005c`), so a name spelling an escape (`a\\u202e`, typed) never looks like the
+    name holding the character (`a` and U+202E)."""
+    return visible(name.replace("\\", "\\u005c"))
 
 
 def tool_definition(tool: Mapping[str, Any]) -> dict[str, Any]:

@@ -114,6 +114,20 @@ def test_a_hostile_name_is_accepted_by_its_escaped_spelling(home: GatewayHome) -
     assert str(pins.pins("hostile")[0].state) == "pinned"
 
 
+def test_a_name_spelling_an_escape_never_looks_like_the_name_holding_the_character(home: GatewayHome) -> None:
+    pins = pins_of(home)
+    pins.observe("hostile", [tool("a\u202e"), tool("a\\u202e")])  # U+202E, and a backslash typed
+    pins.observe("hostile", [tool("a\u202e", "changed"), tool("a\\u202e")])
+    rows = [line.split("\t")[:3] for line in home.cli("upstream", "list").stdout.splitlines()]
+    assert sorted(rows) == [["hostile", "a\\u005cu202e", "pinned"], ["hostile", "a\\u202e", "changed"]]
+    accepted = home.cli("upstream", "accept", "hostile", "a\\u202e")  # as the list shows the changed one
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout.startswith("# hostile / a\\u202e\n")
+    accepted_by = {p.tool: (str(p.state), p.accepted_by) for p in pins.pins("hostile")}
+    assert accepted_by["a\\u202e"] == ("pinned", None)
+    assert accepted_by["a\u202e"][0] == "pinned" and str(accepted_by["a\u202e"][1]).startswith("cli:")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
