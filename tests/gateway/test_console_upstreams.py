@@ -22,6 +22,7 @@ from gateway.console.app import build_app
 from gateway.console.serve import host_names, open_console
 from gateway.console.upstreams import MAX_DIFFS, tool_field, tool_of_field
 from gateway.upstreams.pins import PinState, PinStore
+from tests.e2e.test_upstreams import OFFERED, install_server, upstream_policy
 from tests.gateway.test_console_routes import PORT, session_csrf, signed_in, three_users
 from tests.harness import GatewayHome
 
@@ -160,3 +161,25 @@ def test_at_most_max_diffs_are_shown_and_the_rest_are_counted(gw: GatewayHome, a
 
 def test_no_upstream_says_so(app: ASGIApp) -> None:
     assert "No upstream server" in signed_in(app, "alice").get("/upstreams").text
+
+
+def test_the_policys_tools_not_seen_yet_and_a_refused_one_with_why(
+    make_gateway: Callable[..., GatewayHome], tmp_path: Path, db_url: str
+) -> None:
+    gateway = three_users(make_gateway, tmp_path)
+    install_server(gateway)
+    gateway.write_policy(upstream_policy())
+    pins = pins_of(gateway)
+    pins.observe("up", [tool("echo"), tool("big")])
+    pins.observe("up", [tool("echo"), tool("big", "x" * 70_000)])
+    console = open_console(gateway.settings, tls=False, hosts=host_names("127.0.0.1", PORT))
+    try:
+        text = signed_in(build_app(console), "alice").get("/upstreams").text
+    finally:
+        console.chain.stop()
+        console.stores.engine.dispose()
+    states = dict(re.findall(r'<tr data-tool="([^"]+)" data-state="([^"]+)"', text))
+    assert states == {name: {"echo": "pinned", "big": "refused"}.get(name, "not seen") for name in OFFERED}
+    assert "in the policy" in text
+    assert "the definition is 70," in text and "more than 65,536" in text
+    assert "x" * 1000 not in text, "a refused definition's text is neither stored nor shown"
