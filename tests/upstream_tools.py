@@ -13,7 +13,7 @@ from typing import Any
 from gateway.errors import InternalError, Reason
 from gateway.rbac import Permission
 from gateway.tools.base import ExecutionRequest, Origin, ToolRun, ToolSpec, Trust
-from tests.harness import GatewayHome
+from tests.harness import LEGACY, GatewayHome
 from tests.memory_session import MemorySession, memory_session_of, services_for
 
 # A description no person should take at its word: it claims to be harmless, breaks the line to forge
@@ -56,11 +56,13 @@ def upstream_tool(
 
 
 @contextmanager
-def serving(gateway: GatewayHome, spec: ToolSpec, *, elicitation: bool = False) -> Iterator[MemorySession]:
+def serving(
+    gateway: GatewayHome, spec: ToolSpec, *, elicitation: bool = False, version: str = LEGACY
+) -> Iterator[MemorySession]:
     """`build_server` in process for `gateway`'s state folder, offering `spec` besides the policy's tools
     (allowlisted), over the MCP SDK's memory streams (tests/memory_session.py)."""
     services = services_for(gateway)
     policy = dataclasses.replace(services.policy, allowlist=(*services.policy.allowlist, spec.name))
     services = dataclasses.replace(services, policy=policy, tools={**services.tools, spec.name: spec})
-    with memory_session_of(services, elicitation=elicitation) as session:
+    with memory_session_of(services, elicitation=elicitation, version=version) as session:
         yield session

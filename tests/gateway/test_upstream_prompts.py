@@ -14,15 +14,13 @@ from typing import Any
 
 import pytest
 
-from gateway.console.app import build_app
-from gateway.console.serve import host_names, open_console
 from gateway.pipeline import is_gated
 from gateway.tools.base import Trust
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
-from tests.gateway.test_console_routes import PORT, session_csrf, signed_in, three_users, wait_question
+from tests.gateway.test_console_routes import running_app, session_csrf, signed_in, three_users, wait_question
 from tests.gateway.test_server_consent import invisible_characters
-from tests.harness import GatewayHome
+from tests.harness import MODERN, GatewayHome
 from tests.refusals import accept
 from tests.upstream_tools import HOSTILE_SHOWN, serving, upstream_tool
 
@@ -132,33 +130,38 @@ def test_the_servers_title_is_shown_as_its_own_words_too(gateway: GatewayHome) -
     assert "The server titles this tool (unchecked): Safe\\u2066 commit" in form["message"]
 
 
+def test_the_2026_round_trips_question_tells_the_same(gateway: GatewayHome) -> None:
+    with serving(gateway, upstream_tool(), elicitation=True, version=MODERN) as session:
+        params = {"name": "git__git_commit", "arguments": ARGS, "auth": {"token": gateway.token("alice")}}
+        first = session.request("tools/call", params)["result"]
+        message = first["inputRequests"]["consent"]["params"]["message"]
+        assert message.split("\n")[-len(TOLD) :] == [f"  {line}" for line in TOLD]
+        answer = {"inputResponses": {"consent": accept("deny_once")}, "requestState": first["requestState"]}
+        refused = session.request("tools/call", {**params, **answer})
+    assert refused["error"]["data"]["reason"] == "consent_denied"
+
+
 # --- the console's permission block ---------------------------------------------------------------------
 
 
 def test_the_consoles_permission_block_tells_the_same(make_gateway: Callable[..., GatewayHome], tmp_path: Path) -> None:
     gw = three_users(make_gateway, tmp_path)
-    console = open_console(gw.settings, tls=False, hosts=host_names("127.0.0.1", PORT))
-    app = build_app(console)
-    try:
-        with serving(gw, upstream_tool()) as session:  # no elicitation: the question waits for the console
-            waiting = session.request_soon(
-                "tools/call", {"name": "git__git_commit", "arguments": ARGS, "auth": {"token": gw.token("alice")}}
-            )
-            question = wait_question(gw, "alice")
-            ada = signed_in(app, "ada")
-            page = ada.get("/approvals").text
-            block = page[page.index(f'data-id="{question}"') :]
-            shown = html.unescape(block[block.index("<pre") : block.index("</pre>")])
-            for line in TOLD:
-                assert line.strip() in shown, (line, shown)
-            assert "High risk" in html.unescape(block)
-            assert 'value="ALLOW_ALWAYS"' not in block, "destructive: no Allow always"
-            assert invisible_characters(shown.split(">", 1)[1]) == []
-            ada.post(f"/approvals/{question}", data={"decision": "DENY_ONCE", "csrf": session_csrf(ada)})
-            assert waiting.result(60)["error"]["data"]["reason"] == "consent_denied"
-    finally:
-        console.chain.stop()
-        console.stores.engine.dispose()
+    with running_app(gw) as app, serving(gw, upstream_tool()) as session:  # no elicitation: the console is asked
+        waiting = session.request_soon(
+            "tools/call", {"name": "git__git_commit", "arguments": ARGS, "auth": {"token": gw.token("alice")}}
+        )
+        question = wait_question(gw, "alice")
+        ada = signed_in(app, "ada")
+        page = ada.get("/approvals").text
+        block = page[page.index(f'data-id="{question}"') :]
+        shown = html.unescape(block[block.index("<pre") : block.index("</pre>")])
+        for line in TOLD:
+            assert line.strip() in shown, (line, shown)
+        assert "High risk" in html.unescape(block)
+        assert 'value="ALLOW_ALWAYS"' not in block, "destructive: no Allow always"
+        assert invisible_characters(shown.split(">", 1)[1]) == []
+        ada.post(f"/approvals/{question}", data={"decision": "DENY_ONCE", "csrf": session_csrf(ada)})
+        assert waiting.result(60)["error"]["data"]["reason"] == "consent_denied"
 
 
 # --- which tools are asked (decision 86) ----------------------------------------------------------------
