@@ -38,6 +38,9 @@ class EventType(StrEnum):
     TOOL_FINISHED = "TOOL_FINISHED"
     WORKSPACE_CHANGES = "WORKSPACE_CHANGES"
     """A writing run's change set (decision 80): after SANDBOX_EXEC, before the terminal event."""
+    UPSTREAM_CALL = "UPSTREAM_CALL"
+    """A call forwarded to an upstream MCP server (decision 84): in place of SANDBOX_EXEC, before the terminal
+    event; upstream, tool, duration_ms, is_error, the result's sha256 (never its content)."""
     PERMISSION_DECISION = "mcp.permission.decision"
     USER_ADDED = "USER_ADDED"
     USER_DISABLED = "USER_DISABLED"
@@ -52,6 +55,12 @@ class EventType(StrEnum):
     """A consent decision given in the web console (detail.recorded: whether it was the one that counted)."""
     APPROVER_DECISION = "APPROVER_DECISION"
     """The same, given in the terminal approver, `mcp-gateway approvals` (gateway/consent/actions.py)."""
+    TOOL_DEFINITION_CHANGED = "TOOL_DEFINITION_CHANGED"
+    """An upstream tool's definition differs from its pin: the tool is withheld (gateway/upstreams/pins.py;
+    detail: upstream, tool, pinned_sha256, seen_sha256, and `refused` when it cannot be pinned)."""
+    TOOL_DEFINITION_ACCEPTED = "TOOL_DEFINITION_ACCEPTED"
+    """An ADMIN accepted a changed definition as the new pin (detail: upstream, tool, previous_sha256,
+    accepted_sha256, accepted_by, channel)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,17 +188,10 @@ def _declaration(r: NodeReader, name: str, node: yaml.Node, ceilings: Ceilings, 
     if "permission" in d:
         permission = Permission(r.choice(d["permission"], f"{what}.permission", tuple(Permission)))
     annotations = _annotations(r, d.get("annotations"), what, description, mode)
-    program = _program(r, command[0], command_nodes[0], ceilings, search_path)
+    program = read_program(r, command[0], command_nodes[0], ceilings, search_path)
 
     def limit(key: str, ceiling: int) -> int:
-        if key not in d:
-            return ceiling
-        value = r.integer(d[key], f"{what}.{key}")
-        if value > ceiling:
-            raise r.fail(
-                d[key], f"{what}.{key} is {value}, over sandbox.{key} ({ceiling}): lower it or raise the sandbox's"
-            )
-        return value
+        return read_limit(r, d, f"{what}.{key}", ceiling)
 
     return Declaration(
         name=name,
@@ -213,6 +206,17 @@ def _declaration(r: NodeReader, name: str, node: yaml.Node, ceilings: Ceilings, 
         max_processes=limit("max_processes", ceilings.max_processes),
         program=program,
     )
+
+
+def read_limit(r: NodeReader, d: Mapping[str, yaml.Node], what: str, ceiling: int) -> int:
+    """The limit `what` (`section.name.key`) as set, at most the sandbox's `ceiling`; the ceiling when unset."""
+    key = what.rpartition(".")[2]
+    if key not in d:
+        return ceiling
+    value = r.integer(d[key], what)
+    if value > ceiling:
+        raise r.fail(d[key], f"{what} is {value}, over sandbox.{key} ({ceiling}): lower it or raise the sandbox's")
+    return value
 
 
 def _command(r: NodeReader, node: yaml.Node, what: str) -> tuple[tuple[str, ...], tuple[yaml.Node, ...]]:
@@ -403,7 +407,9 @@ def _annotations(
     return MappingProxyType(annotations)
 
 
-def _program(r: NodeReader, word: str, node: yaml.Node, ceilings: Ceilings, search_path: str) -> Program:
+def read_program(r: NodeReader, word: str, node: yaml.Node, ceilings: Ceilings, search_path: str) -> Program:
+    """The program `word` names, found and pinned (gateway/programs.py), outside every workspace and inside what a run
+    may read; a declared tool's, and an upstream's (gateway/upstream_policy.py)."""
     try:
         program = pin_program(find_program(word, Path(r.source).parent.resolve(), search_path))
     except ProgramError as exc:

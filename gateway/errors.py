@@ -61,6 +61,7 @@ class Reason(StrEnum):
     PATH_OUTSIDE_WORKSPACE = "path_outside_workspace"
     PROGRAM_CHANGED = "program_changed"
     CHANGES_CONFLICT = "changes_conflict"
+    TOOL_DEFINITION_CHANGED = "tool_definition_changed"
     # -32005
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     ELAPSED_EXHAUSTED = "elapsed_exhausted"
@@ -104,6 +105,7 @@ class Reason(StrEnum):
     INTERNAL_ERROR = "internal_error"
     TOOL_NOT_IMPLEMENTED = "tool_not_implemented"
     WORKSPACE_MISSING = "workspace_missing"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 
 
 class GatewayError(Exception):

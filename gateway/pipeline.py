@@ -91,6 +91,7 @@ from gateway.tools.changes import (
 )
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
+from gateway.upstreams.servers import Catalogue, not_offered
 from sandbox import RUN_GRACE_S
 from sandbox.change_set import ChangeSet
 from sandbox.confine import LayerReport
@@ -164,6 +165,9 @@ def caller_of(principal: Principal) -> Caller:
 def lookup_tool(name: str, tools: Mapping[str, ToolSpec] = TOOLS) -> ToolSpec:
     spec = tools.get(name)
     if spec is None:
+        refusal = not_offered(tools, name)  # an upstream's tool withheld, or its server unavailable
+        if refusal is not None:
+            raise refusal
         # Named as the log names it: a caller's 1 MB name is not echoed back whole.
         raise InvalidParamsError(Reason.UNKNOWN_TOOL, f"unknown tool {stored_tool_name(name)!r}")
     return spec
@@ -382,6 +386,8 @@ class Pipeline:
                 raise InvalidParamsError(
                     Reason.UNHASHABLE_ARGUMENTS, "arguments must be JSON text (no NaN, no lone surrogates)"
                 )
+            if isinstance(self.s.tools, Catalogue):  # an upstream's tool: its server started and listed first
+                await self.s.tools.servers.prepare(call.tool_name)
             decided = await in_db_thread(self._admitted, call)
             if isinstance(decided, ToolOutcome):
                 return decided  # a read tool: its whole call was that hop
@@ -730,7 +736,7 @@ class Pipeline:
         trail.run_ms = run.duration_ms
         # How the run ended is recorded from the sandbox alone, before anything reads a file the
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
-        executed = EventDraft(EventType.SANDBOX_EXEC, tool_name=spec.name, detail=run.sandbox_detail(), **common)
+        executed = EventDraft(spec.execution_event, tool_name=spec.name, detail=run.sandbox_detail(), **common)
         written = run.written()
         reviewing = written is not None and written.review and run.refusal() is None
         usage = await in_db_thread(self._ran, trail, executed, principal.name, reviewing=reviewing)

@@ -23,6 +23,7 @@ from gateway.errors import ConfigError
 from gateway.policy_nodes import NodeReader, compose
 from gateway.rbac import Permission
 from gateway.rules.permissions import parse_rule
+from gateway.upstream_policy import Upstream, read_upstreams
 from sandbox.backends.landlock import runtime_read_only_paths
 from sandbox.guarantees import ALWAYS_REQUIRED, LAYER_GUARANTEES, Guarantee, from_layers
 from sandbox.limits import BACKENDS, Backend, required_guarantees
@@ -132,6 +133,8 @@ class Policy:
     permission_prompt: PermissionPromptPolicy
     declared: Mapping[str, Declaration] = field(default_factory=lambda: MappingProxyType({}))
     """`tools.declared`: the tools this policy's author declared (gateway/declarations.py), by name."""
+    upstreams: Mapping[str, Upstream] = field(default_factory=lambda: MappingProxyType({}))
+    """`upstreams`: MCP servers put behind the pipeline (gateway/upstream_policy.py), by name."""
     pins: Mapping[Path, Pinned] = field(default_factory=lambda: MappingProxyType({}))
     """Each workspace root and `sandbox.allowed_paths` entry that existed at load, opened then without
     following links and held open for the policy's life (sandbox/pinned.py): stage 4 checks that
@@ -140,6 +143,7 @@ class Policy:
 
 _TOP_KEYS = (
     "version", "auth", "roles", "workspaces", "tools", "budget", "sandbox", "consent", "permission_prompt",
+    "upstreams",
 )  # fmt: skip
 
 
@@ -187,6 +191,11 @@ def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy
     auth = section(lambda: _auth(r, top.get("auth")))
     roles = section(lambda: _roles(r, top.get("roles")))
     tools = section(lambda: _tools(r, top.get("tools"), known_tools, sandbox, workspaces))
+    upstreams = section(
+        lambda: _upstreams(r, top.get("upstreams"), known_tools, sandbox=sandbox, workspaces=workspaces, tools=tools)
+    )
+    if tools is not None and upstreams is not None:
+        section(lambda: _check_allowlist(r, top.get("tools"), known_tools, tools[1], upstreams))
     budget = section(lambda: _budget(r, top.get("budget")))
     consent = section(lambda: _consent(r, top.get("consent")))
     permission_prompt = section(lambda: _permission_prompt(r, top.get("permission_prompt")))
@@ -200,6 +209,7 @@ def parse_policy(text: str, source: Path, known_tools: frozenset[str]) -> Policy
         workspaces=_read(workspaces),
         allowlist=_read(tools)[0],
         declared=_read(tools)[1],
+        upstreams=_read(upstreams),
         budget=_read(budget),
         sandbox=_read(sandbox),
         consent=_read(consent),
@@ -334,22 +344,57 @@ def _tools(
             raise ConfigError(
                 "tools.declared not read: fix the sandbox and workspaces sections first", r.where(d["declared"])
             )
-        ceilings = Ceilings(
-            timeout_s=sandbox.timeout_s,
-            memory_limit_mb=sandbox.memory_limit_mb,
-            max_processes=sandbox.max_processes,
-            readable=(*runtime_read_only_paths(), *sandbox.allowed_paths),
-            workspaces=tuple(workspaces.values()),
-        )
-        declared = read_declared(r, d["declared"], ceilings, known_tools)
+        declared = read_declared(r, d["declared"], _ceilings(sandbox, workspaces), known_tools)
     if "allowlist" not in d:
         return (), declared
-    known = known_tools | frozenset(declared)
-    items = r.strings(d["allowlist"], "tools.allowlist")
-    for name, item in items:
+    return tuple(name for name, _ in r.strings(d["allowlist"], "tools.allowlist")), declared
+
+
+def _ceilings(sandbox: SandboxPolicy, workspaces: Mapping[str, Path]) -> Ceilings:
+    return Ceilings(
+        timeout_s=sandbox.timeout_s,
+        memory_limit_mb=sandbox.memory_limit_mb,
+        max_processes=sandbox.max_processes,
+        readable=(*runtime_read_only_paths(), *sandbox.allowed_paths),
+        workspaces=tuple(workspaces.values()),
+    )
+
+
+def _upstreams(
+    r: NodeReader,
+    node: yaml.Node | None,
+    known_tools: frozenset[str],
+    *,
+    sandbox: SandboxPolicy | None,
+    workspaces: Mapping[str, Path] | None,
+    tools: tuple[tuple[str, ...], Mapping[str, Declaration]] | None,
+) -> Mapping[str, Upstream]:
+    """`upstreams` (docs/upstreams.md): read once the sections it depends on are."""
+    if node is None:
+        return MappingProxyType({})
+    if sandbox is None or workspaces is None or tools is None:
+        raise ConfigError("upstreams not read: fix the sandbox, workspaces and tools sections first", r.where(node))
+    taken = known_tools | frozenset(tools[1])
+    return read_upstreams(r, node, _ceilings(sandbox, workspaces), sandbox.max_output_bytes, taken)
+
+
+def _check_allowlist(
+    r: NodeReader,
+    node: yaml.Node | None,
+    known_tools: frozenset[str],
+    declared: Mapping[str, Declaration],
+    upstreams: Mapping[str, Upstream],
+) -> None:
+    """Every name in tools.allowlist is a tool: a built-in, a declared one, or an upstream's offered tool
+    (`<upstream>__<tool>`, its tool listed in the upstream's `tools`)."""
+    d = _section(r, node, "tools", ("allowlist", "declared"))
+    if "allowlist" not in d:
+        return
+    offered = {u.offered_name(tool) for u in upstreams.values() for tool in u.tools}
+    known = known_tools | frozenset(declared) | offered
+    for name, item in r.strings(d["allowlist"], "tools.allowlist"):
         if name not in known:
             raise r.fail(item, f"unknown tool {name!r} in tools.allowlist (known: {', '.join(sorted(known))})")
-    return tuple(name for name, _ in items), declared
 
 
 def _budget(r: NodeReader, node: yaml.Node | None) -> BudgetPolicy:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.errors import PolicyBlockedError, Reason
+
 _SHEBANG_BYTES = 256
 """Linux reads at most this much of a '#!' line (BINPRM_BUF_SIZE)."""
 _HASH_CHUNK = 1 << 20
@@ -135,3 +137,15 @@ def program_change(program: Program) -> str | None:
     if program.interpreter is not None:
         return program_change(program.interpreter)
     return None
+
+
+def check_program_unchanged(program: Program, owner: str) -> None:
+    """-32004 `program_changed` when `owner`'s program (`tools.declared.NAME`, `upstreams.NAME`) is no longer
+    the one pinned at load."""
+    why = program_change(program)
+    if why is not None:
+        raise PolicyBlockedError(
+            Reason.PROGRAM_CHANGED,
+            f"{owner}'s program changed since the policy was loaded: {why};"
+            " restore it, or restart the gateway to pin the new one (a person is then asked again)",
+        )

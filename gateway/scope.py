@@ -20,6 +20,7 @@ from gateway.errors import InvalidParamsError, PolicyBlockedError, Reason
 from gateway.policy import Policy
 from gateway.tools.base import ToolSpec
 from gateway.tools.schemas import PATTERN_HINTS
+from gateway.upstream_policy import served_workspace
 from sandbox.pinned import Pinned, is_intact
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ def check_call(
         raise PolicyBlockedError(Reason.ALLOWLIST_EMPTY, "the policy's tools.allowlist is empty")
     if spec.name not in policy.allowlist:
         raise PolicyBlockedError(Reason.TOOL_NOT_ALLOWLISTED, f"{spec.name} is not in the policy's allowlist")
+    if spec.origin is not None:
+        return upstream_scope(policy, spec, caller)
     timeout_s = spec.max_timeout_s or policy.sandbox.timeout_s
     requested_timeout = arguments.get("timeout_s")
     if isinstance(requested_timeout, int) and requested_timeout > timeout_s:
@@ -102,6 +105,21 @@ def check_call(
             check_relative_path(root, value, name, resolve)
     if spec.check_ready is not None:
         spec.check_ready()
+    return CallScope(workspace, root, (workspace,), timeout_s, pinned_root, pinned_paths)
+
+
+def upstream_scope(policy: Policy, spec: ToolSpec, caller: Caller) -> CallScope:
+    """Stage 4 for an upstream's tool (docs/upstreams.md): its server serves one workspace (decision 84), which the
+    caller must be allowed to act in; its arguments are the server's own (a `workspace` or `timeout_s` among them
+    means nothing to the gateway); its time limit is the upstream's."""
+    served = served_workspace(policy.workspaces)
+    workspace = choose_workspace(policy, served, caller)
+    root = policy.workspaces[workspace]
+    pinned_root = check_workspace_pinned(workspace, root, policy.pins.get(root))
+    pinned_paths = tuple(check_allowed_path_pinned(p, policy.pins.get(p)) for p in policy.sandbox.allowed_paths)
+    if spec.check_ready is not None:
+        spec.check_ready()
+    timeout_s = spec.max_timeout_s or policy.sandbox.timeout_s
     return CallScope(workspace, root, (workspace,), timeout_s, pinned_root, pinned_paths)
 
 

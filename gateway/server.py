@@ -53,6 +53,7 @@ from gateway.tools.base import ToolSpec
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
 from gateway.transport import CLIENT_GONE, DEFAULT_MAX_MESSAGE_BYTES, ClientGoneError, stdio_transport
+from gateway.upstreams.servers import Catalogue
 from sandbox.task_groups import task_group
 
 log = logging.getLogger("gateway.server")
@@ -112,6 +113,16 @@ RUN_ID_META = "mcp-write-gateway/run_id"
 
 
 def to_call_result(outcome: ToolOutcome, run_id: str) -> types.CallToolResult:
+    if outcome.content is not None:  # an upstream server's result, passed on as it gave it (docs/upstreams.md)
+        return types.CallToolResult.model_validate(
+            {
+                "content": list(outcome.content),
+                "structuredContent": None if outcome.structured is None else dict(outcome.structured),
+                "isError": outcome.is_error,
+                "_meta": {RUN_ID_META: run_id},
+            },
+            by_alias=True,
+        )
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=outcome.text)]
     for link in outcome.links:
         content.append(
@@ -214,12 +225,16 @@ def build_server(services: Services) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        allowlisted = [services.tools[name] for name in services.policy.allowlist if name in services.tools]
         token = _token_of(ctx.params, services)
-        if _is_missing(token):
+        principal = None
+        if not _is_missing(token):
+            with answered_as_mcp_errors("tools/list", services.new_run_id, traceback=False):  # no token in the log
+                principal = await in_db_thread(services.authenticator.authenticate, token)
+        if isinstance(services.tools, Catalogue):  # upstreams' tools are listed once their servers are asked
+            await services.tools.servers.prepare_listing(services.policy.allowlist)
+        allowlisted = [services.tools[name] for name in services.policy.allowlist if name in services.tools]
+        if principal is None:
             return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted] + extra)
-        with answered_as_mcp_errors("tools/list", services.new_run_id, traceback=False):  # no token in the log
-            principal = await in_db_thread(services.authenticator.authenticate, token)
         roles = services.policy.roles
         mine = [s for s in allowlisted if has_permission(roles, principal.role, s.permission)]
         return types.ListToolsResult(tools=[tool_definition(s) for s in mine] + extra)
@@ -321,7 +336,7 @@ async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE
             guard = guard_of(services.engine)
             if guard is not None:
                 group.start_soon(_stop_on_unwritable_files, group.cancel_scope, guard, stopped)
-            async with stdio_transport(max_message_bytes) as (read_stream, write_stream):
+            async with upstreams_running(services), stdio_transport(max_message_bytes) as (read_stream, write_stream):
                 await server.run(read_stream, write_stream, server.create_initialization_options())
             group.cancel_scope.cancel()  # stdin closed: the watchers have nothing left to guard
     except* ClientGoneError:
@@ -330,6 +345,13 @@ async def serve(services: Services, max_message_bytes: int = DEFAULT_MAX_MESSAGE
         log.error("%s: stopped; calls in flight were cancelled and their runs killed", CLIENT_GONE)
         return 1
     return stopped.status
+
+
+def upstreams_running(services: Services) -> contextlib.AbstractAsyncContextManager[None]:
+    """The upstreams' servers start at first use while serving, and are all stopped when it ends (docs/upstreams.md)."""
+    if isinstance(services.tools, Catalogue):
+        return services.tools.servers.running()
+    return contextlib.nullcontext()
 
 
 def _log_env_token(services: Services) -> None:

@@ -28,6 +28,8 @@ from gateway.runs import RunStore
 from gateway.settings import Settings
 from gateway.tools.base import ToolSpec
 from gateway.tools.registry import TOOL_NAMES, TOOLS, catalogue
+from gateway.upstreams.pins import PinStore
+from gateway.upstreams.servers import Catalogue, UpstreamServers
 from gateway.users import UserStore
 from sandbox import probe_host
 from sandbox.confine import LayerReport
@@ -46,6 +48,8 @@ class Stores:
     runs: RunStore
     consent_store: ConsentStore
     sessions: SessionStore
+    pins: PinStore
+    """Upstream tools' pinned definitions (gateway/upstreams/pins.py)."""
 
 
 @dataclass(frozen=True)
@@ -70,16 +74,18 @@ def open_stores(settings: Settings, clock: Clock | None = None, *, engine: Engin
     """Connect the stores (no connection is made until one is used). Raises ConfigError on a bad database URL."""
     clock = clock or SystemClock()
     engine = engine or make_engine(settings.db_url)
+    audit = AuditLog(engine, clock)
     return Stores(
         engine=engine,
         clock=clock,
-        audit=AuditLog(engine, clock),
+        audit=audit,
         users=UserStore(engine, clock),
         tokens=TokenStore(engine),
         budget=BudgetLedger(engine, clock),
         runs=RunStore(engine, settings.artifacts_dir),
         consent_store=ConsentStore(engine),
         sessions=SessionStore(engine),
+        pins=PinStore(engine, audit, clock),
     )
 
 
@@ -112,6 +118,7 @@ def open_services(
         runs=stores.runs,
         consent_store=stores.consent_store,
         sessions=stores.sessions,
+        pins=stores.pins,
         settings=settings,
         policy=policy,
         new_run_id=new_id,
@@ -121,5 +128,14 @@ def open_services(
             stores.engine, keys, policy.auth, tokens=stores.tokens, users=stores.users, clock=stores.clock
         ),
         consent=ConsentStage(policy.consent, stores.audit, stores.consent_store, stores.clock, new_id),
-        tools=catalogue(policy),
+        tools=_catalogue(policy, stores, settings, host),
     )
+
+
+def _catalogue(policy: Policy, stores: Stores, settings: Settings, host: LayerReport) -> Mapping[str, ToolSpec]:
+    """The gateway's own tools, and with `upstreams` in the policy those their servers offer (docs/upstreams.md)."""
+    own = catalogue(policy)
+    if not policy.upstreams:
+        return own
+    servers = UpstreamServers(policy, stores.pins.observe, environ=dict(os.environ), host=host, hidden=(settings.home,))
+    return Catalogue(own, servers)

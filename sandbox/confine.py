@@ -256,8 +256,11 @@ class ChildPlan:
         cwd_fd: int | None = None,
         view: WorkspaceView | None = None,
         child_view: NamespacedView | None = None,
+        long_lived: bool = False,
     ) -> None:
-        """`identity`: the run's pool uid (root), None for a rootless run (the gateway's own uid, in a user namespace).
+        """`long_lived`: a server (sandbox/server.py): no time limit for the watchdog, and a CPU rlimit of
+        rlimits.SERVER_CPU_SECONDS rather than the run's timeout.
+        `identity`: the run's pool uid (root), None for a rootless run (the gateway's own uid, in a user namespace).
         `scratch`: a tmpfs the gateway made (root); `child_scratch`: one the child makes in its user namespace.
         `view`: the workspace's copy a writing run works on, moved over its cwd in the scratch's mount
         namespace (backends/view.py): root, with the scratch tmpfs and a `cwd_fd`; `child_view`: the same
@@ -290,7 +293,11 @@ class ChildPlan:
         # Natively the supervisors make the PID namespace (`status_fd` gets the command's status);
         # bubblewrap makes its own, and one supervisor outside it is the watchdog (pidns.py).
         self._supervisor = (
-            pidns.RunSupervisor(timeout_s=limits.timeout_s, status_fd=status_fd if native else -1, namespace=native)
+            pidns.RunSupervisor(
+                timeout_s=None if long_lived else limits.timeout_s,
+                status_fd=status_fd if native else -1,
+                namespace=native,
+            )
             if not native or Layer.PID_NAMESPACE in active
             else None
         )
@@ -301,7 +308,8 @@ class ChildPlan:
         # its permissions already (and may not even reach it to mount over it).
         hidden = limits.hidden if identity is None else ()
         self._tree = NamespacedTree(hidden) if rootless and native else None
-        self._rlimits = rlimits.ResourceLimits.from_limits(limits) if Layer.RLIMITS in active else None
+        cpu = rlimits.SERVER_CPU_SECONDS if long_lived else None
+        self._rlimits = rlimits.ResourceLimits.from_limits(limits, cpu_seconds=cpu) if Layer.RLIMITS in active else None
         self._landlock: landlock.PreparedLandlock | None = None
         self._seccomp: seccomp.SeccompProgram | None = None
         if native and Layer.LANDLOCK in active:

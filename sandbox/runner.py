@@ -18,7 +18,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
@@ -125,6 +125,84 @@ async def run_sandboxed(
     left out unless a guarantee the run requires (`limits.required`) needs it. Raises SandboxStartError
     when a required guarantee has no layer here, or a layer cannot be applied: nothing ran.
     """
+    captures: list[OutputCapture] = []
+
+    def stdio(stack: contextlib.ExitStack) -> tuple[int, int, int]:
+        captures.append(
+            stack.enter_context(OutputCapture(stdout_path, stderr_path, limits.max_output_bytes, on_stdout))
+        )
+        return subprocess.DEVNULL, *captures[0].child_fds
+
+    async with spawn_confined(argv, cwd, limits, scratch=scratch, host=host, writes=writes, stdio=stdio) as run:
+        capture = captures[0]
+        result, survivors = await _supervise(
+            run.process, limits, capture, started=run.started, leftovers=run.kill_leftovers
+        )
+        result = _with_watchdog_verdict(result, limits)
+        ended_on_its_own = result.killed_by is None
+        if limits.backend == "bubblewrap":
+            if ended_on_its_own and not command_ran(os.pread(run.status_fd, 4096, 0)):
+                raise SandboxStartError("bubblewrap_failed")  # bwrap could not build the tree (stderr.txt says why)
+        elif Layer.PID_NAMESPACE in run.active:
+            result = _with_command_status(result, os.pread(run.status_fd, 64, 0))
+        collected = _collect(run.space, scratch, collect)
+        # After _supervise: every process of the run is dead (its cgroup or uid swept).
+        result = await run.copy.read(result, cwd)
+        if run.group is not None:
+            usage = run.group.usage()
+            result = dataclasses.replace(
+                result,
+                peak_memory_kb=usage.peak_memory_bytes // 1024,
+                oom_kills=usage.oom_kills,
+                forks_refused=usage.forks_refused,
+                killed_by=result.killed_by or (KilledBy.MEMORY if usage.oom_kills else None),
+            )
+    return dataclasses.replace(result, survivors_killed=len(survivors), layers=run.layers, collected=collected)
+
+
+@dataclass(frozen=True, slots=True)
+class Confinement:
+    """A command just spawned confined (`spawn_confined`), and what it holds until the context ends."""
+
+    process: subprocess.Popen[bytes]
+    """The child the gateway spawned: the PID namespace's outer supervisor, or bwrap's watchdog (backends/pidns.py)."""
+    active: frozenset[Layer]
+    group: RunCgroup | RunCgroup2 | None
+    identity: RunIdentity | None
+    space: ScratchSpace | None
+    status_fd: int
+    """The memfd where the command's own end is reported (pidns.read_status; bubblewrap's JSON status)."""
+    copy: WritableCopy
+    started: float
+
+    @property
+    def layers(self) -> tuple[Layer, ...]:
+        """The layers applied, in the order they were applied."""
+        return tuple(name for name in _APPLY_ORDER if name in self.active)
+
+    def kill_leftovers(self) -> list[int]:
+        """Kill every process of it still alive: its cgroup, or every process of its pool uid (see _kill_leftovers)."""
+        return _kill_leftovers(self.group, self.identity)
+
+
+@contextlib.asynccontextmanager
+async def spawn_confined(
+    argv: list[str],
+    cwd: Path | Pinned,
+    limits: Limits,
+    *,
+    scratch: Path,
+    host: LayerReport | None,
+    writes: ChangeRules | None,
+    stdio: Callable[[contextlib.ExitStack], tuple[int, int, int]],
+    long_lived: bool = False,
+) -> AsyncIterator[Confinement]:
+    """Spawn `argv` with the layers `run_sandboxed` documents, its stdin, stdout and stderr on the fds `stdio` opens
+    (in the stack of what the spawn holds, once every layer is prepared: nothing is opened for a run refused before); on leaving,
+    whatever is left of it is killed (its cgroup, its uid) and its scratch, copy and uid are given back.
+
+    The one place the layers are planned and set up, for a run (`run_sandboxed`) and a long-lived server
+    (sandbox/server.py, `long_lived`: no time limit for the watchdog). Raises SandboxStartError: nothing ran."""
     report = host or probe_host()
     active = plan_layers(report, limits)
     identity = _POOL.acquire() if Layer.UID_DROP in active else None
@@ -163,7 +241,7 @@ async def run_sandboxed(
                 argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=_path_of(cwd), stack=stack,
                 writable=copy.view is not None or copy.child_view is not None,
             )  # fmt: skip
-            capture = stack.enter_context(OutputCapture(stdout_path, stderr_path, limits.max_output_bytes, on_stdout))
+            stdin, stdout, stderr = stdio(stack)
             with (
                 ChildPlan(
                     limits,
@@ -178,46 +256,22 @@ async def run_sandboxed(
                     cwd_fd=cwd_fd,
                     view=copy.view,
                     child_view=copy.child_view,
+                    long_lived=long_lived,
                 ) as preexec,
                 copy.spawning(cwd),
             ):
                 started = time.monotonic()
-                process = _spawn(command, None, limits, capture.child_fds, preexec=preexec, pass_fds=pass_fds)
+                process = _spawn(
+                    command, None, limits, (stdout, stderr), preexec=preexec, pass_fds=pass_fds, stdin=stdin
+                )
             if child_scratch is not None:
                 space = _received(child_scratch, process, stack)
-            result, survivors = await _supervise(
-                process,
-                limits,
-                capture,
-                started=started,
-                leftovers=lambda: _kill_leftovers(group, identity),
-            )
-            result = _with_watchdog_verdict(result, limits)
-            ended_on_its_own = result.killed_by is None
-            if limits.backend == "bubblewrap":
-                if ended_on_its_own and not command_ran(os.pread(status_fd, 4096, 0)):
-                    raise SandboxStartError("bubblewrap_failed")  # bwrap could not build the tree (stderr.txt says why)
-            elif Layer.PID_NAMESPACE in active:
-                result = _with_command_status(result, os.pread(status_fd, 64, 0))
-            collected = _collect(space, scratch, collect)
-            # After _supervise: every process of the run is dead (its cgroup or uid swept).
-            result = await copy.read(result, cwd)
-            if group is not None:
-                usage = group.usage()
-                result = dataclasses.replace(
-                    result,
-                    peak_memory_kb=usage.peak_memory_bytes // 1024,
-                    oom_kills=usage.oom_kills,
-                    forks_refused=usage.forks_refused,
-                    killed_by=result.killed_by or (KilledBy.MEMORY if usage.oom_kills else None),
-                )
+            yield Confinement(process, active, group, identity, space, status_fd, copy, started)
     finally:
         if identity is not None:
             if group is None:
                 sweep(identity.uid)  # without a cgroup, the uid is the run: nothing of it outlives the call
             _POOL.release(identity)
-    applied = tuple(name for name in _APPLY_ORDER if name in active)
-    return dataclasses.replace(result, survivors_killed=len(survivors), layers=applied, collected=collected)
 
 
 async def run_unsafe_unconfined(
@@ -495,6 +549,7 @@ def _spawn(
     *,
     preexec: Callable[[], None] | None,
     pass_fds: tuple[int, ...] = (),
+    stdin: int = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:
     # The child's parent-death signal (backends/pidns.py) fires when the *thread* that spawned
     # it ends: spawn from the event loop's thread, never from a short-lived worker thread.
@@ -503,7 +558,7 @@ def _spawn(
             argv,
             cwd=cwd,
             env=dict(limits.env),
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=output[0],
             stderr=output[1],
             close_fds=True,

@@ -164,6 +164,13 @@ class WritableCopy:
             return result
         return await _read_into(result, mount_fd, self.originals, self.writes, cwd)
 
+    @property
+    def mount_fd(self) -> int | None:
+        """The copy's tmpfs root, to read a change set through while it is in use (sandbox/server.py); None without one."""
+        if self.view is not None:
+            return self.view.mount_fd
+        return self._child_mount_fd if self._child_mount_fd >= 0 else None
+
     def close(self) -> None:
         if self._child_mount_fd >= 0:
             os.close(self._child_mount_fd)

@@ -68,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     _format(audit.add_parser("verify", help="check the hash chain"))
 
     add_consent_commands(sub)
+    add_upstream_commands(sub)
     console = sub.add_parser("console", help="the web console: invocation cards, approvals, grants, audit, runs")
     console.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1, loopback)")
     console.add_argument("--port", type=_port, default=8765, help="port (default 8765)")
@@ -125,6 +126,18 @@ def add_consent_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     withdraw = consent.add_parser("revoke", help="revoke a stored decision by its id (see consent list)")
     withdraw.add_argument("grant_id", type=int)
     sub.add_parser("approvals", help="terminal approver for pending consent requests")
+
+
+def add_upstream_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    upstream = sub.add_parser("upstream", help="upstream MCP servers: their tools' pinned definitions").add_subparsers(
+        dest="action", required=True
+    )
+    _format(upstream.add_parser("list", help="each upstream, its tools and their state (pinned, changed, not seen)"))
+    accept = upstream.add_parser("accept", help="show a changed tool definition as a diff and accept it as the new pin")
+    accept.add_argument("name", help="the upstream (policy.yaml `upstreams.<name>`)")
+    accept.add_argument(
+        "tool", nargs="?", help="one tool (its name as the server lists it); default: every changed one"
+    )
 
 
 def _port(text: str) -> int:

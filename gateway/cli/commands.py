@@ -21,6 +21,7 @@ from gateway.cli.consent import (
     cmd_consent_list,
     cmd_consent_revoke,
 )
+from gateway.cli.upstreams import cmd_upstream_accept, cmd_upstream_list
 from gateway.cli.values import check_db_url, check_home_folder, check_tls_pair, json_object_arg, since_arg
 from gateway.clock import iso_utc, new_token_id
 from gateway.db import make_engine, migrate, schema_is_current
@@ -583,6 +584,8 @@ _HANDLERS: dict[tuple[str, str | None], _Handler] = {
     ("consent", "grant"): cmd_consent_grant,
     ("consent", "revoke"): cmd_consent_revoke,
     ("approvals", None): cmd_approvals,
+    ("upstream", "list"): cmd_upstream_list,
+    ("upstream", "accept"): cmd_upstream_accept,
     ("demo", None): cmd_demo,
     ("doctor", None): cmd_doctor,
 }

@@ -263,6 +263,31 @@ class CallEnd(Base):
     event_id: Mapped[int] = mapped_column(BigInteger)
 
 
+class ToolPin(Base):
+    """An upstream tool's pinned definition (gateway/upstreams/pins.py, decision 85; migration 0012).
+
+    `pinned` is the canonical JSON of the definition an ADMIN accepted, or the one first seen, and
+    `pinned_sha256` its digest; both NULL only for a tool whose first definition was refused. `seen`
+    and `seen_sha256` are the server's latest when it differs from the pinned one (`state` `changed`),
+    or only its digest when it could not be pinned (`refused`, `reason` says why). `tool` is the
+    server's own name, stored as it came (every display escapes it).
+    """
+
+    __tablename__ = "tool_pins"
+    upstream: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tool: Mapped[str] = mapped_column(String(128), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    pinned: Mapped[str | None] = mapped_column(Text, nullable=True)
+    pinned_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    seen: Mapped[str | None] = mapped_column(Text, nullable=True)
+    seen_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    first_seen_at: Mapped[float] = mapped_column(Double)
+    pinned_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    changed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+    accepted_by: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
 # The Core tables behind the models: the hot paths use Core statements, not the ORM.
 users = cast(Table, User.__table__)
 user_workspaces = cast(Table, UserWorkspace.__table__)
@@ -276,6 +301,7 @@ consent_requests = cast(Table, ConsentRequestRow.__table__)
 gateway_sessions = cast(Table, GatewaySession.__table__)
 tool_calls = cast(Table, ToolCall.__table__)
 call_ends = cast(Table, CallEnd.__table__)
+tool_pins = cast(Table, ToolPin.__table__)
 
 
 SQLITE_SYNC_MODES = ("normal", "full")
@@ -442,7 +468,7 @@ def _sqlite_on_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-SCHEMA_HEAD = "0011"
+SCHEMA_HEAD = "0012"
 """The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.audit import EventType
 from gateway.errors import GatewayError
 from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.rbac import Permission
@@ -184,6 +185,9 @@ class ToolSpec:
     """A write tool's behaviour: it runs in the sandbox, needs consent and is charged to the budget."""
     origin: Origin | None = None
     """The upstream MCP server the tool comes from; None: the gateway's own tool (built-in or declared)."""
+    execution_event: EventType = EventType.SANDBOX_EXEC
+    """The event that records how a write tool's execution ended, with `ToolRun.sandbox_detail()` as its detail:
+    SANDBOX_EXEC for a run in the sandbox, UPSTREAM_CALL for a call forwarded to an upstream server (decision 84)."""
 
     @property
     def sandboxed(self) -> bool:

@@ -30,9 +30,9 @@ from gateway.declarations import (
     placeholder_of,
     value_problem,
 )
-from gateway.errors import GatewayError, InvalidParamsError, PolicyBlockedError, Reason
+from gateway.errors import GatewayError, InvalidParamsError, Reason
 from gateway.policy import SandboxPolicy
-from gateway.programs import program_change
+from gateway.programs import check_program_unchanged
 from gateway.runs import RunStatus
 from gateway.tools.base import ExecutionRequest, ToolSpec
 from gateway.tools.confined import ConfinedRun, confinement, run_confined, shown
@@ -189,13 +189,7 @@ class DeclaredTool:
     declaration: Declaration
 
     def check_ready(self) -> None:
-        why = program_change(self.declaration.program)
-        if why is not None:
-            raise PolicyBlockedError(
-                Reason.PROGRAM_CHANGED,
-                f"{self.declaration.name}'s program changed since the policy was loaded: {why};"
-                " restore it, or restart the gateway to pin the new one (a person is then asked again)",
-            )
+        check_program_unchanged(self.declaration.program, self.declaration.name)
 
     def preview(self, arguments: Mapping[str, Any], root: Path) -> str:
         try:

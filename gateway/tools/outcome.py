@@ -21,3 +21,6 @@ class ToolOutcome:
     structured: Mapping[str, Any] | None = None
     links: tuple[ResourceLink, ...] = field(default=())
     is_error: bool = False
+    content: tuple[Mapping[str, Any], ...] | None = None
+    """The content blocks as an upstream server gave them (JSON, passed on whole: docs/upstreams.md); None:
+    `text` and `links` make the content."""

@@ -10,8 +10,9 @@ namespace) forks the namespace's pid 1 (`I`), which forks the command (`C`, pid 
 - when pid 1 exits, for any reason, the kernel kills every process of the namespace, daemons
   and `setsid` escapees included: nothing a run starts outlives it;
 - `I` is the watchdog: it exits at the run's time limit plus `WATCHDOG_GRACE_S`, whatever the
-  gateway does (stopped, stalled on a database lock, SIGKILLed before `I`'s parent-death
-  signal was armed);
+  gateway does (stopped, stalled on a database lock), and as soon as `P` is dead, which it
+  sees through `P`'s pidfd even if `P` died before `I`'s parent-death signal was armed; a
+  long-lived server (sandbox/server.py) has no time limit, and `P`'s death alone ends it;
 - the gateway's death kills `P` (parent-death signal), `P`'s death kills `I`, and so the run,
   at once; the next gateway to start finds nothing alive, closes the run's record and removes
   its scratch folder (gateway/recovery.py, sandbox/leftovers.py);
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import select
 import signal
@@ -82,8 +84,9 @@ class RunSupervisor:
     kills the command, bwrap, whose namespace goes with it.
     """
 
-    def __init__(self, *, timeout_s: float, status_fd: int, namespace: bool = True) -> None:
-        self._deadline_s = timeout_s + WATCHDOG_GRACE_S
+    def __init__(self, *, timeout_s: float | None, status_fd: int, namespace: bool = True) -> None:
+        """`timeout_s` None: no deadline (a long-lived server, sandbox/server.py): the gateway's death alone ends it."""
+        self._deadline_s = math.inf if timeout_s is None else timeout_s + WATCHDOG_GRACE_S
         self._status_fd = status_fd
         self._namespace = namespace
         self._gateway_pid = os.getpid()
@@ -99,17 +102,25 @@ class RunSupervisor:
         _arm_parent_death(self._gateway_pid)
         start = time.monotonic()
         saved = signal.pthread_sigmask(signal.SIG_BLOCK, self._catchable)
+        supervisor = os.getpid()
+        # P's own pidfd, for I: it turns readable when P dies, so P's death is seen even when it came
+        # before I armed its parent-death signal (I is pid 1 of its namespace: getppid() tells it nothing).
+        own = os.pidfd_open(supervisor) if self._namespace else -1
         child = os.fork()
         if child and not self._namespace:
             self._watch(child, start)  # P, watchdog of bwrap
         if child:
             self._mirror(child)  # P, outside the namespace
         if self._namespace:
-            # I: if P died before this is armed, the watchdog below still ends the namespace in time.
             _set_parent_death_signal()
             command = os.fork()
             if command:
-                self._watch(command, start)  # I, pid 1
+                self._watch(command, start, parent=own)  # I, pid 1
+            os.close(own)
+        else:
+            _arm_parent_death(
+                supervisor
+            )  # bwrap keeps it across exec: P's death ends it, even before --die-with-parent
         signal.pthread_sigmask(signal.SIG_SETMASK, saved)
         # The command: back to preexec_fn's caller, which execs it.
 
@@ -121,13 +132,15 @@ class RunSupervisor:
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
-    def _watch(self, command: int, start: float) -> None:
-        """Wait for the command, reaping every child; at the deadline end it (as pid 1: end the namespace)."""
-        _close_all_but((self._status_fd,))
+    def _watch(self, command: int, start: float, *, parent: int = -1) -> None:
+        """Wait for the command, reaping every child; at the deadline, or when `parent` (P's pidfd) shows P
+        dead, end it (as pid 1: end the namespace)."""
+        _close_all_but((self._status_fd, parent))
         try:
             watched = os.pidfd_open(command)
         except OSError:
             os._exit(_ORPHANED)
+        waited = [watched] if parent < 0 else [watched, parent]
         while True:
             remaining = start + self._deadline_s - time.monotonic()
             if remaining <= 0:
@@ -135,7 +148,9 @@ class RunSupervisor:
                 os.kill(command, signal.SIGKILL)  # pid 1's exit would do it too; bwrap's needs it
                 os.kill(os.getpid(), signal.SIGKILL)  # as pid 1 ignored: then the exit ends the namespace
                 os._exit(_ORPHANED)
-            select.select([watched], [], [], min(remaining, _REAP_EVERY_S))
+            ready, _, _ = select.select(waited, [], [], min(remaining, _REAP_EVERY_S))
+            if parent in ready:
+                os._exit(_ORPHANED)  # P is dead (the gateway's death took it): pid 1's exit ends the namespace
             status = _reap(command)
             if status is not None:
                 if os.WIFSIGNALED(status):

@@ -19,6 +19,9 @@ from sandbox.limits import Limits
 MIB = 1024 * 1024
 DEFAULT_OPEN_FILES = 256
 DEFAULT_FILE_SIZE_BYTES = 256 * MIB
+SERVER_CPU_SECONDS = 24 * 3600
+"""A long-lived server's CPU time per process (sandbox/server.py): it has no timeout to derive one from; past a day
+of CPU the kernel ends that process (SIGXCPU, then SIGKILL): the server has ended, and says so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +48,13 @@ class ResourceLimits:
         *,
         open_files: int = DEFAULT_OPEN_FILES,
         file_size_bytes: int = DEFAULT_FILE_SIZE_BYTES,
+        cpu_seconds: int | None = None,
     ) -> ResourceLimits:
-        """CPU gets the timeout plus one second: a backstop if the gateway stalls, never the first to fire."""
+        """CPU gets the timeout plus one second: a backstop if the gateway stalls, never the first to fire
+        (`cpu_seconds`, when given, instead: a long-lived server's SERVER_CPU_SECONDS)."""
         return cls(
             address_space_bytes=limits.memory_limit_mb * MIB,
-            cpu_seconds=math.ceil(limits.timeout_s) + 1,
+            cpu_seconds=math.ceil(limits.timeout_s) + 1 if cpu_seconds is None else cpu_seconds,
             open_files=open_files,
             processes=limits.process_limit,
             file_size_bytes=file_size_bytes,

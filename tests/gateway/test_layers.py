@@ -1,6 +1,6 @@
 """The floor plan of gateway/ and sandbox/, checked on the import graph (docs/architecture.md).
 
-A room is a wing (`gateway/cli/`, `consent/`, `rules/`, `db/`, `console/`, `tools/`) or a module
+A room is a wing (`gateway/cli/`, `consent/`, `rules/`, `db/`, `console/`, `tools/`, `upstreams/`) or a module
 directly in `gateway/`. Rooms sit in bands, top to bottom; a room imports only rooms of its own band
 or lower, never one above, and no two rooms import each other, through any path. Every import
 counts: at the top of a module, inside a function (the lazy ones), under `TYPE_CHECKING`.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WINGS = ("cli", "consent", "rules", "db", "console", "tools")
+WINGS = ("cli", "consent", "rules", "db", "console", "tools", "upstreams")
 
 BANDS: tuple[tuple[str, ...], ...] = (
     ("__main__", "cli"),  # the commands
@@ -24,7 +24,7 @@ BANDS: tuple[tuple[str, ...], ...] = (
     ("pipeline", "recovery", "policy_warnings"),  # a call's stages in order; the sweeps; the policy's review
     ("services", "scope", "approvals", "call_trail"),  # the composition root; the workspace; the approver; the trail
     ("calls", "open_calls"),  # the cards, and those a dead gateway left open
-    ("tools", "consent", "auth", "budget", "preflight", "policy_trust"),  # the stages
+    ("tools", "consent", "upstreams", "auth", "budget", "preflight", "policy_trust"),  # the stages; upstream servers
     (
         "audit",
         "runs",
@@ -32,6 +32,7 @@ BANDS: tuple[tuple[str, ...], ...] = (
         "liveness",
         "policy",
         "declarations",
+        "upstream_policy",
         "programs",
         "tick_failures",
         "previews",

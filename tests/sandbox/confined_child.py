@@ -16,6 +16,7 @@ from sandbox.backends import identity, netns, rlimits
 from sandbox.backends.containment import sweep
 from sandbox.backends.identity import RunIdentity, UidPool
 from sandbox.backends.rlimits import MIB, ResourceLimits
+from sandbox.pinned import Pinned, pin
 
 # The venv's interpreter resolves under /root (0700): a pool uid gets EACCES at exec. The
 # system interpreter is world-readable and the children need only the standard library.
@@ -107,3 +108,22 @@ def shared_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def project(files: dict[str, str]) -> Iterator[tuple[Path, Pinned]]:
+    """A world-readable workspace owned by root (as a developer's is by them), pinned, and a scratch folder beside it."""
+    with shared_dir() as folder:
+        ws = folder / "ws"
+        ws.mkdir()
+        for name, text in files.items():
+            (ws / name).parent.mkdir(parents=True, exist_ok=True)
+            (ws / name).write_text(text)
+        for path in (ws, *ws.rglob("*")):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        (folder / "scratch").mkdir()
+        pinned = pin(ws)
+        try:
+            yield folder, pinned
+        finally:
+            pinned.close()

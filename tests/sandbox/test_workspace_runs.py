@@ -22,30 +22,11 @@ from sandbox.backends.rlimits import DEFAULT_FILE_SIZE_BYTES
 from sandbox.change_set import Action, ChangeRules, ChangeSet, Refusal, TooLarge
 from sandbox.limits import BACKENDS, Backend
 from sandbox.patch import render_patch
-from sandbox.pinned import Pinned, pin
+from sandbox.pinned import Pinned
 from tests.harness import REPO
-from tests.sandbox.confined_child import PYTHON, requires_root, shared_dir
+from tests.sandbox.confined_child import PYTHON, project, requires_root, shared_dir
 
 pytestmark = requires_root
-
-
-@contextlib.contextmanager
-def project(files: dict[str, str]) -> Iterator[tuple[Path, Pinned]]:
-    """A world-readable workspace owned by root (as a developer's is by them), pinned, and a scratch folder beside it."""
-    with shared_dir() as folder:
-        ws = folder / "ws"
-        ws.mkdir()
-        for name, text in files.items():
-            (ws / name).parent.mkdir(parents=True, exist_ok=True)
-            (ws / name).write_text(text)
-        for path in (ws, *ws.rglob("*")):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        (folder / "scratch").mkdir()
-        pinned = pin(ws)
-        try:
-            yield folder, pinned
-        finally:
-            pinned.close()
 
 
 def run(

@@ -1,0 +1,331 @@
+"""Upstream MCP servers over real stdio (docs/upstreams.md): a real MCP server started confined, listed, called, refused, audited.
+
+The server is tests/upstreams/server.py, copied beside the policy with this interpreter on its `#!` line
+(the program is pinned at load, outside the workspace, readable by the run through sandbox.allowed_paths).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, deep_merge, reachable_by_everyone
+
+SessionFactory = Callable[..., StdioSession]
+GatewayFactory = Callable[..., GatewayHome]
+
+SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "server.py"
+OFFERED = ("echo", "note", "env_digest", "sleep", "crash", "big", "progress", "sample", "flood", "roots", "change")
+SECRET = "upstream-secret-value-7d1f"
+
+
+def install_server(gateway: GatewayHome) -> None:
+    folder = gateway.policy_path.parent / "bin"
+    folder.mkdir(exist_ok=True)
+    script = folder / "upstream"
+    script.write_text(f"#!{sys.executable}\n" + SERVER.read_text())
+    script.chmod(0o755)
+    reachable_by_everyone(folder)
+
+
+def upstream_policy(**upstream: Any) -> dict[str, Any]:
+    offered = [f"up__{tool}" for tool in OFFERED if tool != "note"]
+    return {
+        "tools": {"allowlist": ["run_pytest", "list_artifacts", *offered]},
+        "sandbox": {"allowed_paths": ["bin"], "max_output_bytes": 200_000},
+        "upstreams": {
+            "up": {
+                "command": ["bin/upstream"],
+                "trust": "untrusted",
+                "tools": list(OFFERED),
+                "timeout_s": 20,
+                "env": {"UP_SECRET": "${UP_TEST_SECRET}", "UP_PLAIN": "plain"},
+                "max_output_bytes": 50_000,
+                **upstream,
+            }
+        },
+    }
+
+
+@pytest.fixture
+def upstream_gateway(make_gateway: GatewayFactory) -> GatewayHome:
+    gw = make_gateway()
+    install_server(gw)
+    gw.write_policy(upstream_policy())
+    gw.add_user("alice", "USER")
+    gw.add_user("victor", "VIEWER")
+    return gw
+
+
+def allow(decision: str = "allow_once", asked: list[str] | None = None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def respond(message: dict[str, Any]) -> dict[str, Any]:
+        assert message["method"] == "elicitation/create"
+        if asked is not None:
+            asked.append(message["params"]["message"])
+        return {"action": "accept", "content": {"decision": decision}}
+
+    return respond
+
+
+def session_on(gateway: GatewayHome, open_session: SessionFactory) -> StdioSession:
+    session = open_session(gateway, capabilities=FORM_ELICITATION, env={"UP_TEST_SECRET": SECRET})
+    session.responder = allow("allow_session")
+    return session
+
+
+def kinds(gateway: GatewayHome, run_id: str) -> list[str]:
+    return [e["event_type"] for e in gateway.events_of(run_id)]
+
+
+def refusal(response: dict[str, Any]) -> tuple[int, str]:
+    error = response["error"]
+    return error["code"], error["data"]["reason"]
+
+
+def run_id_of(response: dict[str, Any]) -> str:
+    if "error" in response:
+        return str(response["error"]["data"]["run_id"])
+    return str(response["result"]["_meta"]["mcp-write-gateway/run_id"])
+
+
+def test_an_upstream_tool_is_listed_called_and_audited(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    listed = {t["name"]: t for t in session.request("tools/list", {"auth": {"token": token}})["result"]["tools"]}
+    assert {f"up__{tool}" for tool in OFFERED if tool != "note"} <= set(listed)
+    assert "up__note" not in listed  # offered by the upstream, not allowlisted
+    echo = listed["up__echo"]
+    assert echo["description"] == "Echo the text back"
+    assert echo["inputSchema"]["required"] == ["text"]
+    assert echo["annotations"]["readOnlyHint"] is True
+    assert "mcp-write-gateway/declaration" in echo["_meta"]
+
+    response = session.call_tool("up__echo", {"text": "héllo"}, token)
+
+    result = response["result"]
+    assert result["content"] == [{"type": "text", "text": "héllo"}]
+    assert result["structuredContent"] == {"echo": "héllo"}
+    assert result["isError"] is False
+    run_id = run_id_of(response)
+    assert kinds(upstream_gateway, run_id) == [
+        "MCP_TOOL_CALL", "mcp.permission.decision", "TOOL_STARTED", "UPSTREAM_CALL", "TOOL_FINISHED",
+    ]  # fmt: skip
+    called = upstream_gateway.events_of(run_id)[3]
+    document = {"content": result["content"], "isError": False, "structuredContent": result["structuredContent"]}
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert called["detail"]["result_sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
+    assert (called["detail"]["upstream"], called["detail"]["tool"], called["detail"]["is_error"]) == (
+        "up",
+        "echo",
+        False,
+    )
+    assert called["detail"]["duration_ms"] >= 0
+    assert "héllo" not in json.dumps(upstream_gateway.events_of(run_id))  # never the content
+    assert upstream_gateway.chain_ok()
+
+
+def test_allowed_and_denied_by_role_allowlist_schema_and_person(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    viewer = upstream_gateway.token("victor")
+    listed = session.request("tools/list", {"auth": {"token": viewer}})["result"]["tools"]
+    assert not [t for t in listed if t["name"].startswith("up__")]  # VIEWER lacks ORCHESTRATION_RUN
+
+    assert refusal(session.call_tool("up__echo", {"text": "x"}, viewer)) == (-32003, "missing_permission")
+    assert refusal(session.call_tool("up__echo", {"text": "x"})) == (-32001, "token_missing")
+    assert refusal(session.call_tool("up__note", {"name": "n", "text": "x"}, token)) == (
+        -32004, "tool_not_allowlisted",
+    )  # fmt: skip
+    assert refusal(session.call_tool("up__echo", {"text": 3}, token)) == (-32602, "invalid_arguments")
+    assert refusal(session.call_tool("up__echo", {"text": "x", "more": 1}, token)) == (-32602, "invalid_arguments")
+    assert refusal(session.call_tool("up__nothing", {}, token)) == (-32602, "unknown_tool")
+
+    session.responder = allow("deny_once")
+    denied = session.call_tool("up__echo", {"text": "x"}, token)
+    assert refusal(denied) == (-32008, "consent_denied")
+    assert kinds(upstream_gateway, run_id_of(denied)) == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
+
+
+def test_a_call_past_its_time_is_cancelled_and_the_server_restarted(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    upstream_gateway.write_policy(upstream_policy(timeout_s=2))
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+
+    timed_out = session.call_tool("up__sleep", {"seconds": 60}, token, timeout=120)
+
+    assert refusal(timed_out) == (-32007, "timeout")
+    assert kinds(upstream_gateway, run_id_of(timed_out))[-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
+    assert upstream_gateway.events_of(run_id_of(timed_out))[-2]["detail"]["ended"] == "timeout"
+    again = session.call_tool("up__echo", {"text": "after"}, token, timeout=120)
+    assert again["result"]["content"][0]["text"] == "after"
+
+
+def test_a_crash_answers_upstream_unavailable_then_the_server_restarts(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+
+    crashed = session.call_tool("up__crash", {}, token, timeout=120)
+
+    assert refusal(crashed) == (-32603, "upstream_unavailable")
+    message = crashed["error"]["message"]
+    assert "exit 3" in message
+    assert "crashing on purpose" in message  # its stderr's tail
+    assert "fix:" in message
+    assert kinds(upstream_gateway, run_id_of(crashed))[-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
+    again = session.call_tool("up__echo", {"text": "back"}, token, timeout=120)
+    assert again["result"]["content"][0]["text"] == "back"
+
+
+def test_an_answer_over_the_cap_is_refused(upstream_gateway: GatewayHome, open_session: SessionFactory) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+
+    under = session.call_tool("up__big", {"bytes": 10_000}, token)
+    assert len(under["result"]["content"][0]["text"]) == 10_000
+    over = session.call_tool("up__big", {"bytes": 60_000}, token)  # over max_output_bytes, under the line cap
+    assert refusal(over) == (-32006, "output_limit")
+    huge = session.call_tool("up__big", {"bytes": 5_000_000}, token, timeout=120)  # over the line cap: stopped
+    assert refusal(huge) == (-32006, "output_limit")
+    assert session.call_tool("up__echo", {"text": "ok"}, token)["result"]["content"][0]["text"] == "ok"
+
+
+def test_an_env_reference_reaches_the_server_and_no_log_or_event(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+
+    secret = session.call_tool("up__env_digest", {"name": "UP_SECRET"}, token)
+    plain = session.call_tool("up__env_digest", {"name": "UP_PLAIN"}, token)
+    gateway_token = session.call_tool("up__env_digest", {"name": "MCP_GATEWAY_TOKEN"}, token)
+
+    assert secret["result"]["content"][0]["text"] == hashlib.sha256(SECRET.encode()).hexdigest()
+    assert plain["result"]["content"][0]["text"] == hashlib.sha256(b"plain").hexdigest()
+    assert gateway_token["result"]["content"][0]["text"] == "absent"
+    session.close()
+    assert SECRET not in session.stderr_text()
+    assert SECRET not in json.dumps(upstream_gateway.audit_events())
+
+
+def test_a_missing_env_variable_names_the_variable(upstream_gateway: GatewayHome, open_session: SessionFactory) -> None:
+    session = open_session(upstream_gateway, capabilities=FORM_ELICITATION)  # no UP_TEST_SECRET
+    session.responder = allow()
+    refused = session.call_tool("up__echo", {"text": "x"}, upstream_gateway.token("alice"))
+    assert refusal(refused) == (-32603, "upstream_unavailable")
+    assert "UP_TEST_SECRET" in refused["error"]["message"]
+
+
+def test_sampling_is_refused_and_roots_are_the_workspace(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    sampled = session.call_tool("up__sample", {}, token)
+    assert sampled["result"]["content"][0]["text"].startswith("refused")
+    roots = session.call_tool("up__roots", {}, token)
+    assert roots["result"]["content"][0]["text"] == upstream_gateway.workspace.as_uri()
+    assert not [m for m in session.unsolicited if m["method"] == "sampling/createMessage"]
+
+
+def test_progress_is_relayed_and_a_flood_is_dropped(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    session.request(
+        "tools/call",
+        {"name": "up__progress", "arguments": {}, "auth": {"token": token}, "_meta": {"progressToken": "p1"}},
+    )
+    said = [m["params"].get("message", "") for m in session.unsolicited if m["method"] == "notifications/progress"]
+    assert any("step" in message for message in said), said
+
+    flooded = session.call_tool("up__flood", {"count": 5000}, token, timeout=120)
+    assert flooded["result"]["content"][0]["text"] == "flooded"
+    assert session.call_tool("up__echo", {"text": "alive"}, token)["result"]["content"][0]["text"] == "alive"
+    session.close()
+    assert session.stderr_text().count("notifications over") == 1
+
+
+def test_a_definition_changed_mid_session_is_withheld(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    assert session.call_tool("up__echo", {"text": "before"}, token)["result"]["content"][0]["text"] == "before"
+
+    assert session.call_tool("up__change", {}, token)["result"]["content"][0]["text"] == "changed"
+
+    listed = {t["name"] for t in session.request("tools/list", {"auth": {"token": token}})["result"]["tools"]}
+    assert "up__echo" not in listed
+    assert "up__sleep" in listed
+    withheld = session.call_tool("up__echo", {"text": "after"}, token)
+    assert refusal(withheld) == (-32004, "tool_definition_changed")
+    assert "mcp-gateway upstream accept up echo" in withheld["error"]["message"]
+
+
+def servers_of(gateway: GatewayHome) -> list[psutil.Process]:
+    """The live processes running this gateway's copy of the test server (its path is on their command line)."""
+    script = str(gateway.policy_path.parent / "bin" / "upstream")
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if script in (process.info["cmdline"] or []) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
+def test_a_read_only_server_cannot_write_and_none_is_left_when_the_gateway_stops(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    upstream_gateway.write_policy(
+        deep_merge(upstream_policy(), {"tools": {"allowlist": ["run_pytest", "up__note", "up__echo"]}})
+    )
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    written = session.call_tool("up__note", {"name": "note.txt", "text": "x"}, token)
+    assert written["result"]["isError"] is True
+    assert written["result"]["content"][0]["text"].startswith("not written")
+    assert not (upstream_gateway.workspace / "note.txt").exists()
+    assert len(servers_of(upstream_gateway)) == 1  # one server per gateway and upstream, whatever the calls
+
+    session.close()
+
+    assert servers_of(upstream_gateway) == []
+
+
+def test_a_writing_server_changes_the_workspace_but_never_a_protected_path(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    upstream_gateway.write_policy(
+        deep_merge(upstream_policy(workspace="write"), {"tools": {"allowlist": ["run_pytest", "up__note", "up__echo"]}})
+    )
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+
+    written = session.call_tool("up__note", {"name": "note.txt", "text": "from upstream"}, token)
+    protected = session.call_tool("up__note", {"name": ".envrc", "text": "export X=1"}, token)
+
+    assert written["result"]["content"][0]["text"] == "written"
+    assert (upstream_gateway.workspace / "note.txt").read_text() == "from upstream"
+    changes = upstream_gateway.events_of(run_id_of(written))[3]["detail"]["changes"]
+    assert [(f["path"], f["action"]) for f in changes["files"]] == [("note.txt", "added")]
+    assert changes["applied"] is True
+    assert not (upstream_gateway.workspace / ".envrc").exists()
+    refused = upstream_gateway.events_of(run_id_of(protected))[3]["detail"]["changes"]["refused"]
+    assert [r["path"] for r in refused] == [".envrc"]
