@@ -101,6 +101,7 @@ _COPY: Mapping[str, Mapping[str, str]] = {
         "untrusted": "untrusted",
         "hints": "Annotations: {hints}",
         "hint_default": "{name}: {value} (MCP default)",
+        "hint_default_unused": "{name}: {value} (MCP default; it means nothing for a read-only tool)",
         "hint_not_boolean": "{name}: {value} (MCP default; the server sent {sent}, not a boolean)",
         "server_title": "The server titles this tool (unchecked): {text}",
         "server_says": "The server describes this tool as (unchecked): {text}",
@@ -133,6 +134,7 @@ _COPY: Mapping[str, Mapping[str, str]] = {
         "untrusted": "não confiável",
         "hints": "Anotações: {hints}",
         "hint_default": "{name}: {value} (padrão do MCP)",
+        "hint_default_unused": "{name}: {value} (padrão do MCP; não vale para uma ferramenta somente de leitura)",
         "hint_not_boolean": "{name}: {value} (padrão do MCP; o servidor enviou {sent}, que não é booleano)",
         "server_title": "O servidor intitula esta ferramenta (não verificado): {text}",
         "server_says": "O servidor descreve esta ferramenta como (não verificado): {text}",
@@ -222,6 +224,8 @@ class Upstream(Protocol):
     def description(self) -> str: ...
 
 
+WRITE_ONLY_HINTS = frozenset({"destructiveHint", "idempotentHint"})
+"""Hints MCP gives meaning only for a tool that is not read-only: their defaults do not count for one that is."""
 SENT_CHARS = 64
 """At most this much of a hint's value that is not a boolean is shown (it means nothing but its default)."""
 
@@ -256,7 +260,8 @@ def _hint_words(annotations: Mapping[str, Any], name: str, copy: Mapping[str, st
     if is_given(annotations, name):
         return f"{name}: {value}"
     if name not in annotations:
-        return copy["hint_default"].format(name=name, value=value)
+        unused = name in WRITE_ONLY_HINTS and hint(annotations, "readOnlyHint")
+        return copy["hint_default_unused" if unused else "hint_default"].format(name=name, value=value)
     try:
         sent = canonical_json(annotations[name])
     except (TypeError, ValueError):

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tests.e2e.test_upstreams import allow, install_server, upstream_policy
 from tests.gateway.test_upstream_prompts import ARGS, TOLD
-from tests.harness import Approver, GatewayHome, shows_request
+from tests.harness import FORM_ELICITATION, Approver, GatewayHome, StdioSession, shows_request
 from tests.upstream_tools import serving, upstream_tool
 
 
@@ -30,3 +31,33 @@ def test_the_approver_names_the_upstream_its_trust_every_hint_and_the_servers_un
         approver.expect("DENY_ONCE")
         answer = waiting.result(60)
     assert answer["error"]["code"] == -32008 and answer["error"]["data"]["reason"] == "consent_denied"
+
+
+def test_a_real_upstream_over_stdio_is_told_by_its_policys_trust_and_its_servers_words(
+    make_gateway: Callable[..., GatewayHome], open_session: Callable[..., StdioSession]
+) -> None:
+    """`serve` with a real upstream server (tests/upstreams/server.py, confined): its read-only, closed-world
+    `echo` from an untrusted upstream is medium and asked; the form names what the gateway knows of it."""
+    gateway = make_gateway()
+    install_server(gateway)
+    gateway.write_policy(upstream_policy())
+    gateway.add_user("alice", "USER")
+    asked: list[str] = []
+    session = open_session(gateway, capabilities=FORM_ELICITATION, env={"UP_TEST_SECRET": "s"})
+    session.responder = allow("deny_once", asked)
+    denied = session.call_tool("up__echo", {"text": "x"}, gateway.token("alice"))
+    assert denied["error"]["data"]["reason"] == "consent_denied"
+    (message,) = asked
+    assert [line.strip() for line in message.split("\n")][-5:] == [
+        "Upstream server: up (untrusted)",
+        "Annotations: readOnlyHint: true · destructiveHint: true (MCP default; it means nothing for a read-only tool)"
+        " · idempotentHint: false (MCP default; it means nothing for a read-only tool)"
+        " · openWorldHint: false",
+        "The server describes this tool as (unchecked): Echo the text back",
+        "Arguments:",
+        'text: "x"',
+    ], message
+    assert "Medium risk" in message
+    events = gateway.events_of(denied["error"]["data"]["run_id"])
+    (decision,) = [e for e in events if e["event_type"] == "mcp.permission.decision"]
+    assert decision["detail"]["risk_tier"] == "medium"

@@ -81,7 +81,8 @@ def test_the_form_names_the_upstream_its_trust_every_hint_and_the_servers_unchec
             {"readOnlyHint": True, "openWorldHint": False},
             {},
             "low",
-            "readOnlyHint: true · destructiveHint: true (MCP default) · idempotentHint: false (MCP default)"
+            "readOnlyHint: true · destructiveHint: true (MCP default; it means nothing for a read-only tool)"
+            " · idempotentHint: false (MCP default; it means nothing for a read-only tool)"
             " · openWorldHint: false",
         ),
         (Trust.UNTRUSTED, {"readOnlyHint": True, "openWorldHint": False}, {}, "medium", None),
