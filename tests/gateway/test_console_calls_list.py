@@ -5,6 +5,9 @@ tests/e2e/test_console_calls_browser.py."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import unicodedata
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -177,3 +180,26 @@ def test_the_tool_icon_is_the_consoles_own_file(app: ASGIApp) -> None:
     assert icon.headers["content-security-policy"] == CSP
     assert "<script" not in icon.text and "href" not in icon.text
     assert "img-src 'self' data:;" in CSP and "font-src" not in CSP, "no web font, nothing from elsewhere"
+
+
+CONSOLE = Path(__file__).resolve().parents[2] / "gateway" / "console"
+
+
+@pytest.mark.skipif(shutil.which("fc-list") is None, reason="needs fontconfig's fc-list (it comes with chromium)")
+def test_every_symbol_the_console_draws_has_a_glyph_in_an_installed_font() -> None:
+    """The class of the missing tool icon: a symbol of the console's own (a badge's, a chip's) that no installed
+    font has is drawn as an empty box. Emoji need a colour emoji font that a server seldom has."""
+    sources = [CONSOLE / "static" / "console.js", *CONSOLE.glob("*.py")]
+    symbols = sorted(
+        {ch for path in sources for ch in path.read_text() if ord(ch) > 0x7F and unicodedata.category(ch)[0] == "S"}
+    )
+    assert symbols, "the scan found the console's symbols"
+    fc_list = str(shutil.which("fc-list"))
+    missing = [
+        f"U+{ord(ch):04X} {ch}"
+        for ch in symbols
+        if not subprocess.run(
+            [fc_list, f":charset={ord(ch):x}", "family"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.strip()
+    ]
+    assert missing == [], f"no installed font draws {missing}: use a symbol DejaVu has, or an SVG of the console's own"

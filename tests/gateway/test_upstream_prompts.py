@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gateway.consent.text import upstream_preview
 from gateway.pipeline import is_gated
 from gateway.tools.base import Trust
 from gateway.tools.outcome import ToolOutcome
@@ -194,3 +195,13 @@ def test_an_upstream_tool_with_a_read_is_still_asked_and_never_run_as_one(gatewa
     assert len(asked_forms) == 1, "a read-only upstream tool is asked"
     assert answer["error"]["code"] == -32603 and answer["error"]["data"]["reason"] == "tool_not_implemented"
     assert read_calls == [], "never run in process"
+
+
+def test_the_lines_in_portuguese() -> None:
+    spec = upstream_tool(annotations={"readOnlyHint": True, "openWorldHint": False})
+    assert spec.origin is not None
+    lines = upstream_preview(spec.origin, spec.annotations, ARGS, "pt-BR").split("\n")
+    assert lines[0] == "Servidor upstream: git (não confiável)"
+    assert lines[1].startswith("Anotações: readOnlyHint: true · destructiveHint: true (padrão do MCP; não vale")
+    assert lines[2] == f"O servidor descreve esta ferramenta como (não verificado): {HOSTILE_SHOWN}"
+    assert lines[3:] == ["Argumentos:", '  message: "fix"', '  repo_path: "/srv/repo"']

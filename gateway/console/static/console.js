@@ -171,13 +171,13 @@
     if (block.type === "resource_link") {
       const href = linkFor(block.uri);
       const label = String(block.name || block.uri);
-      const chip = href ? node("a", { class: "chip link", href }, "🔗 " + label) : node("span", { class: "chip" }, "🔗 " + label);
+      const chip = href ? node("a", { class: "chip link", href }, "↗ " + label) : node("span", { class: "chip" }, "↗ " + label);
       return node("div", { class: "block link-block" }, chip, block.description ? node("small", {}, " " + block.description) : null,
         node("code", { class: "uri" }, String(block.uri)));
     }
     if (block.type === "resource") {
       const resource = block.resource || {};
-      const heading = node("p", { class: "embedded" }, "📄 ", node("code", {}, String(resource.uri || "")), " ", String(resource.mimeType || ""));
+      const heading = node("p", { class: "embedded" }, "▤ ", node("code", {}, String(resource.uri || "")), " ", String(resource.mimeType || ""));
       const body = typeof resource.text === "string" ? textBlock(resource.text)
         : isImage(resource.mimeType, resource.blob) ? (() => { const i = node("img", { alt: String(resource.uri || ""), class: "thumb" }); i.src = "data:" + resource.mimeType + ";base64," + resource.blob; return i; })()
           : textBlock("[" + String(resource.mimeType || "binary") + "]");
