@@ -23,6 +23,7 @@ from gateway.console.app import CSP
 from gateway.console.views import FilterError, call_query_of, call_query_string
 from tests.gateway.test_console_routes import running_app, signed_in, three_users
 from tests.harness import GatewayHome
+from tests.pg_cluster import on_both_engines
 
 CARDS = [
     # run_id, user, workspace, tool, status, code, reason
@@ -78,6 +79,7 @@ FILTERS = [
 ]
 
 
+@on_both_engines
 def test_the_filters_of_the_list(app: ASGIApp) -> None:
     ada = signed_in(app, "ada")
     for query, expected in FILTERS:
@@ -90,6 +92,7 @@ def test_a_user_sees_only_their_workspaces_whatever_the_filter(app: ASGIApp) -> 
     assert listed(bob, "user=alice") == []
 
 
+@on_both_engines
 def test_pages_back_by_keyset_cover_every_card_once(gw: GatewayHome, app: ASGIApp) -> None:
     add_cards(gw, [(f"p{n:03d}", "alice", "default", "git__git_log", CardStatus.DONE, None, None) for n in range(23)])
     ada = signed_in(app, "ada")
