@@ -245,10 +245,15 @@ def _exchange(folder: int, first: str, second: str) -> None:
     try:
         exchange(folder, first, second)
     except UnsupportedError:
-        keep = f"{first}.old"
-        os.link(second, keep, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
-        os.rename(first, second, src_dir_fd=folder, dst_dir_fd=folder)
-        os.rename(keep, first, src_dir_fd=folder, dst_dir_fd=folder)
+        exchange_by_link(folder, first, second)
+
+
+def exchange_by_link(folder: int, first: str, second: str) -> None:
+    """`first` and `second` swapped in three steps: `second` kept by a hard link, `first` renamed over it."""
+    keep = f"{first}.old"
+    os.link(second, keep, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+    os.rename(first, second, src_dir_fd=folder, dst_dir_fd=folder)
+    os.rename(keep, first, src_dir_fd=folder, dst_dir_fd=folder)
 
 
 def _rename_new(folder: int, old: str, new: str) -> None:
@@ -256,8 +261,13 @@ def _rename_new(folder: int, old: str, new: str) -> None:
     try:
         rename_new(folder, old, new)
     except UnsupportedError:
-        os.link(old, new, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
-        os.unlink(old, dir_fd=folder)
+        rename_new_by_link(folder, old, new)
+
+
+def rename_new_by_link(folder: int, old: str, new: str) -> None:
+    """`old` renamed to `new` without replacing one, by a hard link (EEXIST when `new` is there) and an unlink."""
+    os.link(old, new, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+    os.unlink(old, dir_fd=folder)
 
 
 def _holds(folder: int, name: str, change: Change) -> tuple[int, int, int] | None:

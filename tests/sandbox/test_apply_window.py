@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sandbox.apply import _Placing, apply_changes
+import pytest
+
+from sandbox.apply import _Placing, apply_changes, exchange_by_link, rename_new_by_link
 from sandbox.change_set import Action, ChangeSet
 from sandbox.renames import exchange, rename_new
 from tests.sandbox.confined_child import requires_root
@@ -90,19 +92,21 @@ def test_apply_changes_swaps_every_file_in_and_leaves_no_temporary(tmp_path: Pat
     assert {c.action for c in changes.changes} == set(Action)
 
 
-def test_the_kernels_renames_swap_at_once_and_never_replace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernel", [True, False], ids=["renameat2", "by hard link (no RENAME_EXCHANGE)"])
+def test_the_renames_swap_and_never_replace(tmp_path: Path, kernel: bool) -> None:
+    swap, move = (exchange, rename_new) if kernel else (exchange_by_link, rename_new_by_link)
     (tmp_path / "x").write_bytes(b"x")
     (tmp_path / "y").write_bytes(b"y")
     folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        exchange(folder, "x", "y")
+        swap(folder, "x", "y")
         assert ((tmp_path / "x").read_bytes(), (tmp_path / "y").read_bytes()) == (b"y", b"x")
         try:
-            rename_new(folder, "x", "y")
+            move(folder, "x", "y")
             raise AssertionError("replaced")
         except FileExistsError:
             pass
-        rename_new(folder, "x", "z")
+        move(folder, "x", "z")
         assert sorted(os.listdir(tmp_path)) == ["y", "z"]
     finally:
         os.close(folder)
