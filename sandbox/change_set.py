@@ -35,6 +35,7 @@ DEFAULT_MAX_BYTES = 16 * MIB
 DEFAULT_PROTECTED = (".git/hooks", ".git/config", ".mcp.json", ".vscode", ".claude", ".cursor", ".envrc")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+TEXT_PROBE = 8192
 
 
 class Action(StrEnum):
@@ -230,17 +231,39 @@ def read_changes(
 
 
 def _with_before(changes: tuple[Change, ...], workspace_fd: int, budget: int) -> tuple[Change, ...]:
-    kept: list[Change] = []
-    for change in changes:
+    """Each modified or deleted file's earlier content for the diff, from the workspace when it still has
+    `sha256_before`: smallest first, at most `budget` bytes in all (a budget of its own, besides the new
+    content's), and none for a file whose new content a diff could not show. What is not read is said in
+    the patch (sandbox/patch.py `not_shown`), never taken for a conflict."""
+    wanted = sorted((i for i, c in enumerate(changes) if _wants_before(c)), key=lambda i: changes[i].size_before or 0)
+    kept = list(changes)
+    for index in wanted:
+        change = changes[index]
         size = change.size_before or 0
-        if change.kind is Kind.FILE and change.sha256_before is not None and size <= budget:
-            before = _read_workspace(workspace_fd, change.path, size)
-            if before is not None and hashlib.sha256(before).hexdigest() == change.sha256_before:
-                budget -= size
-                kept.append(dataclasses.replace(change, content_before=before))
-                continue
-        kept.append(change)
+        if size > budget:
+            break
+        before = _read_workspace(workspace_fd, change.path, size)
+        if before is not None and hashlib.sha256(before).hexdigest() == change.sha256_before:
+            budget -= size
+            kept[index] = dataclasses.replace(change, content_before=before)
     return tuple(kept)
+
+
+def _wants_before(change: Change) -> bool:
+    if change.kind is not Kind.FILE or change.sha256_before is None or change.sha256_before == change.sha256_after:
+        return False
+    return change.content is None or is_text(change.content)
+
+
+def is_text(content: bytes) -> bool:
+    """Whether a diff shows `content`: UTF-8 with no NUL in its first 8 KiB."""
+    if b"\0" in content[:TEXT_PROBE]:
+        return False
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _read_workspace(workspace_fd: int, path: str, size: int) -> bytes | None:
@@ -456,13 +479,17 @@ class _Walk:
             os.close(inner)
 
     def _file(self, fd: int, name: str, path: str, info: os.stat_result, before: Original | None) -> None:
-        unchanged_size = before is not None and before.size == info.st_size
+        mode = info.st_mode & PERMISSION_BITS
+        # Touched, perhaps rewritten as it was: hashed in chunks first, so a file the run only touched is
+        # never held whole, whatever its size.
+        unchanged_size = before is not None and before.size == info.st_size and before.mode == mode
+        if unchanged_size and before is not None and _sha256_of(fd, name, info) == before.sha256:
+            return
         # Judged by st_size before a byte is read: a sparse file of any size costs one fstat.
-        if not unchanged_size and self.bytes + info.st_size > self.rules.max_bytes:
+        if self.bytes + info.st_size > self.rules.max_bytes:
             raise _TooLargeStop(TooLarge.BYTES)
         content = _read(fd, name, info)
         digest = hashlib.sha256(content).hexdigest()
-        mode = info.st_mode & PERMISSION_BITS
         if before is None:
             self._add(Change(path, Action.ADDED, Kind.FILE, None, digest, None, len(content), None, mode, content))
         elif before.sha256 != digest or before.mode != mode:
@@ -564,14 +591,37 @@ def _refusal(info: os.stat_result) -> Refusal | None:
     return None
 
 
-def _read(fd: int, name: str, info: os.stat_result) -> bytes:
-    """The file's content, opened without following a link and checked to be the inode walked to."""
+def _opened(fd: int, name: str, info: os.stat_result) -> int:
+    """`name` opened without following a link, checked to be the inode walked to."""
     reader = os.open(name, _READ, dir_fd=fd)
+    opened = os.fstat(reader)
+    if opened.st_ino != info.st_ino or not stat.S_ISREG(opened.st_mode):
+        os.close(reader)
+        raise OSError(116, "replaced while read", name)  # ESTALE: the copy is frozen, so never expected
+    return reader
+
+
+def _read(fd: int, name: str, info: os.stat_result) -> bytes:
+    """The file's content (at most the size it was walked with)."""
+    reader = _opened(fd, name, info)
     try:
-        opened = os.fstat(reader)
-        if opened.st_ino != info.st_ino or not stat.S_ISREG(opened.st_mode):
-            raise OSError(116, "replaced while read", name)  # ESTALE: the copy is frozen, so never expected
-        return read_at_most(reader, opened.st_size)
+        return read_at_most(reader, info.st_size)
+    finally:
+        os.close(reader)
+
+
+def _sha256_of(fd: int, name: str, info: os.stat_result) -> str:
+    """The sha256 of the file's first `st_size` bytes, read 1 MiB at a time: never held whole."""
+    reader = _opened(fd, name, info)
+    try:
+        digest, left = hashlib.sha256(), info.st_size
+        while left > 0:
+            chunk = os.read(reader, min(left, 1 << 20))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+        return digest.hexdigest()
     finally:
         os.close(reader)
 

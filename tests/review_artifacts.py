@@ -12,7 +12,7 @@ from sqlalchemy import Engine
 
 from gateway.consent.store import ConsentStore, PendingRequest
 from sandbox.change_set import Action, Change, ChangeSet, Refusal, RefusedEntry
-from sandbox.patch import shown, write_patch
+from sandbox.patch import not_shown, shown, write_patch
 from sandbox.workspace_copy import Kind
 
 
@@ -29,6 +29,7 @@ def document_of(changes: ChangeSet) -> dict[str, object]:
                 "mode_after": c.mode_after,
                 "sha256_before": c.sha256_before,
                 "sha256_after": c.sha256_after,
+                "not_shown": None if (why := not_shown(c)) is None else str(why),
             }
             for c in changes.changes
         ],

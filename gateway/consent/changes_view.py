@@ -50,6 +50,8 @@ _CHUNK = 1 << 20
 _ACTIONS = ("added", "modified", "deleted")
 _KINDS = ("file", "folder")
 _TOO_LARGE = (None, "max_change_files", "max_change_bytes")
+_NOT_SHOWN = {None: None, "binary": "binary", "earlier_content_not_read": "earlier content not read"}
+"""changes.json's `not_shown` values, and how a person reads them."""
 
 
 class UnreadableError(Exception):
@@ -71,6 +73,8 @@ class ShownChange:
     size_after: int | None
     mode_before: int | None
     mode_after: int | None
+    not_shown: str | None = None
+    """Why part of its content is in no view of the set (sandbox/patch.py `NotShown`), None when all is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,9 +236,11 @@ def _number(entry: dict[str, Any], key: str) -> int | None:
 def _change(entry: object) -> ShownChange:
     if not isinstance(entry, dict):
         raise UnreadableError(f"{DOCUMENT}: a change is not an object")
-    action, kind = entry.get("action"), entry.get("kind")
+    action, kind, missing = entry.get("action"), entry.get("kind"), entry.get("not_shown")
     if action not in _ACTIONS or kind not in _KINDS:
         raise UnreadableError(f"{DOCUMENT}: a change's action or kind is not one of its values")
+    if not (missing is None or (isinstance(missing, str) and missing in _NOT_SHOWN)):
+        raise UnreadableError(f"{DOCUMENT}: a change's not_shown is not one of its values")
     return ShownChange(
         _text(entry, "path"),
         action,
@@ -243,6 +249,7 @@ def _change(entry: object) -> ShownChange:
         _number(entry, "size_after"),
         _number(entry, "mode_before"),
         _number(entry, "mode_after"),
+        missing,
     )
 
 
@@ -308,6 +315,8 @@ def change_line(change: ShownChange) -> str:
         notes.append(f"mode {_mode(change.mode_before)} -> {_mode(change.mode_after)}")
     elif change.action == "added":
         notes.append(f"mode {_mode(change.mode_after)}")
+    if change.not_shown is not None:
+        notes.append(f"\u26a0 NOT SHOWN: {_NOT_SHOWN[change.not_shown]}")
     return f"{what} ({'; '.join(notes)})"
 
 
@@ -337,6 +346,20 @@ def _cut_notice(patch: PatchView) -> list[str]:
         f" {patch.size:,} bytes, sha256 {patch.digest}\u2026).",
         "\u26a0 Deny unless you have read the whole patch elsewhere: `mcp-gateway approvals` ([v]), the"
         " console's approvals page, or changes.patch in the run's artifacts.",
+    ]
+
+
+def unshown_notice(view: ChangeSetView) -> list[str]:
+    """The lines that say, at the top of a question, that part of the set's content is in no view of it
+    (binary, or an earlier content not read): a cut no pager can undo. Empty when everything is shown."""
+    missing = [c.not_shown for c in view.changes if c.not_shown is not None]
+    if not missing:
+        return []
+    kinds = "; ".join(f"{_NOT_SHOWN[why]}: {missing.count(why)}" for why in dict.fromkeys(missing))
+    return [
+        f"\u26a0 NOT SHOWN WHOLE: part of the content of {len(missing)} changed file(s) is shown nowhere ({kinds};"
+        " marked NOT SHOWN below).",
+        "\u26a0 Deny unless you know what those files hold: no channel shows it.",
     ]
 
 
@@ -374,11 +397,12 @@ def review_text(run_dir: Path, tool: str, limit_chars: int) -> ReviewText:
         patch_lines.pop()
     cut = cut or not patch.complete
     body += [f"  {line}" for line in patch_lines]
-    fixed = [*_asked(tool), counts_line(view)]
+    unshown = unshown_notice(view)
+    fixed = [*_asked(tool)[:1], *unshown, *_asked(tool)[1:], counts_line(view)]
     kept, cut = _fit(fixed, body, patch, limit_chars, cut)
     head = [*fixed[:1], *(_cut_notice(patch) if cut else []), *fixed[1:]]
     text = "\n".join([*head, *kept])
-    return ReviewText(text[: max(0, limit_chars)], cut or len(text) > limit_chars)
+    return ReviewText(text[: max(0, limit_chars)], cut or bool(unshown) or len(text) > limit_chars)
 
 
 def _fit(fixed: list[str], body: list[str], patch: PatchView, limit_chars: int, cut: bool) -> tuple[list[str], bool]:

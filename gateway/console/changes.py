@@ -79,9 +79,11 @@ def review_block(words: Mapping[str, str], question_id: str, review: Review) -> 
     cut = not patch.complete or len(lines) > MAX_LINES
     link = el("a", {"href": patch_url(question_id)}, words["changes_whole"])
     notice = words["changes_cut"] if cut else words["changes_size"]
+    unshown = sum(1 for c in view.changes if c.not_shown is not None)
     return el(
         "div",
         {"class": "changes"},
+        el("p", {"class": "warn"}, words["changes_unshown"].format(files=unshown)) if unshown else None,
         el(
             "p",
             {"class": "warn" if cut else "note"},
@@ -119,7 +121,7 @@ def _files(words: Mapping[str, str], view: ChangeSetView) -> Safe | None:
             "tr",
             {"class": f"action-{c.action}"},
             el("td", None, f"{c.action} {c.kind}"),
-            el("td", None, el("code", None, c.path)),
+            el("td", None, el("code", None, c.path), f" \u26a0 {c.not_shown}" if c.not_shown else None),
             el("td", None, f"{_number(c.size_before)} \u2192 {_number(c.size_after)}"),
             el("td", None, f"{_mode(c.mode_before)} \u2192 {_mode(c.mode_after)}"),
         )

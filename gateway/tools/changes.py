@@ -25,7 +25,7 @@ from gateway.tools.outcome import ResourceLink, ToolOutcome
 from gateway.tools.run_pytest import artifact_uri
 from sandbox.apply import ApplyResult, apply_changes
 from sandbox.change_set import ChangeSet, TooLarge
-from sandbox.patch import shown, write_patch
+from sandbox.patch import not_shown, shown, write_patch
 from sandbox.pinned import Pinned
 
 CHANGE_ARTIFACTS = {"changes.patch": "text/x-diff", "changes.json": "application/json"}
@@ -83,6 +83,7 @@ def changes_document(changes: ChangeSet) -> dict[str, Any]:
                 "mode_after": c.mode_after,
                 "sha256_before": c.sha256_before,
                 "sha256_after": c.sha256_after,
+                "not_shown": None if (why := not_shown(c)) is None else str(why),
             }
             for c in changes.changes
         ],

@@ -46,7 +46,12 @@ CASES = {
     ),
     "binary": Case(
         ChangeSet((modified("logo.png", b"\x89PNG\0\0", b"\x89PNG\0\0\1"),), ()),
-        ("modified file logo.png (6 bytes -> 7 bytes)", "# binary file, 6 bytes -> 7 bytes"),
+        (
+            "modified file logo.png (6 bytes -> 7 bytes; \u26a0 NOT SHOWN: binary)",
+            "# binary file, 6 bytes -> 7 bytes",
+            "part of the content of 1 changed file(s) is shown nowhere (binary: 1;",
+        ),
+        cut=True,
     ),
     "mode change": Case(
         ChangeSet((modified("run.sh", b"echo\n", b"echo\n", 0o644, 0o755),), ()),
@@ -281,3 +286,26 @@ def question(kind: str = QuestionKind.CHANGE_REVIEW, run_id: str | None = "0123a
 def test_only_a_change_review_with_a_plain_run_id_is_one(tmp_path: Path, row: PendingRequest, review: bool) -> None:
     assert is_change_review(row) is review
     assert (review_dir(tmp_path, row) == tmp_path / "0123abcd") is review
+
+
+def test_content_shown_nowhere_is_said_at_the_top_and_recommends_deny(tmp_path: Path) -> None:
+    """A file whose earlier content was not read (review 2026-11-27: it was applied with its payload in no
+    view): its new content is in the patch, and the question says part of the set is shown nowhere."""
+    unread = Change("setup.py", Action.MODIFIED, Kind.FILE, "a" * 64, "b" * 64, 45, 6, 0o644, 0o644, b"evil\n")
+    run = write_review(ChangeSet((unread,), ()), tmp_path / "run")
+    text = review_text(run, "ruff_fix", LIMIT)
+    lines = text.text.split("\n")
+    assert text.cut
+    assert lines[1].startswith("\u26a0 NOT SHOWN WHOLE: part of the content of 1 changed file(s) is shown nowhere")
+    assert "earlier content not read: 1" in lines[1] and lines[2].startswith("\u26a0 Deny unless")
+    assert "modified file setup.py (45 bytes -> 6 bytes; \u26a0 NOT SHOWN: earlier content not read)" in text.text
+    assert "  +evil" in text.text
+
+
+def test_an_unknown_not_shown_value_makes_the_set_unreadable(tmp_path: Path) -> None:
+    run = write_review(ChangeSet((added("a.txt", b"a\n"),), ()), tmp_path / "run")
+    document = json.loads((run / "changes.json").read_text())
+    document["changes"][0]["not_shown"] = "shown"
+    (run / "changes.json").write_text(json.dumps(document))
+    text = review_text(run, "t", LIMIT)
+    assert text.unreadable and "not_shown is not one of its values" in text.text

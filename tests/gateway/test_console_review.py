@@ -189,3 +189,13 @@ def test_raw_control_and_bidi_bytes_in_the_patch_are_escaped_in_the_block_and_th
     assert (
         '<span class="add">+raw \\u001b]0;title\\u0007 \\u202e&lt;/span&gt;&lt;script&gt;' in ada.get("/approvals").text
     )
+
+
+def test_content_shown_nowhere_is_warned_above_the_table_and_marked_in_it(gw: GatewayHome, app: ASGIApp) -> None:
+    """HOSTILE adds a binary file: its content is in no view, so the block says so first (decision 81, reviewed)."""
+    ask(gw, HOSTILE)
+    html = signed_in(app, "ada").get("/approvals").text
+    warning = "\u26a0 Not shown whole: part of the content of 1 changed file(s) is shown nowhere"
+    assert warning in html
+    assert html.index(warning) < html.index('<table class="changed">')
+    assert "\u26a0 binary</td>" in html

@@ -43,6 +43,7 @@ def test_changes_json_has_every_field_with_paths_shown_escaped(tmp_path: Path) -
         "mode_after": 0o600,
         "sha256_before": None,
         "sha256_after": "d" * 64,
+        "not_shown": None,
     }
     assert document["changes"][2]["kind"] == "folder"
     assert document["refused"] == [{"path": ".git/hooks/pre-commit", "why": "protected_path"}]
