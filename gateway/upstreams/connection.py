@@ -32,6 +32,7 @@ from gateway.declarations import WORKSPACE_PLACEHOLDER
 from gateway.errors import InternalError, Reason
 from gateway.policy import SandboxPolicy
 from gateway.start_failures import describe_start_failure, start_step
+from gateway.tools.base import Relay
 from gateway.tools.confined import MIB, sandbox_environment, shown
 from gateway.upstream_policy import Upstream, UpstreamWorkspace, resolve_env
 from gateway.upstreams.wire import ENVELOPE_BYTES, Wire, session_streams
@@ -65,8 +66,6 @@ class Place:
     hidden: tuple[Path, ...] = ()
 
 
-Relay = Callable[[types.ElicitRequestParams], Awaitable[types.ElicitResult | types.ErrorData]]
-"""Asks the person behind a gateway client what an upstream server asks (gateway/server.py builds it)."""
 Listed = Callable[[Sequence[Mapping[str, Any]]], Awaitable[None]]
 """Told each listing of the server's tools (the pins see it: gateway/upstreams/servers.py)."""
 
@@ -126,6 +125,8 @@ class Connection:
         self._failure: str | None = None
         self._relays: list[Relay] = []
         self._turns = anyio.Lock()
+        self._relisted: anyio.Event | None = None
+        """Set once the listing asked for by the server's latest tools/list_changed is done."""
         self.starts = 0
         """Servers started so far (tests and logs read it)."""
 
@@ -173,6 +174,21 @@ class Connection:
             live.stop.set()
             with anyio.move_on_after(START_S):
                 await live.ended.wait()
+
+    async def fresh(self, wait_s: float = LIST_S) -> None:
+        """Return once a listing the server asked for (tools/list_changed) is done, waiting at most `wait_s`."""
+        relisted = self._relisted
+        if relisted is not None:
+            with anyio.move_on_after(wait_s):
+                await relisted.wait()
+
+    def _list_changed(self) -> None:
+        """tools/list_changed, as the wire reads it: calls and listings from now on wait for the listing it asks for."""
+        relisted = self._relisted = anyio.Event()
+        if self._group is not None:
+            self._group.start_soon(self._relist_quietly, relisted)
+        else:
+            relisted.set()
 
     async def relist(self) -> None:
         live = self._live
@@ -316,6 +332,7 @@ class Connection:
 
     async def _session_life(self, server: ConfinedServer, life: _Life) -> _Live | None:
         wire = Wire(self.upstream.name, self.upstream.max_output_bytes + ENVELOPE_BYTES)
+        wire.on_list_changed = self._list_changed
         async with session_streams(wire, server.stdin, server.stdout) as (read, write):
             session = ClientSession(
                 read,
@@ -323,7 +340,6 @@ class Connection:
                 sampling_callback=self._sampling,
                 elicitation_callback=self._elicitation,
                 list_roots_callback=self._roots,
-                message_handler=self._notified,
             )
             async with session, task_group() as group:
                 live = _Live(session, server, wire)
@@ -402,12 +418,9 @@ class Connection:
         root = types.Root(uri=self.place.root.path.as_uri(), name=self.place.workspace)  # type: ignore[arg-type]
         return types.ListRootsResult(roots=[root])
 
-    async def _notified(self, message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
-            group = self._group
-            if group is not None:
-                group.start_soon(self._relist_quietly)
-
-    async def _relist_quietly(self) -> None:
-        with contextlib.suppress(MCPError, ValidationError, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            await self.relist()
+    async def _relist_quietly(self, relisted: anyio.Event) -> None:
+        try:
+            with contextlib.suppress(MCPError, ValidationError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await self.relist()
+        finally:
+            relisted.set()

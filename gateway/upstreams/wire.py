@@ -67,6 +67,9 @@ class Wire:
     dropped: int = 0
     """Notifications dropped for the rate."""
     bucket: Bucket = field(default_factory=lambda: Bucket(NOTIFICATIONS_PER_S, NOTIFICATION_BURST))
+    on_list_changed: Callable[[], None] | None = None
+    """Told, as the line is read (before any later message reaches the session), that the server said
+    its tools changed."""
 
     def admit(self, message: types.JSONRPCMessage) -> bool:
         if not isinstance(message, types.JSONRPCNotification) or self.bucket.take():
@@ -137,5 +140,9 @@ async def _deliver(wire: Wire, line: bytes, to_session: MemoryObjectSendStream[S
     except ValueError:
         log.info("upstream %s: a line that is not a JSON-RPC message was ignored", wire.name)
         return
-    if wire.admit(message):
-        await to_session.send(SessionMessage(message))
+    if not wire.admit(message):
+        return
+    is_change = isinstance(message, types.JSONRPCNotification) and message.method == "notifications/tools/list_changed"
+    if is_change and wire.on_list_changed is not None:
+        wire.on_list_changed()
+    await to_session.send(SessionMessage(message))

@@ -23,7 +23,9 @@ SessionFactory = Callable[..., StdioSession]
 GatewayFactory = Callable[..., GatewayHome]
 
 SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "server.py"
-OFFERED = ("echo", "note", "env_digest", "sleep", "crash", "big", "progress", "sample", "flood", "roots", "change")
+OFFERED = (
+    "echo", "note", "env_digest", "sleep", "crash", "big", "progress", "sample", "flood", "roots", "ask", "change",
+)  # fmt: skip
 SECRET = "upstream-secret-value-7d1f"
 
 
@@ -329,3 +331,42 @@ def test_a_writing_server_changes_the_workspace_but_never_a_protected_path(
     assert not (upstream_gateway.workspace / ".envrc").exists()
     refused = upstream_gateway.events_of(run_id_of(protected))[3]["detail"]["changes"]["refused"]
     assert [r["path"] for r in refused] == [".envrc"]
+
+
+def test_policy_check_prints_the_program_and_explain_the_forwarding(upstream_gateway: GatewayHome) -> None:
+    checked = upstream_gateway.cli("policy", "check")
+    assert checked.returncode == 0, checked.stderr
+    program = upstream_gateway.policy_path.parent / "bin" / "upstream"
+    assert f"upstream up: program {program}, sha256 " in checked.stdout
+    as_json = json.loads(upstream_gateway.cli("policy", "check", "--format", "json").stdout)
+    assert as_json["upstreams"]["up"]["interpreter"]["path"] == sys.executable
+    # The upstream's tools are known once its server listed them: a dry run starts no server.
+    explained = upstream_gateway.cli("policy", "explain", "--user", "alice", "--tool", "up__echo")
+    assert explained.returncode == 3
+    assert "unavailable" in explained.stdout or "unknown tool" in explained.stdout
+
+
+def test_elicitation_is_relayed_labelled_only_when_the_policy_says_so(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    refused = session.call_tool("up__ask", {}, token)
+    assert refused["result"]["content"][0]["text"].startswith("refused")
+    session.close()
+
+    upstream_gateway.write_policy(upstream_policy(relay_elicitation=True))
+    session = session_on(upstream_gateway, open_session)
+    relayed: list[str] = []
+
+    def respond(message: dict[str, Any]) -> dict[str, Any]:
+        text = message["params"]["message"]
+        if text.startswith("[upstream up asks"):
+            relayed.append(text)
+            return {"action": "accept", "content": {"ok": True}}
+        return {"action": "accept", "content": {"decision": "allow_once"}}
+
+    session.responder = respond
+    answered = session.call_tool("up__ask", {}, token)
+    assert answered["result"]["content"][0]["text"] == "answered: accept {'ok': True}"
+    assert relayed == ["[upstream up asks, in its own words, unchecked] Proceed?"]

@@ -103,7 +103,7 @@ async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolReques
     if name == "progress":
         for step in range(3):
             await ctx.session.report_progress(step + 1, 3, f"step {step + 1} of 3")
-            await anyio.sleep(0.3)
+            await anyio.sleep(1.2)
         return text("progressed")
     if name == "sample":
         try:
