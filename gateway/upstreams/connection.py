@@ -51,6 +51,8 @@ START_S = 30.0
 LIST_S = 10.0
 """A tools/list of the server (after list_changed) gives up after this long."""
 STDERR_CHARS = 600
+EXIT_GRACE_S = 2.0
+"""A server that closed its stdout has this long to exit by itself (and say how) before it is stopped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +112,8 @@ class _Life:
     """The start is over: the server is listed and serving, or it failed (`failed`)."""
     over: anyio.Event = field(default_factory=anyio.Event)
     failed: bool = False
+    began: float = 0.0
+    """When its spawn began (time.monotonic): the start's duration is logged."""
 
 
 class Connection:
@@ -313,6 +317,7 @@ class Connection:
                 spec = self._spec()
                 spec = ServerSpec(spec.argv, spec.workspace, spec.writable, spec.protected, self._limits(env))
                 self.starts += 1
+                life.began = time.monotonic()
                 async with start_server(spec, scratch=scratch, host=self.place.host) as server:
                     live = await self._session_life(server, life)
         except SandboxStartError as exc:
@@ -355,8 +360,15 @@ class Connection:
                     return live
                 self._live = live
                 life.settled.set()
-                log.info("upstream %s: server started (pid %d)", self.upstream.name, server.pid)
+                took_ms = (time.monotonic() - life.began) * 1000
+                log.info(
+                    "upstream %s: server started and listed in %.0f ms (pid %d)",
+                    self.upstream.name,
+                    took_ms,
+                    server.pid,
+                )
                 group.start_soon(self._watch_exit, server, live)
+                group.start_soon(self._watch_wire, server, live)
                 await live.stop.wait()
                 group.cancel_scope.cancel()
                 if not live.ended.is_set():
@@ -369,6 +381,22 @@ class Connection:
         self._failure = self._ended_cause(server, live.wire)
         log.warning("upstream %s: its server ended: %s", self.upstream.name, self._failure)
         live.ended.set()
+        live.stop.set()
+
+    async def _watch_wire(self, server: ConfinedServer, live: _Live) -> None:
+        """Nothing more can be read of the server (its stdout closed, or a message over the cap): it is stopped,
+        whether or not a call is waiting (the next use starts another)."""
+        await live.wire.ended.wait()
+        if not live.wire.over_limit:
+            with anyio.move_on_after(EXIT_GRACE_S):
+                await server.wait()  # its stdout closed as it exits: let it say how it ended (`_watch_exit`)
+            if live.ended.is_set():
+                return
+        self._failure = (
+            self._ended_cause(server, live.wire)
+            if live.wire.over_limit
+            else "its server closed its stdout and was stopped; fix: run its command by hand to see why"
+        )
         live.stop.set()
 
     def _ended_cause(self, server: ConfinedServer, wire: Wire) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, deep_merge, reachable_by_everyone
+from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, deep_merge, modern_meta, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
 GatewayFactory = Callable[..., GatewayHome]
@@ -25,6 +26,7 @@ GatewayFactory = Callable[..., GatewayHome]
 SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "server.py"
 OFFERED = (
     "echo", "note", "env_digest", "sleep", "crash", "big", "progress", "sample", "flood", "roots", "ask", "change",
+    "connect", "read", "fork",
 )  # fmt: skip
 SECRET = "upstream-secret-value-7d1f"
 
@@ -370,3 +372,48 @@ def test_elicitation_is_relayed_labelled_only_when_the_policy_says_so(
     answered = session.call_tool("up__ask", {}, token)
     assert answered["result"]["content"][0]["text"] == "answered: accept {'ok': True}"
     assert relayed == ["[upstream up asks, in its own words, unchecked] Proceed?"]
+
+
+def test_a_hostile_server_reaches_no_network_no_state_and_leaves_no_process(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        connected = session.call_tool("up__connect", {"port": port}, token)
+    assert connected["result"]["content"][0]["text"].startswith("not connected")
+    for secret in (upstream_gateway.home / "gateway.db", upstream_gateway.home / "signing.key", Path("/etc/shadow")):
+        read = session.call_tool("up__read", {"path": str(secret)}, token)
+        assert read["result"]["content"][0]["text"].startswith("not read"), secret
+    assert session.call_tool("up__read", {"path": str(upstream_gateway.workspace / "pyproject.toml")}, token)["result"][
+        "content"
+    ][0]["text"].startswith("read ")
+    assert session.call_tool("up__fork", {}, token)["result"]["content"][0]["text"] == "forked"
+    assert len(servers_of(upstream_gateway)) == 2  # the server and the child it left
+
+    session.close()
+
+    assert servers_of(upstream_gateway) == []
+
+
+def test_a_2026_client_calls_an_upstream_tool_through_an_input_required_round(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = open_session(upstream_gateway, initialize=False, env={"UP_TEST_SECRET": SECRET})
+    params: dict[str, Any] = {
+        "name": "up__echo",
+        "arguments": {"text": "modern"},
+        "auth": {"token": upstream_gateway.token("alice")},
+        "_meta": modern_meta(),
+    }
+    first = session.request("tools/call", params, timeout=120)["result"]
+    assert first["resultType"] == "input_required", first
+    retry = {
+        **params,
+        "inputResponses": {"consent": {"action": "accept", "content": {"decision": "allow_once"}}},
+        "requestState": first["requestState"],
+    }
+    answered = session.request("tools/call", retry, timeout=120)["result"]
+    assert answered["content"] == [{"type": "text", "text": "modern"}]
+    assert kinds(upstream_gateway, run_id_of({"result": answered}))[-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
