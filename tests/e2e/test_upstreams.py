@@ -11,6 +11,7 @@ import hashlib
 import json
 import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from typing import Any
 import psutil
 import pytest
 
+from gateway.audit import AuditLog
+from gateway.clock import SystemClock
+from tests.deadlines import scaled
 from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, deep_merge, modern_meta, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
@@ -26,7 +30,7 @@ GatewayFactory = Callable[..., GatewayHome]
 SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "server.py"
 OFFERED = (
     "echo", "note", "env_digest", "sleep", "crash", "big", "progress", "sample", "flood", "roots", "ask", "change",
-    "connect", "read", "fork",
+    "connect", "read", "fork", "cancelled",
 )  # fmt: skip
 SECRET = "upstream-secret-value-7d1f"
 
@@ -384,6 +388,7 @@ def test_a_hostile_server_reaches_no_network_no_state_and_leaves_no_process(
         connected = session.call_tool("up__connect", {"port": port}, token)
     assert connected["result"]["content"][0]["text"].startswith("not connected")
     for secret in (upstream_gateway.home / "gateway.db", upstream_gateway.home / "signing.key", Path("/etc/shadow")):
+        assert secret.is_file()  # there to be read, by anyone but the server
         read = session.call_tool("up__read", {"path": str(secret)}, token)
         assert read["result"]["content"][0]["text"].startswith("not read"), secret
     assert session.call_tool("up__read", {"path": str(upstream_gateway.workspace / "pyproject.toml")}, token)["result"][
@@ -417,3 +422,27 @@ def test_a_2026_client_calls_an_upstream_tool_through_an_input_required_round(
     answered = session.request("tools/call", retry, timeout=120)["result"]
     assert answered["content"] == [{"type": "text", "text": "modern"}]
     assert kinds(upstream_gateway, run_id_of({"result": answered}))[-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
+
+
+def test_a_call_cancelled_by_the_client_is_cancelled_at_the_server(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    request_id = session.send_call("up__sleep", {"seconds": 60}, token)
+    log = AuditLog(upstream_gateway.engine, SystemClock())
+    deadline = time.monotonic() + scaled(60)
+    while not [e for e in log.events() if e.event_type == "TOOL_STARTED" and e.tool_name == "up__sleep"]:
+        assert time.monotonic() < deadline, "the call never started"
+        session.pump(0.2)
+    time.sleep(1)  # forwarded right after TOOL_STARTED
+    session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
+
+    counted = ""
+    while counted != "cancelled 1":
+        assert time.monotonic() < deadline, counted
+        counted = session.call_tool("up__cancelled", {}, token)["result"]["content"][0]["text"]
+    (started,) = [e for e in log.events() if e.event_type == "TOOL_STARTED" and e.tool_name == "up__sleep"]
+    ended = [e.event_type for e in log.events(run_id=started.run_id)]
+    assert ended[-1] == "TOOL_FINISHED"
+    assert request_id not in session.answered()  # a cancelled request gets no answer

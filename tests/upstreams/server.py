@@ -24,7 +24,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-STATE: dict[str, Any] = {"echo": "Echo the text back"}
+STATE: dict[str, Any] = {"echo": "Echo the text back", "cancelled": 0}
 
 
 def schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
@@ -55,6 +55,7 @@ def tools() -> list[types.Tool]:
             name="sleep", description="Sleep", input_schema=schema({"seconds": {"type": "number"}}, ["seconds"])
         ),
         types.Tool(name="crash", description="Exit at once", input_schema=schema({})),
+        types.Tool(name="cancelled", description="How many calls were cancelled", input_schema=schema({})),
         types.Tool(
             name="big", description="Answer n bytes", input_schema=schema({"bytes": {"type": "integer"}}, ["bytes"])
         ),
@@ -103,8 +104,14 @@ async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolReques
         value = os.environ.get(args["name"])
         return text("absent" if value is None else hashlib.sha256(value.encode()).hexdigest())
     if name == "sleep":
-        await anyio.sleep(float(args["seconds"]))
+        try:
+            await anyio.sleep(float(args["seconds"]))
+        except anyio.get_cancelled_exc_class():  # the client sent notifications/cancelled for this request
+            STATE["cancelled"] += 1
+            raise
         return text("slept")
+    if name == "cancelled":
+        return text(f"cancelled {STATE['cancelled']}")
     if name == "crash":
         print("crashing on purpose", file=sys.stderr, flush=True)
         os._exit(3)
