@@ -90,9 +90,11 @@ class Forwarded:
     """Why they could not be read (nothing of them was applied)."""
 
 
-def unavailable(upstream: str, cause: str) -> InternalError:
-    """-32603 `upstream_unavailable`: the server cannot be used; `cause` names the step and the fix."""
-    return InternalError(Reason.UPSTREAM_UNAVAILABLE, f"upstream {upstream!r} is unavailable: {cause}")
+def unavailable(upstream: str, cause: str, step: str | None = None) -> InternalError:
+    """-32603 `upstream_unavailable`: the server cannot be used; `cause` names what failed and the fix, `step`
+    (`data.step`, as `sandbox_start_failed`'s) the start's step that failed, when one did."""
+    data = {} if step is None else {"step": step}
+    return InternalError(Reason.UPSTREAM_UNAVAILABLE, f"upstream {upstream!r} is unavailable: {cause}", **data)
 
 
 @dataclass(slots=True)
@@ -128,6 +130,8 @@ class Connection:
         self._life: _Life | None = None
         self._failure: str | None = None
         self._relays: list[Relay] = []
+        self.failure_step: str | None = None
+        """The step of the last start that failed (`env`, or the sandbox's), for `data.step`."""
         self._turns = anyio.Lock()
         self._relisted: anyio.Event | None = None
         """Set once the listing asked for by the server's latest tools/list_changed is done."""
@@ -157,7 +161,9 @@ class Connection:
                 if self.alive:
                     return
                 if life.failed:
-                    raise unavailable(self.upstream.name, self._failure or "its server could not start")
+                    raise unavailable(
+                        self.upstream.name, self._failure or "its server could not start", self.failure_step
+                    )
                 await life.over.wait()  # it ended just after it started: start another
         if self.alive:
             return
@@ -167,7 +173,7 @@ class Connection:
         if self._group is None:
             raise unavailable(self.upstream.name, "the gateway is not serving (servers start only while it does)")
         life = self._life = _Life()
-        self._failure = None
+        self._failure = self.failure_step = None
         self._group.start_soon(self._run_life, life)
         return life
 
@@ -307,6 +313,7 @@ class Connection:
             try:
                 own = resolve_env(self.upstream, self.place.environ)
             except KeyError as exc:
+                self.failure_step = "env"
                 self._failure = (
                     f"step env: the gateway's environment has no {exc.args[0]}, which upstreams.{self.upstream.name}.env"
                     " names; fix: set it where the gateway starts, or take it out of the policy"
@@ -321,7 +328,8 @@ class Connection:
                 async with start_server(spec, scratch=scratch, host=self.place.host) as server:
                     live = await self._session_life(server, life)
         except SandboxStartError as exc:
-            self._failure = f"{describe_start_failure(exc.reason)} (step {start_step(exc.reason)})"
+            self.failure_step = start_step(exc.reason)
+            self._failure = describe_start_failure(exc.reason)
             log.error("upstream %s: its server could not start: %s", self.upstream.name, self._failure)  # noqa: TRY400  (the cause is in the message)
         except Exception as exc:
             log.exception("upstream %s: its server failed", self.upstream.name)

@@ -163,7 +163,9 @@ class UpstreamServers:
             return unavailable(upstream.name, self._no_place[upstream.name])
         connection = self._connections[upstream.name]
         if not connection.alive:
-            return unavailable(upstream.name, connection.failure or "its server is not running")
+            return unavailable(
+                upstream.name, connection.failure or "its server is not running", connection.failure_step
+            )
         return None
 
     # --- what the servers list --------------------------------------------------------------------

@@ -237,6 +237,7 @@ def test_a_missing_env_variable_names_the_variable(upstream_gateway: GatewayHome
     refused = session.call_tool("up__echo", {"text": "x"}, upstream_gateway.token("alice"))
     assert refusal(refused) == (-32603, "upstream_unavailable")
     assert "UP_TEST_SECRET" in refused["error"]["message"]
+    assert refused["error"]["data"]["step"] == "env"
 
 
 def test_sampling_is_refused_and_roots_are_the_workspace(
