@@ -216,59 +216,49 @@ class AuditLog:
             _log_second_end(drafts)
         return written
 
+    def append_within(self, connection: Connection, *drafts: EventDraft) -> list[AuditEvent]:
+        """Append the drafts in the caller's open transaction, so they commit with its other writes or not at
+        all (a person's decision and its event: gateway/consent/actions.py). The caller maps storage errors."""
+        if self._on_server:
+            bodies, params = _server_params(iso_utc(self._clock.now()), drafts, ())
+            return _sealed_by_server(bodies, connection.exec_driver_sql(_APPEND, params).fetchall())
+        return self._append_on(connection, drafts, ())
+
     def _append_here(self, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
         """SQLite: the append in one transaction, under the file's write lock."""
-        ends = _ends_of(drafts)
         with self._engine.begin() as connection:
-            row = connection.execute(_LOCK_HEAD).one()
-            if ends and _has_an_end(connection, ends):
-                return []
-            last_id, prev_hash = int(row.last_id), str(row.last_hash)
-            written: list[AuditEvent] = []
-            ts = iso_utc(self._clock.now())
-            for draft in drafts:
-                last_id += 1
-                event = _seal(last_id, ts, draft, prev_hash)
-                written.append(event)
-                prev_hash = event.hash
-            connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
-            if ends:
-                connection.execute(_INSERT_END, _end_rows(written))
-            connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
-            for write in along:
-                write(connection, last_id)
+            return self._append_on(connection, drafts, along)
+
+    def _append_on(
+        self, connection: Connection, drafts: Sequence[EventDraft], along: Sequence[Along]
+    ) -> list[AuditEvent]:
+        ends = _ends_of(drafts)
+        row = connection.execute(_LOCK_HEAD).one()
+        if ends and _has_an_end(connection, ends):
+            return []
+        last_id, prev_hash = int(row.last_id), str(row.last_hash)
+        written: list[AuditEvent] = []
+        ts = iso_utc(self._clock.now())
+        for draft in drafts:
+            last_id += 1
+            event = _seal(last_id, ts, draft, prev_hash)
+            written.append(event)
+            prev_hash = event.hash
+        connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
+        if ends:
+            connection.execute(_INSERT_END, _end_rows(written))
+        connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
+        for write in along:
+            write(connection, last_id)
         return written
 
     def _append_on_server(self, ts: str, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
         """PostgreSQL: lock, seal, insert, move the head and write `along` in one statement, in autocommit
         (its own transaction: committed when the statement returns). The server hashes what `_cut` gives it."""
-        bodies = [_unsealed(0, ts, draft) for draft in drafts]
-        cuts = [_cut(body) for body in bodies]
-        params = {
-            "ts": ts,
-            "types": _pg_array([b.event_type for b in bodies]),
-            "run_ids": _pg_array([b.run_id for b in bodies]),
-            "users": _pg_array([b.user for b in bodies]),
-            "workspaces": _pg_array([b.workspace for b in bodies]),
-            "tool_names": _pg_array([b.tool_name for b in bodies]),
-            "args_hashes": _pg_array([b.args_hash for b in bodies]),
-            "codes": _pg_array([b.code for b in bodies]),
-            "details": _pg_array([canonical_json(b.detail) for b in bodies]),
-            "heads": _pg_array([head for head, _ in cuts]),
-            "tails": _pg_array([tail for _, tail in cuts]),
-            "cards": json.dumps([write.server_side() for write in along], ensure_ascii=False),
-        }
+        bodies, params = _server_params(ts, drafts, along)
         with db.autocommit_cursor(self._engine) as cursor:
             rows = cursor.execute(_APPEND, params).fetchall()
-        if not rows:
-            return []  # a second decision or end for a call (migration 0009): nothing was written
-        written = []
-        for body, (event_id, prev_hash, hashed) in zip(bodies, rows, strict=True):
-            event = AuditEvent(**{**_fields(body), "id": int(event_id), "prev_hash": prev_hash, "hash": hashed})
-            if chain_hash(prev_hash, event.body()) != hashed:  # the server and `audit verify` must agree
-                raise RuntimeError(f"event {event_id}: the database's hash differs from the gateway's")
-            written.append(event)
-        return written
+        return _sealed_by_server(bodies, rows)
 
     def verify(self) -> ChainReport:
         """verify_chain over one consistent snapshot of the events and the head (safe while serving)."""
@@ -314,6 +304,42 @@ _END_KINDS: Mapping[str, str] = {
 """The events a call has at most one of each kind of (`call_ends`, migration 0009)."""
 CHANGE_REVIEW = "change_set"
 """`detail.about` of the decision on a run's change set (decision 80): a call's second decision, kind `review`."""
+
+
+def _server_params(
+    ts: str, drafts: Sequence[EventDraft], along: Sequence[Along]
+) -> tuple[list[AuditEvent], dict[str, Any]]:
+    """The events unsealed, and `gateway_audit_append`'s parameters for them."""
+    bodies = [_unsealed(0, ts, draft) for draft in drafts]
+    cuts = [_cut(body) for body in bodies]
+    params = {
+        "ts": ts,
+        "types": _pg_array([b.event_type for b in bodies]),
+        "run_ids": _pg_array([b.run_id for b in bodies]),
+        "users": _pg_array([b.user for b in bodies]),
+        "workspaces": _pg_array([b.workspace for b in bodies]),
+        "tool_names": _pg_array([b.tool_name for b in bodies]),
+        "args_hashes": _pg_array([b.args_hash for b in bodies]),
+        "codes": _pg_array([b.code for b in bodies]),
+        "details": _pg_array([canonical_json(b.detail) for b in bodies]),
+        "heads": _pg_array([head for head, _ in cuts]),
+        "tails": _pg_array([tail for _, tail in cuts]),
+        "cards": json.dumps([write.server_side() for write in along], ensure_ascii=False),
+    }
+    return bodies, params
+
+
+def _sealed_by_server(bodies: Sequence[AuditEvent], rows: Sequence[Any]) -> list[AuditEvent]:
+    """The events as `gateway_audit_append` sealed them, checked against the gateway's own hash."""
+    if not rows:
+        return []  # a second decision or end for a call (migration 0009): nothing was written
+    written = []
+    for body, (event_id, prev_hash, hashed) in zip(bodies, rows, strict=True):
+        event = AuditEvent(**{**_fields(body), "id": int(event_id), "prev_hash": prev_hash, "hash": hashed})
+        if chain_hash(prev_hash, event.body()) != hashed:  # the server and `audit verify` must agree
+            raise RuntimeError(f"event {event_id}: the database's hash differs from the gateway's")
+        written.append(event)
+    return written
 
 
 def _end_kind(event_type: str, detail: Mapping[str, Any]) -> str | None:

@@ -45,6 +45,9 @@ from sandbox.workspace_copy import Original, Originals
 
 STDERR_TAIL_BYTES = 4096
 """How much of a server's stderr is kept: its last words, for the error that says why it died."""
+SERVER_DEVICES = (Path("/dev/urandom"),)
+"""Read-only for a native server, beyond a run's grants: git and Node read their random bytes there (a run's
+pytest takes them from getrandom)."""
 STOPPED = "stopped"
 MEMORY = "memory"
 
@@ -75,6 +78,7 @@ class Synced:
     """One `sync()`: what the server changed in its copy since the last one, and what of it reached the workspace."""
 
     changes: ChangeSet
+    """Empty when the copy could not be read (`applied.reason` is then `changes_unreadable`)."""
     applied: ApplyResult
 
 
@@ -85,6 +89,7 @@ class ConfinedServer:
         self.stdin: anyio.abc.ByteSendStream = PipeSendStream(stdin)
         self.stdout: anyio.abc.ByteReceiveStream = PipeReceiveStream(stdout)
         self.pid = run.process.pid
+        """The process the gateway spawned: the outer supervisor (the server itself is pid 2 of its PID namespace)."""
         self.layers: tuple[Layer, ...] = run.layers
         self.returncode: int | None = None
         self._run = run
@@ -96,6 +101,7 @@ class ConfinedServer:
         self._stopping = False
         self._baseline: Originals = run.copy.originals
         self._sync_lock = anyio.Lock()
+        self._exited = os.pidfd_open(self.pid)  # now: it may end (and be reaped by `stop`) before the watcher starts
 
     def stderr_tail(self) -> str:
         """The last STDERR_TAIL_BYTES of its stderr, decoded with replacement."""
@@ -130,17 +136,19 @@ class ConfinedServer:
         workspace (sandbox/apply.py): all of it or, on a conflict (a file the workspace changed
         meanwhile), none of it, which then stays pending in the copy. Protected paths, links, devices,
         FIFOs and setuid bits are refused, listed in `changes.refused`, never applied. Call it while no
-        request is in flight (between calls). Raises SandboxStartError `workspace_not_writable` for a
-        read-only server, `workspace_view_unreadable` when the copy cannot be read (its server is gone)."""
+        request is in flight (after each call), or after `stop()`: the copy lives until the context ends.
+        A set over a cap (`changes_too_large`) or in conflict (`changes_conflict`) applies nothing and stays
+        pending: every later sync meets it again, until the server is restarted on a fresh copy.
+        Raises ValueError for a server that is not `writable` (it has no copy)."""
         mount_fd = self._run.copy.mount_fd if self._spec.writable else None
         if mount_fd is None:
-            raise SandboxStartError("workspace_not_writable")
+            raise ValueError("only a writable server has a copy to sync")
         async with self._sync_lock:
             rules, workspace = self._spec.rules, self._spec.workspace
             try:
                 changes = await anyio.to_thread.run_sync(read_changes, mount_fd, self._baseline, rules, None)
-            except OSError as exc:
-                raise SandboxStartError("workspace_view_unreadable") from exc
+            except OSError:
+                return Synced(ChangeSet((), ()), ApplyResult(False, "changes_unreadable"))
             applied = await anyio.to_thread.run_sync(
                 lambda: apply_changes(workspace.fd, changes, protected=rules.protected)
             )
@@ -155,17 +163,15 @@ class ConfinedServer:
 
     async def _watch(self) -> None:
         """Wait for the spawned process's end, kill whatever is left of the server, and say why it ended."""
-        exited = os.pidfd_open(self.pid)
-        try:
-            while True:
+        while not self._ended.is_set():
+            try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid:
-                    break
-                await anyio.wait_readable(exited)
-        finally:
-            anyio.notify_closing(exited)
-            os.close(exited)
-        self._ended_with(status)
+            except ChildProcessError:
+                return  # `stop()` reaped it
+            if pid:
+                self._ended_with(status)
+                return
+            await anyio.wait_readable(self._exited)
 
     def _ended_with(self, status: int) -> None:
         self._run.process.returncode = os.waitstatus_to_exitcode(status)
@@ -182,13 +188,18 @@ class ConfinedServer:
                 code = exit_code if exit_code is not None else -(signal_number or signal.SIGKILL)
         if self._stopping:
             return code, STOPPED
-        if self._run.group is not None and self._run.group.usage().oom_kills:
+        killed = code == -signal.SIGKILL or code == 128 + signal.SIGKILL  # natively, or as bwrap reports it
+        if killed and self._run.group is not None and self._run.group.usage().oom_kills:
             return code, MEMORY
         return code, f"exit {code}" if code >= 0 else f"signal {-code}"
 
     async def _close(self) -> None:
         for stream in (self.stdin, self.stdout, self._stderr):
             await stream.aclose()
+        if self._exited >= 0:
+            anyio.notify_closing(self._exited)
+            os.close(self._exited)
+            self._exited = -1
 
 
 @contextlib.asynccontextmanager
@@ -202,6 +213,9 @@ async def start_server(
     Spawn it from the event loop's thread: the supervisors' parent-death signal follows that thread."""
     if not spec.argv or not os.path.isabs(spec.argv[0]):
         raise SandboxStartError("server_program_not_absolute")
+    limits = spec.limits
+    if limits.backend == "native":  # bubblewrap's own /dev has it
+        limits = dataclasses.replace(limits, allowed_paths=(*limits.allowed_paths, *SERVER_DEVICES))
     ends = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # (read, write) for stdin, stdout, stderr
     child: tuple[int, ...] = (ends[0][0], ends[1][1], ends[2][1])
     mine: tuple[int, ...] = (ends[0][1], ends[1][0], ends[2][0])
@@ -209,7 +223,7 @@ async def start_server(
         async with spawn_confined(
             list(spec.argv),
             spec.workspace,
-            spec.limits,
+            limits,
             scratch=scratch,
             host=host,
             writes=spec.rules if spec.writable else None,

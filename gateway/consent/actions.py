@@ -1,7 +1,9 @@
 """What a person does with consent, whichever front end they use (docs/consent.md, "One action, every front end").
 
 Deciding a waiting question and revoking a stored decision are each written once, here: the row
-and its audit event, with who acted and through which front end (`Actor`). The terminal approver,
+and its audit event, with who acted and through which front end (`Actor`). A decision commits with
+its event (`ConsentStore.decide`'s `record`): a gateway acts on a decision as soon as it reads it,
+and by then the act is on record, before the run it allowed. The terminal approver,
 the web console and `mcp-gateway consent revoke` call these, so every channel leaves the same
 trail (decision 73).
 
@@ -18,10 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from sqlalchemy import Connection
+
 from gateway.audit import CHANGE_REVIEW, AuditLog, EventDraft, EventType
 from gateway.clock import Clock
 from gateway.consent.stage import Decision
-from gateway.consent.store import Channel, ConsentStore, Grant, QuestionKind
+from gateway.consent.store import Channel, ConsentStore, Grant, PendingRequest, QuestionKind
 
 
 class ConsentStores(Protocol):
@@ -54,18 +58,16 @@ DECISION_EVENTS: Mapping[Channel, EventType] = {
 
 
 def decide_question(stores: ConsentStores, question_id: str, decision: Decision, by: Actor) -> bool:
-    """Record `by`'s decision on a `pending` question, and its event; False when it did not count
-    (someone decided first, the question expired, or the gateway that asked is gone)."""
+    """Record `by`'s decision on a `pending` question, and its event, in one transaction; False when it did not
+    count (someone decided first, the question expired, or the gateway that asked is gone)."""
     event_type = DECISION_EVENTS.get(by.channel)
     if event_type is None:
         raise ValueError(f"{by.channel} is not a front end that decides questions")
-    store = stores.consent_store
-    recorded = store.decide(question_id, decision.value, by.name, stores.clock.now())
-    question = store.fetch_request(question_id)
-    review = question is not None and question.kind == QuestionKind.CHANGE_REVIEW and question.run_id is not None
-    about = {"about": CHANGE_REVIEW, "question_id": question_id} if review else {}
-    stores.audit.append(
-        EventDraft(
+
+    def act(recorded: bool, question: PendingRequest | None) -> EventDraft:
+        review = question is not None and question.kind == QuestionKind.CHANGE_REVIEW and question.run_id is not None
+        about = {"about": CHANGE_REVIEW, "question_id": question_id} if review else {}
+        return EventDraft(
             event_type,
             # A call's question has its run's id; a change review names its run (decision 80).
             run_id=question.run_id if review and question is not None else question_id,
@@ -81,7 +83,16 @@ def decide_question(stores: ConsentStores, question_id: str, decision: Decision,
                 **about,
             },
         )
-    )
+
+    written: list[bool] = []
+
+    def record(connection: Connection, recorded: bool, question: PendingRequest | None) -> None:
+        stores.audit.append_within(connection, act(recorded, question))
+        written.append(recorded)
+
+    recorded = stores.consent_store.decide(question_id, decision.value, by.name, stores.clock.now(), record=record)
+    if not written:  # an id no question can have: nothing was decided, and the attempt is on record
+        stores.audit.append(act(False, None))
     return recorded
 
 

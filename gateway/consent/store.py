@@ -23,9 +23,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Engine, and_, delete, func, or_, select, true, update
+from sqlalchemy import ColumnElement, Connection, Engine, and_, delete, func, or_, select, true, update
 
 from gateway import db
 from gateway.canonical import canonical_json
@@ -154,6 +154,12 @@ class PendingRequest:
     """A `QuestionKind`."""
     run_id: str | None = None
     """For a change review, the run whose change set it asks about (its artifacts folder); None for a call's."""
+
+
+class RecordDecision(Protocol):
+    """Writes what goes with a person's decision, in its transaction (`ConsentStore.decide`)."""
+
+    def __call__(self, connection: Connection, recorded: bool, question: PendingRequest | None, /) -> None: ...
 
 
 class ConsentStore:
@@ -302,9 +308,15 @@ class ConsentStore:
         decided_by: str,
         now: float,
         waiting: QuestionStatus = QuestionStatus.PENDING,
+        *,
+        record: RecordDecision | None = None,
     ) -> bool:
         """Record a person's decision; False when someone else decided first, the question expired, or (for
-        the approver's `pending` questions) the gateway that asked is gone: no gateway would act on it."""
+        the approver's `pending` questions) the gateway that asked is gone: no gateway would act on it.
+
+        `record` runs in the same transaction, after the update, with whether it counted and the question:
+        what it writes (the act's audit event) commits with the decision, so no gateway can act on a
+        decision whose event is not yet on record. It is not called for an id no question can have."""
         if not is_question_id(request_id):
             return False
         r = db.consent_requests
@@ -317,7 +329,11 @@ class ConsentStore:
                     status=QuestionStatus.DECIDED, decision=decision, decided_by=storable(decided_by), decided_at=now
                 )
             )
-        return result.rowcount == 1
+            recorded = result.rowcount == 1
+            if record is not None:
+                row = connection.execute(select(r).where(r.c.id == request_id)).first()
+                record(connection, recorded, None if row is None else _request(row))
+        return recorded
 
     def expire(self, request_id: str, now: float, waiting: QuestionStatus = QuestionStatus.PENDING) -> bool:
         """Close an unanswered question (`waiting`: its open status); False when a decision got in first.

@@ -27,7 +27,8 @@ gateway's database, lock files, the exec-error pipe) and never exec; the command
 has no handler for, and `I` blocks every catchable one).
 
 With bubblewrap, which makes its own PID namespace and kills it when bwrap dies
-(`--die-with-parent`), there is no `I`: `P` is the watchdog and the command is bwrap.
+(`--die-with-parent`), there is no `I`: `P` is the watchdog and the command is bwrap, which gets
+a parent-death signal to `P` before its exec (kept across the exec of a non-setuid program).
 
 The supervisors count as processes of the run: RLIMIT_NPROC and the pids cgroup are raised by
 `limits.SUPERVISOR_PROCESSES` (natively `P` and `I`; with bubblewrap `P`, bwrap and its pid 1).
@@ -118,9 +119,8 @@ class RunSupervisor:
                 self._watch(command, start, parent=own)  # I, pid 1
             os.close(own)
         else:
-            _arm_parent_death(
-                supervisor
-            )  # bwrap keeps it across exec: P's death ends it, even before --die-with-parent
+            # bwrap keeps this signal across its exec: P's death ends it, even before its own --die-with-parent.
+            _arm_parent_death(supervisor)
         signal.pthread_sigmask(signal.SIG_SETMASK, saved)
         # The command: back to preexec_fn's caller, which execs it.
 

@@ -29,11 +29,13 @@ from gateway.consent.store import Channel, ConsentStore, Grant, GrantDecision, P
 from gateway.console.app import Console, build_app
 from gateway.console.sessions import SessionBook, SignInLimit, StreamSlots
 from gateway.console.views import ChainWatch
+from gateway.errors import StorageUnavailableError
 from gateway.policy_trust import policy_for
 from gateway.services import open_stores
 from gateway.tools.registry import TOOL_NAMES
 from tests.fakes import FakeClock, PressedKeys
 from tests.harness import ConsentDesk, GatewayHome, as_approver, shows_request
+from tests.pg_cluster import on_both_engines
 
 QUESTION = PendingRequest(
     id="q1",
@@ -209,6 +211,62 @@ def test_a_decision_that_came_second_is_on_record_as_not_counted(
     (event,) = events(home, event_type)
     assert event["detail"] == {"decision": "ALLOW_ONCE", "decided_by": second.name, "recorded": False,
                                "channel": str(second.channel)}  # fmt: skip
+
+
+REFUSE_DECISION_EVENTS = {
+    "sqlite": [
+        "CREATE TRIGGER refuse_act BEFORE INSERT ON audit_events WHEN NEW.event_type = 'APPROVER_DECISION' "
+        "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+    ],
+    "postgresql": [
+        "CREATE FUNCTION refuse_act() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
+        "CREATE TRIGGER refuse_act BEFORE INSERT ON audit_events FOR EACH ROW "
+        "WHEN (NEW.event_type = 'APPROVER_DECISION') EXECUTE FUNCTION refuse_act()",
+    ],
+}
+
+
+@on_both_engines
+def test_a_decision_commits_with_its_event_or_not_at_all(tmp_path: Path, db_url: str) -> None:
+    """A gateway acts on a decision as soon as it sees it: the act's event must be on record by then (it
+    once came in a second transaction, and a run's TOOL_STARTED could precede it)."""
+    home = GatewayHome(tmp_path, db_url=db_url)
+    try:
+        refused_then_decided(home)
+    finally:
+        home.engine.dispose()
+
+
+def refused_then_decided(home: GatewayHome) -> None:
+    clock = FakeClock()
+    store = ConsentStore(home.engine)
+    store.insert_request(dataclasses.replace(QUESTION, created_at=clock.now(), expires_at=clock.now() + 60))
+    with home.engine.begin() as connection:
+        for statement in REFUSE_DECISION_EVENTS[home.engine.dialect.name]:
+            connection.exec_driver_sql(statement)
+    approver = Actor("approvals:ada@host", Channel.APPROVER)
+
+    with pytest.raises(StorageUnavailableError):
+        decide_question(ConsentDesk.on(home.engine, clock), QUESTION.id, Decision.ALLOW_ONCE, approver)
+
+    row = store.fetch_request(QUESTION.id)
+    assert row is not None and row.status == QuestionStatus.PENDING, "no event, no decision"
+    with home.engine.begin() as connection:
+        connection.exec_driver_sql(
+            "DROP TRIGGER refuse_act" + (" ON audit_events" if home.engine.dialect.name == "postgresql" else "")
+        )
+    assert decide_question(ConsentDesk.on(home.engine, clock), QUESTION.id, Decision.ALLOW_ONCE, approver)
+    (event,) = events(home, "APPROVER_DECISION")
+    assert event["detail"]["recorded"] is True
+    assert AuditLog(home.engine, clock).verify().ok
+
+
+def test_a_decision_on_an_id_no_question_can_have_is_on_record(home: GatewayHome) -> None:
+    approver = Actor("approvals:ada@host", Channel.APPROVER)
+    assert not decide_question(ConsentDesk.on(home.engine, FakeClock()), "../q1", Decision.ALLOW_ONCE, approver)
+    (event,) = events(home, "APPROVER_DECISION")
+    assert (event["run_id"], event["detail"]["recorded"]) == ("../q1", False)
 
 
 def test_only_a_front_end_that_decides_questions_may_decide_one(home: GatewayHome) -> None:

@@ -127,3 +127,18 @@ def project(files: dict[str, str]) -> Iterator[tuple[Path, Pinned]]:
             yield folder, pinned
         finally:
             pinned.close()
+
+
+@contextlib.contextmanager
+def users_project(files: dict[str, str], uid: int) -> Iterator[Path]:
+    """A workspace, scratch and outside folder of the ordinary `uid`, as its own gateway would have them."""
+    with shared_dir() as folder:
+        for sub in ("ws", "scratch", "outside"):
+            (folder / sub).mkdir()
+        for name, text in files.items():
+            (folder / "ws" / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / "ws" / name).write_text(text)
+        for path in (folder, *folder.rglob("*")):
+            os.chown(path, uid, uid)
+        folder.chmod(0o755)
+        yield folder

@@ -37,6 +37,13 @@ for line in sys.stdin:
 """
 """Each line is a JSON string of Python code; it sets `answer`, which comes back as one JSON line."""
 ASK_S = 60
+GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",  # /etc is not the server's to read
+    "GIT_AUTHOR_NAME": "agent",
+    "GIT_AUTHOR_EMAIL": "agent@example.invalid",
+    "GIT_COMMITTER_NAME": "agent",
+    "GIT_COMMITTER_EMAIL": "agent@example.invalid",
+}
 
 
 def server_limits(scratch: Path, backend: Backend, **over: Any) -> Limits:
@@ -45,7 +52,7 @@ def server_limits(scratch: Path, backend: Backend, **over: Any) -> Limits:
         memory_limit_mb=over.pop("memory_limit_mb", 256),
         max_processes=over.pop("max_processes", 16),
         max_output_bytes=100_000,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch)} | over.pop("env", {}),
+        env={"PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), **GIT_ENV} | over.pop("env", {}),
         scratch_bytes=8 << 20,
         backend=backend,
         **over,
@@ -73,9 +80,9 @@ async def main() -> None:
     writable = len(sys.argv) > 5 and sys.argv[5] == "--writable"
     codes = sys.argv[6 if writable else 5 :]
     pinned = pin(workspace)
-    spec = ServerSpec(
-        (PYTHON, "-I", "-c", LINE_SERVER), pinned, writable, DEFAULT_PROTECTED, server_limits(scratch, chosen)
-    )
+    state = workspace.parent / "state"  # the gateway's state folder, when the test made one: hidden from the server
+    limits = server_limits(scratch, chosen, hidden=(state,) if state.exists() else ())
+    spec = ServerSpec((PYTHON, "-I", "-c", LINE_SERVER), pinned, writable, DEFAULT_PROTECTED, limits)
     outcome: dict[str, Any] = {"rootless": probe_host().rootless}
     async with start_server(spec, scratch=scratch) as server:
         talk = Talk(server)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import pytest
 
 from sandbox import Limits, RunResult, run_sandboxed
 from sandbox.backends import pidns
+from sandbox.backends.identity import RunIdentity
 from sandbox.limits import BACKENDS, Backend
 from sandbox.runner import KilledBy
 from tests.sandbox.confined_child import PYTHON, leased_identity, requires_root, shared_dir
@@ -67,40 +69,67 @@ def processes_of(uid: int) -> list[psutil.Process]:
     return found
 
 
+def spawn_supervised(supervisor: pidns.RunSupervisor, who: RunIdentity) -> subprocess.Popen[bytes]:
+    """DAEMONS under `supervisor`, dropped to `who`, in the order the runner's preexec_fn takes; its first line read."""
+
+    def preexec() -> None:
+        supervisor.enter()
+        os.setgroups([])
+        os.setresgid(who.gid, who.gid, who.gid)
+        os.setresuid(who.uid, who.uid, who.uid)
+        supervisor.fork()
+
+    process = subprocess.Popen(
+        [PYTHON, "-I", "-c", DAEMONS],
+        preexec_fn=preexec,  # noqa: PLW1509  (pytest is single-threaded here)
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"started\n"
+    assert len(processes_of(who.uid)) >= 4, "P, I, the command and its daemons run"
+    return process
+
+
+def none_left(uid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while processes_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return processes_of(uid) == []
+
+
 @requires_root
 def test_the_watchdog_ends_the_namespace_without_any_gateway() -> None:
     """Nobody kills anything here: pid 1 ends the run at its time limit plus the grace, daemons included."""
     status = os.memfd_create("status")
     with leased_identity() as who:
         supervisor = pidns.RunSupervisor(timeout_s=1, status_fd=status)
-
-        def preexec() -> None:
-            supervisor.enter()
-            os.setgroups([])
-            os.setresgid(who.gid, who.gid, who.gid)
-            os.setresuid(who.uid, who.uid, who.uid)
-            supervisor.fork()
-
         started = time.monotonic()
-        process = subprocess.Popen(
-            [PYTHON, "-I", "-c", DAEMONS],
-            preexec_fn=preexec,  # noqa: PLW1509  (pytest is single-threaded here)
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-            env={"PATH": "/usr/bin:/bin"},
-        )
-        assert process.stdout is not None
-        with process.stdout:
-            assert process.stdout.readline() == b"started\n"
-            assert len(processes_of(who.uid)) >= 4, "P, I, the command and its daemons run"
+        process = spawn_supervised(supervisor, who)
+        with process.stdout or contextlib.nullcontext():
             process.wait(timeout=1 + pidns.WATCHDOG_GRACE_S + 5)
         elapsed = time.monotonic() - started
         assert 1 <= elapsed <= 1 + pidns.WATCHDOG_GRACE_S + 1.5
         assert pidns.read_status(os.pread(status, 64, 0)) == (None, signal.SIGKILL, True)
-        deadline = time.monotonic() + 2
-        while processes_of(who.uid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert processes_of(who.uid) == [], "a daemon outlived pid 1"
+        assert none_left(who.uid, 2), "a daemon outlived pid 1"
+    os.close(status)
+
+
+@requires_root
+def test_pid_1_without_a_deadline_ends_the_namespace_when_its_outer_supervisor_dies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server's pid 1 has no deadline (decision 83): P's pidfd alone must end it when P dies before pid 1 armed its
+    parent-death signal. That race is made certain here: the children arm no parent-death signal at all."""
+    monkeypatch.setattr(pidns, "_set_parent_death_signal", lambda: None)
+    status = os.memfd_create("status")
+    with leased_identity() as who:
+        process = spawn_supervised(pidns.RunSupervisor(timeout_s=None, status_fd=status), who)
+        with process.stdout or contextlib.nullcontext():
+            process.kill()  # P alone: only the pidfd tells I
+            process.wait(timeout=10)
+        assert none_left(who.uid, 3), "pid 1 outlived P"
     os.close(status)
 
 

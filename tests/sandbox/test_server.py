@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +21,14 @@ import pytest
 from sandbox import probe_host
 from sandbox.backends import pidns
 from sandbox.backends.containment import owned_by
-from sandbox.change_set import DEFAULT_PROTECTED
+from sandbox.change_set import DEFAULT_PROTECTED, Refusal
 from sandbox.errors import SandboxStartError
 from sandbox.layers import Layer
 from sandbox.limits import BACKENDS, Backend
 from sandbox.pinned import Pinned
 from sandbox.server import ConfinedServer, ServerSpec, start_server
 from tests.harness import REPO
-from tests.sandbox.confined_child import DAEMONIZE, project, requires_root
+from tests.sandbox.confined_child import DAEMONIZE, project, requires_root, users_project
 from tests.sandbox.server_child import LINE_SERVER, PYTHON, Talk, server_limits
 
 pytestmark = requires_root
@@ -73,6 +76,29 @@ def wait_gone(pids: list[int], within_s: float) -> list[int]:
     return alive(pids)
 
 
+CONFINED = """
+import socket
+def attempt(action):
+    try:
+        action()
+        return "ok"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+answer = {
+    "cwd": os.getcwd(),
+    "read": open("a.txt").read(),
+    "workspace": attempt(lambda: open("a.txt", "w").write("x")),
+    "new_in_workspace": attempt(lambda: open("new.txt", "w").write("x")),
+    "outside": attempt(lambda: open(OUTSIDE, "w").write("x")),
+    "state": attempt(lambda: open(STATE).read()),
+    "network": attempt(lambda: socket.create_connection(("127.0.0.1", PORT), timeout=2)),
+    "scratch": attempt(lambda: open(os.environ["TMPDIR"] + "/s.txt", "w").write("x")),
+}
+"""
+"""Set OUTSIDE, PORT (a listener of the test's) and STATE (a file of the hidden state folder) before it."""
+REFUSED_BY_CONFINEMENT = ("workspace", "new_in_workspace", "outside", "state", "network")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_server_answers_over_its_pipes_confined_and_lives_past_its_timeout(backend: Backend) -> None:
     skip_without(backend)
@@ -109,23 +135,7 @@ def test_a_server_writes_nowhere_reaches_no_network_and_no_hidden_state(backend:
 
         async def main() -> dict[str, Any]:
             async with serving(folder, ws, backend, hidden=(state,)) as (_, talk):
-                code = f"""
-import socket
-def attempt(action):
-    try:
-        action()
-        return "ok"
-    except OSError as exc:
-        return exc.strerror or type(exc).__name__
-answer = {{
-    "workspace": attempt(lambda: open("a.txt", "w").write("x")),
-    "new_in_workspace": attempt(lambda: open("new.txt", "w").write("x")),
-    "outside": attempt(lambda: open({str(outside)!r}, "w").write("x")),
-    "state": attempt(lambda: open({str(state / "secret")!r}).read()),
-    "network": attempt(lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2)),
-    "scratch": attempt(lambda: open(os.environ["TMPDIR"] + "/s.txt", "w").write("x")),
-}}
-"""
+                code = f"OUTSIDE = {str(outside)!r}\nPORT = {port}\nSTATE = {str(state / 'secret')!r}\n{CONFINED}"
                 answer: dict[str, Any] = await talk.ask(code)
                 return answer
 
@@ -152,7 +162,7 @@ def test_stop_kills_the_server_and_the_daemons_it_left(backend: Backend) -> None
             return started, uid
 
         started, uid = anyio.run(main)
-        assert alive(started) == [], "nothing of the server outlives its context"
+        assert wait_gone(started, 5.0) == [], "nothing of the server outlives its context (SIGKILLed: dead at once)"
         assert owned_by(uid) == [] or uid == os.getuid(), "nothing of its uid is left"
 
 
@@ -219,3 +229,319 @@ def test_a_server_that_cannot_start_raises_with_its_step() -> None:
 async def _enter(spec: ServerSpec, scratch: Path) -> None:
     async with start_server(spec, scratch=scratch):
         pass
+
+
+def test_the_memory_limit_holds_for_the_whole_server() -> None:
+    """Three children of 90 MiB each cannot live in a server of 160 MiB: the kernel's OOM killer ends one of its
+    processes. Its supervisors, forks of the gateway, are often the largest: then the whole server ends, for memory."""
+    if not probe_host().cgroup:
+        pytest.skip("no cgroup here: the memory limit is per process only")
+    with project({}) as (folder, ws):
+        hog = "import time; b = bytearray(90 << 20); b[::4096] = b'x' * len(b[::4096]); print('held', flush=True); time.sleep(60)"
+
+        async def main() -> tuple[str | None, Any]:
+            async with serving(folder, ws, "native", memory_limit_mb=160) as (server, talk):
+                try:
+                    answer = await talk.ask(
+                        f"procs = [subprocess.Popen([{PYTHON!r}, '-c', {hog!r}], stdout=subprocess.PIPE) for _ in range(3)]\n"
+                        "lines = [p.stdout.readline() for p in procs]\n"
+                        "import time; time.sleep(1)\n"
+                        "answer = [p.poll() for p in procs]\n"
+                        "[p.kill() or p.wait() for p in procs]"
+                    )
+                except (anyio.EndOfStream, anyio.IncompleteRead):
+                    with anyio.fail_after(30):
+                        await server.wait()
+                    answer = None
+                return server.ended_by(), answer
+
+        ended_by, answer = anyio.run(main)
+        if answer is None:
+            assert ended_by == "memory"
+        else:
+            assert ended_by is None and -9 in answer, answer
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_process_limit_holds_for_the_whole_server(backend: Backend) -> None:
+    skip_without(backend)
+    with project({}) as (folder, ws):
+
+        async def main() -> Any:
+            async with serving(folder, ws, backend, max_processes=6) as (_, talk):
+                return await talk.ask(
+                    "procs = []\n"
+                    "for _ in range(20):\n"
+                    "    try:\n"
+                    "        procs.append(subprocess.Popen(['/usr/bin/sleep', '30']))\n"
+                    "    except OSError as exc:\n"
+                    "        break\n"
+                    "answer = len(procs)"
+                )
+
+        started = anyio.run(main)
+        assert 1 <= started < 6, f"the server itself counts: at most 5 more, {started} started"
+
+
+@contextlib.contextmanager
+def holding(
+    argv_prefix: list[str], folder: Path, backend: Backend, env: dict[str, str]
+) -> Iterator[tuple[int, list[int]]]:
+    """server_child.py holding a server that left a daemon: the helper's pid and the server's processes.
+
+    The helper (the gateway here) is SIGKILLed by the test; whatever happens, it is killed and reaped at the end."""
+    argv = [*argv_prefix, sys.executable, CHILD, "hold", str(folder / "ws"), str(folder / "scratch"), backend]
+    argv.append(f"exec({DAEMONIZE!r}.replace('print(', 'answer = ('))")
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/") as helper:
+        try:
+            assert helper.stdout is not None and helper.stderr is not None
+            line = helper.stdout.readline()
+            if not line:
+                helper.kill()
+                pytest.fail(f"the helper did not start its server: {helper.stderr.read().decode()}")
+            yield helper.pid, family(json.loads(line)["pid"])
+        finally:
+            helper.kill()
+            helper.wait()
+
+
+def kill_gateway_and_wait(helper_pid: int, server: list[int]) -> tuple[list[int], float]:
+    assert len(server) >= 3, "the supervisors, the server and its daemon"
+    os.kill(helper_pid, signal.SIGKILL)  # only the helper this test started
+    began = time.monotonic()
+    left = wait_gone(server, GONE_WITHIN_S)
+    return left, time.monotonic() - began
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_server_dies_with_its_gateway_killed_by_sigkill(backend: Backend) -> None:
+    skip_without(backend)
+    with project({}) as (folder, _):
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+        with holding([], folder, backend, env) as (helper, server):
+            left, took = kill_gateway_and_wait(helper, server)
+        assert left == [], "the watchdog ends the server and its daemon with the gateway"
+        assert took < pidns.WATCHDOG_GRACE_S, f"at once, by the parent-death signals ({took:.2f} s)"
+
+
+ROOTLESS_UIDS = range(64080, 64086)
+"""Ordinary uids with no account for the rootless servers (not root, not a pool uid, not another test's), one per
+test and backend: each test finds its uid's processes its own, tests running side by side."""
+
+
+def rootless_uid(test: int, backend: Backend) -> int:
+    return ROOTLESS_UIDS[2 * test + BACKENDS.index(backend)]
+
+
+def as_user(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+USER_ENV = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+
+
+def ask_as_user(uid: int, folder: Path, backend: Backend, *codes: str, writable: bool = False) -> dict[str, Any]:
+    """server_child.py as the ordinary `uid` (a rootless gateway): the answers, the layers, how the server ended."""
+    argv = [*as_user(uid), sys.executable, CHILD, "ask", str(folder / "ws"), str(folder / "scratch"), backend]
+    argv += ["--writable", *codes] if writable else list(codes)
+    done = subprocess.run(argv, capture_output=True, text=True, env=USER_ENV, timeout=120, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    outcome: dict[str, Any] = json.loads(done.stdout)
+    assert outcome["rootless"] is True
+    return outcome
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_gateways_server_is_confined_and_stopped(backend: Backend) -> None:
+    uid = rootless_uid(0, backend)
+    with users_project({"a.txt": "a\n"}, uid) as folder, socket.create_server(("127.0.0.1", 0)) as listener:
+        outside, state = folder / "outside" / "x", folder / "state"
+        state.mkdir(mode=0o700)
+        (state / "secret").write_text("s3cret")
+        os.chown(state, uid, uid)  # the gateway's own: only `hidden` keeps a server of its uid out
+        os.chown(state / "secret", uid, uid)
+        code = f"OUTSIDE = {str(outside)!r}\nPORT = {listener.getsockname()[1]}\nSTATE = {str(state / 'secret')!r}\n"
+        code += CONFINED
+        seen = ask_as_user(uid, folder, backend, "answer = 6 * 7", code)
+        if backend == "bubblewrap" and Layer.MOUNT_TREE not in seen["layers"]:
+            pytest.skip("bubblewrap does not run here for an ordinary user")
+        assert seen["answers"][0] == 42
+        answer = seen["answers"][1]
+        assert answer["cwd"] == str(folder / "ws") and answer["read"] == "a\n"
+        assert answer["scratch"] == "ok", answer
+        assert all(answer[name] != "ok" for name in REFUSED_BY_CONFINEMENT), answer
+        assert not outside.exists() and (folder / "ws" / "a.txt").read_text() == "a\n"
+        assert Layer.USER_NAMESPACE in seen["layers"] and Layer.PID_NAMESPACE in seen["layers"]
+        assert seen["ended_by"] == "stopped"
+        assert owned_by(uid) == [], "nothing of the server is left"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_gateways_server_dies_with_it(backend: Backend) -> None:
+    uid = rootless_uid(1, backend)
+    with users_project({}, uid) as folder, holding(as_user(uid), folder, backend, USER_ENV) as (helper, server):
+        left, took = kill_gateway_and_wait(helper, server)
+        assert left == [], "the watchdog ends the server and its daemon with the gateway"
+        assert took < pidns.WATCHDOG_GRACE_S, f"at once, by the parent-death signals ({took:.2f} s)"
+        assert wait_gone([p.pid for p in owned_by(uid)], GONE_WITHIN_S) == []
+
+
+def git(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """git as root on a test's repository (the gateway's side), whoever owns it."""
+    argv = ["git", "-c", "safe.directory=*", "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", *args]
+    return subprocess.run(argv, cwd=ws, capture_output=True, text=True, timeout=60, check=False)
+
+
+def make_repository(ws: Path, uid: int | None = None) -> None:
+    """A real git repository with one commit, made as root, then world-readable (or the ordinary `uid`'s)."""
+    for step in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "first"]):
+        assert git(ws, *step).returncode == 0, step
+    for path in (ws, *ws.rglob("*")):
+        if uid is not None:
+            os.chown(path, uid, uid)
+        else:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def git_log(ws: Path) -> list[str]:
+    return git(ws, "log", "--format=%s").stdout.split()
+
+
+COMMIT = """
+open("a.txt", "w").write("changed by the agent\\n")
+done = subprocess.run(["sh", "-c", "git add a.txt && git commit -q -m agent && git status --porcelain"],
+                      capture_output=True, text=True)
+answer = [done.returncode, done.stdout, done.stderr]
+"""
+PROTECTED = """
+import pathlib
+def attempt(name, action):
+    try:
+        action()
+        return "ok"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+def write(path, text="x"):
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(path).write_text(text)
+answer = {
+    "hook": attempt("hook", lambda: write(".git/hooks/pre-commit", "#!/bin/sh\\nevil\\n")),
+    "config": attempt("config", lambda: write(".git/config", "[core]\\nfsmonitor = evil\\n")),
+    "tasks": attempt("tasks", lambda: write(".vscode/tasks.json", "{}")),
+    "envrc": attempt("envrc", lambda: write(".envrc", "evil")),
+    "nested": attempt("nested", lambda: write("sub/.claude/settings.json", "{}")),
+    "link": attempt("link", lambda: os.symlink("/etc/passwd", "link")),
+    "outside": attempt("outside", lambda: write(OUTSIDE, "escaped")),
+    "plain": attempt("plain", lambda: write("notes/plain.txt", "fine\\n")),
+}
+"""
+REFUSED = {
+    ".git/hooks/pre-commit": Refusal.PROTECTED,
+    ".git/config": Refusal.PROTECTED,
+    ".vscode": Refusal.PROTECTED,
+    ".vscode/tasks.json": Refusal.PROTECTED,
+    ".envrc": Refusal.PROTECTED,
+    "sub/.claude": Refusal.PROTECTED,
+    "sub/.claude/settings.json": Refusal.PROTECTED,
+    "link": Refusal.SYMLINK,
+}
+
+
+def check_protected(
+    ws: Path, answer: dict[str, str], refused: dict[str, str], written: list[str], outside: Path
+) -> None:
+    assert answer["outside"] != "ok" and not outside.exists(), "never outside the workspace"
+    assert refused == REFUSED, refused
+    assert (ws / "notes/plain.txt").read_text() == "fine\n" and "notes/plain.txt" in written
+    assert (ws / ".git/config").read_text().startswith("[core]") and "evil" not in (ws / ".git/config").read_text()
+    for absent in (".git/hooks/pre-commit", ".vscode", ".envrc", "sub/.claude", "link"):
+        assert not (ws / absent).exists() and not (ws / absent).is_symlink(), absent
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_writable_server_commits_into_a_real_repository(backend: Backend) -> None:
+    skip_without(backend)
+    with project({"a.txt": "first\n"}) as (folder, ws):
+        make_repository(ws.path)
+
+        async def main() -> tuple[Any, list[str], bool]:
+            async with serving(folder, ws, backend, writable=True) as (server, talk):
+                answer = await talk.ask(COMMIT)
+                synced = await server.sync()
+                again = await server.sync()
+                assert again.changes.changes == (), "a second sync has nothing new"
+                return answer, list(synced.applied.written), synced.applied.applied
+
+        answer, written, applied = anyio.run(main)
+        assert answer[0] == 0, answer
+        assert applied, written
+        assert git_log(ws.path) == ["agent", "first"], "the commit reached the repository"
+        assert (ws.path / "a.txt").read_text() == "changed by the agent\n"
+        assert {".git/index", ".git/refs/heads/main", ".git/logs/HEAD"} <= set(written)
+        assert any(path.startswith(".git/objects/") for path in written)
+        assert git(ws.path, "status", "--porcelain").stdout == "", "the workspace, index and HEAD agree"
+        assert git(ws.path, "fsck", "--strict").returncode == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_writable_server_never_writes_protected_paths_nor_outside(backend: Backend) -> None:
+    skip_without(backend)
+    with project({"a.txt": "a\n", ".git/hooks/README": "hooks\n", ".git/config": "[core]\n"}) as (folder, ws):
+        outside = folder / "outside.txt"
+
+        async def main() -> tuple[Any, dict[str, str], list[str]]:
+            async with serving(folder, ws, backend, writable=True) as (server, talk):
+                answer = await talk.ask(f"OUTSIDE = {str(outside)!r}\n{PROTECTED}")
+                await server.stop()  # the copy is kept until the context ends: a stopped server's changes still sync
+                synced = await server.sync()
+                refused = {entry.path: str(entry.why) for entry in synced.changes.refused}
+                return answer, refused, list(synced.applied.written)
+
+        answer, refused, written = anyio.run(main)
+        check_protected(ws.path, answer, refused, written, outside)
+
+
+def test_a_read_only_server_has_nothing_to_sync() -> None:
+    with project({}) as (folder, ws):
+
+        async def main() -> None:
+            async with serving(folder, ws, "native") as (server, _):
+                with pytest.raises(ValueError, match="only a writable server"):
+                    await server.sync()
+
+        anyio.run(main)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_gateways_writable_server_commits_and_keeps_protected_paths(backend: Backend) -> None:
+    uid = rootless_uid(2, backend)
+    with users_project({"a.txt": "first\n", ".git/hooks/README": "hooks\n"}, uid) as folder:
+        ws = folder / "ws"
+        make_repository(ws, uid)
+        outside = folder / "outside" / "x"
+        seen = ask_as_user(uid, folder, backend, COMMIT, f"OUTSIDE = {str(outside)!r}\n{PROTECTED}", writable=True)
+        if backend == "bubblewrap" and Layer.MOUNT_TREE not in seen["layers"]:
+            pytest.skip("bubblewrap does not run here for an ordinary user")
+        assert seen["answers"][0][0] == 0, seen
+        assert seen["applied"] is True, seen
+        assert git_log(ws) == ["agent", "first"]
+        check_protected(ws, seen["answers"][1], seen["refused"], seen["written"], outside)
+
+
+def test_a_cancelled_context_leaves_nothing_even_while_a_send_is_stuck() -> None:
+    """A server that stops reading: the gateway's send blocks on the full pipe; cancelling the context still ends it all."""
+    with project({}) as (folder, ws):
+
+        async def main() -> list[int]:
+            started: list[int] = []
+            with anyio.move_on_after(3):
+                async with serving(folder, ws, "native") as (server, talk):
+                    await talk.ask(f"exec({DAEMONIZE!r}.replace('print(', 'answer = ('))")
+                    started = family(server.pid)
+                    await server.stdin.send(json.dumps("import time; time.sleep(3600)").encode() + b"\n")
+                    await server.stdin.send(b"x" * (1 << 22))  # blocks: nobody reads
+            return started
+
+        started = anyio.run(main)
+        assert len(started) >= 3
+        assert wait_gone(started, 5.0) == []

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,7 @@ from sandbox.limits import BACKENDS, Backend
 from sandbox.patch import render_patch
 from sandbox.pinned import Pinned
 from tests.harness import REPO
-from tests.sandbox.confined_child import PYTHON, project, requires_root, shared_dir
+from tests.sandbox.confined_child import PYTHON, project, requires_root, users_project
 
 pytestmark = requires_root
 
@@ -303,21 +301,6 @@ print(os.getcwd(), i)
 """
 
 
-@contextlib.contextmanager
-def users_project(files: dict[str, str]) -> Iterator[Path]:
-    """A workspace, scratch and outside folder of the ordinary uid, as its own gateway would have them."""
-    with shared_dir() as folder:
-        for sub in ("ws", "scratch", "outside"):
-            (folder / sub).mkdir()
-        for name, text in files.items():
-            (folder / "ws" / name).parent.mkdir(parents=True, exist_ok=True)
-            (folder / "ws" / name).write_text(text)
-        for path in (folder, *folder.rglob("*")):
-            os.chown(path, ROOTLESS_UID, ROOTLESS_UID)
-        folder.chmod(0o755)
-        yield folder
-
-
 def as_user(code: str, folder: Path, backend: Backend, *extra: str) -> dict[str, Any]:
     child = str(REPO / "tests" / "sandbox" / "rootless_writes_child.py")
     command = ["setpriv", f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}", "--clear-groups", "--"]
@@ -331,7 +314,7 @@ def as_user(code: str, folder: Path, backend: Backend, *extra: str) -> dict[str,
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_rootless_gateways_run_writes_a_copy_its_child_made_and_the_gateway_filled(backend: Backend) -> None:
-    with users_project({"a.py": "x = 1\n", ".git/hooks/README": "hooks\n"}) as folder:
+    with users_project({"a.py": "x = 1\n", ".git/hooks/README": "hooks\n"}, ROOTLESS_UID) as folder:
         code = f"OUTSIDE = {str(folder / 'outside' / 'x')!r}\n{ROOTLESS_EDIT}"
         seen = as_user(code, folder, backend)
         assert seen["rootless"] is True
@@ -351,7 +334,7 @@ def test_a_rootless_gateways_run_writes_a_copy_its_child_made_and_the_gateway_fi
 
 
 def test_a_rootless_workspace_too_large_to_copy_runs_nothing() -> None:
-    with users_project({f"f{i}": "x" for i in range(20)}) as folder:
+    with users_project({f"f{i}": "x" for i in range(20)}, ROOTLESS_UID) as folder:
         marker = folder / "outside" / "ran"
         seen = as_user(f"open({str(marker)!r}, 'w')", folder, "native", "10")
         assert seen == {"rootless": True, "start_error": "workspace_too_large_for_view"}
@@ -361,7 +344,7 @@ def test_a_rootless_workspace_too_large_to_copy_runs_nothing() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_rootless_run_gets_the_same_refusals_and_its_late_writer_is_dead_before_the_read(backend: Backend) -> None:
     files = {"a.py": "x = 1\n", ".git/hooks/README": "hooks\n", ".git/config": "[core]\n"}
-    with users_project(files) as folder:
+    with users_project(files, ROOTLESS_UID) as folder:
         outside = folder / "outside" / "x"
         code = f"OUTSIDE = {str(outside)!r}\n{HOSTILE}\n{KEEPS_WRITING}"
         seen = as_user(code, folder, backend)
