@@ -5,7 +5,10 @@ run is over and the copy frozen, and compares it with what was copied (sandbox/w
 `Originals`): folders and regular files added, modified or deleted, each with its hashes, sizes
 and modes and, for what is to be written, its content. What cannot be applied is listed as
 refused with why: symlinks (anywhere, to anywhere), hard links, devices, FIFOs, sockets,
-setuid/setgid bits, protected paths. Past `max_files` changes or `max_bytes` of content the walk
+setuid/setgid bits, protected paths (and anything named `.git` or beneath one), anything in a
+folder git would take for a repository (it holds a `HEAD`), what the run could not read (never
+read here, nor named beneath a folder it could not read), and modes that add write for others
+(decision 80, "Reviewed"). Past `max_files` changes or `max_bytes` of content the walk
 stops (at the cap plus one) and the whole set is `too_large`: nothing of it applies.
 
 Bounded by construction: the copy's tmpfs holds at most as many inodes as the copy plus the
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sandbox.beneath import open_beneath
-from sandbox.workspace_copy import MAX_DEPTH, PERMISSION_BITS, Kind, Original, Originals
+from sandbox.workspace_copy import MAX_DEPTH, PERMISSION_BITS, Kind, Original, Originals, Owner
 
 MIB = 1024 * 1024
 DEFAULT_MAX_FILES = 1000
@@ -52,6 +55,15 @@ class Refusal(StrEnum):
     PROTECTED = "protected_path"
     TOO_DEEP = "too_deep"
     """A folder MAX_DEPTH folders down: neither it nor anything in it is read."""
+    GIT_DIRECTORY = "git_directory"
+    """In (or itself) a folder holding a `HEAD`, before or after the run: git reads such a folder as a repository
+    (a bare one, or a `.git` a `gitdir:` file names), its `config`, `commondir` and `hooks` included (`git_folders`)."""
+    NOT_READABLE = "not_readable_by_the_run"
+    """An entry the run could not read (not its own, not readable by others, or beneath such a folder), or a folder
+    holding one: its change is neither applied nor shown, and nothing beneath it is named (`_Walk._hidden_entry`)."""
+    WRITABLE = "group_or_world_writable"
+    """A mode that adds write for others, or for the group where the file (or the folder an added entry lands in)
+    had none (`adds_write_bits`): apply such a mode in the workspace yourself if it is meant."""
 
 
 class TooLarge(StrEnum):
@@ -133,24 +145,47 @@ def _parts(path: str) -> tuple[str, ...]:
     return tuple(part for part in path.split("/") if part not in ("", "."))
 
 
-GIT_CONTROL = frozenset({"hooks", "config"})
-"""Beneath any `.git` folder, at any depth (a nested repository's, a submodule's in `.git/modules/`), a
-component named so makes the path protected whatever the policy lists: git runs hooks and reads
-`core.fsmonitor`, `core.hooksPath` and filter commands from there."""
+_IGNORED_BY_HFS = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
+"""Code points HFS+ drops from a name (git's is_hfs_dotgit): `.g\u200cit` is `.git` on a Mac the tree is synced to."""
+
+
+def is_dot_git(name: str) -> bool:
+    """Whether git, or a filesystem that folds case, drops trailing dots and spaces or ignores some code
+    points (ext4's casefold folders, vfat, NTFS and its 8.3 short name, HFS+), could take `name` for `.git`."""
+    return name.translate(_IGNORED_BY_HFS).casefold().rstrip(". ") in (".git", "git~1")
 
 
 def is_protected(path: str, protected: tuple[str, ...]) -> bool:
     """Whether `path` is a protected path or lies beneath one, at the workspace's root or in any folder
     beneath it (`.envrc` and `.vscode` act wherever a person opens or enters a folder; compared
-    component-wise, case as given), or is git's control beneath a `.git` folder (GIT_CONTROL)."""
+    component-wise, case as given), or is a `.git` entry or beneath one, at any depth, whatever the
+    policy lists: git obeys a `.git` folder's `config`, `commondir`, `hooks`, `info/attributes`,
+    `worktrees/` and `modules/`, and a `.git` file's `gitdir:` line (decision 78)."""
     parts = _parts(path)
     for guarded in map(_parts, protected):
         size = len(guarded)
         if any(parts[start : start + size] == guarded for start in range(len(parts) - size + 1)):
             return True
-    if ".git" in parts:
-        return any(part in GIT_CONTROL for part in parts[parts.index(".git") + 1 :])
-    return False
+    folded = path.translate(_IGNORED_BY_HFS).casefold()  # one look at the whole path first: most have no "git"
+    return "git" in folded and any(is_dot_git(part) for part in parts)
+
+
+def git_folders(present: Iterable[str]) -> frozenset[str]:
+    """The folders among `present` (relative paths) that hold an entry named `HEAD` (any case): git takes a
+    folder with a `HEAD`, and `objects` and `refs` there or in its `commondir`, for a repository (a bare
+    one, found from any folder beneath it), so nothing in one may change (Refusal.GIT_DIRECTORY)."""
+    split = (entry.rpartition("/") for entry in present)
+    return frozenset(folder for folder, _, name in split if name.casefold() == "head")
+
+
+def adds_write_bits(change: Change, folder_mode: int | None) -> bool:
+    """Whether `change` gives write to others where its entry had none (an added one had none), or to the
+    group where it had none (for an added entry: where the folder it lands in, `folder_mode` as copied,
+    had none; None: not known, so none)."""
+    if change.mode_after is None or change.action is Action.DELETED:
+        return False
+    had = (change.mode_before if change.action is Action.MODIFIED else (folder_mode or 0) & 0o070) or 0
+    return bool(change.mode_after & ~had & 0o022)
 
 
 def guarding_folders(present: Iterable[str], protected: tuple[str, ...]) -> frozenset[str]:
@@ -164,14 +199,24 @@ def guarding_folders(present: Iterable[str], protected: tuple[str, ...]) -> froz
     return frozenset(found)
 
 
-def read_changes(view_fd: int, originals: Originals, rules: ChangeRules, workspace_fd: int | None = None) -> ChangeSet:
+def read_changes(
+    view_fd: int,
+    originals: Originals,
+    rules: ChangeRules,
+    workspace_fd: int | None = None,
+    *,
+    run_owner: Owner | None = None,
+) -> ChangeSet:
     """The change set of the frozen copy under `view_fd` against `originals` (what it was copied from).
 
     With `workspace_fd`, each modified or deleted file's present content in the workspace is kept
-    for the diff when it still has `sha256_before` (at most `max_bytes` of it in all)."""
+    for the diff when it still has `sha256_before` (at most `max_bytes` of it in all). `run_owner` is
+    the one copy_workspace was given: the run's uid, which could read what was given to it and what
+    others may read; None, the run had the gateway's uid and could read all that was copied."""
     walk = _Walk(originals, rules)
     root = os.open(".", _DIR, dir_fd=view_fd)
     try:
+        walk.judge_as(run_owner, root, workspace_fd)
         walk.folder(root, "")
         walk.deletions()
     except _TooLargeStop as stop:
@@ -221,10 +266,106 @@ class _Walk:
         self.bytes = 0
         self.guarding = guarding_folders(originals, rules.protected)
         self._children: dict[str, list[str]] | None = None
+        self.run_uid: int | None = None
+        """The uid whose rights judge what the run could read (None: it could read all that was copied)."""
+        self._hiding_folders: frozenset[str] | None = None
+        self.git_before = git_folders(originals)
+        self.guarding |= {"/".join(_parts(f)[:end]) for f in self.git_before for end in range(1, len(_parts(f)) + 1)}
+        self._root = -1
+        self._git_after: dict[str, bool] = {}
+        self._root_mode: int | None = None
+        self.root_hidden = False
+        """The run could not enter its copy's root: nothing in it was the run's to change."""
+
+    def judge_as(self, run_owner: Owner | None, root: int, workspace_fd: int | None) -> None:
+        """What the run could read, from the copy's root (`root`) and `run_owner` (read_changes)."""
+        self._root = root
+        if workspace_fd is not None:
+            self._root_mode = os.fstat(workspace_fd).st_mode & PERMISSION_BITS
+        if run_owner is None:
+            return
+        self.run_uid = run_owner.uid
+        self.root_hidden = not self._readable(os.fstat(root))
+
+    def _was_hidden(self, original: Original) -> bool:
+        """Whether the run could not read this copied entry itself (its folders aside): copy_workspace gave it
+        only what others may read."""
+        return self.run_uid is not None and (self.root_hidden or not _readable_by_others(original))
+
+    def _readable(self, info: os.stat_result) -> bool:
+        """Whether the run's uid could read an entry of the copy as it is now (its own, which it could chmod,
+        or readable by others; a folder readable and searchable)."""
+        if self.run_uid is None or info.st_uid == self.run_uid:
+            return True
+        wanted = 0o005 if stat.S_ISDIR(info.st_mode) else 0o004
+        return info.st_mode & wanted == wanted
+
+    def _hidden_at(self, path: str) -> str | None:
+        """The copied entry, `path` or a folder above it, the run could not read (the topmost), or None."""
+        if self.run_uid is None:
+            return None
+        parts = _parts(path)
+        return next(
+            (above for above in ("/".join(parts[:end]) for end in range(1, len(parts) + 1))
+             if self._was_hidden(self.originals[above])),
+            None,
+        )  # fmt: skip
+
+    def _hiding(self, folder: str) -> bool:
+        """Whether the copied folder held an entry the run could not read (its deletion would delete that);
+        the set is made at the first folder deleted by a run that could not read everything."""
+        if self.run_uid is None:
+            return False
+        if self._hiding_folders is None:
+            self._hiding_folders = frozenset(
+                "/".join(_parts(path)[:end])
+                for path, was in self.originals.items()
+                if self._was_hidden(was)
+                for end in range(1, len(_parts(path)))
+            )
+        return folder in self._hiding_folders
+
+    def _in_git_folder(self, path: str, kind: Kind) -> bool:
+        """Whether `path` (a folder), or a folder above it, holds a `HEAD` as copied or in the copy now
+        (git_folders; the walk notes each folder it lists, an added one is listed here first)."""
+        parts = _parts(path)
+        for end in range(len(parts) + (kind is Kind.FOLDER)):
+            folder = "/".join(parts[:end])
+            if folder in self.git_before or self._holds_head(folder):
+                return True
+        return False
+
+    def _holds_head(self, folder: str) -> bool:
+        if folder not in self._git_after:
+            try:
+                fd = open_beneath(self._root, folder or ".", _DIR)
+            except OSError:  # not a folder of the copy now (deleted, a file): judged as copied
+                self._git_after[folder] = False
+            else:
+                try:
+                    self._git_after[folder] = any(name.casefold() == "head" for name in os.listdir(fd))
+                finally:
+                    os.close(fd)
+        return self._git_after[folder]
+
+    def _folder_mode(self, path: str) -> int | None:
+        """The mode, as copied, of the folder `path` is added to (the nearest one copied above it)."""
+        parts = _parts(path)
+        for end in range(len(parts) - 1, 0, -1):
+            original = self.originals.get("/".join(parts[:end]))
+            if original is not None:
+                return original.mode
+        return self._root_mode
 
     def _add(self, change: Change) -> None:
         if is_protected(change.path, self.rules.protected):
             self._refuse(change.path, Refusal.PROTECTED)
+            return
+        if self._in_git_folder(change.path, change.kind):
+            self._refuse(change.path, Refusal.GIT_DIRECTORY)
+            return
+        if adds_write_bits(change, self._folder_mode(change.path)):
+            self._refuse(change.path, Refusal.WRITABLE)
             return
         self.bytes += (change.size_after or 0) if change.content is not None else 0
         self.changes.append(change)
@@ -241,10 +382,14 @@ class _Walk:
             raise _TooLargeStop(TooLarge.BYTES)
 
     def folder(self, fd: int, prefix: str, depth: int = 0) -> None:
-        for name in sorted(os.listdir(fd)):
+        names = sorted(os.listdir(fd))
+        self._git_after[prefix.removesuffix("/")] = any(name.casefold() == "head" for name in names)
+        for name in names:
             path = f"{prefix}{name}"
             info = os.stat(name, dir_fd=fd, follow_symlinks=False)
             original = self.originals.get(path)
+            if self._hidden_entry(fd, name, path, info, depth):
+                continue
             if original is not None and original.kind is not _kind(info.st_mode):
                 self._deleted(path)  # replaced by another kind: the old one goes, the new one is judged below
                 original = None
@@ -271,6 +416,45 @@ class _Walk:
             elif original is None or (original.copy_ino, original.copy_ctime_ns) != (info.st_ino, info.st_ctime_ns):
                 self._file(fd, name, path, info, original)
 
+    def _hidden_entry(self, fd: int, name: str, path: str, info: os.stat_result, depth: int) -> bool:
+        """Whether the entry at `path` was one the run could not read, as copied or as it is now (a folder it
+        could not read renamed there): then it is refused if anything of it changed, and neither read,
+        shown nor applied, nor anything beneath it named (the run never learnt those names)."""
+        original = self.originals.get(path)
+        was_hidden = self.root_hidden or (original is not None and self._was_hidden(original))
+        if not was_hidden and self._readable(info):
+            return False
+        self.seen.add(path)
+        if original is not None and original.kind is Kind.FOLDER:
+            self.seen.update(self._beneath(path))
+        same = original is not None and (original.copy_ino, original.copy_ctime_ns) == (info.st_ino, info.st_ctime_ns)
+        if same and stat.S_ISDIR(info.st_mode):
+            same = not self._changed_beneath(fd, name, path, depth + 1)
+        if not same:
+            self._refuse(path, Refusal.NOT_READABLE)
+        return True
+
+    def _changed_beneath(self, fd: int, name: str, path: str, depth: int) -> bool:
+        """Whether anything beneath the folder `path` differs from the copy as made: its names, an inode, a ctime
+        (the gateway lists and stats it; nothing of it is read or named)."""
+        if depth >= MAX_DEPTH:
+            return True
+        inner = os.open(name, _DIR, dir_fd=fd)
+        try:
+            names = os.listdir(inner)
+            if {f"{path}/{child}" for child in names} != set(self._index().get(path, ())):
+                return True
+            for child in names:
+                info = os.stat(child, dir_fd=inner, follow_symlinks=False)
+                original = self.originals[f"{path}/{child}"]
+                if (original.copy_ino, original.copy_ctime_ns) != (info.st_ino, info.st_ctime_ns):
+                    return True
+                if stat.S_ISDIR(info.st_mode) and self._changed_beneath(inner, child, f"{path}/{child}", depth + 1):
+                    return True
+            return False
+        finally:
+            os.close(inner)
+
     def _file(self, fd: int, name: str, path: str, info: os.stat_result, before: Original | None) -> None:
         unchanged_size = before is not None and before.size == info.st_size
         # Judged by st_size before a byte is read: a sparse file of any size costs one fstat.
@@ -288,15 +472,20 @@ class _Walk:
             )  # fmt: skip
             self._add(change)
 
-    def _beneath(self, path: str) -> list[str]:
-        """What the copy held beneath the folder `path` (an index built once, at the first folder replaced)."""
+    def _index(self) -> dict[str, list[str]]:
+        """Each copied folder's entries (built once, when first needed)."""
         if self._children is None:
             self._children = {}
             for entry in self.originals:
                 self._children.setdefault(entry.rpartition("/")[0], []).append(entry)
+        return self._children
+
+    def _beneath(self, path: str) -> list[str]:
+        """What the copy held beneath the folder `path`."""
+        children = self._index()
         found, waiting = [], [path]
         while waiting:
-            for child in self._children.get(waiting.pop(), ()):
+            for child in children.get(waiting.pop(), ()):
                 found.append(child)
                 waiting.append(child)
         return found
@@ -312,7 +501,15 @@ class _Walk:
         self._delete_one(path)
 
     def _delete_one(self, path: str) -> None:
+        hidden = self._hidden_at(path)
+        if hidden is not None:
+            if hidden == path:  # its name the run could list; anything beneath it, never
+                self._refuse(path, Refusal.NOT_READABLE)
+            return
         original = self.originals[path]
+        if original.kind is Kind.FOLDER and self._hiding(path):
+            self._refuse(path, Refusal.NOT_READABLE)
+            return
         if original.kind is Kind.SYMLINK:
             self._refuse(path, Refusal.SYMLINK)
             return
@@ -329,6 +526,15 @@ class _Walk:
             if path not in self.seen:
                 self.seen.add(path)
                 self._delete_one(path)
+
+
+def _readable_by_others(original: Original) -> bool:
+    """What copy_workspace gives the run's uid (`_Copier.give`): a file readable by others, a folder readable
+    and searchable by them; a symlink is only its target's name."""
+    if original.kind is Kind.SYMLINK:
+        return True
+    wanted = 0o005 if original.kind is Kind.FOLDER else 0o004
+    return original.mode & wanted == wanted
 
 
 def _kind(mode: int) -> Kind | None:

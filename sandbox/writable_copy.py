@@ -69,8 +69,11 @@ class WritableCopy:
         view: WorkspaceView | None = None,
         child_view: NamespacedView | None = None,
         originals: Originals = MappingProxyType({}),
+        run_owner: Owner | None = None,
     ) -> None:
         self.writes, self.view, self.child_view, self.originals = writes, view, child_view, originals
+        self.run_owner = run_owner
+        """Whom the copy was given to (root: the run's pool uid); None, the run has the gateway's uid."""
         self._filled: Originals | None = None
         self._failure: BaseException | None = None
         self._child_mount_fd = -1
@@ -106,7 +109,7 @@ class WritableCopy:
         fill = functools.partial(_fill, cwd, view.mount_fd, place.owner, writes)
         originals, (size, files) = await anyio.to_thread.run_sync(fill)
         view.resize(size, files)
-        return cls(writes, view=view, originals=originals)
+        return cls(writes, view=view, originals=originals, run_owner=place.owner)
 
     @contextlib.contextmanager
     def spawning(self, cwd: Path | Pinned) -> Iterator[None]:
@@ -162,7 +165,7 @@ class WritableCopy:
             mount_fd = self._child_mount_fd  # rootless: its writers died with the run's PID namespace
         else:
             return result
-        return await _read_into(result, mount_fd, self.originals, self.writes, cwd)
+        return await _read_into(result, mount_fd, self.originals, self.writes, cwd, run_owner=self.run_owner)
 
     @property
     def mount_fd(self) -> int | None:
@@ -200,10 +203,17 @@ def _fill(
 
 
 async def _read_into(
-    result: RunResult, mount_fd: int, originals: Originals, writes: ChangeRules, workspace: Pinned
+    result: RunResult,
+    mount_fd: int,
+    originals: Originals,
+    writes: ChangeRules,
+    workspace: Pinned,
+    *,
+    run_owner: Owner | None,
 ) -> RunResult:
+    read = functools.partial(read_changes, mount_fd, originals, writes, workspace.fd, run_owner=run_owner)
     try:
-        changes = await anyio.to_thread.run_sync(read_changes, mount_fd, originals, writes, workspace.fd)
+        changes = await anyio.to_thread.run_sync(read)
     except OSError:
         return dataclasses.replace(result, changes_error="changes_unreadable")
     return dataclasses.replace(result, changes=changes)

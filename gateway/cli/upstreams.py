@@ -1,7 +1,7 @@
 """`upstream list|accept` (docs/operations.md, "Upstream tool definitions"; decision 85).
 
 The upstreams are the policy's (`offered_tools`) and any the database holds pins for. Every name a
-server chose is printed escaped (`visible`); `--format json` writes them as JSON escapes (ASCII
+server chose is printed escaped (`shown_name`: `visible`, and a backslash as `\\u005c`); `--format json` writes them as JSON escapes (ASCII
 only), so neither a terminal nor a reader of the JSON sees a control or bidi character act.
 """
 
@@ -21,7 +21,7 @@ from gateway.policy_trust import policy_for
 from gateway.services import open_stores
 from gateway.settings import Settings
 from gateway.tools.registry import TOOL_NAMES
-from gateway.upstreams.pins import PinState, ToolLine, ToolPin, definition_diff, offered_tools, tool_lines
+from gateway.upstreams.pins import PinState, ToolLine, ToolPin, definition_diff, offered_tools, shown_name, tool_lines
 from gateway.visible import visible
 
 LIST_COLUMNS = ("upstream", "tool", "state", "offered", "pinned_sha256", "seen_sha256", "pinned_at", "accepted_by")
@@ -45,7 +45,7 @@ def cmd_upstream_list(settings: Settings, args: argparse.Namespace) -> int:
     for tools in lines.values():
         for line in tools:
             fields = [str(v) if v is not None else "-" for v in _row(line).values()][: len(LIST_COLUMNS)]
-            print("\t".join(visible(field) for field in fields))
+            print("\t".join(shown_name(field) for field in fields))
             if line.pin is not None and line.pin.reason is not None:
                 print(f"\t{visible(line.pin.reason)}")
     return 0
@@ -78,7 +78,7 @@ def cmd_upstream_accept(settings: Settings, args: argparse.Namespace) -> int:
     if args.name not in offered and not pins:
         known = sorted({*offered, *(p.upstream for p in stores.pins.pins())})
         raise CommandError(
-            f"no upstream named '{visible(args.name)}' (known: {', '.join(visible(k) for k in known) or 'none'}; "
+            f"no upstream named '{shown_name(args.name)}' (known: {', '.join(shown_name(k) for k in known) or 'none'}; "
             "see `mcp-gateway upstream list`)"
         )
     chosen = pins if args.tool is None else [_tool_of(args.name, args.tool, pins, offered.get(args.name, ()))]
@@ -88,16 +88,16 @@ def cmd_upstream_accept(settings: Settings, args: argparse.Namespace) -> int:
         if refused:
             pin = refused[0]
             raise CommandError(
-                f"{visible(pin.upstream)} / {visible(pin.tool)}: its latest definition was refused "
+                f"{shown_name(pin.upstream)} / {shown_name(pin.tool)}: its latest definition was refused "
                 f"({visible(pin.reason or '')}), so there is nothing to accept: the server must list one that "
                 "can be pinned"
             )
-        what = "every tool of" if args.tool is None else f"'{visible(args.tool)}' of"
-        raise CommandError(f"nothing to accept: {what} {visible(args.name)} is pinned as the server lists it")
+        what = "every tool of" if args.tool is None else f"'{shown_name(args.tool)}' of"
+        raise CommandError(f"nothing to accept: {what} {shown_name(args.name)} is pinned as the server lists it")
     for pin in changed:
         if pin.pinned is None or pin.seen is None:
             continue
-        print(f"# {visible(pin.upstream)} / {visible(pin.tool)}")
+        print(f"# {shown_name(pin.upstream)} / {shown_name(pin.tool)}")
         print(visible(definition_diff(pin.pinned, pin.seen), lines=True), end="")
     sys.stdout.flush()
     by = Actor(f"cli:{approver_name().removeprefix('approvals:')}", Channel.CLI)
@@ -105,23 +105,31 @@ def cmd_upstream_accept(settings: Settings, args: argparse.Namespace) -> int:
     tool = None if args.tool is None else changed[0].tool  # the name as stored, however TOOL spelt it
     accepted = stores.pins.accept(args.name, tool, by, expected=shown)
     for pin in accepted:
-        print(f"accepted {visible(pin.upstream)} / {visible(pin.tool)}: sha256 {pin.pinned_sha256}", file=sys.stderr)
+        print(
+            f"accepted {shown_name(pin.upstream)} / {shown_name(pin.tool)}: sha256 {pin.pinned_sha256}", file=sys.stderr
+        )
     missed = sorted(set(shown) - {p.tool for p in accepted})
     if missed:
-        names = ", ".join(visible(t) for t in missed)
+        names = ", ".join(shown_name(t) for t in missed)
         raise CommandError(f"not accepted: {names} changed again while shown; run `upstream accept` again")
     for pin in refused:
-        print(f"not accepted {visible(pin.upstream)} / {visible(pin.tool)}: refused", file=sys.stderr)
+        print(f"not accepted {shown_name(pin.upstream)} / {shown_name(pin.tool)}: refused", file=sys.stderr)
     return 0
 
 
 def _tool_of(upstream: str, given: str, pins: Sequence[ToolPin], offered: Sequence[str]) -> ToolPin:
-    """The pin TOOL names: its name as the server wrote it, or as `upstream list` shows it (escaped)."""
-    exact = [p for p in pins if p.tool == given]
-    matches = exact or [p for p in pins if visible(p.tool) == given]
-    if len(matches) == 1:
-        return matches[0]
+    """The pin TOOL names: as `upstream list` shows it (escaped), else as the server spells it (a script's)."""
+    for matches in ([p for p in pins if shown_name(p.tool) == given], [p for p in pins if p.tool == given]):
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise CommandError(
+                f"'{shown_name(given)}' names {len(matches)} tools of {shown_name(upstream)}: give the name as "
+                "`upstream list --format json` spells it"
+            )
     if given in offered:
-        raise CommandError(f"nothing to accept: the server has not listed '{visible(given)}' of {visible(upstream)}")
-    names = ", ".join(visible(p.tool) for p in pins) or "none seen yet"
-    raise CommandError(f"upstream {visible(upstream)} has no tool '{visible(given)}' (its tools: {names})")
+        raise CommandError(
+            f"nothing to accept: the server has not listed '{shown_name(given)}' of {shown_name(upstream)}"
+        )
+    names = ", ".join(shown_name(p.tool) for p in pins) or "none seen yet"
+    raise CommandError(f"upstream {shown_name(upstream)} has no tool '{shown_name(given)}' (its tools: {names})")

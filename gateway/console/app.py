@@ -43,6 +43,8 @@ from gateway.console.changes import MAX_PATCH_BYTES, offered_in_block, whole_pat
 from gateway.console.copy import pick_locale, words_for
 from gateway.console.sessions import SessionBook, SignInLimit, StreamSlot, StreamSlots, tokens_match
 from gateway.console.shown import shown_card, shown_lines
+from gateway.console.upstreams import NOTICES as PIN_NOTICES
+from gateway.console.upstreams import may_accept, tool_of_field
 from gateway.console.views import (
     AuditFilter,
     ChainWatch,
@@ -55,6 +57,7 @@ from gateway.console.views import (
 from gateway.policy import Policy
 from gateway.services import Stores
 from gateway.tools.registry import catalogue
+from gateway.upstreams.pins import offered_tools, tool_lines
 from gateway.users import hash_password, password_matches
 
 STATIC = Path(__file__).parent / "static"
@@ -341,6 +344,28 @@ class Endpoints:
         await _run(revoke_grant, self.c.stores, grant.id, _actor(who))
         return RedirectResponse("/grants", status_code=303)
 
+    # --- upstreams -------------------------------------------------------------------------------
+
+    async def upstreams_page(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
+        offered = offered_tools(self.c.policy)
+        lines = tool_lines(offered, await _run(self.c.stores.pins.pins))
+        m = request.query_params.get("m")
+        notice = words[f"pin_{m}"] if m in PIN_NOTICES else None
+        return _html(pages.upstreams_page(words, who, lines, frozenset(offered), notice))
+
+    async def accept_pin(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
+        """Accept the changed definition the form showed (its digest), as this ADMIN, through the console."""
+        if not may_accept(who):
+            return _html(pages.message_page(words, who, "/upstreams", words["pin_cannot_accept"]), 403)
+        form = await request.form()
+        tool = tool_of_field(_field(form, "tool"))
+        seen = _field(form, "seen") or ""
+        if tool is None or not seen:
+            return RedirectResponse("/upstreams?m=not_accepted", status_code=303)
+        accept = functools.partial(self.c.stores.pins.accept, expected={tool: seen})
+        accepted = await _run(accept, request.path_params["upstream"], tool, _actor(who))
+        return RedirectResponse(f"/upstreams?m={'accepted' if accepted else 'not_accepted'}", status_code=303)
+
     # --- audit -----------------------------------------------------------------------------------
 
     async def audit_page(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
@@ -411,6 +436,8 @@ def build_app(console: Console) -> ASGIApp:
         Route("/approvals/{question_id}/changes.patch", page(e.review_patch)),
         Route("/grants", page(e.grants_page)),
         Route("/grants/{grant_id}/revoke", page(e.revoke), methods=["POST"]),
+        Route("/upstreams", page(e.upstreams_page)),
+        Route("/upstreams/{upstream}/accept", page(e.accept_pin), methods=["POST"]),
         Route("/audit", page(e.audit_page)),
         Route("/audit/export.jsonl", page(e.audit_export)),
         Route("/runs", page(e.runs_page)),

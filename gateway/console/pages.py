@@ -23,11 +23,13 @@ from gateway.console.changes import offered_in_block, review_block
 from gateway.console.copy import LOCALES
 from gateway.console.html import Safe, el, join
 from gateway.console.shown import shown, shown_lines
+from gateway.console.upstreams import upstreams_body
 from gateway.console.views import PAGE, AuditFilter, ChainWatch, Viewer, grant_state
 from gateway.runs import RunRecord
+from gateway.upstreams.pins import ToolLine
 from gateway.visible import Excerpt, excerpt
 
-SECTIONS = ("calls", "approvals", "grants", "audit", "runs")
+SECTIONS = ("calls", "approvals", "grants", "upstreams", "audit", "runs")
 
 
 def shell(
@@ -321,6 +323,19 @@ def grants_page(
         else el("p", None, words["no_grants"])
     )
     return shell(words, who, "/grants", words["grants"], form, table)
+
+
+def upstreams_page(
+    words: Mapping[str, str],
+    who: Viewer,
+    lines: Mapping[str, Sequence[ToolLine]],
+    in_policy: frozenset[str],
+    notice: str | None,
+) -> str:
+    """Each upstream, its tools and their pin state; a changed definition's diff (gateway/console/upstreams.py)."""
+    status = el("p", {"id": "notice", "role": "status", "aria_live": "polite"}, notice or "")
+    body = upstreams_body(words, who, lines, in_policy)
+    return shell(words, who, "/upstreams", words["upstreams"], status, *body)
 
 
 def _field(label: str, name: str, value: str) -> Safe:

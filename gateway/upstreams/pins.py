@@ -12,7 +12,7 @@ JSON. Everything here comes from the server and is untrusted: stored as it came,
 (`MAX_DEFINITION_BYTES` per definition, `MAX_LISTED_TOOLS` per listing, `MAX_NAME_CHARS` per
 name), shown only through `gateway.visible`. Observing and accepting hold a lock per upstream
 (SQLite's write lock, a PostgreSQL advisory lock), so of several gateways seeing the same change
-exactly one records it.
+exactly one records it; each event commits in the same transaction as the rows it records.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from gateway.canonical import canonical_json, is_text, sha256_hex
 from gateway.clock import Clock
 from gateway.consent.actions import Actor
 from gateway.db.errors import storage_errors
+from gateway.policy import Policy
+from gateway.visible import visible
 
 log = logging.getLogger("gateway.upstreams.pins")
 
@@ -89,6 +91,13 @@ class ToolPin:
     """When the latest differing definition was first seen."""
 
 
+def shown_name(name: str) -> str:
+    """A server's name (or any one-line text of it) as every display shows it: `visible`, and a backslash
+    itself escaped (`\\u005c`), so a name spelling an escape (`a\\u202e`, typed) never looks like the
+    name holding the character (`a` and U+202E)."""
+    return visible(name.replace("\\", "\\u005c"))
+
+
 def tool_definition(tool: Mapping[str, Any]) -> dict[str, Any]:
     """The pinned part of a tools/list entry: every key of PINNED_KEYS, a missing one as None."""
     return {key: tool.get(key) for key in PINNED_KEYS}
@@ -121,14 +130,9 @@ def definition_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def offered_tools(policy: object) -> Mapping[str, tuple[str, ...]]:
-    """The policy's upstreams by name, each with the tools it offers (`Policy.upstreams`: name -> an
-    upstream with `.tools`); none for a policy without the key. The one place the pins' commands and
-    pages read the policy's upstreams."""
-    upstreams = getattr(policy, "upstreams", None)
-    if not isinstance(upstreams, Mapping):
-        return {}
-    return {str(name): tuple(str(t) for t in getattr(up, "tools", ())) for name, up in upstreams.items()}
+def offered_tools(policy: Policy) -> Mapping[str, tuple[str, ...]]:
+    """The policy's upstreams by name, each with the tools it offers (`upstreams.<name>.tools`)."""
+    return {name: upstream.tools for name, upstream in policy.upstreams.items()}
 
 
 NOT_SEEN = "not seen"
@@ -239,11 +243,10 @@ class PinStore:
                     event = _apply(connection, upstream, name, seen, row=rows.get(name), now=now)
                     if event is not None:
                         drafts.append(event)
+                if drafts:  # committed with the rows that withhold the tools, or not at all
+                    self._audit.append_within(connection, *drafts)
             result = self._fetch(upstream, listed)
         if drafts:
-            # After the commit: SQLite has one writer, and the row already withholds the tool. Only the
-            # gateway whose update made the change writes its event.
-            self._audit.append(*drafts)
             for draft in drafts:
                 log.warning(
                     "upstream %s: tool %s changed its definition; withheld until an ADMIN accepts it "
@@ -296,10 +299,9 @@ class PinStore:
                             accepted_by=by.name,
                         )
                     )
-                    previous = _pin_of(row)
-                    accepted.append(previous)
-            if accepted:
-                self._audit.append(*(_accepted_event(pin, by) for pin in accepted))
+                    accepted.append(_pin_of(row))
+                if accepted:  # the act commits with its record, or neither does
+                    self._audit.append_within(connection, *(_accepted_event(pin, by) for pin in accepted))
             return [p for p in self.pins(upstream) if any(p.tool == a.tool for a in accepted)]
 
     def _fetch(self, upstream: str, names: Collection[str]) -> dict[str, ToolPin]:

@@ -13,6 +13,7 @@ import pytest
 from gateway.audit import AuditLog
 from gateway.clock import SystemClock
 from gateway.upstreams.pins import PinStore, definition_sha256, tool_definition
+from tests.e2e.test_upstreams import OFFERED, install_server, upstream_policy
 from tests.harness import GatewayHome
 
 EVIL_NAME = "read\u202etxt.exe\x1b[31m"
@@ -113,6 +114,20 @@ def test_a_hostile_name_is_accepted_by_its_escaped_spelling(home: GatewayHome) -
     assert str(pins.pins("hostile")[0].state) == "pinned"
 
 
+def test_a_name_spelling_an_escape_never_looks_like_the_name_holding_the_character(home: GatewayHome) -> None:
+    pins = pins_of(home)
+    pins.observe("hostile", [tool("a\u202e"), tool("a\\u202e")])  # U+202E, and a backslash typed
+    pins.observe("hostile", [tool("a\u202e", "changed"), tool("a\\u202e")])
+    rows = [line.split("\t")[:3] for line in home.cli("upstream", "list").stdout.splitlines()]
+    assert sorted(rows) == [["hostile", "a\\u005cu202e", "pinned"], ["hostile", "a\\u202e", "changed"]]
+    accepted = home.cli("upstream", "accept", "hostile", "a\\u202e")  # as the list shows the changed one
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout.startswith("# hostile / a\\u202e\n")
+    accepted_by = {p.tool: (str(p.state), p.accepted_by) for p in pins.pins("hostile")}
+    assert accepted_by["a\\u202e"] == ("pinned", None)
+    assert accepted_by["a\u202e"][0] == "pinned" and str(accepted_by["a\u202e"][1]).startswith("cli:")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -132,3 +147,22 @@ def test_what_cannot_be_accepted_says_why_and_exits_1(home: GatewayHome, args: t
     assert message in refused.stderr
     assert "Traceback" not in refused.stderr
     assert [e for e in home.audit_events() if e["event_type"] == "TOOL_DEFINITION_ACCEPTED"] == []
+
+
+def test_list_shows_each_tool_the_policy_offers_not_seen_until_a_server_lists_it(
+    make_gateway: Callable[..., GatewayHome], db_url: str
+) -> None:
+    gateway = make_gateway()
+    install_server(gateway)
+    gateway.write_policy(upstream_policy())
+    pins_of(gateway).observe("up", [tool("echo")])
+    listed = gateway.cli("upstream", "list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    (upstream,) = json.loads(listed.stdout)["upstreams"]
+    assert (upstream["name"], upstream["in_policy"]) == ("up", True)
+    assert [(t["tool"], t["state"], t["offered"]) for t in upstream["tools"]] == [
+        (name, "pinned" if name == "echo" else "not seen", "yes") for name in OFFERED
+    ]
+    nothing = gateway.cli("upstream", "accept", "up", "note")
+    assert nothing.returncode == 1
+    assert "nothing to accept: the server has not listed 'note' of up" in nothing.stderr

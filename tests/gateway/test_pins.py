@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text
 
 from gateway import db
 from gateway.audit import AuditEvent, AuditLog, EventType
 from gateway.canonical import canonical_json
 from gateway.consent.actions import Actor
 from gateway.consent.store import Channel
+from gateway.errors import StorageUnavailableError
 from gateway.upstreams.pins import (
     MAX_DEFINITION_BYTES,
     MAX_LISTED_TOOLS,
@@ -27,7 +27,6 @@ from gateway.upstreams.pins import (
     PinStore,
     definition_diff,
     definition_sha256,
-    offered_tools,
     tool_definition,
     tool_lines,
 )
@@ -151,6 +150,24 @@ def test_a_tool_no_longer_listed_keeps_its_pin_and_upstreams_are_apart(engine: E
     assert [(p.upstream, p.tool) for p in store.pins()] == [("fs", "a"), ("git", "a"), ("git", "b")]
     assert [p.tool for p in store.pins("git")] == ["a", "b"]
     assert events(engine, EventType.TOOL_DEFINITION_CHANGED) == []
+
+
+def test_a_change_or_an_accept_whose_event_cannot_be_written_changes_nothing(engine: Engine) -> None:
+    store = store_on(engine)
+    store.observe("git", [tool("t", "v1")])
+    store.observe("git", [tool("t", "v2"), tool("u", "v1")])
+    with engine.begin() as connection:  # the audit log gone: no event can be written
+        connection.execute(
+            text("DROP TABLE audit_events CASCADE" if db.on_postgres(engine) else "DROP TABLE audit_events")
+        )
+    with pytest.raises(StorageUnavailableError):
+        store.observe("git", [tool("t", "v3"), tool("u", "v2")])
+    with pytest.raises(StorageUnavailableError):
+        store.accept("git", "t", ADMIN)
+    assert [(p.tool, p.state, p.seen) for p in store.pins("git")] == [
+        ("t", PinState.CHANGED, tool_definition(tool("t", "v2"))),
+        ("u", PinState.PINNED, None),
+    ]
 
 
 # --- accept ----------------------------------------------------------------------------------------------
@@ -324,22 +341,6 @@ def test_two_admins_accepting_at_once_write_one_event(engine: Engine) -> None:
 
 
 # --- the policy's upstreams, as `upstream list` and the console read them ----------------------------------
-
-
-@dataclass(frozen=True)
-class _Upstream:
-    tools: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _Policy:
-    upstreams: Mapping[str, _Upstream]
-
-
-def test_offered_tools_reads_the_policys_upstreams_and_a_policy_without_them_has_none() -> None:
-    policy = _Policy({"git": _Upstream(("git_status", "git_commit")), "fs": _Upstream(())})
-    assert offered_tools(policy) == {"git": ("git_status", "git_commit"), "fs": ()}
-    assert offered_tools(object()) == {}
 
 
 def test_each_offered_tool_is_listed_not_seen_until_its_server_lists_it(engine: Engine) -> None:

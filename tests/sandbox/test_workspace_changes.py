@@ -92,16 +92,33 @@ pytestmark = requires_root
     [
         (".git/hooks", True),
         (".git/hooks/pre-commit", True),
-        (".git/hooksx", False),
-        (".git/HOOKS/pre-commit", False),  # case as the filesystem has it: ext4 and tmpfs tell them apart
-        (".git", False),
-        (".git/HEAD", False),
+        (".git/hooksx", True),  # everything beneath a .git: git reads more than hooks and config there
+        (".git/HOOKS/pre-commit", True),
+        (".git", True),  # the folder itself (its mode), or a `gitdir:` file in its place
+        (".git/HEAD", True),
+        (".git/commondir", True),  # where git reads config and hooks from instead
+        (".git/worktrees/w/commondir", True),
+        (".git/info/attributes", True),  # filter commands by path
         (".git/config", True),
-        (".git/config.d", False),
+        (".git/config.d", True),
         ("src/.git/hooks/x", True),  # a nested repository's
+        ("src/.git", True),  # a submodule's `gitdir:` file, or a new one pointing anywhere
+        ("a/b/c/.git/config", True),
+        (".GIT/config", True),  # a casefold folder (ext4 +F), vfat, NTFS: the same name to git
+        (".Git", True),
+        (".git./config", True),  # NTFS drops trailing dots and spaces
+        (".git ", True),
+        ("git~1/config", True),  # NTFS's 8.3 short name
+        (".g\u200cit/config", True),  # HFS+ ignores zero-width and bidi marks
+        ("\ufeff.git", True),
+        (".g\u0131t/config", False),  # a dotless i: no filesystem folds it to .git
         (".git/modules/lib/hooks/post-checkout", True),  # a submodule's git folder
         (".git/modules/lib/config", True),
-        (".git/modules/lib/HEAD", False),
+        (".git/modules/lib/HEAD", True),
+        (".gitignore", False),
+        (".gitattributes", False),
+        ("git/config", False),
+        ("src/.github/workflows/ci.yml", False),
         ("sub/.envrc", True),  # direnv loads it in whatever folder a person enters
         ("sub/.vscode/tasks.json", True),
         (".vscode", True),
@@ -174,14 +191,15 @@ def test_deleting_a_folder_that_holds_a_protected_path_is_refused(tmp_path: Path
             path.rmdir() if path.is_dir() else path.unlink()
         (copy / ".git").rmdir()
         changes = changes_of(view, originals, ws)
-        assert actions(changes) == {".git/HEAD": Action.DELETED}
+        assert actions(changes) == {}
         assert {r.path: r.why for r in changes.refused} == {
             ".git/hooks/pre-commit.sample": Refusal.PROTECTED,
+            ".git/HEAD": Refusal.PROTECTED,
             ".git/hooks": Refusal.PROTECTED,
             ".git": Refusal.PROTECTED,
         }
         assert apply_changes(ws.fd, changes).applied
-        assert sorted(p.name for p in (ws.path / ".git").iterdir()) == ["hooks"]
+        assert sorted(p.name for p in (ws.path / ".git").iterdir()) == ["HEAD", "hooks"]
 
 
 def test_a_folder_to_delete_that_got_a_new_file_meanwhile_is_a_conflict(tmp_path: Path) -> None:
