@@ -86,8 +86,6 @@ class Forwarded:
     """The server answered the request with a JSON-RPC error, or with something that is no tools/call result."""
     synced: Synced | None = None
     """A `workspace: write` server's changes since the call began, brought into the workspace after it (sandbox/server.py)."""
-    sync_error: str | None = None
-    """Why they could not be read (nothing of them was applied)."""
 
 
 def unavailable(upstream: str, cause: str, step: str | None = None) -> InternalError:
@@ -268,12 +266,8 @@ class Connection:
         return Forwarded(0, ended="timeout")
 
     async def _synced(self, live: _Live, forwarded: Forwarded) -> Forwarded:
-        try:
-            synced = await live.server.sync()
-        except SandboxStartError as exc:
-            log.warning("upstream %s: its changes could not be read (%s)", self.upstream.name, exc.reason)
-            return dataclasses.replace(forwarded, sync_error=exc.reason)
-        return dataclasses.replace(forwarded, synced=synced)
+        """The call's changes brought in (a copy that cannot be read: none applied, `changes_unreadable`)."""
+        return dataclasses.replace(forwarded, synced=await live.server.sync())
 
     # --- the server's life ----------------------------------------------------------------------
 

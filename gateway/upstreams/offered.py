@@ -200,7 +200,7 @@ class UpstreamRun:
         """A writing server's changes (`workspace: write`), as WORKSPACE_CHANGES records a run's (hashes, never content)."""
         synced = self.forwarded.synced
         if synced is None:
-            return {} if self.forwarded.sync_error is None else {"changes_error": self.forwarded.sync_error}
+            return {}
         applied = synced.applied
         return {"changes": dict(changes_detail(synced.changes, applied.applied, "policy", applied.reason))}
 

@@ -1,7 +1,8 @@
 """mcp-server-git (PyPI, installed by the test extra) behind the gateway, on a real repository (docs/upstreams.md).
 
-A server no one here wrote: `git__git_commit` asks a person, commits after Allow, leaves the repository as it
-was after Deny, and the call is audited with the result's hash.
+A server no one here wrote: `git__git_commit` asks a person; after Deny nothing is sent to it; after Allow it
+commits in its copy of the workspace, the call is audited with the result's hash, and the commit's `.git`
+entries are refused at the workspace, as every `.git` entry of a change set is (decision 78).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def answer(decision: str, asked: list[str]) -> Callable[[dict[str, Any]], dict[s
     return respond
 
 
-def test_git_commit_asks_then_commits_after_allow_and_nothing_after_deny(
+def test_git_commit_asks_and_its_commit_never_writes_the_workspaces_git(
     repository: GatewayHome, open_session: SessionFactory
 ) -> None:
     workspace = repository.workspace
@@ -115,12 +116,14 @@ def test_git_commit_asks_then_commits_after_allow_and_nothing_after_deny(
     assert "result" in committed, committed
     assert committed["result"]["isError"] is False, (committed["result"], session.stderr_text()[-3000:])
     assert len(asked) == 2
-    assert git(workspace, "log", "-1", "--format=%s") == "from the agent\n"
-    assert "NOTES.md" in git(workspace, "show", "--name-only", "--format=", "HEAD")
     run_id = committed["result"]["_meta"]["mcp-write-gateway/run_id"]
     events = repository.events_of(run_id)
     assert [e["event_type"] for e in events][-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
     called = events[-2]["detail"]
     assert (called["upstream"], called["tool"], called["is_error"]) == ("git", "git_commit", False)
     assert len(called["result_sha256"]) == 64
-    assert called["changes"]["applied"] is True
+    # The server committed in its copy; no `.git` entry ever reaches the workspace, whatever the policy lists
+    # (sandbox/change_set.py `is_protected`, decision 78): the commit is refused, listed, never applied.
+    refused = called["changes"]["refused"]
+    assert refused and all(r["path"].startswith(".git/") for r in refused), refused
+    assert git(workspace, "rev-parse", "HEAD") == before
