@@ -213,8 +213,38 @@ class Moved:
         }
 
 
+PAGE_MAX = 200
+"""At most this many cards in one page of the console's list (`CallQuery.limit`)."""
+UPSTREAM_SEPARATOR = "__"
+"""An upstream server's tool is offered as `<upstream>__<tool>` (docs/upstreams.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallQuery:
+    """Which cards a page of the console's list shows (docs/console.md, "Invocations: the cards"): those
+    of a tool, of an upstream's tools (the `<upstream>__` prefix of their name), of a user, with an
+    outcome (their status); newest change first, `limit` of them, from before the cursor `before`
+    (keyset paging on `last_event_id`, never OFFSET). The console checks the values it is given."""
+
+    tool: str | None = None
+    upstream: str | None = None
+    user: str | None = None
+    status: CardStatus | None = None
+    before: int | None = None
+    limit: int = 50
+
+    def matches(self, card: Card) -> bool:
+        """Whether the card passes the filters (the live view's test; the cursor and the page size aside)."""
+        return (
+            (self.tool is None or card.tool_name == self.tool)
+            and (self.upstream is None or card.tool_name.startswith(self.upstream + UPSTREAM_SEPARATOR))
+            and (self.user is None or card.user == self.user)
+            and (self.status is None or card.status == self.status)
+        )
+
+
 class CallStore:
-    """The console's reads of `tool_calls`: cards changed after a cursor, and one card."""
+    """The console's reads of `tool_calls`: cards changed after a cursor, a page of them, and one card."""
 
     def __init__(self, engine: Engine) -> None:
         self._read = db.reader(engine)
@@ -242,6 +272,30 @@ class CallStore:
             query = query.where(t.c.workspace.in_(list(workspaces)))
         with self._read.connect() as connection:
             return [_card(row._mapping) for row in connection.execute(query)]
+
+    def fetch_page(self, query: CallQuery, workspaces: Collection[str] | None) -> tuple[list[Card], int | None]:
+        """One page of the cards `query` asks for, newest change first, and the cursor of the page after it
+        (None: there is none). `workspaces` None: all."""
+        t = db.tool_calls
+        conditions = []
+        if query.tool is not None:
+            conditions.append(t.c.tool_name == query.tool)
+        if query.upstream is not None:
+            conditions.append(t.c.tool_name.startswith(query.upstream + UPSTREAM_SEPARATOR, autoescape=True))
+        if query.user is not None:
+            conditions.append(t.c.user_name == query.user)
+        if query.status is not None:
+            conditions.append(t.c.status == query.status)
+        if query.before is not None:
+            conditions.append(t.c.last_event_id < query.before)
+        if workspaces is not None:
+            conditions.append(t.c.workspace.in_(list(workspaces)))
+        limit = max(1, min(query.limit, PAGE_MAX))
+        select_page = select(t).where(*conditions).order_by(t.c.last_event_id.desc()).limit(limit + 1)
+        with self._read.connect() as connection:
+            cards = [_card(row._mapping) for row in connection.execute(select_page)]
+        more = len(cards) > limit
+        return cards[:limit], cards[limit - 1].last_event_id if more else None
 
     def fetch(self, run_id: str) -> Card | None:
         t = db.tool_calls

@@ -147,6 +147,8 @@ class AgentTool:
     annotations: Mapping[str, Any]
     input_schema: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     meta: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    origin: None = None
+    """Claude Code's own, not an upstream's: its trust is decided by `agent_tool_consent`."""
 
 
 def agent_tool_consent(tool: str) -> ConsentProfile:

@@ -11,7 +11,8 @@ is also in the types: stages 2-5 (`ADMISSION`) go from nothing to a `Principal`,
 and an `Admitted`, and `Admission.then` accepts only a stage that takes what the one before it
 decided; every later stage takes the `Admitted`. A stage that writes takes the call (`_Call`, with
 its trail); a dry run has none (`_Dry`), so it cannot reach a write. The preflight, budget, sandbox
-and consent stages apply to write tools only. A tool's own behaviour comes from its registry entry
+and consent stages apply to write tools and upstream tools only (`is_gated`: the gateway's own
+in-process read tools are never asked, decision 86). A tool's own behaviour comes from its registry entry
 (gateway/tools/base.py): this module never names a tool.
 
 The first stage that fails ends the call with its GatewayError, after the terminal audit
@@ -59,6 +60,7 @@ from gateway.consent.stage import (
     RoundTrip,
     consent_profile,
 )
+from gateway.consent.text import upstream_preview
 from gateway.db.threads import in_db_thread
 from gateway.errors import (
     AuthRequiredError,
@@ -286,7 +288,7 @@ class Step(Generic[T]):
     dry: _Note
     step: Callable[[Pipeline, _Call, Admitted], T]
     writes_only: bool = False
-    """Only write tools (`sandboxed`) go through it."""
+    """Only gated tools (`is_gated`: write tools and upstream tools) go through it."""
     reads_only: bool = False
     """Only read tools go through it."""
 
@@ -320,6 +322,16 @@ class Route:
     @property
     def stages(self) -> tuple[_Gate | _Execution, ...]:
         return (*self.steps, *self.waits, self.execute)
+
+
+def is_gated(spec: ToolSpec) -> bool:
+    """Whether a call of `spec` passes the gates before it runs (preflight, budget, sandbox precondition,
+    consent): every write tool, and every upstream MCP server's tool (`origin`), read-only or not, since
+    its reads reach the workspace and beyond; a person is asked by its tier. Only the gateway's own
+    in-process read tools (`read`, no origin: list_artifacts, get_evidence, get_artifact_content) skip
+    them: they read nothing but the caller's own run records (decision 86). A gated tool runs by its
+    `execute`; one without it is refused as not implemented, never run as a read."""
+    return spec.sandboxed or spec.origin is not None
 
 
 def _applies(stage: _Gate | _Execution, sandboxed: bool) -> bool:
@@ -382,7 +394,7 @@ class Pipeline:
             decided = await in_db_thread(self._admitted, call)
             if isinstance(decided, ToolOutcome):
                 return decided  # a read tool: its whole call was that hop
-            stages = ROUTES[decided.spec.sandboxed]
+            stages = ROUTES[is_gated(decided.spec)]
             for stage in stages.waits:
                 trail.stage = stage.name
                 await stage.run(self, call, decided)
@@ -423,7 +435,7 @@ class Pipeline:
         one thread hop."""
         with self._refusal_logged(call.trail):
             admitted = ADMISSION.step(self, call, None)
-            stages = ROUTES[admitted.spec.sandboxed]
+            stages = ROUTES[is_gated(admitted.spec)]
             for stage in stages.steps:
                 self._step(call, admitted, stage)
             if isinstance(stages.execute, Step) and not stages.waits:
@@ -556,7 +568,7 @@ class Pipeline:
         reports: list[StageReport] = []
         try:
             admitted = ADMISSION.dry(self, dry, None, reports)
-            for stage in ROUTES[admitted.spec.sandboxed].stages:
+            for stage in ROUTES[is_gated(admitted.spec)].stages:
                 try:
                     note = stage.dry(self, dry, admitted)
                 except GatewayError as exc:
@@ -676,6 +688,9 @@ class Pipeline:
             risk=risk,
             fingerprint=fingerprint,
             destructive=destructive,
+            preview=None
+            if spec.origin is None
+            else upstream_preview(spec.origin, spec.annotations, arguments, self.s.policy.consent.locale),
             path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
         )
 
@@ -887,9 +902,10 @@ tool's execution is a step (its database reads, on the thread its admission ran 
 tool's waits for its run."""
 
 ROUTES: Mapping[bool, Route] = {sandboxed: route(GATES, EXECUTIONS, sandboxed) for sandboxed in (False, True)}
-"""The hop batching (decision 63), built once: for a read tool (False) and a write tool (True), the
-stages after admission grouped as they run: the steps on admission's database thread (a read
-tool's execution among them), then each stage that waits on the event loop."""
+"""The hop batching (decision 63), built once: for an in-process read tool (False) and a gated tool (True:
+a write or upstream tool, `is_gated`), the stages after admission grouped as they run: the steps on
+admission's database thread (a read tool's execution among them), then each stage that waits on the
+event loop."""
 
 
 def who_decided(answer: Answer, user: str) -> str:

@@ -198,9 +198,20 @@ def memory_session(
     """A client of `build_server` in process for `gateway`'s state folder; `elicitation` declares
     form elicitation (answered by the session's `responder`), `version` is LEGACY (initialize)
     or MODERN (2026-07-28: `server/discover`, then the envelope in every request's `_meta`)."""
+    with memory_session_of(
+        services_for(gateway, db_url=db_url, environ=environ), elicitation=elicitation, version=version
+    ) as session:
+        yield session
+
+
+@contextmanager
+def memory_session_of(
+    services: Services, *, elicitation: bool = False, version: str = LEGACY
+) -> Iterator[MemorySession]:
+    """`memory_session` for services a test built itself (e.g. with a tool of its own); their engine is
+    disposed of at the end."""
     if version not in (LEGACY, MODERN):
         raise ValueError(f"no such protocol era in these tests: {version}")
-    services = services_for(gateway, db_url=db_url, environ=environ)
     try:
         with start_blocking_portal() as portal:
             context = serve_in_memory(services, portal, elicitation=elicitation, version=version)

@@ -38,6 +38,7 @@ from gateway.audit import CHANGE_REVIEW, AuditLog, EventDraft, EventType
 from gateway.canonical import canonical_json
 from gateway.clock import Clock
 from gateway.consent.grant_scope import deny_covers
+from gateway.consent.hints import hint
 from gateway.consent.store import (
     Channel,
     ConsentStore,
@@ -90,31 +91,40 @@ class Origin(StrEnum):
 # --- pure decisions -------------------------------------------------------------------------------
 
 
-def risk_tier(annotations: Mapping[str, Any] | None, trusted: bool, declared: object = None) -> RiskTier:
-    """The tier (docs/consent.md, "Risk tiers and expiry"), with the MCP defaults for missing hints (destructive,
-    open world).
+TIERS: tuple[RiskTier, ...] = ("low", "medium", "high")
 
-    `declared` is the server's own tier from the tool's `_meta`; it wins when it is a tier.
+
+def risk_tier(annotations: Mapping[str, Any] | None, trusted: bool, declared: object = None) -> RiskTier:
+    """The tier (docs/consent.md, "Risk tiers and expiry"; decision 86), each missing hint read as its MCP
+    default (`hint`):
+
+    high: no annotations, destructive (`is_destructive`: `destructiveHint` true, said or by default for a
+    tool that is not read-only), or open world (`openWorldHint` true, said or by default), read-only or not;
+    low: read-only, closed world, not said destructive, from a trusted server; medium: the same from an
+    untrusted server, or side effects that are idempotent, not destructive and closed world. Anything the
+    rule does not name (side effects neither destructive nor idempotent) is high: the worst case.
+
+    `declared` is the tool's own tier from its `_meta` (`RISK_META_KEY`); it wins when it is a tier. Only
+    the gateway's own tools get one: `consent_profile` never passes an upstream server's.
     """
-    if declared in ("low", "medium", "high"):
+    if declared in TIERS:
         return declared
-    if not annotations:
+    if not annotations or is_destructive(annotations) or hint(annotations, "openWorldHint"):
         return "high"
-    read_only = annotations.get("readOnlyHint") is True
-    if is_destructive(annotations):
-        return "high"
-    if annotations.get("openWorldHint", True) is not False and not read_only:
-        return "high"
-    if read_only:
+    if hint(annotations, "readOnlyHint"):
         return "low" if trusted else "medium"
-    return "medium"
+    return "medium" if hint(annotations, "idempotentHint") else "high"
 
 
 def is_destructive(annotations: Mapping[str, Any] | None) -> bool:
-    """MCP defaults: destructiveHint is true unless said otherwise, and means nothing for a read-only tool."""
+    """No annotations, `destructiveHint` true, or a tool that is not read-only and does not say
+    `destructiveHint: false` (MCP's default for it is true). A read-only tool that says it is destructive
+    is taken at its word: its hints contradict each other, and the worse one counts (decision 86)."""
     if not annotations:
         return True
-    return annotations.get("readOnlyHint") is not True and annotations.get("destructiveHint", True) is not False
+    if annotations.get("destructiveHint") is True:
+        return True
+    return not hint(annotations, "readOnlyHint") and hint(annotations, "destructiveHint")
 
 
 def tool_fingerprint(
@@ -128,6 +138,22 @@ def tool_fingerprint(
     return hashlib.sha256(canonical_json(document).encode()).hexdigest()
 
 
+class ToolOrigin(Protocol):
+    """Where a tool comes from when the gateway did not write it (gateway/tools/base.py `Origin`)."""
+
+    @property
+    def upstream(self) -> str: ...
+    @property
+    def trust(self) -> str:
+        """`trusted` or `untrusted`, as the policy says of the upstream."""
+        ...
+
+    @property
+    def description(self) -> str: ...
+    @property
+    def definition_sha256(self) -> str: ...
+
+
 class DescribedTool(Protocol):
     """A tool as its server describes it (gateway/tools/registry.py `ToolSpec` is one)."""
 
@@ -139,6 +165,10 @@ class DescribedTool(Protocol):
     def annotations(self) -> Mapping[str, Any]: ...
     @property
     def meta(self) -> Mapping[str, Any]: ...
+    @property
+    def origin(self) -> ToolOrigin | None:
+        """The upstream MCP server the tool comes from; None: the gateway's own."""
+        ...
 
 
 class ConsentProfile(NamedTuple):
@@ -152,11 +182,22 @@ class ConsentProfile(NamedTuple):
 
 
 def consent_profile(tool: DescribedTool, *, trusted: bool = True) -> ConsentProfile:
-    """The tool's risk tier (its declared `_meta` tier first), whether it is destructive, and its fingerprint."""
+    """The tool's risk tier, whether it is destructive, and its fingerprint.
+
+    The gateway's own tool: trusted unless said otherwise, its declared `_meta` tier first. An upstream's
+    tool (`origin`): trusted only as the policy's `trust` says, and its server's `_meta` never counts,
+    whatever it declares (decision 86); its fingerprint covers the digest of its pinned definition
+    (`definition_sha256`: the description too), so a grant holds only for the definition it was given for.
+    """
+    origin = tool.origin
+    if origin is None:
+        declared, declaration = tool.meta.get(RISK_META_KEY), tool.meta.get(DECLARATION_META_KEY)
+    else:
+        declared, declaration, trusted = None, origin.definition_sha256, origin.trust == "trusted"
     return ConsentProfile(
-        risk_tier(tool.annotations, trusted, declared=tool.meta.get(RISK_META_KEY)),
+        risk_tier(tool.annotations, trusted, declared=declared),
         is_destructive(tool.annotations),
-        tool_fingerprint(tool.name, tool.input_schema, tool.annotations, tool.meta.get(DECLARATION_META_KEY)),
+        tool_fingerprint(tool.name, tool.input_schema, tool.annotations, declaration),
     )
 
 

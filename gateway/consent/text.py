@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway.canonical import canonical_json
+from gateway.consent.hints import HINT_DEFAULTS, hint, is_given
 from gateway.visible import Excerpt, excerpt, visible
 
 REDACTED = "[redacted]"
@@ -95,6 +96,16 @@ _COPY: Mapping[str, Mapping[str, str]] = {
         "see_all_first": "The preview was cut: press [v] to see the whole request before allowing it.",
         "whole": "the whole request: {chars} characters in {lines} lines, sha256 {digest}…",
         "whole_end": "end of the whole request, sha256 {digest}…",
+        "upstream": "Upstream server: {upstream} ({trust})",
+        "trusted": "trusted",
+        "untrusted": "untrusted",
+        "hints": "Annotations: {hints}",
+        "hint_default": "{name}: {value} (MCP default)",
+        "hint_default_unused": "{name}: {value} (MCP default; it means nothing for a read-only tool)",
+        "hint_not_boolean": "{name}: {value} (MCP default; the server sent {sent}, not a boolean)",
+        "server_title": "The server titles this tool (unchecked): {text}",
+        "server_says": "The server describes this tool as (unchecked): {text}",
+        "no_description": "(no description)",
     },
     "pt-BR": {
         "title": "Permitir execução desta ferramenta?",
@@ -118,6 +129,16 @@ _COPY: Mapping[str, Mapping[str, str]] = {
         "see_all_first": "A prévia foi cortada: tecle [v] para ver o pedido inteiro antes de permiti-lo.",
         "whole": "o pedido inteiro: {chars} caracteres em {lines} linhas, sha256 {digest}…",
         "whole_end": "fim do pedido inteiro, sha256 {digest}…",
+        "upstream": "Servidor upstream: {upstream} ({trust})",
+        "trusted": "confiável",
+        "untrusted": "não confiável",
+        "hints": "Anotações: {hints}",
+        "hint_default": "{name}: {value} (padrão do MCP)",
+        "hint_default_unused": "{name}: {value} (padrão do MCP; não vale para uma ferramenta somente de leitura)",
+        "hint_not_boolean": "{name}: {value} (padrão do MCP; o servidor enviou {sent}, que não é booleano)",
+        "server_title": "O servidor intitula esta ferramenta (não verificado): {text}",
+        "server_says": "O servidor descreve esta ferramenta como (não verificado): {text}",
+        "no_description": "(sem descrição)",
     },
 }
 
@@ -187,3 +208,64 @@ def prompt_for(question: Question, locale: str) -> Prompt:
 
 def prompt_text(question: Question, locale: str) -> str:
     return prompt_for(question, locale).text
+
+
+# --- an upstream's tool ------------------------------------------------------------------------
+
+
+class Upstream(Protocol):
+    """Where an upstream's tool comes from (gateway/tools/base.py `Origin`)."""
+
+    @property
+    def upstream(self) -> str: ...
+    @property
+    def trust(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+
+
+WRITE_ONLY_HINTS = frozenset({"destructiveHint", "idempotentHint"})
+"""Hints MCP gives meaning only for a tool that is not read-only: their defaults do not count for one that is."""
+SENT_CHARS = 64
+"""At most this much of a hint's value that is not a boolean is shown (it means nothing but its default)."""
+
+
+def upstream_preview(
+    origin: Upstream, annotations: Mapping[str, Any], arguments: Mapping[str, Any], locale: str
+) -> str:
+    """What every channel shows of a call to an upstream MCP server's tool (docs/upstreams.md, "What a
+    person is told"): the upstream and its trust as the policy says them, each behaviour hint (a missing
+    one named as its MCP default), the server's title and description marked as its own unchecked words,
+    then the arguments as any call's (`redacted_preview`).
+
+    Each of the server's words is one `visible` line (a newline in it is written `\\u000a`), so no text
+    of the server's can pass for a line of the gateway's; a line too long is cut loudly where the
+    channel shows it (`visible.excerpt`), and the prompt then says it is not shown whole."""
+    copy = copy_for(locale)
+    trust = copy[str(origin.trust)] if origin.trust in ("trusted", "untrusted") else visible(origin.trust)
+    hints = " · ".join(_hint_words(annotations, name, copy) for name in HINT_DEFAULTS)
+    lines = [copy["upstream"].format(upstream=visible(origin.upstream), trust=trust), copy["hints"].format(hints=hints)]
+    title = annotations.get("title")
+    if isinstance(title, str) and title:
+        lines.append(copy["server_title"].format(text=visible(title)))
+    described = visible(origin.description) if origin.description else copy["no_description"]
+    lines.append(copy["server_says"].format(text=described))
+    lines.append(f"{copy['args']}:")
+    lines += [f"  {line}" for line in redacted_preview(arguments).split("\n")]
+    return "\n".join(lines)
+
+
+def _hint_words(annotations: Mapping[str, Any], name: str, copy: Mapping[str, str]) -> str:
+    value = "true" if hint(annotations, name) else "false"
+    if is_given(annotations, name):
+        return f"{name}: {value}"
+    if name not in annotations:
+        unused = name in WRITE_ONLY_HINTS and hint(annotations, "readOnlyHint")
+        return copy["hint_default_unused" if unused else "hint_default"].format(name=name, value=value)
+    try:
+        sent = canonical_json(annotations[name])
+    except (TypeError, ValueError):
+        sent = "?"
+    if len(sent) > SENT_CHARS:
+        sent = sent[:SENT_CHARS] + "…"
+    return copy["hint_not_boolean"].format(name=name, value=value, sent=visible(sent))

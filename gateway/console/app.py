@@ -48,7 +48,9 @@ from gateway.console.upstreams import may_accept, tool_of_field
 from gateway.console.views import (
     AuditFilter,
     ChainWatch,
+    FilterError,
     Viewer,
+    call_query_of,
     export_audit,
     fetch_audit_page,
     run_files,
@@ -199,7 +201,11 @@ class Endpoints:
     # --- invocation cards ------------------------------------------------------------------------
 
     async def calls_page(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
-        return _html(pages.calls_page(words, who, _locale_of(request), None))
+        try:
+            query = call_query_of(request.query_params.multi_items())
+        except FilterError as exc:
+            return _html(pages.message_page(words, who, request.url.path, words["bad_filter"].format(why=exc)), 400)
+        return _html(pages.calls_page(words, who, _locale_of(request), None, query))
 
     async def call_page(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
         run_id = request.path_params["run_id"]
@@ -209,9 +215,15 @@ class Endpoints:
         return _html(pages.calls_page(words, who, _locale_of(request), run_id))
 
     async def api_calls(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
+        """A page of cards (`call_query_of`: filters, page size, the cursor `before`), oldest first as the
+        page prepends them; `older`: the cursor of the page before it, or null."""
+        try:
+            query = call_query_of(request.query_params.multi_items())
+        except FilterError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
         head = await _run(self.c.calls.fetch_head)  # read first: a change after it is streamed, not lost
-        cards = await _run(self.c.calls.fetch_latest, who.scope, 50)
-        return JSONResponse({"cards": [shown_card(card) for card in reversed(cards)], "head": head})
+        cards, older = await _run(self.c.calls.fetch_page, query, who.scope)
+        return JSONResponse({"cards": [shown_card(card) for card in reversed(cards)], "head": head, "older": older})
 
     async def api_call(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
         head = await _run(self.c.calls.fetch_head)
@@ -230,9 +242,14 @@ class Endpoints:
 
     async def api_stream(self, request: Request, who: Viewer, words: dict[str, str]) -> Response:
         """The cards changed after the cursor (`after`, or the `Last-Event-ID` of a reconnecting
-        EventSource), as server-sent events; without one, from now on. A cursor more than
+        EventSource) that pass the list's filters (`call_query_of`), as server-sent events; without a
+        cursor, from now on. A cursor more than
         `REPLAY_MAX` cards back gets one `reload` event instead of the backlog: the page's own
         reads are the way to catch up. A session or user past its share of streams gets 429."""
+        try:
+            query = call_query_of(request.query_params.multi_items(), extra=("after", "run"))
+        except FilterError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
         slot = self.c.streams.take(request.cookies.get(SESSION_COOKIE) or "", who.name)
         if isinstance(slot, str):
             return JSONResponse({"error": slot}, status_code=429, headers={"Retry-After": "5"})
@@ -261,7 +278,7 @@ class Endpoints:
                 cards = await _run(self.c.calls.fetch_changed, cursor, who.scope, 200)
                 for card in cards:
                     cursor = max(cursor, card.last_event_id)
-                    if only is None or card.run_id == only:
+                    if (only is None or card.run_id == only) and query.matches(card):
                         yield {"event": "card", "id": str(card.last_event_id), "data": json.dumps(shown_card(card))}
                 if not cards:
                     await anyio.sleep(POLL_S)
@@ -409,7 +426,7 @@ class Endpoints:
 
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in ("console.js", "console.css"):
+        if name not in ("console.js", "console.css", "tool.svg"):
             return Response("not found", status_code=404)
         return FileResponse(STATIC / name, headers={"Cache-Control": "no-cache"})
 

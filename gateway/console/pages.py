@@ -16,6 +16,7 @@ from urllib.parse import quote, urlencode
 
 from gateway.approvals import actions_for, default_for, deny_first, whole_of
 from gateway.audit import AuditEvent
+from gateway.calls import CallQuery, CardStatus
 from gateway.clock import iso_utc
 from gateway.consent.changes_view import Review
 from gateway.consent.store import Grant, PendingRequest
@@ -24,7 +25,7 @@ from gateway.console.copy import LOCALES
 from gateway.console.html import Safe, el, join
 from gateway.console.shown import shown, shown_lines
 from gateway.console.upstreams import upstreams_body
-from gateway.console.views import PAGE, AuditFilter, ChainWatch, Viewer, grant_state
+from gateway.console.views import PAGE, AuditFilter, ChainWatch, Viewer, call_query_string, grant_state
 from gateway.runs import RunRecord
 from gateway.upstreams.pins import ToolLine
 from gateway.visible import Excerpt, excerpt
@@ -130,14 +131,57 @@ def login_page(words: Mapping[str, str], csrf: str, error: str | None = None) ->
     return shell(words, None, "/login", words["sign_in"], alert, form)
 
 
-def calls_page(words: Mapping[str, str], who: Viewer, locale: str, run_id: str | None) -> str:
+def calls_page(
+    words: Mapping[str, str], who: Viewer, locale: str, run_id: str | None, query: CallQuery | None = None
+) -> str:
+    """The cards (the page's script reads them from /api/calls with `data-query`, the checked filters); for
+    the list, the filter form and the paging links the script fills in (`#paging`)."""
+    query = query or CallQuery()
     feed = el(
         "div",
-        {"id": "cards", "role": "feed", "aria_busy": "true", "aria_label": words["calls"], "data_run": run_id},
+        {
+            "id": "cards",
+            "role": "feed",
+            "aria_busy": "true",
+            "aria_label": words["calls"],
+            "data_run": run_id,
+            "data_query": None if run_id else call_query_string(query),
+            "data_filters": None if run_id else call_query_string(query, before=None, limit=None),
+        },
     )
-    status = el("p", {"id": "live", "class": "live", "role": "status", "aria_live": "polite"}, words["live"])
+    live = query.before is None
+    status = el(
+        "p",
+        {"id": "live", "class": "live", "role": "status", "aria_live": "polite"},
+        words["live" if live else "paged"],
+    )
     empty = el("p", {"id": "empty", "hidden": True}, words["no_calls"])
-    return shell(words, who, "/calls", words["calls"], status, empty, feed, live=True)
+    if run_id is not None:
+        return shell(words, who, "/calls", words["calls"], status, empty, feed, live=True)
+    paging = el("nav", {"id": "paging", "class": "paging", "aria_label": words["paging"]})
+    return shell(
+        words, who, "/calls", words["calls"], calls_filters(words, query), status, empty, feed, paging, live=live
+    )
+
+
+def calls_filters(words: Mapping[str, str], query: CallQuery) -> Safe:
+    """The list's filters as a GET form: its query string is the page's (`call_query_of` checks it)."""
+    outcomes = ("", *CardStatus)
+    return el(
+        "form",
+        {"method": "get", "action": "/calls", "class": "filters", "aria_label": words["filters"]},
+        _field(words["tool"], "tool", query.tool or ""),
+        _field(words["upstream"], "upstream", query.upstream or ""),
+        _field(words["user"], "user", query.user or ""),
+        _choice(
+            words["outcome"],
+            "outcome",
+            query.status or "",
+            [(o, words.get(o, o) if o else words["any"]) for o in outcomes],
+        ),
+        el("input", {"type": "hidden", "name": "limit", "value": str(query.limit)}) if query.limit != PAGE else None,
+        el("button", {"type": "submit"}, words["filter"]),
+    )
 
 
 NOTICES = ("decided", "not_recorded", "not_offered")
@@ -258,18 +302,11 @@ def grants_page(
         {"method": "get", "action": "/grants", "class": "filters"},
         _field(words["user"], "user", user),
         _field(words["tool"], "tool", tool),
-        el("label", {"for": "f-state"}, words["state"]),
-        el(
-            "select",
-            {"id": "f-state", "name": "state"},
-            [
-                el(
-                    "option",
-                    {"value": s, "selected": s == state},
-                    words[s] if s in ("active", "revoked") else (s or words["any"]),
-                )
-                for s in states
-            ],
+        _choice(
+            words["state"],
+            "state",
+            state,
+            [(s, words[s] if s in ("active", "revoked") else (s or words["any"])) for s in states],
         ),
         el("button", {"type": "submit"}, words["filter"]),
     )
@@ -336,6 +373,18 @@ def upstreams_page(
     status = el("p", {"id": "notice", "role": "status", "aria_live": "polite"}, notice or "")
     body = upstreams_body(words, who, lines, in_policy)
     return shell(words, who, "/upstreams", words["upstreams"], status, *body)
+
+
+def _choice(label: str, name: str, chosen: str, options: Sequence[tuple[str, str]]) -> Safe:
+    """A labelled select of a filter form: (value, words) per option, `chosen` selected."""
+    return join(
+        el("label", {"for": f"f-{name}"}, label),
+        el(
+            "select",
+            {"id": f"f-{name}", "name": name},
+            [el("option", {"value": value, "selected": value == chosen}, text) for value, text in options],
+        ),
+    )
 
 
 def _field(label: str, name: str, value: str) -> Safe:

@@ -5,28 +5,34 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from sqlalchemy import and_, select
 
 from gateway import db
 from gateway.audit import GENESIS, AuditEvent, ChainReport, _from_row
+from gateway.calls import PAGE_MAX, CallQuery, CardStatus
 from gateway.clock import iso_utc, parse_iso
 from gateway.consent.store import Grant
 from gateway.policy import Policy
 from gateway.rbac import ADMIN_ROLE, Permission, has_permission
 from gateway.services import Stores
 from gateway.tick_failures import FailureStreak
-from gateway.users import UserRecord
+from gateway.users import UserError, UserRecord, check_user_name
+from gateway.visible import visible as shown_text
 
 log = logging.getLogger("gateway.console")
 
 PAGE = 50
+USER_NAME_CHARS = 64
+"""The longest user name the tables hold."""
 TEXT_LIMIT = 262_144
 """At most this much of an artifact is shown on a run's page (the rest is named, with its size)."""
 
@@ -121,6 +127,78 @@ class AuditFilter:
         }
         values.update(changes)
         return {k: str(v) for k, v in values.items() if v is not None}
+
+
+CALL_FILTERS = ("tool", "upstream", "user", "outcome", "before", "limit")
+"""What `/calls` and `/api/calls` take in their query string (`call_query_of`)."""
+_CALL_TOOL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_UPSTREAM = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,63}")
+_CURSOR = re.compile(r"[1-9][0-9]{0,17}")
+
+
+class FilterError(ValueError):
+    """A filter or paging value of the query string that cannot be one: the page answers 400 with it."""
+
+
+def call_query_of(items: Iterable[tuple[str, str]], extra: Collection[str] = ()) -> CallQuery:
+    """The cards a page's query string asks for (`CALL_FILTERS`; `extra`: other keys its route reads
+    itself). An empty value is no filter (an empty form field); anything else that cannot be a value
+    of its key, a key given twice, or an unknown key raises FilterError naming the key and what it takes."""
+    given: dict[str, str] = {}
+    for key, value in items:
+        if key in extra:
+            continue
+        if key not in CALL_FILTERS:
+            raise FilterError(f"unknown parameter '{shown_text(key[:80])}': the list takes {', '.join(CALL_FILTERS)}")
+        if key in given:
+            raise FilterError(f"{key} is given twice: give it once")
+        given[key] = value
+    values = {key: value for key, value in given.items() if value != ""}
+
+    def checked(key: str, pattern: re.Pattern[str], what: str) -> str | None:
+        value = values.get(key)
+        if value is not None and pattern.fullmatch(value) is None:
+            raise FilterError(f"{key} must be {what}, not '{shown_text(value[:80])}'")
+        return value
+
+    user = values.get("user")
+    if user is not None:
+        try:
+            check_user_name(user)
+        except UserError:
+            raise FilterError(f"user must be a user name, not '{shown_text(user[:80])}'") from None
+        if len(user) > USER_NAME_CHARS:
+            raise FilterError(f"user must be a user name of at most {USER_NAME_CHARS} characters")
+    outcome = values.get("outcome")
+    if outcome is not None and outcome not in set(CardStatus):
+        raise FilterError(f"outcome must be one of {', '.join(CardStatus)}, not '{shown_text(outcome[:80])}'")
+    before = checked("before", _CURSOR, "a card cursor (a positive whole number)")
+    limit = checked("limit", _CURSOR, f"a whole number from 1 to {PAGE_MAX}")
+    if limit is not None and int(limit) > PAGE_MAX:
+        raise FilterError(f"limit must be a whole number from 1 to {PAGE_MAX}, not {limit}")
+    return CallQuery(
+        tool=checked("tool", _CALL_TOOL, "a tool name (letters, digits, _ . -; at most 128)"),
+        upstream=checked("upstream", _UPSTREAM, "an upstream's name (letters, digits, - and single _; at most 64)"),
+        user=user,
+        status=None if outcome is None else CardStatus(outcome),
+        before=None if before is None else int(before),
+        limit=PAGE if limit is None else int(limit),
+    )
+
+
+def call_query_string(query: CallQuery, **changes: object) -> str:
+    """The query string that asks for `query` (with `changes`), its keys in `CALL_FILTERS` order; the
+    default page size left out."""
+    values: dict[str, object] = {
+        "tool": query.tool,
+        "upstream": query.upstream,
+        "user": query.user,
+        "outcome": query.status,
+        "before": query.before,
+        "limit": None if query.limit == PAGE else query.limit,
+    }
+    values.update(changes)
+    return urlencode({k: str(v) for k, v in values.items() if v is not None})
 
 
 def audit_query(f: AuditFilter, viewer: Viewer, descending: bool = True) -> Any:

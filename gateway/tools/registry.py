@@ -76,7 +76,7 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
                 input_schema=object_schema(
                     {"workspace": WORKSPACE, "limit": {"type": "integer", "minimum": 1, "maximum": 200}}, []
                 ),
-                annotations=MappingProxyType({"title": "List runs", "readOnlyHint": True}),
+                annotations=MappingProxyType({"title": "List runs", "readOnlyHint": True, "openWorldHint": False}),
                 read=artifacts.list_artifacts,
             ),
             ToolSpec(
@@ -85,7 +85,9 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
                 description="Return evidence.json of a run: governance counters and how the sandbox ended.",
                 permission=Permission.ARTIFACT_READ,
                 input_schema=object_schema({"run_id": {"type": "string", "pattern": RUN_ID}}, ["run_id"]),
-                annotations=MappingProxyType({"title": "Get a run's evidence", "readOnlyHint": True}),
+                annotations=MappingProxyType(
+                    {"title": "Get a run's evidence", "readOnlyHint": True, "openWorldHint": False}
+                ),
                 read=artifacts.get_evidence,
             ),
             ToolSpec(
@@ -101,7 +103,9 @@ TOOLS: Mapping[str, ToolSpec] = MappingProxyType(
                     },
                     ["run_id", "name"],
                 ),
-                annotations=MappingProxyType({"title": "Read a run's artifact", "readOnlyHint": True}),
+                annotations=MappingProxyType(
+                    {"title": "Read a run's artifact", "readOnlyHint": True, "openWorldHint": False}
+                ),
                 read=artifacts.get_artifact_content,
             ),
         )

@@ -3,6 +3,7 @@ Chromium the Playwright tests drive."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import time
@@ -11,6 +12,9 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import Browser, BrowserContext, expect, sync_playwright
 
 from tests.deadlines import scaled
 from tests.harness import GatewayHome
@@ -53,6 +57,26 @@ def running_console(gw: GatewayHome, log_name: str = "console.log") -> Iterator[
             yield url
         finally:
             stop(process)
+
+
+@contextmanager
+def signed_in_browser(gw: GatewayHome, user: str, password: str, **options: Any) -> Iterator[BrowserContext]:
+    """A real console for `gw` and a Chromium context signed in to it as `user`; all of it stopped after."""
+    with running_console(gw) as url, sync_playwright() as p:
+        browser: Browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        context = browser.new_context(base_url=url, **options)
+        page = context.new_page()
+        page.goto("/login")
+        page.fill("#user", user)
+        page.fill("#password", password)
+        page.click("button[type=submit]")
+        expect(page).to_have_url(re.compile(r"/calls$"))
+        page.close()
+        try:
+            yield context
+        finally:
+            context.close()
+            browser.close()
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -10,20 +10,19 @@ a real run; the rest is written through the stores as the gateways write it.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import BrowserContext, Page
 
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.calls import CardStatus, Opened
 from gateway.clock import SystemClock
 from gateway.consent.store import ConsentStore, Grant, GrantDecision, PendingRequest
 from gateway.runs import RunRecord, RunStore
-from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, running_console
+from tests.e2e.console_server import CHROMIUM, signed_in_browser
 from tests.harness import GatewayHome, StdioSession
 
 HOSTILE = (
@@ -122,19 +121,8 @@ def written(gw: GatewayHome) -> None:
 
 @pytest.fixture(scope="module")
 def ada(gw: GatewayHome, real_run: str, written: None) -> Iterator[BrowserContext]:
-    with running_console(gw) as url, sync_playwright() as p:
-        browser: Browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        context = browser.new_context(base_url=url)
-        page = context.new_page()
-        page.goto("/login")
-        page.fill("#user", "ada")
-        page.fill("#password", PASSWORD)
-        page.click("button[type=submit]")
-        expect(page).to_have_url(re.compile(r"/calls$"))
-        page.close()
+    with signed_in_browser(gw, "ada", PASSWORD) as context:
         yield context
-        context.close()
-        browser.close()
 
 
 SEEN = """() => [

@@ -7,17 +7,16 @@ Needs the `kind` column of consent_requests (decision 80) and Debian's chromium.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, expect, sync_playwright
+from playwright.sync_api import BrowserContext
 
 from gateway.consent.store import ConsentStore, PendingRequest
 from sandbox.change_set import ChangeSet, Refusal
-from tests.e2e.console_server import CHROMIUM, CHROMIUM_ARGS, running_console
+from tests.e2e.console_server import CHROMIUM, signed_in_browser
 from tests.e2e.test_console_hostile import HOSTILE, PASSWORD, raw_in, seen
 from tests.harness import GatewayHome
 from tests.review_artifacts import added, modified, refused, write_review
@@ -61,19 +60,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> GatewayHome:
 
 @pytest.fixture(scope="module")
 def ada(gw: GatewayHome) -> Iterator[BrowserContext]:
-    with running_console(gw) as url, sync_playwright() as p:
-        browser: Browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        context = browser.new_context(base_url=url)
-        page = context.new_page()
-        page.goto("/login")
-        page.fill("#user", "ada")
-        page.fill("#password", PASSWORD)
-        page.click("button[type=submit]")
-        expect(page).to_have_url(re.compile(r"/calls$"))
-        page.close()
+    with signed_in_browser(gw, "ada", PASSWORD) as context:
         yield context
-        context.close()
-        browser.close()
 
 
 def test_the_diff_view_is_styled_escaped_and_runs_nothing(ada: BrowserContext) -> None:

@@ -36,25 +36,40 @@ from gateway.consent.stage import (
 from gateway.consent.store import Channel, ConsentStore, Grant, GrantDecision
 from gateway.errors import ConsentDeniedError
 from gateway.permission_prompt import AGENT_TOOLS, agent_tool_consent
+from gateway.permission_prompt import SPEC as CHECK_PERMISSION_TOOL
 from gateway.policy import CONSENT_CHANNELS, ConsentPolicy
+from gateway.tools.base import Trust
 from gateway.tools.registry import TOOLS
 from tests.fakes import T0, FakeClock, SequentialRunIds
+from tests.upstream_tools import upstream_tool
 
 RUN_PYTEST = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
+
+
+READ = {"readOnlyHint": True, "openWorldHint": False}
 
 
 @pytest.mark.parametrize(
     ("annotations", "trusted", "declared", "tier"),
     [
-        ({"readOnlyHint": True, "openWorldHint": False}, True, None, "low"),
-        ({"readOnlyHint": True, "openWorldHint": False}, False, None, "medium"),
+        (READ, True, None, "low"),
+        (READ, False, None, "medium"),
+        ({**READ, "destructiveHint": False, "idempotentHint": True}, True, None, "low"),
         (RUN_PYTEST, True, None, "medium"),
+        (RUN_PYTEST, False, None, "medium"),  # side effects: trust moves only a read-only tool
         ({**RUN_PYTEST, "destructiveHint": True}, True, None, "high"),
         ({**RUN_PYTEST, "openWorldHint": True}, True, None, "high"),
+        ({**RUN_PYTEST, "openWorldHint": "no"}, True, None, "high"),  # not a boolean: the MCP default, open world
+        ({**READ, "openWorldHint": True}, True, None, "high"),  # read-only and open world (decision 86)
+        ({"readOnlyHint": True}, True, None, "high"),  # ... open world by MCP's default
+        ({**READ, "destructiveHint": True}, True, None, "high"),  # read-only and destructive (decision 86)
+        ({**RUN_PYTEST, "idempotentHint": False}, True, None, "high"),  # side effects the rule does not name
+        ({**RUN_PYTEST, "idempotentHint": "yes"}, True, None, "high"),
         ({"readOnlyHint": False}, True, None, "high"),  # the MCP defaults: destructive, open world
+        ({"title": "t"}, True, None, "high"),
         ({}, True, None, "high"),
         (None, True, None, "high"),
-        (RUN_PYTEST, True, "low", "low"),  # the server's own tier in _meta wins
+        (RUN_PYTEST, True, "low", "low"),  # the gateway's own tool's tier in _meta wins
         (RUN_PYTEST, True, "extreme", "medium"),  # ...when it is a tier
     ],
 )
@@ -67,13 +82,54 @@ def test_risk_tier(annotations: dict[str, Any] | None, trusted: bool, declared: 
     [
         (RUN_PYTEST, False),
         ({"readOnlyHint": False}, True),
-        ({"readOnlyHint": True}, False),  # destructiveHint means nothing for a read-only tool
-        ({"readOnlyHint": True, "destructiveHint": True}, False),
+        ({"readOnlyHint": False, "destructiveHint": "no"}, True),  # not a boolean: the MCP default
+        ({"readOnlyHint": True}, False),  # destructiveHint's default means nothing for a read-only tool
+        ({"readOnlyHint": True, "destructiveHint": True}, True),  # ...but said, it counts (decision 86)
+        ({}, True),
         (None, True),
     ],
 )
 def test_is_destructive(annotations: dict[str, Any] | None, destructive: bool) -> None:
     assert is_destructive(annotations) is destructive
+
+
+GATEWAY_TIERS = {
+    "run_pytest": ("medium", False),
+    "list_artifacts": ("low", False),
+    "get_evidence": ("low", False),
+    "get_artifact_content": ("low", False),
+}
+"""Every built-in tool's tier, the same before and after decision 86 (the read tools say they are closed world)."""
+
+
+def test_every_built_in_tool_keeps_its_tier() -> None:
+    profiles = {name: consent_profile(spec) for name, spec in TOOLS.items()}
+    assert {name: (p.risk, p.destructive) for name, p in profiles.items()} == GATEWAY_TIERS
+    assert consent_profile(CHECK_PERMISSION_TOOL)[:2] == ("low", False)
+
+
+def test_an_upstream_tool_is_trusted_as_the_policy_says_and_its_meta_never_counts() -> None:
+    trusted = upstream_tool(trust=Trust.TRUSTED, annotations=READ)
+    assert consent_profile(trusted).risk == "low"
+    assert trusted.origin is not None
+    untrusted = dataclasses.replace(trusted, origin=dataclasses.replace(trusted.origin, trust=Trust.UNTRUSTED))
+    assert consent_profile(untrusted).risk == "medium"
+    assert consent_profile(untrusted, trusted=True).risk == "medium", "the origin's trust, not the caller's"
+    for claimed in ("low", "medium"):
+        lowered = dataclasses.replace(untrusted, meta=MappingProxyType({RISK_META_KEY: claimed}))
+        assert consent_profile(lowered).risk == "medium", "a server cannot lower its tier"
+    raised = dataclasses.replace(untrusted, meta=MappingProxyType({RISK_META_KEY: "high"}))
+    assert consent_profile(raised).risk == "medium", "nor set it: its _meta is not read at all"
+
+
+def test_an_upstream_tools_fingerprint_covers_its_pinned_definition() -> None:
+    spec = upstream_tool()
+    assert spec.origin is not None
+    profile = consent_profile(spec)
+    assert profile.fingerprint == tool_fingerprint(spec.name, spec.input_schema, spec.annotations, "d" * 64)
+    changed = dataclasses.replace(spec, origin=dataclasses.replace(spec.origin, definition_sha256="e" * 64))
+    assert consent_profile(changed).fingerprint != profile.fingerprint, "a new description is a new definition"
+    assert consent_profile(changed).risk == profile.risk
 
 
 def test_allow_always_is_never_offered_for_a_destructive_tool() -> None:
@@ -117,7 +173,8 @@ def test_consent_profile_of_a_gateway_tool_reads_its_annotations_and_declared_ti
         ("Bash", "high", True),
         ("Edit", "high", True),
         ("Read", "low", False),  # a closed-world read is trusted
-        ("WebFetch", "medium", False),  # an open-world read is not
+        ("WebFetch", "high", False),  # an open-world read is high (decision 86)
+        ("WebSearch", "high", False),
         ("Task", "high", True),  # not described: the MCP defaults
     ],
 )

@@ -12,6 +12,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +54,19 @@ def three_users(make_gateway: Callable[..., GatewayHome], tmp_path: Path) -> Gat
 
 @pytest.fixture
 def app(gw: GatewayHome) -> Iterator[ASGIApp]:
+    with running_app(gw) as built:
+        yield built
+
+
+@contextmanager
+def running_app(gw: GatewayHome) -> Iterator[ASGIApp]:
     """The console as `mcp-gateway console` builds it on 127.0.0.1:8765 (plain HTTP: its own Host names only)."""
     console = open_console(gw.settings, tls=False, hosts=host_names("127.0.0.1", PORT))
-    yield build_app(console)
-    console.chain.stop()
-    console.stores.engine.dispose()
+    try:
+        yield build_app(console)
+    finally:
+        console.chain.stop()
+        console.stores.engine.dispose()
 
 
 def csrf_of(html: str) -> str:

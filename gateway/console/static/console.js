@@ -171,13 +171,13 @@
     if (block.type === "resource_link") {
       const href = linkFor(block.uri);
       const label = String(block.name || block.uri);
-      const chip = href ? node("a", { class: "chip link", href }, "🔗 " + label) : node("span", { class: "chip" }, "🔗 " + label);
+      const chip = href ? node("a", { class: "chip link", href }, "↗ " + label) : node("span", { class: "chip" }, "↗ " + label);
       return node("div", { class: "block link-block" }, chip, block.description ? node("small", {}, " " + block.description) : null,
         node("code", { class: "uri" }, String(block.uri)));
     }
     if (block.type === "resource") {
       const resource = block.resource || {};
-      const heading = node("p", { class: "embedded" }, "📄 ", node("code", {}, String(resource.uri || "")), " ", String(resource.mimeType || ""));
+      const heading = node("p", { class: "embedded" }, "▤ ", node("code", {}, String(resource.uri || "")), " ", String(resource.mimeType || ""));
       const body = typeof resource.text === "string" ? textBlock(resource.text)
         : isImage(resource.mimeType, resource.blob) ? (() => { const i = node("img", { alt: String(resource.uri || ""), class: "thumb" }); i.src = "data:" + resource.mimeType + ";base64," + resource.blob; return i; })()
           : textBlock("[" + String(resource.mimeType || "binary") + "]");
@@ -206,9 +206,12 @@
       node("span", { class: "dot", "aria-hidden": "true" }), node("span", { class: "label" }, ""));
     const when = new Date(card.created_at * 1000).toISOString().replace("T", " ").slice(0, 19);
     const header = node("header", {},
-      node("span", { class: "icon", "aria-hidden": "true" }, "🔧"),
+      // Drawn by the stylesheet from the console's own /static/tool.svg: no emoji font needed, nothing from elsewhere.
+      node("span", { class: "icon", "aria-hidden": "true" }),
       node("h2", {}, node("a", { href: "/calls/" + encodeURIComponent(card.run_id) }, card.tool_name)),
       badge,
+      // The outcome at a glance, collapsed or not: the refusal's code and reason (filled by showCard).
+      node("span", { class: "outcome", hidden: true }),
       node("p", { class: "origin" }, words.tool_from + " ", node("span", { class: "chip" }, card.server_id),
         " · " + card.user + " · " + (card.workspace || "-") + " · " + when + " UTC"));
     const article = node("article", { class: "card", role: "region", "aria-label": "Tool invocation: " + card.tool_name, "data-run": card.run_id },
@@ -235,6 +238,11 @@
     } else {
       advance(entry, card.status);
     }
+    const outcome = entry.element.querySelector(".outcome");
+    if (card.code !== null && card.code !== undefined) {
+      outcome.textContent = words.outcome_code.replace("{code}", card.code).replace("{reason}", card.reason || "?");
+      outcome.hidden = false;
+    }
     const old = entry.element.querySelector("details.result");
     const fresh = resultSection(card);
     if (old && fresh) { fresh.open = old.open || card.status === "done"; old.replaceWith(fresh); }
@@ -242,10 +250,30 @@
     else if (fresh) entry.element.append(fresh);
   }
 
+  // The list's paging links (docs/console.md): older from the page's last card, and back to the newest.
+  function showPaging(query, older) {
+    const paging = document.getElementById("paging");
+    if (!paging) return;
+    const params = new URLSearchParams(query);
+    if (params.has("before")) {
+      params.delete("before");
+      const rest = params.toString();
+      paging.append(node("a", { href: "/calls" + (rest ? "?" + rest : ""), rel: "first" }, words.newest), " ");
+    }
+    if (older !== null && older !== undefined) {
+      const next = new URLSearchParams(query);
+      next.set("before", String(older));
+      paging.append(node("a", { href: "/calls?" + next.toString(), rel: "next" }, words.older_calls));
+    }
+  }
+
   async function startCards() {
     const single = cardsRoot.dataset.run;
+    // Checked by the console before the page was served: the filters and paging of the page's own URL.
+    const query = cardsRoot.dataset.query || "";
+    const filters = cardsRoot.dataset.filters || "";
     schemas = await (await fetch("/api/tools")).json();
-    const url = single ? "/api/calls/" + encodeURIComponent(single) : "/api/calls";
+    const url = single ? "/api/calls/" + encodeURIComponent(single) : "/api/calls" + (query ? "?" + query : "");
     const answer = await (await fetch(url)).json();
     const cards = single ? [answer.card] : answer.cards;
     // The head was read before the cards: the stream sends what changed after it, and nothing older.
@@ -256,7 +284,10 @@
     }
     document.getElementById("empty").hidden = cards.length > 0;
     cardsRoot.setAttribute("aria-busy", "false");
-    const stream = new EventSource("/api/stream?after=" + cursor + (single ? "&run=" + encodeURIComponent(single) : ""));
+    if (!single) showPaging(query, answer.older);
+    if (new URLSearchParams(query).has("before")) { document.body.dataset.ready = "1"; return; } // an older page: not live
+    const stream = new EventSource("/api/stream?after=" + cursor + (single ? "&run=" + encodeURIComponent(single) : "") +
+      (filters ? "&" + filters : ""));
     stream.addEventListener("card", (event) => showCard(JSON.parse(event.data), true));
     // Too far behind to catch up by the stream (the console replays a bounded number of cards): read the page again.
     stream.addEventListener("reload", () => { stream.close(); window.location.reload(); });
