@@ -79,7 +79,7 @@ from gateway.runs import RunRecord, RunStatus, artifact_errors
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
 from gateway.services import Services
 from gateway.start_failures import describe_start_failure, describe_view_failure, start_step
-from gateway.tools.base import ExecutionRequest, Governance, ToolSpec, Written
+from gateway.tools.base import ExecutionRequest, Governance, Relay, ToolSpec, Written
 from gateway.tools.changes import (
     REVIEW_PROMPT_CHARS,
     apply_beneath,
@@ -112,6 +112,8 @@ class CallRequest:
     """`params.auth.token` exactly as received (possibly missing or not a string)."""
     progress: CallProgress = NO_PROGRESS
     """The caller's progress notifications, while the call waits for consent or its run."""
+    relay: Relay | None = None
+    """The caller's client, for what an upstream server asks while the call is on (tools/base.py `Relay`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,7 @@ class _Call:
     """`params.auth.token` exactly as received."""
     asker: ConsentChannel
     progress: CallProgress
+    relay: Relay | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +374,7 @@ class Pipeline:
         # A 2026-07-28 retry that brings a consent answer continues its first round's card, once consent
         # has found the answer to be that round's: until then it writes none (`CallTrail.card`).
         trail.card_waits = isinstance(asker, RoundTrip) and asker.action is not None and asker.state is not None
-        walk = _Call(request.tool_name, request.arguments, trail, request.token, asker, request.progress)
+        walk = _Call(request.tool_name, request.arguments, trail, request.token, asker, request.progress, request.relay)
         try:
             return run_id, await self._stages(walk)
         except GatewayError as exc:
@@ -543,7 +546,7 @@ class Pipeline:
         if admitted.spec.execute is None:
             raise InternalError(Reason.TOOL_NOT_IMPLEMENTED, admitted.spec.name)
         call.trail.executing, call.trail.started_at = True, self.s.clock.now()
-        return await self._run(admitted, call.trail, call.arguments, call.progress, call.asker)
+        return await self._run(admitted, call.trail, call.arguments, call.progress, asker=call.asker, relay=call.relay)
 
     def _execute_read(self, call: _Call, admitted: Admitted) -> ToolOutcome:
         return self._read(admitted, call.trail, call.arguments)
@@ -697,7 +700,9 @@ class Pipeline:
         trail: CallTrail,
         arguments: Mapping[str, Any],
         progress: CallProgress,
+        *,
         asker: ConsentChannel = OUT_OF_BAND,
+        relay: Relay | None = None,
     ) -> ToolOutcome:
         """Stages 9-10 for a write tool: its `execute`, then what the pipeline records of any run."""
         run_id, hashed = str(trail.entry.run_id), str(trail.entry.args_hash)
@@ -722,6 +727,7 @@ class Pipeline:
             host=self.s.host,
             hidden=(self.s.settings.home,),
             progress=progress,
+            relay=relay,
         )
         try:
             with artifact_errors(run_id):

@@ -49,7 +49,7 @@ from gateway.rbac import has_permission
 from gateway.recovery import keep_sweeping
 from gateway.services import Services
 from gateway.tick_failures import FailureStreak
-from gateway.tools.base import ToolSpec
+from gateway.tools.base import Relay, ToolSpec
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.run_pytest import ARTIFACT_MIME_TYPES, parse_artifact_uri
 from gateway.transport import CLIENT_GONE, DEFAULT_MAX_MESSAGE_BYTES, ClientGoneError, stdio_transport
@@ -207,6 +207,29 @@ def progress_of(ctx: ServerRequestContext[Any, Any]) -> CallProgress:
     return Notifier(send)
 
 
+def relay_of(ctx: ServerRequestContext[Any, Any]) -> Relay | None:
+    """This call's client, for an upstream server's form elicitation (docs/upstreams.md): a 2025-era session
+    that declared form elicitation; None otherwise (the server's request is then refused)."""
+    if not _can_elicit_form(ctx) or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return None
+
+    async def relay(params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
+        if not isinstance(params, types.ElicitRequestFormParams):
+            return types.ErrorData(code=types.INVALID_REQUEST, message="only form elicitation is relayed")
+        try:
+            return await ctx.session.elicit_form(
+                params.message, params.requested_schema, related_request_id=ctx.request_id
+            )
+        except MCPError:
+            return types.ErrorData(code=types.INVALID_REQUEST, message="the client gave no answer")
+        except ValueError:  # pydantic.ValidationError: an answer that is no elicitation result
+            return types.ErrorData(
+                code=types.INVALID_REQUEST, message="the client's answer was not an elicitation result"
+            )
+
+    return relay
+
+
 def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     """Form mode declared: a bare `elicitation: {}` counts as form, url-only does not (spec 2025-11-25)."""
     capabilities = ctx.session.client_capabilities
@@ -248,7 +271,9 @@ def build_server(services: Services) -> Server[Any]:
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=answer)], _meta={RUN_ID_META: run_id}
             )
-        request = CallRequest(params.name, params.arguments or {}, _token_of(ctx.params, services), progress_of(ctx))
+        request = CallRequest(
+            params.name, params.arguments or {}, _token_of(ctx.params, services), progress_of(ctx), relay_of(ctx)
+        )
         with answered_as_mcp_errors("tools/call", services.new_run_id):
             try:
                 run_id, outcome = await pipeline.call(request, asker_for(ctx, params))

@@ -391,6 +391,7 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
             "sandbox": describe_layers(report, policy.sandbox),
             "guarantees_missing": [str(g) for g in missing],
             "declared": {name: d.program.identity() for name, d in policy.declared.items()},
+            "upstreams": {name: u.program.identity() for name, u in policy.upstreams.items()},
         })  # fmt: skip
         return 1 if failed else 0
     for where, message in warnings:
@@ -398,6 +399,8 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
     print(describe_layers(report, policy.sandbox), file=sys.stderr)
     for name, declared in policy.declared.items():
         print(f"{path}: declared tool {name}: {describe_program(declared.program)}")
+    for name, upstream in policy.upstreams.items():
+        print(f"{path}: upstream {name}: {describe_program(upstream.program)}")
     count = f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
     if failed:
         print(f"{path}: invalid under --strict ({count})")

@@ -10,12 +10,14 @@ outcome (TOOL_FINISHED). A new tool is one more entry in gateway/tools/registry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
+
+from mcp_types import ElicitRequestParams, ElicitResult, ErrorData
 
 from gateway.audit import EventType
 from gateway.errors import GatewayError
@@ -51,6 +53,13 @@ class ExecutionRequest:
     """Folders the run must not even see (the gateway's state folder): sandbox.Limits.hidden."""
     progress: CallProgress = NO_PROGRESS
     """The caller's progress notifications (gateway/progress.py), while the run is on."""
+    relay: Relay | None = None
+    """Asks the caller's client what an upstream server asks while the call is on (elicitation): None when the
+    client cannot be asked in band. Only an upstream whose policy says `relay_elicitation: true` uses it."""
+
+
+Relay = Callable[[ElicitRequestParams], Awaitable[ElicitResult | ErrorData]]
+"""Sends an upstream server's `elicitation/create` to the caller's client and returns its answer (gateway/server.py)."""
 
 
 @dataclass(frozen=True, slots=True)

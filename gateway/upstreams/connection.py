@@ -32,6 +32,7 @@ from gateway.declarations import WORKSPACE_PLACEHOLDER
 from gateway.errors import InternalError, Reason
 from gateway.policy import SandboxPolicy
 from gateway.start_failures import describe_start_failure, start_step
+from gateway.tools.base import Relay
 from gateway.tools.confined import MIB, sandbox_environment, shown
 from gateway.upstream_policy import Upstream, UpstreamWorkspace, resolve_env
 from gateway.upstreams.wire import ENVELOPE_BYTES, Wire, session_streams
@@ -50,6 +51,8 @@ START_S = 30.0
 LIST_S = 10.0
 """A tools/list of the server (after list_changed) gives up after this long."""
 STDERR_CHARS = 600
+EXIT_GRACE_S = 2.0
+"""A server that closed its stdout has this long to exit by itself (and say how) before it is stopped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +68,6 @@ class Place:
     hidden: tuple[Path, ...] = ()
 
 
-Relay = Callable[[types.ElicitRequestParams], Awaitable[types.ElicitResult | types.ErrorData]]
-"""Asks the person behind a gateway client what an upstream server asks (gateway/server.py builds it)."""
 Listed = Callable[[Sequence[Mapping[str, Any]]], Awaitable[None]]
 """Told each listing of the server's tools (the pins see it: gateway/upstreams/servers.py)."""
 
@@ -85,13 +86,13 @@ class Forwarded:
     """The server answered the request with a JSON-RPC error, or with something that is no tools/call result."""
     synced: Synced | None = None
     """A `workspace: write` server's changes since the call began, brought into the workspace after it (sandbox/server.py)."""
-    sync_error: str | None = None
-    """Why they could not be read (nothing of them was applied)."""
 
 
-def unavailable(upstream: str, cause: str) -> InternalError:
-    """-32603 `upstream_unavailable`: the server cannot be used; `cause` names the step and the fix."""
-    return InternalError(Reason.UPSTREAM_UNAVAILABLE, f"upstream {upstream!r} is unavailable: {cause}")
+def unavailable(upstream: str, cause: str, step: str | None = None) -> InternalError:
+    """-32603 `upstream_unavailable`: the server cannot be used; `cause` names what failed and the fix, `step`
+    (`data.step`, as `sandbox_start_failed`'s) the start's step that failed, when one did."""
+    data = {} if step is None else {"step": step}
+    return InternalError(Reason.UPSTREAM_UNAVAILABLE, f"upstream {upstream!r} is unavailable: {cause}", **data)
 
 
 @dataclass(slots=True)
@@ -111,6 +112,8 @@ class _Life:
     """The start is over: the server is listed and serving, or it failed (`failed`)."""
     over: anyio.Event = field(default_factory=anyio.Event)
     failed: bool = False
+    began: float = 0.0
+    """When its spawn began (time.monotonic): the start's duration is logged."""
 
 
 class Connection:
@@ -125,7 +128,11 @@ class Connection:
         self._life: _Life | None = None
         self._failure: str | None = None
         self._relays: list[Relay] = []
+        self.failure_step: str | None = None
+        """The step of the last start that failed (`env`, or the sandbox's), for `data.step`."""
         self._turns = anyio.Lock()
+        self._relisted: anyio.Event | None = None
+        """Set once the listing asked for by the server's latest tools/list_changed is done."""
         self.starts = 0
         """Servers started so far (tests and logs read it)."""
 
@@ -152,7 +159,9 @@ class Connection:
                 if self.alive:
                     return
                 if life.failed:
-                    raise unavailable(self.upstream.name, self._failure or "its server could not start")
+                    raise unavailable(
+                        self.upstream.name, self._failure or "its server could not start", self.failure_step
+                    )
                 await life.over.wait()  # it ended just after it started: start another
         if self.alive:
             return
@@ -162,7 +171,7 @@ class Connection:
         if self._group is None:
             raise unavailable(self.upstream.name, "the gateway is not serving (servers start only while it does)")
         life = self._life = _Life()
-        self._failure = None
+        self._failure = self.failure_step = None
         self._group.start_soon(self._run_life, life)
         return life
 
@@ -173,6 +182,21 @@ class Connection:
             live.stop.set()
             with anyio.move_on_after(START_S):
                 await live.ended.wait()
+
+    async def fresh(self, wait_s: float = LIST_S) -> None:
+        """Return once a listing the server asked for (tools/list_changed) is done, waiting at most `wait_s`."""
+        relisted = self._relisted
+        if relisted is not None:
+            with anyio.move_on_after(wait_s):
+                await relisted.wait()
+
+    def _list_changed(self) -> None:
+        """tools/list_changed, as the wire reads it: calls and listings from now on wait for the listing it asks for."""
+        relisted = self._relisted = anyio.Event()
+        if self._group is not None:
+            self._group.start_soon(self._relist_quietly, relisted)
+        else:
+            relisted.set()
 
     async def relist(self) -> None:
         live = self._live
@@ -242,12 +266,8 @@ class Connection:
         return Forwarded(0, ended="timeout")
 
     async def _synced(self, live: _Live, forwarded: Forwarded) -> Forwarded:
-        try:
-            synced = await live.server.sync()
-        except SandboxStartError as exc:
-            log.warning("upstream %s: its changes could not be read (%s)", self.upstream.name, exc.reason)
-            return dataclasses.replace(forwarded, sync_error=exc.reason)
-        return dataclasses.replace(forwarded, synced=synced)
+        """The call's changes brought in (a copy that cannot be read: none applied, `changes_unreadable`)."""
+        return dataclasses.replace(forwarded, synced=await live.server.sync())
 
     # --- the server's life ----------------------------------------------------------------------
 
@@ -287,6 +307,7 @@ class Connection:
             try:
                 own = resolve_env(self.upstream, self.place.environ)
             except KeyError as exc:
+                self.failure_step = "env"
                 self._failure = (
                     f"step env: the gateway's environment has no {exc.args[0]}, which upstreams.{self.upstream.name}.env"
                     " names; fix: set it where the gateway starts, or take it out of the policy"
@@ -297,10 +318,12 @@ class Connection:
                 spec = self._spec()
                 spec = ServerSpec(spec.argv, spec.workspace, spec.writable, spec.protected, self._limits(env))
                 self.starts += 1
+                life.began = time.monotonic()
                 async with start_server(spec, scratch=scratch, host=self.place.host) as server:
                     live = await self._session_life(server, life)
         except SandboxStartError as exc:
-            self._failure = f"{describe_start_failure(exc.reason)} (step {start_step(exc.reason)})"
+            self.failure_step = start_step(exc.reason)
+            self._failure = describe_start_failure(exc.reason)
             log.error("upstream %s: its server could not start: %s", self.upstream.name, self._failure)  # noqa: TRY400  (the cause is in the message)
         except Exception as exc:
             log.exception("upstream %s: its server failed", self.upstream.name)
@@ -316,6 +339,7 @@ class Connection:
 
     async def _session_life(self, server: ConfinedServer, life: _Life) -> _Live | None:
         wire = Wire(self.upstream.name, self.upstream.max_output_bytes + ENVELOPE_BYTES)
+        wire.on_list_changed = self._list_changed
         async with session_streams(wire, server.stdin, server.stdout) as (read, write):
             session = ClientSession(
                 read,
@@ -323,7 +347,6 @@ class Connection:
                 sampling_callback=self._sampling,
                 elicitation_callback=self._elicitation,
                 list_roots_callback=self._roots,
-                message_handler=self._notified,
             )
             async with session, task_group() as group:
                 live = _Live(session, server, wire)
@@ -339,8 +362,15 @@ class Connection:
                     return live
                 self._live = live
                 life.settled.set()
-                log.info("upstream %s: server started (pid %d)", self.upstream.name, server.pid)
+                took_ms = (time.monotonic() - life.began) * 1000
+                log.info(
+                    "upstream %s: server started and listed in %.0f ms (pid %d)",
+                    self.upstream.name,
+                    took_ms,
+                    server.pid,
+                )
                 group.start_soon(self._watch_exit, server, live)
+                group.start_soon(self._watch_wire, server, live)
                 await live.stop.wait()
                 group.cancel_scope.cancel()
                 if not live.ended.is_set():
@@ -353,6 +383,22 @@ class Connection:
         self._failure = self._ended_cause(server, live.wire)
         log.warning("upstream %s: its server ended: %s", self.upstream.name, self._failure)
         live.ended.set()
+        live.stop.set()
+
+    async def _watch_wire(self, server: ConfinedServer, live: _Live) -> None:
+        """Nothing more can be read of the server (its stdout closed, or a message over the cap): it is stopped,
+        whether or not a call is waiting (the next use starts another)."""
+        await live.wire.ended.wait()
+        if not live.wire.over_limit:
+            with anyio.move_on_after(EXIT_GRACE_S):
+                await server.wait()  # its stdout closed as it exits: let it say how it ended (`_watch_exit`)
+            if live.ended.is_set():
+                return
+        self._failure = (
+            self._ended_cause(server, live.wire)
+            if live.wire.over_limit
+            else "its server closed its stdout and was stopped; fix: run its command by hand to see why"
+        )
         live.stop.set()
 
     def _ended_cause(self, server: ConfinedServer, wire: Wire) -> str:
@@ -402,12 +448,9 @@ class Connection:
         root = types.Root(uri=self.place.root.path.as_uri(), name=self.place.workspace)  # type: ignore[arg-type]
         return types.ListRootsResult(roots=[root])
 
-    async def _notified(self, message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
-            group = self._group
-            if group is not None:
-                group.start_soon(self._relist_quietly)
-
-    async def _relist_quietly(self) -> None:
-        with contextlib.suppress(MCPError, ValidationError, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            await self.relist()
+    async def _relist_quietly(self, relisted: anyio.Event) -> None:
+        try:
+            with contextlib.suppress(MCPError, ValidationError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await self.relist()
+        finally:
+            relisted.set()

@@ -119,6 +119,7 @@ class UpstreamTool:
     async def execute(self, request: ExecutionRequest) -> UpstreamRun:
         connection = self.connection
         await connection.ensure()  # a server that cannot start: -32603, nothing was sent
+        await connection.fresh()  # a change the server announced is seen by the pins first
         self.check_ready()  # a restarted server listed its tools again: the pins saw them
         said: list[str] = []
 
@@ -133,7 +134,7 @@ class UpstreamTool:
 
         async with request.progress.waiting(describe):
             forwarded = await connection.call(
-                self.pinned.tool, request.arguments, timeout_s=request.timeout_s, on_progress=moved
+                self.pinned.tool, request.arguments, timeout_s=request.timeout_s, on_progress=moved, relay=request.relay
             )
         return UpstreamRun(
             self.upstream, self.pinned.tool, request.run_id, request.run_dir, request.timeout_s, forwarded
@@ -199,7 +200,7 @@ class UpstreamRun:
         """A writing server's changes (`workspace: write`), as WORKSPACE_CHANGES records a run's (hashes, never content)."""
         synced = self.forwarded.synced
         if synced is None:
-            return {} if self.forwarded.sync_error is None else {"changes_error": self.forwarded.sync_error}
+            return {}
         applied = synced.applied
         return {"changes": dict(changes_detail(synced.changes, applied.applied, "policy", applied.reason))}
 

@@ -126,12 +126,13 @@ class UpstreamServers:
         if connection is not None:
             with contextlib.suppress(GatewayError):
                 await connection.ensure(START_S)
+                await connection.fresh()
 
     async def prepare_listing(self, names: Sequence[str], wait_s: float = LIST_WAIT_S) -> None:
         """Before a tools/list: the servers of the upstreams whose tools `names` (the allowlist) holds, started
         together, waiting at most `wait_s`; a server not up by then is left out of this listing (and logged)."""
         wanted = {u.name for u in map(self.upstream_of, names) if u is not None}
-        connections = [c for name, c in self._connections.items() if name in wanted and not c.alive]
+        connections = [c for name, c in self._connections.items() if name in wanted]
         if not connections:
             return
 
@@ -140,6 +141,8 @@ class UpstreamServers:
                 await connection.ensure(wait_s)
             except GatewayError as exc:
                 log.warning("tools/list: %s", exc.public_message())
+                return
+            await connection.fresh()
 
         async with task_group() as group:
             for connection in connections:
@@ -160,7 +163,9 @@ class UpstreamServers:
             return unavailable(upstream.name, self._no_place[upstream.name])
         connection = self._connections[upstream.name]
         if not connection.alive:
-            return unavailable(upstream.name, connection.failure or "its server is not running")
+            return unavailable(
+                upstream.name, connection.failure or "its server is not running", connection.failure_step
+            )
         return None
 
     # --- what the servers list --------------------------------------------------------------------

@@ -67,6 +67,11 @@ class Wire:
     dropped: int = 0
     """Notifications dropped for the rate."""
     bucket: Bucket = field(default_factory=lambda: Bucket(NOTIFICATIONS_PER_S, NOTIFICATION_BURST))
+    ended: anyio.Event = field(default_factory=anyio.Event)
+    """Set when nothing more is read: the server closed its stdout, or a line went over the cap."""
+    on_list_changed: Callable[[], None] | None = None
+    """Told, as the line is read (before any later message reaches the session), that the server said
+    its tools changed."""
 
     def admit(self, message: types.JSONRPCMessage) -> bool:
         if not isinstance(message, types.JSONRPCNotification) or self.bucket.take():
@@ -93,21 +98,11 @@ async def session_streams(
     write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](16)
 
     async def read() -> None:
-        buffer = b""
-        async with to_session:
-            with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                while True:
-                    buffer += await stdout.receive(_CHUNK)
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if line.strip():
-                            await _deliver(wire, line, to_session)
-                    if len(buffer) > wire.line_cap:
-                        wire.over_limit = True
-                        log.warning(
-                            "upstream %s: a message over %d bytes; the connection is ended", wire.name, wire.line_cap
-                        )
-                        return
+        try:
+            async with to_session:
+                await _read_lines(wire, stdout, to_session)
+        finally:
+            wire.ended.set()
 
     async def write() -> None:
         async with from_session:
@@ -127,15 +122,39 @@ async def session_streams(
                 await stream.aclose()
 
 
+async def _read_lines(
+    wire: Wire, stdout: anyio.abc.ByteReceiveStream, to_session: MemoryObjectSendStream[SessionMessage | Exception]
+) -> None:
+    buffer = b""
+    with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        while True:
+            buffer += await stdout.receive(_CHUNK)
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    await _deliver(wire, line, to_session)
+            if len(buffer) > wire.line_cap:
+                _over(wire)
+                return
+
+
+def _over(wire: Wire) -> None:
+    wire.over_limit = True
+    log.warning("upstream %s: a message over %d bytes; the connection is ended", wire.name, wire.line_cap)
+
+
 async def _deliver(wire: Wire, line: bytes, to_session: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
     if len(line) > wire.line_cap:
-        wire.over_limit = True
-        log.warning("upstream %s: a message over %d bytes; the connection is ended", wire.name, wire.line_cap)
+        _over(wire)
         raise anyio.ClosedResourceError
     try:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValueError:
         log.info("upstream %s: a line that is not a JSON-RPC message was ignored", wire.name)
         return
-    if wire.admit(message):
-        await to_session.send(SessionMessage(message))
+    if not wire.admit(message):
+        return
+    is_change = isinstance(message, types.JSONRPCNotification) and message.method == "notifications/tools/list_changed"
+    if is_change and wire.on_list_changed is not None:
+        wire.on_list_changed()
+    await to_session.send(SessionMessage(message))

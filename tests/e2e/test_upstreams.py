@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,13 +19,19 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, deep_merge, reachable_by_everyone
+from gateway.audit import AuditLog
+from gateway.clock import SystemClock
+from tests.deadlines import scaled
+from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, deep_merge, modern_meta, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
 GatewayFactory = Callable[..., GatewayHome]
 
 SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "server.py"
-OFFERED = ("echo", "note", "env_digest", "sleep", "crash", "big", "progress", "sample", "flood", "roots", "change")
+OFFERED = (
+    "echo", "note", "env_digest", "sleep", "crash", "big", "progress", "sample", "flood", "roots", "ask", "change",
+    "connect", "read", "fork", "cancelled",
+)  # fmt: skip
 SECRET = "upstream-secret-value-7d1f"
 
 
@@ -229,6 +237,7 @@ def test_a_missing_env_variable_names_the_variable(upstream_gateway: GatewayHome
     refused = session.call_tool("up__echo", {"text": "x"}, upstream_gateway.token("alice"))
     assert refusal(refused) == (-32603, "upstream_unavailable")
     assert "UP_TEST_SECRET" in refused["error"]["message"]
+    assert refused["error"]["data"]["step"] == "env"
 
 
 def test_sampling_is_refused_and_roots_are_the_workspace(
@@ -329,3 +338,112 @@ def test_a_writing_server_changes_the_workspace_but_never_a_protected_path(
     assert not (upstream_gateway.workspace / ".envrc").exists()
     refused = upstream_gateway.events_of(run_id_of(protected))[3]["detail"]["changes"]["refused"]
     assert [r["path"] for r in refused] == [".envrc"]
+
+
+def test_policy_check_prints_the_program_and_explain_the_forwarding(upstream_gateway: GatewayHome) -> None:
+    checked = upstream_gateway.cli("policy", "check")
+    assert checked.returncode == 0, checked.stderr
+    program = upstream_gateway.policy_path.parent / "bin" / "upstream"
+    assert f"upstream up: program {program}, sha256 " in checked.stdout
+    as_json = json.loads(upstream_gateway.cli("policy", "check", "--format", "json").stdout)
+    assert as_json["upstreams"]["up"]["interpreter"]["path"] == sys.executable
+    # The upstream's tools are known once its server listed them: a dry run starts no server.
+    explained = upstream_gateway.cli("policy", "explain", "--user", "alice", "--tool", "up__echo")
+    assert explained.returncode == 3
+    assert "unavailable" in explained.stdout or "unknown tool" in explained.stdout
+
+
+def test_elicitation_is_relayed_labelled_only_when_the_policy_says_so(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    refused = session.call_tool("up__ask", {}, token)
+    assert refused["result"]["content"][0]["text"].startswith("refused")
+    session.close()
+
+    upstream_gateway.write_policy(upstream_policy(relay_elicitation=True))
+    session = session_on(upstream_gateway, open_session)
+    relayed: list[str] = []
+
+    def respond(message: dict[str, Any]) -> dict[str, Any]:
+        text = message["params"]["message"]
+        if text.startswith("[upstream up asks"):
+            relayed.append(text)
+            return {"action": "accept", "content": {"ok": True}}
+        return {"action": "accept", "content": {"decision": "allow_once"}}
+
+    session.responder = respond
+    answered = session.call_tool("up__ask", {}, token)
+    assert answered["result"]["content"][0]["text"] == "answered: accept {'ok': True}"
+    assert relayed == ["[upstream up asks, in its own words, unchecked] Proceed?"]
+
+
+def test_a_hostile_server_reaches_no_network_no_state_and_leaves_no_process(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        connected = session.call_tool("up__connect", {"port": port}, token)
+    assert connected["result"]["content"][0]["text"].startswith("not connected")
+    for secret in (upstream_gateway.home / "gateway.db", upstream_gateway.home / "signing.key", Path("/etc/shadow")):
+        assert secret.is_file()  # there to be read, by anyone but the server
+        read = session.call_tool("up__read", {"path": str(secret)}, token)
+        assert read["result"]["content"][0]["text"].startswith("not read"), secret
+    assert session.call_tool("up__read", {"path": str(upstream_gateway.workspace / "pyproject.toml")}, token)["result"][
+        "content"
+    ][0]["text"].startswith("read ")
+    assert session.call_tool("up__fork", {}, token)["result"]["content"][0]["text"] == "forked"
+    assert len(servers_of(upstream_gateway)) == 2  # the server and the child it left
+
+    session.close()
+
+    assert servers_of(upstream_gateway) == []
+
+
+def test_a_2026_client_calls_an_upstream_tool_through_an_input_required_round(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = open_session(upstream_gateway, initialize=False, env={"UP_TEST_SECRET": SECRET})
+    params: dict[str, Any] = {
+        "name": "up__echo",
+        "arguments": {"text": "modern"},
+        "auth": {"token": upstream_gateway.token("alice")},
+        "_meta": modern_meta(),
+    }
+    first = session.request("tools/call", params, timeout=120)["result"]
+    assert first["resultType"] == "input_required", first
+    retry = {
+        **params,
+        "inputResponses": {"consent": {"action": "accept", "content": {"decision": "allow_once"}}},
+        "requestState": first["requestState"],
+    }
+    answered = session.request("tools/call", retry, timeout=120)["result"]
+    assert answered["content"] == [{"type": "text", "text": "modern"}]
+    assert kinds(upstream_gateway, run_id_of({"result": answered}))[-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
+
+
+def test_a_call_cancelled_by_the_client_is_cancelled_at_the_server(
+    upstream_gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    session = session_on(upstream_gateway, open_session)
+    token = upstream_gateway.token("alice")
+    request_id = session.send_call("up__sleep", {"seconds": 60}, token)
+    log = AuditLog(upstream_gateway.engine, SystemClock())
+    deadline = time.monotonic() + scaled(60)
+    while not [e for e in log.events() if e.event_type == "TOOL_STARTED" and e.tool_name == "up__sleep"]:
+        assert time.monotonic() < deadline, "the call never started"
+        session.pump(0.2)
+    time.sleep(1)  # forwarded right after TOOL_STARTED
+    session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
+
+    counted = ""
+    while counted != "cancelled 1":
+        assert time.monotonic() < deadline, counted
+        counted = session.call_tool("up__cancelled", {}, token)["result"]["content"][0]["text"]
+    (started,) = [e for e in log.events() if e.event_type == "TOOL_STARTED" and e.tool_name == "up__sleep"]
+    ended = [e.event_type for e in log.events(run_id=started.run_id)]
+    assert ended[-1] == "TOOL_FINISHED"
+    assert request_id not in session.answered()  # a cancelled request gets no answer

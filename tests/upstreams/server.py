@@ -3,15 +3,18 @@
 Its tools: `echo` (read-only), `note` (writes a file in the workspace: its view decides), `env_digest` (the
 sha256 of a variable of its environment, never the value), `sleep`, `crash`, `big` (an answer of n
 bytes), `progress`, `sample` (asks the client for sampling), `flood` (n notifications at once), `roots`,
-`ask` (asks the client through elicitation) and `change` (changes `echo`'s description and says
-tools/list_changed). The tests copy it beside the policy with their interpreter on its `#!` line.
+`ask` (asks the client through elicitation), `change` (changes `echo`'s description and says
+tools/list_changed), `connect` (a TCP connection to 127.0.0.1), `read` (any file) and `fork` (a child
+left sleeping). The tests copy it beside the policy with their interpreter on its `#!` line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-STATE: dict[str, Any] = {"echo": "Echo the text back"}
+STATE: dict[str, Any] = {"echo": "Echo the text back", "cancelled": 0}
 
 
 def schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
@@ -52,6 +55,7 @@ def tools() -> list[types.Tool]:
             name="sleep", description="Sleep", input_schema=schema({"seconds": {"type": "number"}}, ["seconds"])
         ),
         types.Tool(name="crash", description="Exit at once", input_schema=schema({})),
+        types.Tool(name="cancelled", description="How many calls were cancelled", input_schema=schema({})),
         types.Tool(
             name="big", description="Answer n bytes", input_schema=schema({"bytes": {"type": "integer"}}, ["bytes"])
         ),
@@ -65,6 +69,13 @@ def tools() -> list[types.Tool]:
         types.Tool(name="roots", description="List the client's roots", input_schema=schema({})),
         types.Tool(name="ask", description="Ask the person", input_schema=schema({})),
         types.Tool(name="change", description="Change echo's definition", input_schema=schema({})),
+        types.Tool(
+            name="connect",
+            description="Open a TCP connection",
+            input_schema=schema({"port": {"type": "integer"}}, ["port"]),
+        ),
+        types.Tool(name="read", description="Read a file", input_schema=schema({"path": {"type": "string"}}, ["path"])),
+        types.Tool(name="fork", description="Leave a child sleeping", input_schema=schema({})),
     ]
 
 
@@ -93,8 +104,14 @@ async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolReques
         value = os.environ.get(args["name"])
         return text("absent" if value is None else hashlib.sha256(value.encode()).hexdigest())
     if name == "sleep":
-        await anyio.sleep(float(args["seconds"]))
+        try:
+            await anyio.sleep(float(args["seconds"]))
+        except anyio.get_cancelled_exc_class():  # the client sent notifications/cancelled for this request
+            STATE["cancelled"] += 1
+            raise
         return text("slept")
+    if name == "cancelled":
+        return text(f"cancelled {STATE['cancelled']}")
     if name == "crash":
         print("crashing on purpose", file=sys.stderr, flush=True)
         os._exit(3)
@@ -103,7 +120,7 @@ async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolReques
     if name == "progress":
         for step in range(3):
             await ctx.session.report_progress(step + 1, 3, f"step {step + 1} of 3")
-            await anyio.sleep(0.3)
+            await anyio.sleep(1.2)
         return text("progressed")
     if name == "sample":
         try:
@@ -133,6 +150,23 @@ async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolReques
         STATE["echo"] = "Echo the text back, and also something else"
         await ctx.session.send_tool_list_changed()
         return text("changed")
+    if name == "connect":
+        try:
+            with socket.create_connection(("127.0.0.1", int(args["port"])), timeout=3):
+                return text("connected")
+        except OSError as exc:
+            return text(f"not connected: {exc.__class__.__name__}")
+    if name == "read":
+        try:
+            return text(f"read {len(Path(args['path']).read_bytes())} bytes")
+        except OSError as exc:
+            return text(f"not read: {exc.__class__.__name__}")
+    if name == "fork":
+        if os.fork() == 0:  # the child outlives the call, and would outlive the server if nothing killed it
+            os.setsid()
+            time.sleep(600)
+            os._exit(0)
+        return text("forked")
     return text(f"unknown tool {name}", is_error=True)
 
 
