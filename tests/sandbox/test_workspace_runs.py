@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import stat
@@ -23,6 +24,7 @@ from sandbox.change_set import Action, ChangeRules, ChangeSet, Refusal, TooLarge
 from sandbox.limits import BACKENDS, Backend
 from sandbox.patch import render_patch
 from sandbox.pinned import Pinned, pin
+from sandbox.workspace_copy import RACY_NS
 from tests.harness import REPO
 from tests.sandbox.confined_child import PYTHON, requires_root, shared_dir
 
@@ -64,6 +66,7 @@ def run(
         scratch_bytes=over.pop("scratch_bytes", 8 << 20),
         backend=backend,
     )
+    on_stdout = over.pop("on_stdout", None)
     return anyio.run(
         lambda: run_sandboxed(
             [PYTHON, "-I", "-c", code],
@@ -73,6 +76,7 @@ def run(
             folder / "err",
             scratch=folder / "scratch",
             writes=rules or ChangeRules(),
+            on_stdout=on_stdout,
         )
     )
 
@@ -134,6 +138,46 @@ def test_a_run_writes_its_copy_at_the_workspace_path_and_never_the_workspace(bac
         assert not (ws.path / "gone.txt").exists()
         assert stat.S_IMODE((ws.path / "run.sh").stat().st_mode) == 0o755
         assert (ws.path / "keep/k.txt").read_text() == "k\n"
+
+
+STARTED_THEN_EDITS = """
+import pathlib
+print("started", flush=True)
+pathlib.Path("a.txt").write_text("by the run\\n")
+pathlib.Path("b.txt").write_text("by the run too\\n")
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_file_rewritten_in_the_workspace_during_the_run_with_its_size_and_times_is_a_conflict(
+    backend: Backend,
+) -> None:
+    """Past the racy window, the copy leaves the hashes to the files' identity (decision 82): b.txt, untouched
+    in the workspace, gets its true sha256_before; a.txt, rewritten there while the run goes on (same size, its
+    times set back), gets none, and nothing applies."""
+    files = {"a.txt": "alpha 1\n", "b.txt": "bravo 2\n"}
+    with project(files) as (folder, ws):
+        time.sleep(RACY_NS / 1e9 + 0.2)
+        rewritten: list[bytes] = []
+
+        def rewrite(_: bytes) -> None:  # the run printed: its copy was made
+            if not rewritten:
+                before = os.stat(ws.path / "a.txt")
+                with open(ws.path / "a.txt", "r+b") as handle:
+                    handle.write(b"ALPHA 1\n")
+                os.utime(ws.path / "a.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
+                rewritten.append(b"ALPHA 1\n")
+
+        result = run(folder, ws, STARTED_THEN_EDITS, backend, on_stdout=rewrite)
+        assert result.exit_code == 0 and rewritten, outcome(folder, result)
+        assert result.changes is not None
+        changes = {change.path: change for change in result.changes.changes}
+        assert changes["b.txt"].sha256_before == hashlib.sha256(b"bravo 2\n").hexdigest()
+        assert changes["a.txt"].sha256_before is None, "not what was copied, and not known: never a false hash"
+        applied = apply_changes(ws.fd, result.changes)
+        assert (applied.applied, applied.reason, applied.conflicts) == (False, "changes_conflict", ("a.txt",))
+        assert (ws.path / "a.txt").read_bytes() == b"ALPHA 1\n"
+        assert (ws.path / "b.txt").read_bytes() == b"bravo 2\n", "nothing written"
 
 
 HOSTILE = """
