@@ -20,7 +20,7 @@ import dataclasses
 import functools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -94,7 +94,7 @@ class WritableCopy:
             child_view = NamespacedView(size, files, place.owner.uid, place.owner.gid, FILL_WAIT_S, mount_at=at)
             stack.callback(child_view.close)
             copy = cls(writes, child_view=child_view)
-            stack.callback(copy.close)
+            stack.callback(close_aside, copy.close)
             return copy
         if place.space is None:
             raise SandboxStartError("workspace_view_unavailable")
@@ -102,7 +102,8 @@ class WritableCopy:
         if place.backend == "bubblewrap":  # a folder of the scratch tmpfs, root's, bound over the workspace by bwrap
             os.mkdir(VIEW_IN_SCRATCH, 0o755, dir_fd=place.space.mount_fd)
             mount_at = place.space.target / VIEW_IN_SCRATCH
-        view = stack.enter_context(WorkspaceView(*_bounds(writes), mount_at=mount_at))
+        view = WorkspaceView(*_bounds(writes), mount_at=mount_at)
+        stack.callback(close_aside, view.close)
         fill = functools.partial(_fill, cwd, view.mount_fd, place.owner, writes)
         originals, (size, files) = await anyio.to_thread.run_sync(fill)
         view.resize(size, files)
@@ -168,6 +169,13 @@ class WritableCopy:
         if self._child_mount_fd >= 0:
             os.close(self._child_mount_fd)
             self._child_mount_fd = -1
+
+
+def close_aside(close: Callable[[], None]) -> None:
+    """Close a copy's tmpfs on a thread of its own: the last close of a detached mount tears the tmpfs down
+    (about 5 ms of CPU for 2,000 files, and an RCU grace period: 4-48 ms measured on a busy machine), which
+    the run's result need not wait for. Nothing reads the copy after the change set (decision 82)."""
+    threading.Thread(target=close, name="workspace-copy-close", daemon=True).start()
 
 
 def _bounds(writes: ChangeRules) -> tuple[int, int]:
