@@ -8,7 +8,10 @@
     - review, bubblewrap: the same with `sandbox.backend: bubblewrap`;
     - read-only, native: `run_sandboxed` without `writes` (ruff then fails to write: the sandbox's
       own cost without the copy, for the split).
-    Target: review p50 at most 1.3x bare.
+    Target: review p50 at most 1.3x bare. Each side prints its p50 and p10-p90, the ratio of its p50 to
+    bare's and the p50 and p10-p90 of the ratio within each round (a busy machine moves whole rounds),
+    then the CPU time of each run, the gateway's and its waited children's (bubblewrap's left out: its
+    own init reaps the tool), which other work on the machine moves less than the wall clock.
 (b) the pieces: the copy of the 2,000 files into a view (p50 of 10), and, for 1, 4 and 16 MiB of
     changed files (64 KiB each), reading the change set plus rendering the patch, per changed MiB;
     and, for comparison with the rejected overlayfs, the time to make (not mount) an overlay over
