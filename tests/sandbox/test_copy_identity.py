@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from sandbox.workspace_copy import (
     copy_workspace,
     filesystem_type,
 )
+from sandbox.writable_copy import close_aside
 from tests.sandbox.confined_child import requires_root
 from tests.sandbox.test_workspace_changes import changes_of, workspace
 from tests.sandbox.test_workspace_changes import copied as copied_by_hand
@@ -254,3 +256,13 @@ def test_a_large_file_is_hashed_in_chunks_and_kept_for_the_diff_only_within_the_
         assert changes["big.bin"].sha256_before == sha(big)
         assert changes["big.bin"].content_before is None, "past max_change_bytes: hashed, not kept"
         assert changes["small.txt"].content_before == b"small\n"
+
+
+def test_the_copys_tmpfs_is_closed_on_a_thread_of_its_own(tmp_path: Path) -> None:
+    view = WorkspaceView(1 << 20, 16)
+    assert view.mount_fd >= 0
+    closer = close_aside(view.close)
+    assert closer is not threading.current_thread()
+    closer.join(timeout=60)
+    assert not closer.is_alive()
+    assert view.mount_fd == -1
