@@ -8,13 +8,14 @@ moves nothing outside it: the changes land in the folder that was pinned, wherev
 First every target is checked against what the run began with: an added path must be absent (a
 folder may already be there), a modified or deleted file must still hold `sha256_before` with its
 mode (a file whose `sha256_before` is not known never does, decision 82), a folder must still be a
-folder. If any differs, nothing is written and the result names the paths (the gateway answers -32004 `changes_conflict`). A set that is too large applies nothing.
-Then: folders added (parents first, created as needed, never through a link), files written each
-to a temporary in its target folder and renamed into place (atomic per file), deletions by
-unlinkat and rmdir (deepest first), folder modes. Modes carry permission bits only (never
-setuid, setgid or sticky). What is written belongs to the gateway's user, except for a gateway
-running as root (decision 80): a modified file keeps its owner and group, an added file or folder
-gets those of the folder it lands in, so a root gateway leaves no root-owned file in a user's tree.
+folder. If any differs, nothing is written and the result names the paths (the gateway answers
+-32004 `changes_conflict`). A set that is too large applies nothing. Then: folders added (parents
+first, created as needed, never through a link), files written each to a temporary in its target
+folder and renamed into place (atomic per file), deletions by unlinkat and rmdir (deepest first),
+folder modes. Modes carry permission bits only (never setuid, setgid or sticky). What is written
+belongs to the gateway's user, except for a gateway running as root (decision 80): a modified file
+keeps its owner and group, an added file or folder gets those of the folder it lands in, so a root
+gateway leaves no root-owned file in a user's tree.
 """
 
 from __future__ import annotations
