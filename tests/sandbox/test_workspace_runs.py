@@ -381,11 +381,14 @@ def users_project(files: dict[str, str]) -> Iterator[Path]:
         yield folder
 
 
-def as_user(code: str, folder: Path, backend: Backend, *extra: str) -> dict[str, Any]:
+def as_user(code: str, folder: Path, backend: Backend, *extra: str, rewrite: str | None = None) -> dict[str, Any]:
+    """`rewrite`: a workspace file the script rewrites (same size, times set back) when the run first prints."""
     child = str(REPO / "tests" / "sandbox" / "rootless_writes_child.py")
     command = ["setpriv", f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}", "--clear-groups", "--"]
     argv = [*command, sys.executable, child, code, str(folder / "ws"), str(folder / "scratch"), backend, *extra]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+    if rewrite is not None:
+        env["REWRITE_ON_OUTPUT"] = rewrite
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
     assert done.returncode == 0, done.stderr
     outcome: dict[str, Any] = json.loads(done.stdout)
@@ -411,6 +414,21 @@ def test_a_rootless_gateways_run_writes_a_copy_its_child_made_and_the_gateway_fi
         assert (folder / "ws" / "new.txt").read_text() == "new\n"
         assert sorted(os.listdir(folder / "ws" / ".git" / "hooks")) == ["README"]
         assert (folder / "ws" / "new.txt").stat().st_uid == ROOTLESS_UID
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_run_leaves_hashes_to_identity_and_a_rewrite_during_it_is_a_conflict(backend: Backend) -> None:
+    """The rootless copy (filled by the gateway's thread) is the same copy (decision 82): past the racy window
+    the untouched file's sha256_before is true, the one rewritten meanwhile has none, nothing applies."""
+    with users_project({"a.txt": "alpha 1\n", "b.txt": "bravo 2\n"}) as folder:
+        time.sleep(RACY_NS / 1e9 + 0.2)
+        seen = as_user(STARTED_THEN_EDITS, folder, backend, rewrite="a.txt")
+        assert seen["rootless"] is True and seen["exit_code"] == 0, seen
+        assert seen["rewritten"] == ["a.txt"]
+        assert seen["sha256_before"] == {"a.txt": None, "b.txt": hashlib.sha256(b"bravo 2\n").hexdigest()}
+        assert (seen["applied"], seen["reason"], seen["conflicts"]) == (False, "changes_conflict", ["a.txt"])
+        assert (folder / "ws" / "a.txt").read_bytes() == b"ALPHA 1\n"
+        assert (folder / "ws" / "b.txt").read_bytes() == b"bravo 2\n"
 
 
 def test_a_rootless_workspace_too_large_to_copy_runs_nothing() -> None:
