@@ -73,6 +73,8 @@ class WritableCopy:
         self.writes, self.view, self.child_view, self.originals = writes, view, child_view, originals
         self._filled: Originals | None = None
         self._failure: BaseException | None = None
+        self._fill_later: Callable[[], tuple[Originals, tuple[int, int]]] | None = None
+        """Root: the copy to fill while the child makes its namespaces (`spawning`), before it may exec."""
         self._child_mount_fd = -1
         """The rootless copy's tmpfs, as the child sent it: read after the run, closed with the run."""
 
@@ -104,20 +106,25 @@ class WritableCopy:
             mount_at = place.space.target / VIEW_IN_SCRATCH
         view = WorkspaceView(*_bounds(writes), mount_at=mount_at)
         stack.callback(close_aside, view.close)
-        fill = functools.partial(_fill, cwd, view.mount_fd, place.owner, writes)
-        originals, (size, files) = await anyio.to_thread.run_sync(fill)
-        view.resize(size, files)
-        return cls(writes, view=view, originals=originals)
+        copy = cls(writes, view=view)
+        copy._fill_later = functools.partial(_fill, cwd, view.mount_fd, place.owner, writes)
+        return copy
 
     @contextlib.contextmanager
     def spawning(self, cwd: Path | Pinned) -> Iterator[None]:
-        """Around the spawn: a rootless run's child waits in it while a thread fills its copy.
+        """Around the spawn: the run's child waits in it while a thread fills its copy (rootless: before it
+        mounts the copy; root: before its exec, decision 82, so the copy is made while it makes its namespaces).
 
         The copy's own failure (a workspace too large) is raised rather than the spawn's."""
-        if self.child_view is None or not isinstance(cwd, Pinned) or self.writes is None:
+        if self.view is not None and self._fill_later is not None:
+            filler = threading.Thread(target=self._fill_view, args=(self.view, self._fill_later), daemon=True)
+        elif self.child_view is not None and isinstance(cwd, Pinned) and self.writes is not None:
+            filler = threading.Thread(
+                target=self._fill_child_view, args=(self.child_view, cwd, self.writes), daemon=True
+            )
+        else:
             yield
             return
-        filler = threading.Thread(target=self._fill_child_view, args=(self.child_view, cwd, self.writes), daemon=True)
         filler.start()
         try:
             yield
@@ -125,15 +132,35 @@ class WritableCopy:
             # Set already, the copy's failure is why the child failed (it refused the child); set only
             # once the filler is woken below, it is a consequence of the spawn's own failure.
             cause = self._failure
-            self.child_view.close()  # a filler still waiting wakes
+            if self.child_view is not None:
+                self.child_view.close()  # a filler still waiting wakes (root's never waits)
             filler.join()
+            if self.view is not None:
+                self.view.end_go()
             if cause is not None:
                 raise cause from None
             raise
         filler.join()
+        if self.view is not None:
+            self.view.end_go()
         if self._filled is None:
             raise SandboxStartError("workspace_view_unavailable")
         self.originals = self._filled
+
+    def _fill_view(self, view: WorkspaceView, fill: Callable[[], tuple[Originals, tuple[int, int]]]) -> None:
+        try:
+            originals, (size, files) = fill()
+            view.resize(size, files)
+        except Exception as exc:
+            self._failure = exc if isinstance(exc, SandboxStartError) else SandboxStartError("workspace_copy_failed")
+            view.refuse()
+            return
+        self._filled = originals
+        try:
+            view.go()
+        except OSError:
+            self._filled = None
+            view.refuse()
 
     def _fill_child_view(self, child_view: NamespacedView, workspace: Pinned, writes: ChangeRules) -> None:
         try:

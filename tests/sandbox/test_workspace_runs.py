@@ -21,6 +21,7 @@ from sandbox import Limits, RunResult, probe_host, run_sandboxed
 from sandbox.apply import apply_changes
 from sandbox.backends.rlimits import DEFAULT_FILE_SIZE_BYTES
 from sandbox.change_set import Action, ChangeRules, ChangeSet, Refusal, TooLarge
+from sandbox.errors import SandboxStartError
 from sandbox.limits import BACKENDS, Backend
 from sandbox.patch import render_patch
 from sandbox.pinned import Pinned, pin
@@ -138,6 +139,19 @@ def test_a_run_writes_its_copy_at_the_workspace_path_and_never_the_workspace(bac
         assert not (ws.path / "gone.txt").exists()
         assert stat.S_IMODE((ws.path / "run.sh").stat().st_mode) == 0o755
         assert (ws.path / "keep/k.txt").read_text() == "k\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_workspace_too_large_to_copy_runs_nothing_though_the_child_was_forked(backend: Backend) -> None:
+    """As root the copy is filled while the child makes its namespaces (decision 82): a copy that fails
+    refuses the waiting child before its exec, and the copy's own reason is raised."""
+    with project({f"f{i}": "x" for i in range(20)}) as (folder, ws):
+        marker = folder / "ran"
+        with pytest.raises(SandboxStartError) as refused:
+            run(folder, ws, f"open({str(marker)!r}, 'w')", backend, ChangeRules(max_copy_files=10))
+        assert refused.value.reason == "workspace_too_large_for_view"
+        assert not marker.exists()
+        assert run(folder, ws, "print('after')", backend).exit_code == 0, "the next run starts as ever"
 
 
 STARTED_THEN_EDITS = """
