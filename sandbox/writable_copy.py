@@ -1,11 +1,12 @@
-"""A writing run's copy of its workspace from start to change set, as root or rootless (decision 78).
+"""A writing run's copy of its workspace from start to change set, as root or rootless (decisions 78, 82).
 
 `WritableCopy.prepare` makes the copy a run of `run_sandboxed(writes=...)` works on, or refuses the
 run (`workspace_view_unavailable`) where none can be made: a cwd that is not pinned, a host without
 the scratch step's mount namespace, a root gateway without CAP_SYS_ADMIN, a rootless one without
-the PID namespace. As root the gateway makes it and fills it before the spawn (backends/view.py
-WorkspaceView); rootless the child makes it and waits while a thread of the gateway fills it
-(`spawning`, NamespacedView). With bubblewrap the copy is moved into a folder of the scratch tmpfs
+the PID namespace. As root the gateway makes it before the spawn (backends/view.py WorkspaceView)
+and a thread fills it while the child makes its namespaces; the child waits for the word last thing
+before its exec (`spawning`). Rootless the child makes it and waits, before it mounts it, while a
+thread of the gateway fills it (NamespacedView). With bubblewrap the copy is moved into a folder of the scratch tmpfs
 (VIEW_IN_SCRATCH) and bwrap binds it over the workspace. `read` gives the run's result its change set once the run is over.
 
 A copy is capped after it is made at what it holds plus twice `max_bytes` (a tool writes a file's
@@ -151,16 +152,11 @@ class WritableCopy:
         try:
             originals, (size, files) = fill()
             view.resize(size, files)
-        except Exception as exc:
-            self._failure = exc if isinstance(exc, SandboxStartError) else SandboxStartError("workspace_copy_failed")
-            view.refuse()
-            return
-        self._filled = originals
-        try:
+            self._filled = originals
             view.go()
-        except OSError:
+        except Exception as exc:
             self._filled = None
-            view.refuse()
+            self._fail(exc, view.refuse)
 
     def _fill_child_view(self, child_view: NamespacedView, workspace: Pinned, writes: ChangeRules) -> None:
         try:
@@ -168,10 +164,14 @@ class WritableCopy:
             originals, (size, files) = _fill(workspace, self._child_mount_fd, None, writes)
             child_view.go(size, files)
         except Exception as exc:
-            self._failure = exc if isinstance(exc, SandboxStartError) else SandboxStartError("workspace_copy_failed")
-            child_view.refuse()
+            self._fail(exc, child_view.refuse)
             return
         self._filled = originals
+
+    def _fail(self, exc: Exception, refuse: Callable[[], None]) -> None:
+        """The copy's failure, noted before the waiting child is refused (so the spawn's failure is known as its)."""
+        self._failure = exc if isinstance(exc, SandboxStartError) else SandboxStartError("workspace_copy_failed")
+        refuse()
 
     async def read(self, result: RunResult, cwd: Path | Pinned) -> RunResult:
         """`result` with the run's change set; call once every process of the run is dead.

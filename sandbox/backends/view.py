@@ -1,14 +1,15 @@
-"""The workspace view: a copy of the pinned workspace on a tmpfs of its own, mounted over it for one run (decision 78).
+"""The workspace view: a copy of the pinned workspace on a tmpfs of its own, mounted over it for one run (decisions 78, 82).
 
 A run in `workspace: review` or `write` mode (docs/security-model.md, "Writable workspaces") must
 write somewhere that is not the workspace: what it writes is a change set a person (or, in
 `write` mode, the gateway's rules) applies afterwards. The gateway, as root, makes a detached
-tmpfs (`fsopen`, `fsconfig`, `fsmount`; never mounted in the host's namespace), copies the
-workspace into it through its fd (sandbox/workspace_copy.py), then shrinks it to what the copy
-holds plus the change caps' headroom (`resize`). In the child, after the scratch step made a
-private mount namespace (which carried the cwd, the pinned workspace, into its copy), `apply()`
-moves the tmpfs onto that cwd and `fchdir`s into it: the run sees the copy at the workspace's own
-path, in its namespace alone. Landlock grants the tmpfs read-write by its mount fd and nothing
+tmpfs (`fsopen`, `fsconfig`, `fsmount`; never mounted in the host's namespace) and, while the
+child starts, copies the workspace into it through its fd (sandbox/workspace_copy.py), then
+shrinks it to what the copy holds plus the change caps' headroom (`resize`) and says `go`. In the
+child, after the scratch step made a private mount namespace (which carried the cwd, the pinned
+workspace, into its copy), `apply()` moves the tmpfs onto that cwd and `fchdir`s into it: the run
+sees the copy at the workspace's own path, in its namespace alone; `await_go` waits for the copy,
+last thing before the exec. Landlock grants the tmpfs read-write by its mount fd and nothing
 else of the workspace; bubblewrap binds the same fd (`--bind-fd`).
 
 When the run has ended and the runner has killed whatever it left, `freeze()` makes the mount
