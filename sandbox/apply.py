@@ -7,7 +7,8 @@ moves nothing outside it: the changes land in the folder that was pinned, wherev
 
 First every target is checked against what the run began with: an added path must be absent (a
 folder may already be there), a modified or deleted file must still hold `sha256_before` with its
-mode, a folder must still be a folder. If any differs, nothing is written and the result names the
+mode (a file whose `sha256_before` is not known never does, decision 82), a folder must still be a
+folder. If any differs, nothing is written and the result names the
 paths (the gateway answers -32004 `changes_conflict`). A set that is too large applies nothing.
 Then the files (`_Placing`): every new content staged to a temporary in its folder, one syncfs, and
 each file swapped in at once, renameat2 RENAME_EXCHANGE for a modified file (RENAME_NOREPLACE for
@@ -364,6 +365,8 @@ def _still_as_it_was(workspace_fd: int, change: Change, deleted: frozenset[str])
         if change.action is Action.DELETED:  # it must hold nothing the set does not delete too
             return stat.S_ISDIR(info.st_mode) and _holds_only(workspace_fd, change.path, deleted)
         return stat.S_ISDIR(info.st_mode) and info.st_mode & PERMISSION_BITS == change.mode_before
+    if change.sha256_before is None:  # what was copied is not known (decision 82): nothing can show it is still there
+        return False
     if not stat.S_ISREG(info.st_mode) or info.st_mode & PERMISSION_BITS != change.mode_before:
         return False
     if info.st_size != change.size_before:

@@ -1,4 +1,4 @@
-"""What a writing run changed in its copy of the workspace, as one frozen value (decision 78).
+"""What a writing run changed in its copy of the workspace, as one frozen value (decisions 78, 82).
 
 `read_changes(view, originals, rules)` walks the run's copy (sandbox/backends/view.py) once the
 run is over and the copy frozen, and compares it with what was copied (sandbox/workspace_copy.py
@@ -14,6 +14,12 @@ stops (at the cap plus one) and the whole set is `too_large`: nothing of it appl
 Bounded by construction: the copy's tmpfs holds at most as many inodes as the copy plus the
 headroom, a file is judged by `st_size` before a byte of it is read (a sparse 5 GiB file costs
 one fstat), and an entry the run did not touch keeps its inode and ctime, so it is not read.
+
+`sha256_before` is the hash of what was copied, always: taken as the file was copied, or now, from
+the workspace's file when it still has the identity it had then (decision 82,
+sandbox/workspace_copy.py `hash_if_unchanged`). When it has not (the workspace's file was written,
+replaced or touched since), nothing can say what was copied: `sha256_before` is None, and applying
+the set is a conflict (sandbox/apply.py).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sandbox.beneath import open_beneath
-from sandbox.workspace_copy import MAX_DEPTH, PERMISSION_BITS, Kind, Original, Originals, Owner
+from sandbox.workspace_copy import MAX_DEPTH, PERMISSION_BITS, Kind, Original, Originals, Owner, hash_if_unchanged
 
 MIB = 1024 * 1024
 DEFAULT_MAX_FILES = 1000
@@ -103,7 +109,8 @@ class Change:
     action: Action
     kind: Kind
     sha256_before: str | None
-    """The file as copied when the run began (None: added, or a folder); applying checks the workspace still has it."""
+    """The file as copied when the run began (None: added, a folder, or a file the workspace no longer held as
+    copied when the set was read, decision 82: then the set cannot apply); applying checks the workspace still has it."""
     sha256_after: str | None
     size_before: int | None
     size_after: int | None
@@ -204,17 +211,18 @@ def read_changes(
     view_fd: int,
     originals: Originals,
     rules: ChangeRules,
-    workspace_fd: int | None = None,
+    workspace_fd: int,
     *,
     run_owner: Owner | None = None,
 ) -> ChangeSet:
-    """The change set of the frozen copy under `view_fd` against `originals` (what it was copied from).
+    """The change set of the frozen copy under `view_fd` against `originals` (what it was copied from
+    `workspace_fd`, the pinned workspace).
 
-    With `workspace_fd`, each modified or deleted file's present content in the workspace is kept
-    for the diff when it still has `sha256_before` (at most `max_bytes` of it in all). `run_owner` is
-    the one copy_workspace was given: the run's uid, which could read what was given to it and what
-    others may read; None, the run had the gateway's uid and could read all that was copied."""
-    walk = _Walk(originals, rules)
+    Each modified or deleted file's present content in the workspace is kept for the diff when it
+    still holds what was copied (`_with_before`). `run_owner` is the one copy_workspace was given: the
+    run's uid, which could read what was given to it and what others may read; None, the run had the
+    gateway's uid and could read all that was copied."""
+    walk = _Walk(originals, rules, workspace_fd)
     root = os.open(".", _DIR, dir_fd=view_fd)
     try:
         walk.judge_as(run_owner, root, workspace_fd)
@@ -224,17 +232,19 @@ def read_changes(
         return ChangeSet(tuple(walk.changes), tuple(walk.refused), stop.which)
     finally:
         os.close(root)
-    changes = tuple(walk.changes)
-    if workspace_fd is not None:
-        changes = _with_before(changes, workspace_fd, rules.max_bytes)
-    return ChangeSet(changes, tuple(walk.refused))
+    return ChangeSet(
+        _with_before(tuple(walk.changes), walk.read_before, workspace_fd, rules.max_bytes), tuple(walk.refused)
+    )
 
 
-def _with_before(changes: tuple[Change, ...], workspace_fd: int, budget: int) -> tuple[Change, ...]:
+def _with_before(
+    changes: tuple[Change, ...], read_before: dict[str, bytes], workspace_fd: int, budget: int
+) -> tuple[Change, ...]:
     """Each modified or deleted file's earlier content for the diff, from the workspace when it still has
-    `sha256_before`: smallest first, at most `budget` bytes in all (a budget of its own, besides the new
-    content's), and none for a file whose new content a diff could not show. What is not read is said in
-    the patch (sandbox/patch.py `not_shown`), never taken for a conflict."""
+    `sha256_before` (read already while it was hashed, `read_before`, or read now): smallest first, at most
+    `budget` bytes in all (a budget of its own, besides the new content's), and none for a file whose new
+    content a diff could not show. What is not read is said in the patch (sandbox/patch.py `not_shown`),
+    never taken for a conflict."""
     wanted = sorted((i for i, c in enumerate(changes) if _wants_before(c)), key=lambda i: changes[i].size_before or 0)
     kept = list(changes)
     for index in wanted:
@@ -242,7 +252,9 @@ def _with_before(changes: tuple[Change, ...], workspace_fd: int, budget: int) ->
         size = change.size_before or 0
         if size > budget:
             break
-        before = _read_workspace(workspace_fd, change.path, size)
+        before = read_before.get(change.path)
+        if before is None:
+            before = _read_workspace(workspace_fd, change.path, size)
         if before is not None and hashlib.sha256(before).hexdigest() == change.sha256_before:
             budget -= size
             kept[index] = dataclasses.replace(change, content_before=before)
@@ -281,19 +293,21 @@ def _read_workspace(workspace_fd: int, path: str, size: int) -> bytes | None:
 
 
 class _Walk:
-    def __init__(self, originals: Originals, rules: ChangeRules) -> None:
-        self.originals, self.rules = originals, rules
+    def __init__(self, originals: Originals, rules: ChangeRules, workspace_fd: int) -> None:
+        self.originals, self.rules, self.workspace_fd = originals, rules, workspace_fd
         self.changes: list[Change] = []
         self.refused: list[RefusedEntry] = []
         self.seen: set[str] = set()
         self.bytes = 0
-        self.guarding = guarding_folders(originals, rules.protected)
+        self.read_before: dict[str, bytes] = {}
+        """Workspace content read while hashing it (decision 82), for the diff: at most `max_bytes` in all."""
+        self._read_budget = rules.max_bytes
+        self._guarding: frozenset[str] | None = None
         self._children: dict[str, list[str]] | None = None
         self.run_uid: int | None = None
         """The uid whose rights judge what the run could read (None: it could read all that was copied)."""
         self._hiding_folders: frozenset[str] | None = None
         self.git_before = git_folders(originals)
-        self.guarding |= {"/".join(_parts(f)[:end]) for f in self.git_before for end in range(1, len(_parts(f)) + 1)}
         self._root = -1
         self._git_after: dict[str, bool] = {}
         self._root_mode: int | None = None
@@ -380,6 +394,23 @@ class _Walk:
                 return original.mode
         return self._root_mode
 
+    def _sha256_before(self, path: str, original: Original) -> str | None:
+        """The hash of the file as copied: taken then, or now from the workspace if it is as it was (else None)."""
+        if original.sha256 is not None or original.identity is None:
+            return original.sha256
+        digest, content = hash_if_unchanged(self.workspace_fd, path, original.identity, self._read_budget)
+        if content is not None:
+            self.read_before[path] = content
+            self._read_budget -= len(content)
+        return digest
+
+    def _guards(self, path: str) -> bool:
+        """Whether the folder `path` holds a protected path in the workspace (worked out at the first folder deleted)."""
+        if self._guarding is None:
+            git = {"/".join(_parts(f)[:end]) for f in self.git_before for end in range(1, len(_parts(f)) + 1)}
+            self._guarding = guarding_folders(self.originals, self.rules.protected) | git
+        return path in self._guarding
+
     def _add(self, change: Change) -> None:
         if is_protected(change.path, self.rules.protected):
             self._refuse(change.path, Refusal.PROTECTED)
@@ -412,6 +443,14 @@ class _Walk:
             info = os.stat(name, dir_fd=fd, follow_symlinks=False)
             original = self.originals.get(path)
             if self._hidden_entry(fd, name, path, info, depth):
+                continue
+            if (
+                original is not None
+                and original.copy_ctime_ns == info.st_ctime_ns
+                and original.copy_ino == info.st_ino
+                and original.kind is Kind.FILE
+            ):  # untouched (most of a workspace): a link, a chmod or a write would have moved its ctime
+                self.seen.add(path)
                 continue
             if original is not None and original.kind is not _kind(info.st_mode):
                 self._deleted(path)  # replaced by another kind: the old one goes, the new one is judged below
@@ -480,10 +519,12 @@ class _Walk:
 
     def _file(self, fd: int, name: str, path: str, info: os.stat_result, before: Original | None) -> None:
         mode = info.st_mode & PERMISSION_BITS
+        digest_before = None if before is None else self._sha256_before(path, before)
         # Touched, perhaps rewritten as it was: hashed in chunks first, so a file the run only touched is
         # never held whole, whatever its size.
-        unchanged_size = before is not None and before.size == info.st_size and before.mode == mode
-        if unchanged_size and before is not None and _sha256_of(fd, name, info) == before.sha256:
+        same_size = before is not None and (before.size, before.mode) == (info.st_size, mode)
+        if same_size and digest_before is not None and _sha256_of(fd, name, info) == digest_before:
+            self._unread(path)
             return
         # Judged by st_size before a byte is read: a sparse file of any size costs one fstat.
         if self.bytes + info.st_size > self.rules.max_bytes:
@@ -492,12 +533,19 @@ class _Walk:
         digest = hashlib.sha256(content).hexdigest()
         if before is None:
             self._add(Change(path, Action.ADDED, Kind.FILE, None, digest, None, len(content), None, mode, content))
-        elif before.sha256 != digest or before.mode != mode:
+            return
+        if digest_before != digest or before.mode != mode:  # unknown before: listed, and a conflict when applied
             change = Change(
-                path, Action.MODIFIED, Kind.FILE, before.sha256, digest, before.size, len(content), before.mode, mode,
+                path, Action.MODIFIED, Kind.FILE, digest_before, digest, before.size, len(content), before.mode, mode,
                 content,
             )  # fmt: skip
             self._add(change)
+
+    def _unread(self, path: str) -> None:
+        """Give back the budget of a workspace file read for a diff that will not be shown (no change)."""
+        content = self.read_before.pop(path, None)
+        if content is not None:
+            self._read_budget += len(content)
 
     def _index(self) -> dict[str, list[str]]:
         """Each copied folder's entries (built once, when first needed)."""
@@ -540,12 +588,11 @@ class _Walk:
         if original.kind is Kind.SYMLINK:
             self._refuse(path, Refusal.SYMLINK)
             return
-        if original.kind is Kind.FOLDER and path in self.guarding:
+        if original.kind is Kind.FOLDER and self._guards(path):
             self._refuse(path, Refusal.PROTECTED)
             return
-        self._add(
-            Change(path, Action.DELETED, original.kind, original.sha256, None, original.size, None, original.mode, None)
-        )
+        digest = self._sha256_before(path, original) if original.kind is Kind.FILE else None
+        self._add(Change(path, Action.DELETED, original.kind, digest, None, original.size, None, original.mode, None))
 
     def deletions(self) -> None:
         gone = [path for path in self.originals if path not in self.seen]

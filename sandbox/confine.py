@@ -343,6 +343,8 @@ class ChildPlan:
             self._seccomp.apply()
         if self._supervisor is not None:
             self._supervisor.fork()  # returns only in the command's process
+        if self._view is not None:
+            self._view.await_go()  # the gateway filled the copy meanwhile (decision 82)
 
     def _root_steps(self) -> None:
         """As root: the namespaces and the tmpfs, the limits, then the drop to the pool uid."""

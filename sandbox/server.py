@@ -146,7 +146,7 @@ class ConfinedServer:
         async with self._sync_lock:
             rules, workspace = self._spec.rules, self._spec.workspace
             try:
-                changes = await anyio.to_thread.run_sync(read_changes, mount_fd, self._baseline, rules, None)
+                changes = await anyio.to_thread.run_sync(read_changes, mount_fd, self._baseline, rules, workspace.fd)
             except OSError:
                 return Synced(ChangeSet((), ()), ApplyResult(False, "changes_unreadable"))
             applied = await anyio.to_thread.run_sync(

@@ -1,14 +1,15 @@
-"""The workspace view: a copy of the pinned workspace on a tmpfs of its own, mounted over it for one run (decision 78).
+"""The workspace view: a copy of the pinned workspace on a tmpfs of its own, mounted over it for one run (decisions 78, 82).
 
 A run in `workspace: review` or `write` mode (docs/security-model.md, "Writable workspaces") must
 write somewhere that is not the workspace: what it writes is a change set a person (or, in
 `write` mode, the gateway's rules) applies afterwards. The gateway, as root, makes a detached
-tmpfs (`fsopen`, `fsconfig`, `fsmount`; never mounted in the host's namespace), copies the
-workspace into it through its fd (sandbox/workspace_copy.py), then shrinks it to what the copy
-holds plus the change caps' headroom (`resize`). In the child, after the scratch step made a
-private mount namespace (which carried the cwd, the pinned workspace, into its copy), `apply()`
-moves the tmpfs onto that cwd and `fchdir`s into it: the run sees the copy at the workspace's own
-path, in its namespace alone. Landlock grants the tmpfs read-write by its mount fd and nothing
+tmpfs (`fsopen`, `fsconfig`, `fsmount`; never mounted in the host's namespace) and, while the
+child starts, copies the workspace into it through its fd (sandbox/workspace_copy.py), then
+shrinks it to what the copy holds plus the change caps' headroom (`resize`) and says `go`. In the
+child, after the scratch step made a private mount namespace (which carried the cwd, the pinned
+workspace, into its copy), `apply()` moves the tmpfs onto that cwd and `fchdir`s into it: the run
+sees the copy at the workspace's own path, in its namespace alone; `await_go` waits for the copy,
+last thing before the exec. Landlock grants the tmpfs read-write by its mount fd and nothing
 else of the workspace; bubblewrap binds the same fd (`--bind-fd`).
 
 When the run has ended and the runner has killed whatever it left, `freeze()` makes the mount
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import socket
 import struct
 from pathlib import Path
@@ -28,6 +30,8 @@ from pathlib import Path
 from sandbox.errors import SandboxStartError
 
 MIB = 1024 * 1024
+GO_WAIT_MS = 120_000
+"""How long a root run's child waits, before its exec, for the gateway to fill its copy."""
 
 _SYS_MOVE_MOUNT = 429
 _SYS_FSOPEN = 430
@@ -98,7 +102,7 @@ class WorkspaceView:
     `freeze()` and the change set's walk come after the run; `close()` frees the memory.
     """
 
-    __slots__ = ("_args", "_frozen", "_mount_fd", "_move_only")
+    __slots__ = ("_args", "_frozen", "_go_read", "_go_write", "_mount_fd", "_move_only")
 
     def __init__(self, size_bytes: int, max_files: int, *, mount_at: Path | None = None) -> None:
         """`mount_at`: where `apply()` moves the copy instead of over the cwd (bubblewrap then binds it from
@@ -111,6 +115,7 @@ class WorkspaceView:
             raise SandboxStartError("workspace_view_unavailable") from exc
         self._frozen = False
         self._move_only = mount_at is not None
+        self._go_read, self._go_write = os.pipe2(os.O_CLOEXEC)
         # Built now, so the child converts nothing.
         self._args = (
             ctypes.c_long(_SYS_MOVE_MOUNT),
@@ -138,12 +143,48 @@ class WorkspaceView:
             raise SandboxStartError("workspace_view_unavailable") from exc
 
     def apply(self) -> None:
-        """In the child, in its private mount namespace whose cwd is the workspace: the copy onto it, and into it."""
+        """In the child, in its private mount namespace whose cwd is the workspace: the copy onto it, and into it.
+
+        Before any fork of the child: its copy of the gateway's end of the word to go is closed here, so that
+        end closing is seen (`await_go`), whichever process of the child holds the other."""
+        os.close(self._go_write)
         nr_move, mount_fd, empty, cwd, here, empty_path = self._args
         if _syscall(nr_move, mount_fd, empty, cwd, here, empty_path) != 0:
             raise OSError(ctypes.get_errno(), "move_mount")
         if not self._move_only and _fchdir(mount_fd) != 0:
             raise OSError(ctypes.get_errno(), "fchdir")
+
+    def await_go(self) -> None:
+        """In the child, last thing before the exec: wait (at most GO_WAIT_MS) for the gateway's word that the
+        copy is filled (decision 82: it is filled while the child makes its namespaces). Raises OSError."""
+        waiting = select.poll()
+        waiting.register(self._go_read, select.POLLIN)
+        if not waiting.poll(GO_WAIT_MS):
+            raise OSError(110, "the workspace copy was not made in time")  # ETIMEDOUT
+        if os.read(self._go_read, 1) != b"g":
+            raise OSError(5, "the workspace copy was not made")  # EIO: the gateway closed its end
+
+    def go(self) -> None:
+        """In the gateway, once the copy is filled and resized: the child, waiting in `await_go`, may exec.
+
+        The pipe stays open until `end_go`, after the spawn: closed sooner (a copy filled before the fork),
+        its numbers could be another fd's by the time the child is forked."""
+        os.write(self._go_write, b"g")
+
+    def refuse(self) -> None:
+        """In the gateway, when the copy cannot be made: the child, waiting, fails (nothing runs)."""
+        with contextlib.suppress(OSError):
+            os.write(self._go_write, b"n")
+
+    def end_go(self) -> None:
+        """In the gateway, once the spawn is over (the child exec'd or failed): the word's pipe closed."""
+        self._close_go()
+
+    def _close_go(self) -> None:
+        for fd in (self._go_read, self._go_write):
+            if fd >= 0:
+                os.close(fd)
+        self._go_read = self._go_write = -1
 
     def freeze(self) -> None:
         """Make the tmpfs itself read-only (its superblock, every mount of it): nothing writes to the copy any more.
@@ -155,6 +196,7 @@ class WorkspaceView:
         self._frozen = True
 
     def close(self) -> None:
+        self._close_go()
         if self._mount_fd >= 0:
             os.close(self._mount_fd)
             self._mount_fd = -1

@@ -4,11 +4,15 @@ The tests run as root and start this script under `setpriv` as an ordinary uid (
 rootless_child.py is started): the runner then takes the rootless path, where the run's child makes
 the copy's tmpfs in its own user namespace and the gateway fills it. Prints the outcome as JSON.
 Usage: python rootless_writes_child.py CODE WORKSPACE SCRATCH BACKEND [MAX_COPY_FILES]
+
+With REWRITE_ON_OUTPUT set to a file of the workspace, that file is rewritten when the run first
+prints (its copy made by then): the same size, other bytes, its times set back (decision 82).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +42,18 @@ def main() -> None:
     rules = ChangeRules(max_copy_files=int(sys.argv[5])) if len(sys.argv) > 5 else ChangeRules()
     pinned = pin(workspace)
     outcome: dict[str, object] = {"rootless": probe_host().rootless}
+    rewrite = os.environ.get("REWRITE_ON_OUTPUT")
+    rewritten: list[str] = []
+
+    def on_stdout(_: bytes) -> None:
+        if rewrite and not rewritten:
+            target = workspace / rewrite
+            before = target.stat()
+            content = target.read_bytes()
+            target.write_bytes(content.swapcase())
+            os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+            rewritten.append(rewrite)
+
     try:
         result = anyio.run(
             lambda: run_sandboxed(
@@ -48,6 +64,7 @@ def main() -> None:
                 scratch.parent / "err",
                 scratch=scratch,
                 writes=rules,
+                on_stdout=on_stdout,
             )
         )
     except SandboxStartError as exc:
@@ -62,10 +79,12 @@ def main() -> None:
         "changes": None if changes is None else [[c.path, c.action] for c in changes.changes],
         "refused": None if changes is None else [[r.path, r.why] for r in changes.refused],
         "too_large": None if changes is None else changes.too_large,
+        "sha256_before": None if changes is None else {c.path: c.sha256_before for c in changes.changes},
+        "rewritten": rewritten,
     }
     if changes is not None:
         applied = apply_changes(pinned.fd, changes)
-        outcome |= {"applied": applied.applied, "reason": applied.reason}
+        outcome |= {"applied": applied.applied, "reason": applied.reason, "conflicts": list(applied.conflicts)}
     print(json.dumps(outcome))
 
 

@@ -35,7 +35,7 @@ from sandbox.confine import LayerReport
 from sandbox.errors import SandboxStartError
 from sandbox.patch import render_patch, shown, summarize, write_patch
 from sandbox.pinned import Pinned, pin
-from sandbox.workspace_copy import MAX_DEPTH, Kind, Originals, Owner, WorkspaceTooLarge, copy_workspace
+from sandbox.workspace_copy import MAX_DEPTH, RACY_NS, Kind, Originals, Owner, WorkspaceTooLarge, copy_workspace
 from sandbox.writable_copy import WritableCopy
 from tests.sandbox.confined_child import requires_root
 
@@ -59,7 +59,9 @@ def workspace(tmp_path: Path, files: dict[str, bytes]) -> Iterator[Pinned]:
 
 @contextlib.contextmanager
 def copied(ws: Pinned, **bounds: int) -> Iterator[tuple[WorkspaceView, Originals, Path]]:
-    """The workspace copied into a view; the copy's folder as a path (through /proc/self/fd) to change it as a run would."""
+    """The workspace copied into a view; the copy's folder as a path (through /proc/self/fd) to change it as a run would.
+
+    `racy_ns`: the window within which a file's hash is taken as it is copied (test_copy_identity.py)."""
     with WorkspaceView(64 << 20, 10_000) as view:
         originals = copy_workspace(
             ws.fd,
@@ -67,6 +69,7 @@ def copied(ws: Pinned, **bounds: int) -> Iterator[tuple[WorkspaceView, Originals
             ROOT,
             max_entries=bounds.get("entries", 10_000),
             max_bytes=bounds.get("bytes", 32 << 20),
+            racy_ns=bounds.get("racy_ns", RACY_NS),
         )
         root = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=view.mount_fd)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -18,9 +19,11 @@ from sandbox import Limits, RunResult, probe_host, run_sandboxed
 from sandbox.apply import apply_changes
 from sandbox.backends.rlimits import DEFAULT_FILE_SIZE_BYTES
 from sandbox.change_set import Action, ChangeRules, ChangeSet, Refusal, TooLarge
+from sandbox.errors import SandboxStartError
 from sandbox.limits import BACKENDS, Backend
 from sandbox.patch import render_patch
 from sandbox.pinned import Pinned
+from sandbox.workspace_copy import RACY_NS
 from tests.harness import REPO
 from tests.sandbox.confined_child import PYTHON, project, requires_root, users_project
 
@@ -43,6 +46,7 @@ def run(
         scratch_bytes=over.pop("scratch_bytes", 8 << 20),
         backend=backend,
     )
+    on_stdout = over.pop("on_stdout", None)
     return anyio.run(
         lambda: run_sandboxed(
             [PYTHON, "-I", "-c", code],
@@ -52,6 +56,7 @@ def run(
             folder / "err",
             scratch=folder / "scratch",
             writes=rules or ChangeRules(),
+            on_stdout=on_stdout,
         )
     )
 
@@ -113,6 +118,59 @@ def test_a_run_writes_its_copy_at_the_workspace_path_and_never_the_workspace(bac
         assert not (ws.path / "gone.txt").exists()
         assert stat.S_IMODE((ws.path / "run.sh").stat().st_mode) == 0o755
         assert (ws.path / "keep/k.txt").read_text() == "k\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_workspace_too_large_to_copy_runs_nothing_though_the_child_was_forked(backend: Backend) -> None:
+    """As root the copy is filled while the child makes its namespaces (decision 82): a copy that fails
+    refuses the waiting child before its exec, and the copy's own reason is raised."""
+    with project({f"f{i}": "x" for i in range(20)}) as (folder, ws):
+        marker = folder / "ran"
+        with pytest.raises(SandboxStartError) as refused:
+            run(folder, ws, f"open({str(marker)!r}, 'w')", backend, ChangeRules(max_copy_files=10))
+        assert refused.value.reason == "workspace_too_large_for_view"
+        assert not marker.exists()
+        assert run(folder, ws, "print('after')", backend).exit_code == 0, "the next run starts as ever"
+
+
+STARTED_THEN_EDITS = """
+import pathlib
+print("started", flush=True)
+pathlib.Path("a.txt").write_text("by the run\\n")
+pathlib.Path("b.txt").write_text("by the run too\\n")
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_file_rewritten_in_the_workspace_during_the_run_with_its_size_and_times_is_a_conflict(
+    backend: Backend,
+) -> None:
+    """Past the racy window, the copy leaves the hashes to the files' identity (decision 82): b.txt, untouched
+    in the workspace, gets its true sha256_before; a.txt, rewritten there while the run goes on (same size, its
+    times set back), gets none, and nothing applies."""
+    files = {"a.txt": "alpha 1\n", "b.txt": "bravo 2\n"}
+    with project(files) as (folder, ws):
+        time.sleep(RACY_NS / 1e9 + 0.2)
+        rewritten: list[bytes] = []
+
+        def rewrite(_: bytes) -> None:  # the run printed: its copy was made
+            if not rewritten:
+                before = os.stat(ws.path / "a.txt")
+                with open(ws.path / "a.txt", "r+b") as handle:
+                    handle.write(b"ALPHA 1\n")
+                os.utime(ws.path / "a.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
+                rewritten.append(b"ALPHA 1\n")
+
+        result = run(folder, ws, STARTED_THEN_EDITS, backend, on_stdout=rewrite)
+        assert result.exit_code == 0 and rewritten, outcome(folder, result)
+        assert result.changes is not None
+        changes = {change.path: change for change in result.changes.changes}
+        assert changes["b.txt"].sha256_before == hashlib.sha256(b"bravo 2\n").hexdigest()
+        assert changes["a.txt"].sha256_before is None, "not what was copied, and not known: never a false hash"
+        applied = apply_changes(ws.fd, result.changes)
+        assert (applied.applied, applied.reason, applied.conflicts) == (False, "changes_conflict", ("a.txt",))
+        assert (ws.path / "a.txt").read_bytes() == b"ALPHA 1\n"
+        assert (ws.path / "b.txt").read_bytes() == b"bravo 2\n", "nothing written"
 
 
 HOSTILE = """
@@ -301,11 +359,14 @@ print(os.getcwd(), i)
 """
 
 
-def as_user(code: str, folder: Path, backend: Backend, *extra: str) -> dict[str, Any]:
+def as_user(code: str, folder: Path, backend: Backend, *extra: str, rewrite: str | None = None) -> dict[str, Any]:
+    """`rewrite`: a workspace file the script rewrites (same size, times set back) when the run first prints."""
     child = str(REPO / "tests" / "sandbox" / "rootless_writes_child.py")
     command = ["setpriv", f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}", "--clear-groups", "--"]
     argv = [*command, sys.executable, child, code, str(folder / "ws"), str(folder / "scratch"), backend, *extra]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+    if rewrite is not None:
+        env["REWRITE_ON_OUTPUT"] = rewrite
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
     assert done.returncode == 0, done.stderr
     outcome: dict[str, Any] = json.loads(done.stdout)
@@ -331,6 +392,21 @@ def test_a_rootless_gateways_run_writes_a_copy_its_child_made_and_the_gateway_fi
         assert (folder / "ws" / "new.txt").read_text() == "new\n"
         assert sorted(os.listdir(folder / "ws" / ".git" / "hooks")) == ["README"]
         assert (folder / "ws" / "new.txt").stat().st_uid == ROOTLESS_UID
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_run_leaves_hashes_to_identity_and_a_rewrite_during_it_is_a_conflict(backend: Backend) -> None:
+    """The rootless copy (filled by the gateway's thread) is the same copy (decision 82): past the racy window
+    the untouched file's sha256_before is true, the one rewritten meanwhile has none, nothing applies."""
+    with users_project({"a.txt": "alpha 1\n", "b.txt": "bravo 2\n"}, ROOTLESS_UID) as folder:
+        time.sleep(RACY_NS / 1e9 + 0.2)
+        seen = as_user(STARTED_THEN_EDITS, folder, backend, rewrite="a.txt")
+        assert seen["rootless"] is True and seen["exit_code"] == 0, seen
+        assert seen["rewritten"] == ["a.txt"]
+        assert seen["sha256_before"] == {"a.txt": None, "b.txt": hashlib.sha256(b"bravo 2\n").hexdigest()}
+        assert (seen["applied"], seen["reason"], seen["conflicts"]) == (False, "changes_conflict", ["a.txt"])
+        assert (folder / "ws" / "a.txt").read_bytes() == b"ALPHA 1\n"
+        assert (folder / "ws" / "b.txt").read_bytes() == b"bravo 2\n"
 
 
 def test_a_rootless_workspace_too_large_to_copy_runs_nothing() -> None:
