@@ -139,6 +139,8 @@ def _file_diff(change: Change, budget: _Budget) -> list[str]:
         return [*lines, f"# binary file, {sizes}"]
     if missing is not None:  # the new content is text, what it replaces is not shown: the new content whole
         why = "is binary" if missing is NotShown.BINARY else "was not read for this patch"
+        if change.sha256_before is None and missing is not NotShown.BINARY:  # decision 82: its identity moved
+            why = "changed in the workspace since the copy was made, so applying it would conflict"
         if change.action is Action.DELETED:
             return [*lines, f"# deleted file, {sizes}; NOT SHOWN: its content {why}"]
         note = f"# NOT SHOWN: its earlier content ({_size(change.size_before)}) {why}; its new content whole:"
