@@ -66,11 +66,14 @@ class ServerSpec:
     """memory_limit_mb and max_processes hold for the whole server; timeout_s is not used (it lives until stopped)."""
     caps: ChangeRules = dataclasses.field(default_factory=ChangeRules)
     """With `writable`: what one sync may carry (max_files, max_bytes) and the copy's bounds; its protected list is
-    replaced by `protected`."""
+    replaced by `protected`, its git_data by `git_data`."""
+    git_data: bool = True
+    """With `writable`: a sync may carry git's data in the workspace's own `.git` (ChangeRules.git_data): an
+    upstream such as a git server commits; its config, hooks and anything else of `.git` stay protected."""
 
     @property
     def rules(self) -> ChangeRules:
-        return dataclasses.replace(self.caps, protected=self.protected)
+        return dataclasses.replace(self.caps, protected=self.protected, git_data=self.git_data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +153,7 @@ class ConfinedServer:
             except OSError:
                 return Synced(ChangeSet((), ()), ApplyResult(False, "changes_unreadable"))
             applied = await anyio.to_thread.run_sync(
-                lambda: apply_changes(workspace.fd, changes, protected=rules.protected)
+                lambda: apply_changes(workspace.fd, changes, protected=rules.protected, git_data=rules.git_data)
             )
             self._baseline = _rebased(self._baseline, changes, frozenset(applied.written))
             return Synced(changes, applied)
