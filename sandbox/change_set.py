@@ -194,8 +194,8 @@ def is_protected_change(change: Change, protected: tuple[str, ...], *, git_data:
     is the workspace's own folder, read_changes `_Walk.own_git`)."""
     if not is_protected(change.path, protected):
         return False
-    if not git_data or is_listed(change.path, protected):
-        return True
+    if not git_data or is_listed(change.path, protected) or is_in_dot_git("/".join(_parts(change.path)[1:])):
+        return True  # a `.git` again beneath the own one (`refs/heads/.g\u200cit` on HFS+): a repository in git's data
     deleted = change.action is Action.DELETED
     mode = None if deleted else change.mode_after
     return not is_git_data(change.path, change.kind, mode, change.content, deleted=deleted)

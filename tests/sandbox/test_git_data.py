@@ -133,6 +133,12 @@ def test_what_git_data_may_be_deleted(path: str, kind: Kind, allowed: bool) -> N
     assert is_git_data(path, kind, None, None, deleted=True) is allowed
 
 
+@pytest.mark.parametrize("name", ["\u200c.git", "GIT~1", ".GIT", "x/\ufeff.git/HEAD"])
+def test_a_dot_git_in_any_spelling_beneath_the_own_one_is_no_git_data(name: str) -> None:
+    ref = Change(f".git/refs/heads/{name}", Action.ADDED, Kind.FILE, None, "b", None, 41, None, 0o644, b"ref: refs/x\n")
+    assert is_protected_change(ref, (), git_data=True)
+
+
 def test_the_policys_own_list_wins_over_git_data() -> None:
     ref = Change(
         ".git/refs/heads/main", Action.MODIFIED, Kind.FILE, "a", "b", 41, 41, 0o644, 0o644, f"{HASH}\n".encode()
