@@ -8,7 +8,8 @@ refused with why: symlinks (anywhere, to anywhere), hard links, devices, FIFOs, 
 setuid/setgid bits, protected paths (and anything named `.git` or beneath one), anything in a
 folder git would take for a repository (it holds a `HEAD`), what the run could not read (never
 read here, nor named beneath a folder it could not read), and modes that add write for others
-(decision 80, "Reviewed"). Past `max_files` changes or `max_bytes` of content the walk
+(decision 80, "Reviewed"); with `ChangeRules.git_data`, git's data in the workspace's own `.git` is
+no protected path (sandbox/git_data.py, decision 83). Past `max_files` changes or `max_bytes` of content the walk
 stops (at the cap plus one) and the whole set is `too_large`: nothing of it applies.
 
 Bounded by construction: the copy's tmpfs holds at most as many inodes as the copy plus the

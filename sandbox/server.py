@@ -13,8 +13,9 @@ readable through its pin, as a run's is. With `writable` the server works on a c
 workspace at the workspace's own path (sandbox/writable_copy.py, as a writing run does), and
 `sync()` brings what it changed there since the last sync into the workspace, through the change
 set's rules: protected paths, links, devices, setuid bits and anything outside are refused, never
-applied (docs/security-model.md, "Upstream servers' confinement").
-"""
+applied; git's data in the workspace's own `.git` (a commit's objects, refs, index, logs; never its
+config, hooks or commondir) may change (`ServerSpec.git_data`, sandbox/git_data.py), so a git
+server commits (docs/security-model.md, "Upstream servers' confinement")."""
 
 from __future__ import annotations
 
