@@ -199,7 +199,8 @@ def is_protected_change(change: Change, protected: tuple[str, ...], *, git_data:
         return True  # a `.git` again beneath the own one (`refs/heads/.g\u200cit` on HFS+): a repository in git's data
     deleted = change.action is Action.DELETED
     mode = None if deleted else change.mode_after
-    return not is_git_data(change.path, change.kind, mode, change.content, deleted=deleted)
+    modified = change.action is Action.MODIFIED
+    return not is_git_data(change.path, change.kind, mode, change.content, deleted=deleted, modified=modified)
 
 
 def git_folders(present: Iterable[str]) -> frozenset[str]:

@@ -20,7 +20,7 @@ todo lists run `exec` lines), lock and temporary files, and any name not on the 
 0644 at most (git writes objects 0444), folders 0755 at most: nothing executable, nothing writable by
 the group or others. Nothing of `objects/` is deleted (git deletes objects only when it packs or
 prunes them, which frees space and nothing else; a set deleting a referenced one would corrupt
-the history), nor `HEAD`, `index` or git's own folders (`refs`, `logs`, `refs/heads`, ...); a
+the history), nor is an object named by its hash modified, nor `HEAD`, `index` or git's own folders (`refs`, `logs`, `refs/heads`, ...); a
 ref, a ref's folder below `refs/<kind>/`, their reflogs and the state files may be.
 """
 
@@ -174,6 +174,13 @@ def _is_file_name(name: str) -> bool:
     return False
 
 
+def _is_immutable(name: str) -> bool:
+    parts = name.split("/")
+    if len(parts) != 3 or parts[0] != "objects":
+        return False
+    return _FAN_OUT.fullmatch(parts[1]) is not None or (parts[1] == "pack" and not parts[2].endswith(".keep"))
+
+
 def _is_folder_name(name: str, *, deleted: bool) -> bool:
     """Whether `name` (relative to `.git`) names one of git's data folders (one git itself may delete)."""
     if name in OWN_FOLDERS:
@@ -186,15 +193,20 @@ def _is_folder_name(name: str, *, deleted: bool) -> bool:
     return parts[0] == "refs" and len(parts) >= 2 and is_ref_name("/".join(parts[1:]))
 
 
-def is_git_data(path: str, kind: Kind, mode: int | None, content: bytes | None, *, deleted: bool) -> bool:
+def is_git_data(
+    path: str, kind: Kind, mode: int | None, content: bytes | None, *, deleted: bool, modified: bool = False
+) -> bool:
     """Whether changing the entry at `path` (workspace-relative, `/`-separated) is changing git's data in the
     workspace's own `.git`, as the module's docstring lists it: its name, its content (None: not known, so
-    no), its mode; for a deletion (`deleted`), its name and kind only."""
+    no), its mode; for a deletion (`deleted`), its name and kind only. An object named by its hash (a loose
+    one, a pack and the files beside it but `.keep`) is only ever added (`modified`: it was there)."""
     if not path.startswith(f"{GIT}/") or "//" in path or path.endswith("/"):
         return False
     name = path.removeprefix(f"{GIT}/")
     if deleted and name.startswith("objects/"):
         return False  # git deletes objects only to pack or prune them; a set deleting one may corrupt the history
+    if modified and kind is Kind.FILE and _is_immutable(name):
+        return False  # its name is its content's hash: another content under it is another object
     if kind is Kind.FOLDER:
         if not _is_folder_name(name, deleted=deleted):
             return False
