@@ -9,10 +9,12 @@ the apply, the developer's own `git status` runs nothing and `git fsck --strict`
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import shutil
 import stat
 import subprocess
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +32,10 @@ from tests.sandbox.test_workspace_changes import copied, workspace
 GIT = shutil.which("git")
 HASH = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 LOOSE = f".git/objects/{HASH[:2]}/{HASH[2:]}"
-ZLIB = b"\x78\x01" + b"\x00" * 8
+ZLIB = zlib.compress(b"blob 0\x00")
+"""The empty blob, HASH: a loose object whose content is its name."""
+INDEX = b"DIRC" + (2).to_bytes(4) + (0).to_bytes(4)
+INDEX += hashlib.sha1(INDEX, usedforsecurity=False).digest()
 GIT_DATA = ChangeRules(git_data=True)
 
 
@@ -55,6 +60,9 @@ GIT_DATA = ChangeRules(git_data=True)
         (".git/refs/heads/feature", Kind.FOLDER, 0o775, None, False),
         (LOOSE, Kind.FILE, 0o444, ZLIB, True),
         (LOOSE, Kind.FILE, 0o444, b"[core]\n\tfsmonitor = evil\n", False),  # not zlib
+        (LOOSE, Kind.FILE, 0o444, zlib.compress(b"blob 5\x00hello"), False),  # its content is not its name
+        (LOOSE, Kind.FILE, 0o444, zlib.compress(b"blob 0\x00" + bytes(1 << 22)), False),  # a zlib bomb past 32x
+        (LOOSE, Kind.FILE, 0o444, ZLIB + b"x", False),
         (f".git/objects/{HASH[:2]}/{HASH[2:]}x", Kind.FILE, 0o444, ZLIB, False),
         (f".git/objects/{HASH[:2]}/tmp_obj_abc", Kind.FILE, 0o444, ZLIB, False),
         (f".git/objects/{HASH[:2]}", Kind.FOLDER, 0o755, None, True),
@@ -63,12 +71,16 @@ GIT_DATA = ChangeRules(git_data=True)
         (f".git/objects/pack/pack-{HASH}.promisor", Kind.FILE, 0o444, b"", False),
         (".git/objects/info/alternates", Kind.FILE, 0o644, b"/tmp/evil/objects\n", False),  # another object store
         (".git/objects/info/http-alternates", Kind.FILE, 0o644, b"http://x\n", False),
-        (".git/objects/info/commit-graph", Kind.FILE, 0o444, b"CGPH\x01", True),
+        (".git/objects/info/commit-graph", Kind.FILE, 0o444, b"CGPH\x01", False),  # git trusts its trees
+        (f".git/objects/pack/pack-{HASH}.bitmap", Kind.FILE, 0o444, b"BITM", False),
+        (f".git/refs/replace/{HASH}", Kind.FILE, 0o644, f"{HASH}\n".encode(), False),  # git shows another object
+        (".git/HEAD", Kind.FILE, 0o644, b"ref: refs/replace/x\n", False),
         (".git/logs/HEAD", Kind.FILE, 0o644, f"{'0' * 40} {HASH} dev <d@x> 1 +0000\tcommit: x\n".encode(), True),
         (".git/logs/HEAD", Kind.FILE, 0o644, b"[core]\n\tfsmonitor = evil\n", False),
         (".git/logs/config", Kind.FILE, 0o644, b"", False),
         (".git/logs/refs/heads/main", Kind.FILE, 0o644, b"", True),
-        (".git/index", Kind.FILE, 0o644, b"DIRC\x00\x00\x00\x02", True),
+        (".git/index", Kind.FILE, 0o644, INDEX, True),
+        (".git/index", Kind.FILE, 0o644, INDEX[:-1] + b"x", False),  # not its checksum
         (".git/index", Kind.FILE, 0o644, b"[core]", False),
         (
             ".git/packed-refs",
@@ -147,13 +159,12 @@ def test_a_dot_git_in_any_spelling_beneath_the_own_one_is_no_git_data(name: str)
         (f".git/objects/pack/pack-{HASH}.pack", False),
         (f".git/objects/pack/pack-{HASH}.idx", False),
         (f".git/objects/pack/pack-{HASH}.keep", True),
-        (".git/objects/info/commit-graph", True),
         (".git/refs/heads/main", True),
     ],
 )
 def test_an_object_named_by_its_hash_is_never_modified(path: str, allowed: bool) -> None:
-    content = {"pack": b"PACK", "idx": b"\xfftOc", "keep": b"", "graph": b"CGPH"}.get(path.rpartition(".")[2], ZLIB)
-    content = f"{HASH}\n".encode() if "/refs/" in path else b"CGPH" if path.endswith("commit-graph") else content
+    content = {"pack": b"PACK", "idx": b"\xfftOc", "keep": b""}.get(path.rpartition(".")[2], ZLIB)
+    content = f"{HASH}\n".encode() if "/refs/" in path else content
     assert is_git_data(path, Kind.FILE, 0o444, content, deleted=False)
     assert is_git_data(path, Kind.FILE, 0o444, content, deleted=False, modified=True) is allowed
 
@@ -284,10 +295,31 @@ def rewritten_object(copy: Path, marker: Path) -> None:
     pack.chmod(0o444)
 
 
-def executable_object(copy: Path, marker: Path) -> None:
+def forged_object(copy: Path, marker: Path) -> None:
+    """A new loose object under another content's name: `git show` would display what no tree holds."""
     (copy / ".git" / "objects" / "ab").mkdir(exist_ok=True)
-    (copy / ".git" / "objects" / "ab" / HASH[2:]).write_bytes(ZLIB)
-    (copy / ".git" / "objects" / "ab" / HASH[2:]).chmod(0o755)
+    (copy / ".git" / "objects" / "ab" / HASH[2:]).write_bytes(zlib.compress(b"blob 5\x00hello"))
+    (copy / ".git" / "objects" / "ab" / HASH[2:]).chmod(0o444)
+
+
+def replace_ref(copy: Path, marker: Path) -> None:
+    head = (copy / ".git" / "refs" / "heads" / "main").read_text()
+    (copy / ".git" / "refs" / "replace").mkdir()
+    (copy / ".git" / "refs" / "replace" / head.strip()).write_text(head)
+
+
+def index_hiding_a_file(copy: Path, marker: Path) -> None:
+    """The index the commit wrote, its first entry marked assume-unchanged (its checksum made again)."""
+    body = bytearray((copy / ".git" / "index").read_bytes()[:-20])
+    body[12 + 40 + 20] |= 0x80
+    (copy / ".git" / "index").write_bytes(bytes(body) + hashlib.sha1(body, usedforsecurity=False).digest())
+
+
+def executable_object(copy: Path, marker: Path) -> None:
+    """The empty blob, its content its name, but executable."""
+    (copy / LOOSE).parent.mkdir(exist_ok=True)
+    (copy / LOOSE).write_bytes(ZLIB)
+    (copy / LOOSE).chmod(0o755)
 
 
 def reflog_as_a_repository(copy: Path, marker: Path) -> None:
@@ -334,7 +366,10 @@ CASES: list[tuple[Callable[[Path, Path], None], dict[str, Refusal]]] = [
     (new_name, {".git/hooks2": P}),
     (case_variant, {p: P for p in (".GIT", ".GIT/objects", ".GIT/objects/ab", f".GIT/objects/ab/{HASH[2:]}")}),
     (rewritten_object, {".git/objects/pack/pack-*.pack": P}),
-    (executable_object, {f".git/objects/ab/{HASH[2:]}": P}),
+    (forged_object, {f".git/objects/ab/{HASH[2:]}": P}),
+    (replace_ref, {".git/refs/replace": P, ".git/refs/replace/*": P}),
+    (index_hiding_a_file, {".git/index": P}),
+    (executable_object, {LOOSE: P}),
     (nested_repository, {"sub/.git": P, "sub/.git/HEAD": P}),
     (reflog_as_a_repository, {".git/logs/refs/x": Refusal.GIT_DIRECTORY, ".git/logs/refs/x/config": P}),
     (deletes_objects_and_head, {".git/HEAD": P}),
