@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandbox.beneath import open_beneath
-from sandbox.change_set import DEFAULT_PROTECTED, Action, Change, ChangeSet, is_protected, read_at_most
+from sandbox.change_set import DEFAULT_PROTECTED, Action, Change, ChangeSet, is_protected_change, read_at_most
 from sandbox.renames import UnsupportedError, exchange, rename_new, sync_filesystem
 from sandbox.workspace_copy import PERMISSION_BITS, Kind
 
@@ -60,16 +60,22 @@ def apply_changes(
     changes: ChangeSet,
     *,
     protected: tuple[str, ...] = DEFAULT_PROTECTED,
+    git_data: bool = False,
     new_token: Callable[[], str] = lambda: secrets.token_hex(8),
 ) -> ApplyResult:
     """Apply `changes` beneath the folder `workspace_fd` refers to, or nothing of it (see the module's docstring).
 
     `protected` is the policy's list again: a set holding a change there (read_changes never makes
-    one; a set built by hand might) applies nothing (`changes_protected`, the paths named). Blocking
-    file I/O: call it on a worker thread."""
+    one; a set built by hand might) applies nothing (`changes_protected`, the paths named). `git_data`
+    is the rules' `ChangeRules.git_data`: git's data beneath the workspace's `.git` (sandbox/git_data.py, its
+    name, content and mode judged again here) is then no protected path; what `.git` is in the workspace is
+    judged as every path is, beneath the pinned fd with no link followed. Blocking file I/O: call it on a
+    worker thread."""
     if changes.too_large is not None:
         return ApplyResult(False, "changes_too_large")
-    guarded = tuple(change.path for change in changes.changes if is_protected(change.path, protected))
+    guarded = tuple(
+        change.path for change in changes.changes if is_protected_change(change, protected, git_data=git_data)
+    )
     if guarded:
         return ApplyResult(False, "changes_protected", guarded)
     deleted = frozenset(change.path for change in changes.changes if change.action is Action.DELETED)

@@ -8,7 +8,8 @@ refused with why: symlinks (anywhere, to anywhere), hard links, devices, FIFOs, 
 setuid/setgid bits, protected paths (and anything named `.git` or beneath one), anything in a
 folder git would take for a repository (it holds a `HEAD`), what the run could not read (never
 read here, nor named beneath a folder it could not read), and modes that add write for others
-(decision 80, "Reviewed"). Past `max_files` changes or `max_bytes` of content the walk
+(decision 80, "Reviewed"); with `ChangeRules.git_data`, git's data in the workspace's own `.git` is
+no protected path (sandbox/git_data.py, decision 83). Past `max_files` changes or `max_bytes` of content the walk
 stops (at the cap plus one) and the whole set is `too_large`: nothing of it applies.
 
 Bounded by construction: the copy's tmpfs holds at most as many inodes as the copy plus the
@@ -28,17 +29,19 @@ import dataclasses
 import hashlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sandbox.beneath import open_beneath
+from sandbox.git_data import HEAD_HOLDERS, is_git_data
 from sandbox.workspace_copy import MAX_DEPTH, PERMISSION_BITS, Kind, Original, Originals, Owner, hash_if_unchanged
 
 MIB = 1024 * 1024
 DEFAULT_MAX_FILES = 1000
 DEFAULT_MAX_BYTES = 16 * MIB
 DEFAULT_PROTECTED = (".git/hooks", ".git/config", ".mcp.json", ".vscode", ".claude", ".cursor", ".envrc")
+GIT_FOLDER = ".git"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 TEXT_PROBE = 8192
@@ -91,6 +94,12 @@ class ChangeRules:
     max_copy_bytes: int = 1024 * MIB
     """A workspace holding more cannot be copied: the run does not start (`workspace_too_large_for_view`)."""
     max_copy_files: int = 100_000
+    git_data: bool = False
+    """Whether git's data in the workspace's own repository may change (sandbox/git_data.py `is_git_data`: objects,
+    refs, logs, index, HEAD, the state files; never config, hooks, commondir, info/, alternates, a new name): only
+    beneath a `.git` folder the workspace had at its root as a real folder, only what the policy's list leaves,
+    each file's content and mode checked. An upstream server's sync (a git server commits, decision 83); a declared
+    tool's run keeps False."""
 
     def __post_init__(self) -> None:
         if self.max_files < 1 or self.max_bytes < 0 or self.max_copy_files < 1 or self.max_copy_bytes < 0:
@@ -169,13 +178,37 @@ def is_protected(path: str, protected: tuple[str, ...]) -> bool:
     component-wise, case as given), or is a `.git` entry or beneath one, at any depth, whatever the
     policy lists: git obeys a `.git` folder's `config`, `commondir`, `hooks`, `info/attributes`,
     `worktrees/` and `modules/`, and a `.git` file's `gitdir:` line (decision 78)."""
+    return is_listed(path, protected) or is_in_dot_git(path)
+
+
+def is_listed(path: str, protected: tuple[str, ...]) -> bool:
+    """Whether `path` is one of the `protected` paths or lies beneath one, in any folder (is_protected)."""
     parts = _parts(path)
     for guarded in map(_parts, protected):
         size = len(guarded)
         if any(parts[start : start + size] == guarded for start in range(len(parts) - size + 1)):
             return True
+    return False
+
+
+def is_in_dot_git(path: str) -> bool:
+    """Whether `path` is a `.git` entry or lies beneath one, in any spelling a filesystem may fold (is_dot_git)."""
     folded = path.translate(_IGNORED_BY_HFS).casefold()  # one look at the whole path first: most have no "git"
-    return "git" in folded and any(is_dot_git(part) for part in parts)
+    return "git" in folded and any(is_dot_git(part) for part in _parts(path))
+
+
+def is_protected_change(change: Change, protected: tuple[str, ...], *, git_data: bool = False) -> bool:
+    """Whether `change` touches a protected path (is_protected), unless `git_data` and it is a change of git's data
+    in the workspace's own `.git` the policy does not list (sandbox/git_data.py; the caller has checked that `.git`
+    is the workspace's own folder, read_changes `_Walk.own_git`)."""
+    if not is_protected(change.path, protected):
+        return False
+    if not git_data or is_listed(change.path, protected) or is_in_dot_git("/".join(_parts(change.path)[1:])):
+        return True  # a `.git` again beneath the own one (`refs/heads/.g\u200cit` on HFS+): a repository in git's data
+    deleted = change.action is Action.DELETED
+    mode = None if deleted else change.mode_after
+    modified = change.action is Action.MODIFIED
+    return not is_git_data(change.path, change.kind, mode, change.content, deleted=deleted, modified=modified)
 
 
 def git_folders(present: Iterable[str]) -> frozenset[str]:
@@ -196,12 +229,15 @@ def adds_write_bits(change: Change, folder_mode: int | None) -> bool:
     return bool(change.mode_after & ~had & 0o022)
 
 
-def guarding_folders(present: Iterable[str], protected: tuple[str, ...]) -> frozenset[str]:
-    """The folders among whose contents `present` (the workspace's entries, as copied) has a protected path:
-    none of them can be deleted without deleting that."""
+def guarding_folders(
+    present: Iterable[str], protected: tuple[str, ...], deletable: Callable[[str], bool] = lambda _: False
+) -> frozenset[str]:
+    """The folders among whose contents `present` (the workspace's entries, as copied) has a protected path
+    (one `deletable` does not let go: git's data under `ChangeRules.git_data`): none of them can be deleted
+    without deleting that."""
     found: set[str] = set()
     for entry in present:
-        if is_protected(entry, protected):
+        if is_protected(entry, protected) and not deletable(entry):
             parts = _parts(entry)
             found.update("/".join(parts[:end]) for end in range(1, len(parts)))
     return frozenset(found)
@@ -302,6 +338,9 @@ class _Walk:
         self.read_before: dict[str, bytes] = {}
         """Workspace content read while hashing it (decision 82), for the diff: at most `max_bytes` in all."""
         self._read_budget = rules.max_bytes
+        own = originals.get(GIT_FOLDER)
+        self.own_git = rules.git_data and own is not None and own.kind is Kind.FOLDER
+        """git's data may change (ChangeRules.git_data), and the workspace had `.git` at its root as a real folder."""
         self._guarding: frozenset[str] | None = None
         self._children: dict[str, list[str]] | None = None
         self.run_uid: int | None = None
@@ -314,11 +353,21 @@ class _Walk:
         self.root_hidden = False
         """The run could not enter its copy's root: nothing in it was the run's to change."""
 
+    def _deletable_git_data(self, path: str) -> bool:
+        original = self.originals[path]
+        change = Change(path, Action.DELETED, original.kind, None, None, None, None, original.mode, None)
+        return self.own_git and not is_protected_change(change, self.rules.protected, git_data=True)
+
     def judge_as(self, run_owner: Owner | None, root: int, workspace_fd: int | None) -> None:
         """What the run could read, from the copy's root (`root`) and `run_owner` (read_changes)."""
         self._root = root
         if workspace_fd is not None:
             self._root_mode = os.fstat(workspace_fd).st_mode & PERMISSION_BITS
+        if self.own_git:  # the workspace's own .git, still a real folder in the copy (not a `gitdir:` file now)
+            try:
+                self.own_git = stat.S_ISDIR(os.stat(GIT_FOLDER, dir_fd=root, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                self.own_git = False
         if run_owner is None:
             return
         self.run_uid = run_owner.uid
@@ -368,6 +417,8 @@ class _Walk:
         parts = _parts(path)
         for end in range(len(parts) + (kind is Kind.FOLDER)):
             folder = "/".join(parts[:end])
+            if self.own_git and folder in HEAD_HOLDERS and len(parts) > 1:
+                continue  # the own .git's `HEAD` and `logs/HEAD`: what is beneath is judged by is_git_data
             if folder in self.git_before or self._holds_head(folder):
                 return True
         return False
@@ -408,11 +459,11 @@ class _Walk:
         """Whether the folder `path` holds a protected path in the workspace (worked out at the first folder deleted)."""
         if self._guarding is None:
             git = {"/".join(_parts(f)[:end]) for f in self.git_before for end in range(1, len(_parts(f)) + 1)}
-            self._guarding = guarding_folders(self.originals, self.rules.protected) | git
+            self._guarding = guarding_folders(self.originals, self.rules.protected, self._deletable_git_data) | git
         return path in self._guarding
 
     def _add(self, change: Change) -> None:
-        if is_protected(change.path, self.rules.protected):
+        if is_protected_change(change, self.rules.protected, git_data=self.own_git):
             self._refuse(change.path, Refusal.PROTECTED)
             return
         if self._in_git_folder(change.path, change.kind):

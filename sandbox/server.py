@@ -13,8 +13,9 @@ readable through its pin, as a run's is. With `writable` the server works on a c
 workspace at the workspace's own path (sandbox/writable_copy.py, as a writing run does), and
 `sync()` brings what it changed there since the last sync into the workspace, through the change
 set's rules: protected paths, links, devices, setuid bits and anything outside are refused, never
-applied (docs/security-model.md, "Upstream servers' confinement").
-"""
+applied; git's data in the workspace's own `.git` (a commit's objects, refs, index, logs; never its
+config, hooks or commondir) may change (`ServerSpec.git_data`, sandbox/git_data.py), so a git
+server commits (docs/security-model.md, "Upstream servers' confinement")."""
 
 from __future__ import annotations
 
@@ -66,11 +67,14 @@ class ServerSpec:
     """memory_limit_mb and max_processes hold for the whole server; timeout_s is not used (it lives until stopped)."""
     caps: ChangeRules = dataclasses.field(default_factory=ChangeRules)
     """With `writable`: what one sync may carry (max_files, max_bytes) and the copy's bounds; its protected list is
-    replaced by `protected`."""
+    replaced by `protected`, its git_data by `git_data`."""
+    git_data: bool = True
+    """With `writable`: a sync may carry git's data in the workspace's own `.git` (ChangeRules.git_data): an
+    upstream such as a git server commits; its config, hooks and anything else of `.git` stay protected."""
 
     @property
     def rules(self) -> ChangeRules:
-        return dataclasses.replace(self.caps, protected=self.protected)
+        return dataclasses.replace(self.caps, protected=self.protected, git_data=self.git_data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +154,7 @@ class ConfinedServer:
             except OSError:
                 return Synced(ChangeSet((), ()), ApplyResult(False, "changes_unreadable"))
             applied = await anyio.to_thread.run_sync(
-                lambda: apply_changes(workspace.fd, changes, protected=rules.protected)
+                lambda: apply_changes(workspace.fd, changes, protected=rules.protected, git_data=rules.git_data)
             )
             self._baseline = _rebased(self._baseline, changes, frozenset(applied.written))
             return Synced(changes, applied)

@@ -483,6 +483,82 @@ def test_a_writable_server_commits_into_a_real_repository(backend: Backend) -> N
         assert git(ws.path, "fsck", "--strict").returncode == 0
 
 
+GIT_ATTEMPTS = """
+import pathlib, shutil
+git = pathlib.Path(".git")
+run = f'touch {MARKER}; false'
+with (git / "config").open("a") as config:
+    config.write(f'\\tfsmonitor = "{run}"\\n')
+(git / "hooks" / "post-checkout").write_text(f"#!/bin/sh\\n{run}\\n")
+(git / "hooks" / "post-checkout").chmod(0o755)
+(git / "commondir").write_text("../evil\\n")
+(git / "objects" / "info").mkdir(exist_ok=True)
+(git / "objects" / "info" / "alternates").write_text("/tmp\\n")
+(git / "refs" / "heads" / "evil").write_text("../../evil\\n")
+(git / "refs" / "heads" / "link").symlink_to("/etc/passwd")
+(git / "hooks2").write_text(run)
+(git / "packed-refs").write_text(f"[core]\\n\\tfsmonitor = {run}\\n")
+pathlib.Path(".GIT/objects").mkdir(parents=True)
+shutil.copytree(".git", "sub/.git", symlinks=True)
+(git / "HEAD").write_text("ref: ../../x\\n")
+answer = "tried"
+"""
+"""Run in a writable server after its commit: each a way git on the host would run MARKER's command or leave the repository."""
+GIT_REFUSED = {
+    ".git/config": Refusal.PROTECTED,
+    ".git/hooks/post-checkout": Refusal.PROTECTED,
+    ".git/commondir": Refusal.PROTECTED,
+    ".git/objects/info/alternates": Refusal.PROTECTED,
+    ".git/refs/heads/evil": Refusal.PROTECTED,
+    ".git/refs/heads/link": Refusal.SYMLINK,
+    ".git/hooks2": Refusal.PROTECTED,
+    ".git/packed-refs": Refusal.PROTECTED,
+    ".GIT": Refusal.PROTECTED,
+    ".GIT/objects": Refusal.PROTECTED,
+    ".git/HEAD": Refusal.PROTECTED,
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_writable_servers_commit_lands_and_nothing_it_wrote_in_git_runs_on_the_host(backend: Backend) -> None:
+    """A real `git commit` in the confined server, then writes to git's config, hooks, commondir, alternates,
+    refs, packed-refs, HEAD and a nested repository: the commit lands; the host's git status runs nothing."""
+    skip_without(backend)
+    with project({"a.txt": "first\n"}) as (folder, ws):
+        make_repository(ws.path)
+        marker = folder / "ran"
+
+        async def main() -> tuple[list[Any], Any]:
+            async with serving(folder, ws, backend, writable=True) as (server, talk):
+                answers = [await talk.ask(COMMIT), await talk.ask(f"MARKER = {str(marker)!r}\n{GIT_ATTEMPTS}")]
+                return answers, await server.sync()
+
+        answers, synced = anyio.run(main)
+        assert answers[0][0] == 0 and answers[1] == "tried", answers
+        assert synced.applied.applied, synced.applied
+        refused = {entry.path: entry.why for entry in synced.changes.refused}
+        assert GIT_REFUSED.items() <= refused.items(), refused
+        assert all(path.startswith("sub/.git") for path in refused.keys() - GIT_REFUSED.keys()), refused
+        written = set(synced.applied.written)
+        assert {".git/index", ".git/refs/heads/main", ".git/logs/HEAD", "a.txt"} <= written, written
+        assert all(path.startswith((".git/objects/", ".git/logs/", ".git/refs/heads/main", "sub")) or path in (
+            ".git/index", ".git/COMMIT_EDITMSG", "a.txt") for path in written), written  # fmt: skip
+        home = folder / "home"
+        home.mkdir()
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
+        for at in (ws.path, ws.path / "sub"):  # the developer's own git, no -c, in the workspace
+            subprocess.run(["git", "status"], cwd=at, env=env, capture_output=True, timeout=60, check=False)
+        assert not marker.exists(), "git on the host ran a command the server wrote"
+        assert git_log(ws.path) == ["agent", "first"]
+        assert git(ws.path, "status", "--porcelain").stdout == "", "the workspace, index and HEAD agree"
+        fsck = git(ws.path, "fsck", "--strict")
+        assert fsck.returncode == 0, fsck.stderr
+        assert (ws.path / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+        assert "fsmonitor" not in (ws.path / ".git" / "config").read_text()
+        for absent in ("commondir", "hooks2", "hooks/post-checkout", "objects/info/alternates", "refs/heads/evil"):
+            assert not (ws.path / ".git" / absent).exists(), absent
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_writable_server_never_writes_protected_paths_nor_outside(backend: Backend) -> None:
     skip_without(backend)
