@@ -1,8 +1,9 @@
 """mcp-server-git (PyPI, installed by the test extra) behind the gateway, on a real repository (docs/upstreams.md).
 
 A server no one here wrote: `git__git_commit` asks a person; after Deny nothing is sent to it; after Allow it
-commits in its copy of the workspace, the call is audited with the result's hash, and the commit's `.git`
-entries are refused at the workspace, as every `.git` entry of a change set is (decision 78).
+commits in its copy of the workspace, the call is audited with the result's hash, and the commit lands in the
+workspace's own `.git`: git's data (objects, refs, logs, index) and nothing else of it (sandbox/git_data.py,
+decision 83), so the developer's own git finds the commit and `fsck --strict` passes.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def answer(decision: str, asked: list[str]) -> Callable[[dict[str, Any]], dict[s
     return respond
 
 
-def test_git_commit_asks_and_its_commit_never_writes_the_workspaces_git(
+def test_git_commit_asks_commits_after_allow_and_nothing_after_deny(
     repository: GatewayHome, open_session: SessionFactory
 ) -> None:
     workspace = repository.workspace
@@ -122,8 +123,10 @@ def test_git_commit_asks_and_its_commit_never_writes_the_workspaces_git(
     called = events[-2]["detail"]
     assert (called["upstream"], called["tool"], called["is_error"]) == ("git", "git_commit", False)
     assert len(called["result_sha256"]) == 64
-    # The server committed in its copy; no `.git` entry ever reaches the workspace, whatever the policy lists
-    # (sandbox/change_set.py `is_protected`, decision 78): the commit is refused, listed, never applied.
-    refused = called["changes"]["refused"]
-    assert refused and all(r["path"].startswith(".git/") for r in refused), refused
-    assert git(workspace, "rev-parse", "HEAD") == before
+    # The server committed in its copy; its sync brought git's data into the workspace's own `.git`.
+    assert called["changes"]["refused"] == [], called["changes"]
+    assert git(workspace, "rev-parse", "HEAD^") == before
+    assert git(workspace, "log", "-1", "--format=%s%n%an").splitlines() == ["from the agent", "agent"]
+    assert "NOTES.md" in git(workspace, "show", "--name-only", "--format=", "HEAD")
+    git(workspace, "fsck", "--strict")
+    assert git(workspace, "status", "--porcelain") == ""
