@@ -7,8 +7,9 @@ CLIs and sandboxed runs it started, and their own waited-for children), across i
 protocol (setup, call, teardown). A fixture's cost is its setup alone, without the fixtures it
 asked for (listed on their own), summed over every test that set it up. Costs are measured in
 each pytest-xdist worker and summed by the controller, which prints them at the end with the
-CPU of the whole run's workers, collection and imports included. Off by default: nothing is
-measured without the option.
+CPU of the whole run's workers (collection and imports included) and of the PostgreSQL server
+the session started, which no rusage of the suite's counts. Off by default: nothing is measured
+without the option.
 
     .venv/bin/python -m pytest -n 4 tests/gateway tests/sandbox --cpu-costs=30
 """
@@ -21,11 +22,36 @@ from collections import Counter, defaultdict
 from collections.abc import Generator, Mapping
 from typing import Any
 
+import psutil
 import pytest
+
+from tests.pg_cluster import session_server_pids
 
 OPTION = "--cpu-costs"
 WORKER_KEY = "cpu_costs"
 """The key of a worker's costs in pytest-xdist's `workeroutput` (sent to the controller as it stops)."""
+
+
+def server_cpu_seconds() -> float | None:
+    """The CPU of the PostgreSQL server this session started (tests/pg_cluster.py) so far: the postmaster,
+    its live processes and its ended backends (it waits for them); None when it started none."""
+    total = None
+    for pid in session_server_pids():
+        try:
+            postmaster = psutil.Process(pid)
+            processes = [postmaster, *postmaster.children()]
+        except psutil.Error:
+            continue
+        total = total or 0.0
+        for process in processes:  # the live ones: the checkpointer, the WAL writer, open sessions
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        times = postmaster.cpu_times()
+        total += times.children_user + times.children_system
+    return total
 
 
 def cpu_seconds() -> float:
@@ -139,6 +165,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         write(f"workers: {workers:.1f} s of CPU in all (collection, imports and set-up of the session included)")
     own = resource.getrusage(resource.RUSAGE_SELF)
     write(f"this process: {cpu_seconds():.1f} s of CPU, {own.ru_utime + own.ru_stime:.1f} s of it its own")
+    server = server_cpu_seconds()
+    if server is not None:
+        write(f"the suite's PostgreSQL server: {server:.1f} s of CPU (not counted above: not this process's child)")
     write(f"-- the {top} costliest tests (CPU s, wall s)")
     for nodeid, cpu in costliest(costs.tests, top):
         write(f"{cpu:8.3f} {costs.test_walls[nodeid]:8.3f}  {nodeid}")
