@@ -39,8 +39,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, make_url, text
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine, create_engine, make_url, text
 
 from gateway.db import make_engine, migrate
 from tests.deadlines import scaled
@@ -207,14 +206,22 @@ def pg_required() -> bool:
 _names = itertools.count()
 
 
+_admins: dict[str, Engine] = {}
+"""This process's one connection to each server it creates and drops databases on (base URL -> its engine)."""
+
+
 def _admin(base_url: str, statement: str) -> None:
-    """Run one statement that cannot run in a transaction (CREATE/DROP DATABASE) on `base_url`'s server."""
-    admin = create_engine(make_url(base_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(statement))
-    finally:
-        admin.dispose()
+    """Run one statement that cannot run in a transaction (CREATE/DROP DATABASE) on `base_url`'s server.
+
+    On one connection per process, kept between statements: each PostgreSQL connection is a server
+    process of its own, whose start costs the server about 7 ms of CPU, and every test on PostgreSQL
+    creates and drops a database. A connection the server closed meanwhile is replaced (pre-ping)."""
+    if base_url not in _admins:
+        _admins[base_url] = create_engine(
+            make_url(base_url), isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0, pool_pre_ping=True
+        )
+    with _admins[base_url].connect() as connection:
+        connection.execute(text(statement))
 
 
 def new_database(base_url: str) -> str:
@@ -262,10 +269,13 @@ def clone_database(base_url: str) -> str:
 
 
 def drop_templates() -> None:
-    """Drop this process's templates (a server named by hand keeps nothing of the suite's)."""
+    """Drop this process's templates (a server named by hand keeps nothing of the suite's), then close its
+    admin connections."""
     while _templates:
         base_url, url = _templates.popitem()
         drop_database(base_url, url)
+    while _admins:
+        _admins.popitem()[1].dispose()
 
 
 ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
