@@ -34,11 +34,11 @@ from gateway.audit import AuditLog, verify_chain
 from gateway.auth import ensure_keys, issue_token, load_keyring
 from gateway.clock import Clock, SystemClock, new_token_id
 from gateway.consent.store import ConsentStore
-from gateway.db import make_engine, migrate
+from gateway.db import make_engine
 from gateway.settings import Settings
 from gateway.users import UserStore
 from tests.deadlines import scaled
-from tests.sqlite_template import copy_migrated
+from tests.sqlite_template import copy_migrated, migrated
 
 REPO = Path(__file__).resolve().parents[1]
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -205,11 +205,9 @@ class GatewayHome:
                 out.write(rsa_key_pem())
         ensure_keys(self.home, tuple(policy["auth"]["algorithms"]))
         self.url = self.db_url or f"sqlite:///{self.home / 'gateway.db'}"
-        copy_migrated(
-            self.url
-        )  # a new SQLite file starts as the process's migrated template: `migrate` then finds it done
+        copy_migrated(self.url)  # a new SQLite file starts as the process's migrated template
         self.engine = make_engine(self.url)
-        migrate(self.engine)
+        migrated(self.engine)
         self.users = UserStore(self.engine, SystemClock())
 
     @property

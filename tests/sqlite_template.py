@@ -3,9 +3,8 @@
 Migrating a new SQLite file runs every Alembic revision (about 35 ms of CPU on a quiet machine),
 and the unit tests build a few hundred such files. Each process (each pytest-xdist worker)
 migrates one template file, with the gateway's own `make_engine` and `migrate`, on first use; a
-test's file is then a byte copy of it (about 1 ms). Whoever opens the copy still runs `migrate`
-as before, which finds the newest revision and does nothing (about 3 ms). The PostgreSQL
-counterpart is tests/pg_cluster.py (`clone_database`).
+test's file is then a byte copy of it (about 1 ms), which `migrated` finds at the newest revision
+and leaves alone. The PostgreSQL counterpart is tests/pg_cluster.py (`clone_database`).
 
 A copy is what a fresh migration leaves, byte for byte: the migrations write no clock, id or
 path (the audit head's genesis row is a constant), and the template's WAL is checkpointed
@@ -20,9 +19,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sqlalchemy import make_url
+from sqlalchemy import Engine, make_url
 
-from gateway.db import make_engine, migrate
+from gateway.db import make_engine, migrate, schema_is_current
 
 _template: list[Path] = []
 """This process's migrated template file, once made."""
@@ -65,3 +64,11 @@ def copy_migrated(url: str) -> None:
     descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SQLITE_FILE_MODE)
     with open(descriptor, "wb") as out, template_file().open("rb") as source:
         shutil.copyfileobj(source, out)
+
+
+def migrated(engine: Engine) -> None:
+    """`migrate(engine)`, but nothing when the database stands at the newest revision already (a copy of a
+    template, SQLite's or PostgreSQL's), which plain SQL tells in about 1 ms (`schema_is_current`): Alembic
+    loads every revision's script to find there is nothing to do (about 10 ms)."""
+    if not schema_is_current(engine):
+        migrate(engine)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from gateway.db import make_engine, migrate
+from gateway.db import make_engine
 from tests.harness import GatewayHome
 from tests.memory_session import MemorySession, memory_session
-from tests.sqlite_template import copy_migrated
+from tests.sqlite_template import copy_migrated, migrated
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def engine(db_url: str) -> Iterator[Engine]:
     starts as a copy of the process's migrated template (tests/sqlite_template.py)."""
     copy_migrated(db_url)
     engine = make_engine(db_url)
-    migrate(engine)
+    migrated(engine)
     yield engine
     engine.dispose()
 
