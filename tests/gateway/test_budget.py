@@ -410,11 +410,7 @@ def test_reservations_from_racing_processes_admit_one_3s_run_into_a_2s_budget(tm
     engine = make_engine(url)
     migrate(engine)
     UserStore(engine, SystemClock()).add("alice", "USER", ("default",))
-    # Each racer a process of its own, forked from a fork server that imported this module once: as
-    # separate as spawned interpreters (own engine, own connections to the file), without six imports
-    # of the gateway (about 0.5 s of CPU each). Not a plain fork: the pytest worker runs threads.
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context = multiprocessing.get_context("spawn")
     processes_n = 6
     barrier = context.Barrier(processes_n)
     results = context.Queue()
