@@ -14,6 +14,7 @@ from tests.harness import GatewayHome, StdioSession
 pytest_plugins = (
     "tests.pg_cluster",  # a throwaway PostgreSQL for the `postgres` tests, when one can run
     "tests.leftover_processes",  # the session's last check: no process the suite started is left running
+    "tests.cpu_costs",  # `--cpu-costs=N`: the N costliest tests and fixtures, in CPU
 )
 
 SERIAL_GROUPS = {

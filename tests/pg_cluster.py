@@ -2,10 +2,12 @@
 
 When MCP_GATEWAY_TEST_PG_URL is not set and this machine has PostgreSQL's server programs
 (Debian's `postgresql` package: `make test` installs it when run as root, as CI does), the
-session starts its own cluster before collection: `initdb` into a temporary folder, a server
-on a free 127.0.0.1 port (no socket elsewhere, `fsync=off`: the data is thrown away), one empty
-database, and MCP_GATEWAY_TEST_PG_URL naming it, which the tests and every `serve` they start
-read. The cluster runs as the `postgres` user when the suite runs as root (the server refuses
+session starts its own cluster: `initdb` into a temporary folder, a server on a free 127.0.0.1
+port (no socket elsewhere, `fsync=off`: the data is thrown away), one empty database, and
+MCP_GATEWAY_TEST_PG_URL naming it, which the tests and every `serve` they start read. It starts
+in a thread of the controller while the workers start and collect (about 2 s of the run's wall
+time): the variable is set at once, and the first test of a process that needs the server waits
+until it answers (`start_failure`). The cluster runs as the `postgres` user when the suite runs as root (the server refuses
 root), and is stopped and deleted when the session ends. MCP_GATEWAY_TEST_PG=off turns it off.
 
 Every test that asks for a PostgreSQL database (the `db_url` fixture) gets one of its own,
@@ -32,6 +34,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,16 +43,20 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, make_url, text
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine, create_engine, make_url, text
 
 from gateway.db import make_engine, migrate
 from tests.deadlines import scaled
 
 URL_VARIABLE = "MCP_GATEWAY_TEST_PG_URL"
 SWITCH_VARIABLE = "MCP_GATEWAY_TEST_PG"
+OUTCOME_VARIABLE = "MCP_GATEWAY_TEST_PG_OUTCOME"
+"""The file the session's cluster start writes when it ends (`start_failure`): every worker inherits it."""
 _started: list[tuple[Path, Path, str | None]] = []
 """(pg_ctl, data folder, user) of the cluster this session started."""
+_starting: list[threading.Thread] = []
+"""The thread starting the session's cluster, until it is joined."""
+_outcome_folders: list[Path] = []
 
 
 def server_programs() -> Path | None:
@@ -81,21 +89,50 @@ def _pg_ctl(programs: Path, data: Path) -> list[str]:
     return [str(programs / "pg_ctl"), "-D", str(data / "data"), "-w", "-t", str(round(scaled(START_S)))]
 
 
-def start_cluster(programs: Path) -> str:
-    """Start a cluster; the URL of its empty database."""
+def start_cluster(programs: Path, data: Path, port: int) -> None:
+    """Start a cluster in `data` (a new folder) on `port`, with one empty database (`cluster_url`)."""
     user = "postgres" if os.geteuid() == 0 else None
-    data = Path(tempfile.mkdtemp(prefix="mcp-gw-pg-"))
     if user is not None:
         entry = pwd.getpwnam(user)
         os.chown(data, entry.pw_uid, entry.pw_gid)
-    port = _free_port()
     _run([str(programs / "initdb"), "-D", str(data / "data"), "-A", "trust", "-U", "postgres", "--no-sync"], user)
     options = f"-c listen_addresses=127.0.0.1 -p {port} -k {data} -c fsync=off -c max_connections=200"
     _started.append((programs / "pg_ctl", data, user))  # stopped at the end even when its start fails
     _run([*_pg_ctl(programs, data), "-o", options, "-l", str(data / "log"), "start"], user)
     with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as connection:
         connection.execute("CREATE DATABASE gateway_tests")
+
+
+def cluster_url(port: int) -> str:
     return f"postgresql+psycopg://postgres@127.0.0.1:{port}/gateway_tests"
+
+
+def _start_in_background(programs: Path, data: Path, port: int, outcome: Path) -> None:
+    """`start_cluster`, then its outcome in the file `outcome` (written whole, by a rename): empty when the
+    server answers, else why it did not start."""
+    try:
+        start_cluster(programs, data, port)
+        why = ""
+    except Exception as exc:  # every failure is reported to the tests that wait for the server
+        why = f"the suite's PostgreSQL did not start: {exc}"
+    written = outcome.with_name(outcome.name + ".new")
+    written.write_text(why)
+    written.rename(outcome)
+
+
+def start_failure() -> str | None:
+    """Why the session's cluster failed to start, or None once it answers (after waiting for its start,
+    `OUTCOME_VARIABLE`); None at once for a server named by hand."""
+    outcome = os.environ.get(OUTCOME_VARIABLE)
+    if not outcome:
+        return None
+    patience = 2 * scaled(START_S) + 10  # initdb, then the server's start
+    deadline = time.monotonic() + patience
+    while not os.path.exists(outcome):
+        if time.monotonic() > deadline:
+            return f"the suite's PostgreSQL did not start within {patience:.0f} s"
+        time.sleep(0.02)  # the controller's thread renames the file into place: nothing here to await
+    return Path(outcome).read_text() or None
 
 
 @dataclass
@@ -158,10 +195,31 @@ def pytest_configure(config: pytest.Config) -> None:
     programs = server_programs()
     if programs is None:
         return
-    os.environ[URL_VARIABLE] = start_cluster(programs)
+    # Started in a thread, while pytest-xdist starts its workers and they collect: the first use of
+    # the server (`pg_missing`) waits for it. The URL is known at once, and every worker inherits it.
+    data = Path(tempfile.mkdtemp(prefix="mcp-gw-pg-"))
+    port = _free_port()
+    outcome = Path(tempfile.mkdtemp(prefix="mcp-gw-pg-outcome-")) / "outcome"
+    os.environ[URL_VARIABLE] = cluster_url(port)
+    os.environ[OUTCOME_VARIABLE] = str(outcome)
+    _outcome_folders.append(outcome.parent)
+    starting = threading.Thread(target=_start_in_background, args=(programs, data, port, outcome), daemon=True)
+    _starting.append(starting)
+    starting.start()
+
+
+def _join_start() -> None:
+    while _starting:
+        _starting.pop().join()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the leftover check (tests/leftover_processes.py): no initdb still running
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _join_start()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _join_start()
     drop_templates()
     while _started:
         pg_ctl, data, user = _started.pop()
@@ -173,6 +231,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             check=False,
         )
         shutil.rmtree(data, ignore_errors=True)
+    while _outcome_folders:
+        shutil.rmtree(_outcome_folders.pop(), ignore_errors=True)
 
 
 def session_server_pids() -> set[int]:
@@ -187,9 +247,10 @@ def session_server_pids() -> set[int]:
 
 
 def pg_missing() -> str | None:
-    """Why no PostgreSQL test can run here, or None when a server is there (MCP_GATEWAY_TEST_PG_URL)."""
+    """Why no PostgreSQL test can run here, or None when a server is there (MCP_GATEWAY_TEST_PG_URL; the
+    session's own, once it has started)."""
     if os.environ.get(URL_VARIABLE):
-        return None
+        return start_failure()
     if os.environ.get(SWITCH_VARIABLE) == "off":
         return f"{SWITCH_VARIABLE}=off"
     return f"{URL_VARIABLE} is not set and no PostgreSQL server programs (initdb) were found"
@@ -207,14 +268,22 @@ def pg_required() -> bool:
 _names = itertools.count()
 
 
+_admins: dict[str, Engine] = {}
+"""This process's one connection to each server it creates and drops databases on (base URL -> its engine)."""
+
+
 def _admin(base_url: str, statement: str) -> None:
-    """Run one statement that cannot run in a transaction (CREATE/DROP DATABASE) on `base_url`'s server."""
-    admin = create_engine(make_url(base_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(statement))
-    finally:
-        admin.dispose()
+    """Run one statement that cannot run in a transaction (CREATE/DROP DATABASE) on `base_url`'s server.
+
+    On one connection per process, kept between statements: each PostgreSQL connection is a server
+    process of its own, whose start costs the server about 7 ms of CPU, and every test on PostgreSQL
+    creates and drops a database. A connection the server closed meanwhile is replaced (pre-ping)."""
+    if base_url not in _admins:
+        _admins[base_url] = create_engine(
+            make_url(base_url), isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0, pool_pre_ping=True
+        )
+    with _admins[base_url].connect() as connection:
+        connection.execute(text(statement))
 
 
 def new_database(base_url: str) -> str:
@@ -262,10 +331,13 @@ def clone_database(base_url: str) -> str:
 
 
 def drop_templates() -> None:
-    """Drop this process's templates (a server named by hand keeps nothing of the suite's)."""
+    """Drop this process's templates (a server named by hand keeps nothing of the suite's), then close its
+    admin connections."""
     while _templates:
         base_url, url = _templates.popitem()
         drop_database(base_url, url)
+    while _admins:
+        _admins.popitem()[1].dispose()
 
 
 ENGINES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

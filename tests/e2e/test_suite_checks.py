@@ -1,6 +1,7 @@
 """The suite's own plumbing, each through pytest run on a tiny file with the project's conftest: its last
 check (tests/leftover_processes.py) fails a run whose test leaves a process running and names it, and
-passes one that leaves nothing; TEST_TIME_SCALE (tests/deadlines.py) multiplies each test's timeout."""
+passes one that leaves nothing; TEST_TIME_SCALE (tests/deadlines.py) multiplies each test's timeout;
+`--cpu-costs=N` (tests/cpu_costs.py) lists the costliest tests and fixtures."""
 
 from __future__ import annotations
 
@@ -110,3 +111,44 @@ def test_a_time_scale_that_is_no_positive_factor_is_a_usage_error(tmp_path: Path
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert "TEST_TIME_SCALE='abc': give a positive factor" in done.stderr
     assert "INTERNALERROR" not in done.stdout + done.stderr
+
+
+COSTLY = """
+import subprocess, sys
+
+import pytest
+
+@pytest.fixture
+def warm():
+    return sum(i * i for i in range(300_000))
+
+def test_that_spins(warm):
+    sum(i * i for i in range(3_000_000))
+
+def test_that_waits_for_a_busy_child(warm):
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+
+def test_that_does_nothing():
+    pass
+"""
+
+
+@pytest.mark.parametrize("spread", SPREAD)
+def test_cpu_costs_lists_the_costliest_tests_a_waited_for_childs_cpu_included_and_fixtures(
+    tmp_path: Path, spread: list[str]
+) -> None:
+    (tmp_path / "test_costly.py").write_text(COSTLY)
+    done = run_pytest(tmp_path, [*spread, "--cpu-costs=2"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    tests = lines[lines.index("-- the 2 costliest tests (CPU s, wall s)") + 1 :][:2]
+    assert {line.split()[-1] for line in tests} == {
+        "test_costly.py::test_that_spins",
+        "test_costly.py::test_that_waits_for_a_busy_child",  # its CPU is the child's: RUSAGE_CHILDREN
+    }, done.stdout
+    assert all(float(line.split()[0]) > 0.05 for line in tests), done.stdout
+    fixtures = lines[lines.index("-- the 2 costliest fixtures (CPU s of their own set-ups, set-ups, ms each)") + 1]
+    _, setups, _, name = fixtures.split()
+    assert (setups, name) == ("2", "warm"), done.stdout
+    assert ("workers:" in done.stdout) == ("-n" in spread), done.stdout
+    assert "3 passed" in done.stdout

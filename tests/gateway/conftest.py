@@ -10,16 +10,19 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from gateway.db import make_engine, migrate
+from gateway.db import make_engine
 from tests.harness import GatewayHome
 from tests.memory_session import MemorySession, memory_session
+from tests.sqlite_template import copy_migrated, migrated
 
 
 @pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
-    """Every test of a store runs on both engines (`db_url`, tests/conftest.py)."""
+    """Every test of a store runs on both engines (`db_url`, tests/conftest.py); on SQLite the file
+    starts as a copy of the process's migrated template (tests/sqlite_template.py)."""
+    copy_migrated(db_url)
     engine = make_engine(db_url)
-    migrate(engine)
+    migrated(engine)
     yield engine
     engine.dispose()
 

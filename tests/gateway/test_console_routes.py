@@ -8,6 +8,7 @@ is tests/e2e/test_console.py (Chromium against a real `mcp-gateway console`).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -17,15 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp
 
+from gateway import db
 from gateway.audit import AuditLog
 from gateway.clock import SystemClock
 from gateway.consent.store import ConsentStore
 from gateway.console.app import build_app
 from gateway.console.serve import host_names, open_console
 from gateway.runs import RunRecord, RunStore
+from gateway.users import hash_password
 from tests.harness import GatewayHome
 from tests.memory_session import MemorySession
 
@@ -46,10 +50,21 @@ def three_users(make_gateway: Callable[..., GatewayHome], tmp_path: Path) -> Gat
     other = tmp_path / "other-workspace"
     other.mkdir()
     gateway = make_gateway({"workspaces": {"other": str(other)}})
-    gateway.users.add("ada", "ADMIN", ("default",), PASSWORDS["ada"])
-    gateway.users.add("alice", "USER", ("default",), PASSWORDS["alice"])
-    gateway.users.add("bob", "USER", ("other",), PASSWORDS["bob"])
+    for name, role, workspace in (("ada", "ADMIN", "default"), ("alice", "USER", "default"), ("bob", "USER", "other")):
+        gateway.users.add(name, role, (workspace,))
+        with gateway.engine.begin() as connection:
+            connection.execute(
+                update(db.users).where(db.users.c.name == name).values(password_hash=password_hash(PASSWORDS[name]))
+            )
     return gateway
+
+
+@functools.cache
+def password_hash(password: str) -> str:
+    """`UserStore.add(..., password)`'s hash of `password`, made once per process: a real hash (600,000
+    PBKDF2 rounds, about 0.2 s of CPU) that every gateway of these tests (and test_console_review.py's) stores for its user.
+    Signing in still checks the password against it in full."""
+    return hash_password(password)
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def test_arguments_that_cannot_be_hashed_are_refused_with_their_events(
         anyio.run(Pipeline(services).call, request)
 
     assert caught.value.reason == "unhashable_arguments"
-    events = gateway.audit_events()
+    events = gateway.all_events()
     assert [e["event_type"] for e in events] == ["MCP_TOOL_CALL", "POLICY_BLOCKED"]
     assert events[0]["args_hash"] is None and events[1]["code"] == -32602
 
