@@ -49,6 +49,10 @@ START_STEPS: dict[str, StartStep] = {
         f"{POLICY_CHECK}: it names the first folder the run cannot reach; "
         f"use a venv the run can reach, e.g. under /opt; {OPERATIONS}",
     ),
+    "server_program_not_absolute": StartStep(
+        "an upstream server's program was not given as an absolute path (the policy resolves and pins it at load)",
+        f"{POLICY_CHECK}: it prints each upstream's resolved program; report it if it shows one",
+    ),
     "cgroup_unavailable": StartStep(
         "no cgroup hierarchy with the memory and pids controllers was found",
         "run `mcp-gateway doctor`; or leave memory_total out of sandbox.require",
