@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
-
-from mcp_types import ElicitRequestParams, ElicitResult, ErrorData
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from gateway.audit import EventType
 from gateway.errors import GatewayError
@@ -26,6 +24,8 @@ from gateway.rbac import Permission
 from gateway.tools.outcome import ToolOutcome
 
 if TYPE_CHECKING:
+    from mcp_types import ElicitRequestParams, ElicitResult, ErrorData
+
     from gateway.policy import SandboxPolicy
     from gateway.runs import RunStatus, RunStore
     from sandbox.change_set import ChangeSet
@@ -58,7 +58,7 @@ class ExecutionRequest:
     client cannot be asked in band. Only an upstream whose policy says `relay_elicitation: true` uses it."""
 
 
-Relay = Callable[[ElicitRequestParams], Awaitable[ElicitResult | ErrorData]]
+Relay: TypeAlias = "Callable[[ElicitRequestParams], Awaitable[ElicitResult | ErrorData]]"
 """Sends an upstream server's `elicitation/create` to the caller's client and returns its answer (gateway/server.py)."""
 
 

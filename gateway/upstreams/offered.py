@@ -17,9 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
-
-import mcp_types as types
+from typing import TYPE_CHECKING, Any
 
 from gateway.audit import EventType
 from gateway.canonical import canonical_json, sha256_hex
@@ -37,7 +35,11 @@ from gateway.tools.changes import changes_detail
 from gateway.tools.confined import shown
 from gateway.tools.outcome import ToolOutcome
 from gateway.upstream_policy import Upstream
-from gateway.upstreams.connection import Connection, Forwarded, unavailable
+
+if TYPE_CHECKING:
+    import mcp_types as types
+
+    from gateway.upstreams.connection import Connection, Forwarded
 
 HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 PROGRESS_CHARS = 200
@@ -219,6 +221,8 @@ class UpstreamRun:
                 f" (upstreams.{name}.max_output_bytes); nothing of it is passed on",
             )
         if ended == "unavailable":
+            from gateway.upstreams.connection import unavailable  # noqa: PLC0415  (the MCP SDK's client loads only where a policy has upstreams)
+
             return unavailable(name, self.forwarded.cause or "its server ended during the call")
         return None
 

@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -25,11 +25,13 @@ from gateway.errors import GatewayError, PolicyBlockedError, Reason
 from gateway.policy import Policy
 from gateway.tools.base import ToolSpec
 from gateway.upstream_policy import SEPARATOR, Upstream, served_workspace
-from gateway.upstreams.connection import START_S, Connection, Place, unavailable
 from gateway.upstreams.offered import Pinned, upstream_tool
 from gateway.upstreams.pins import ListingRefusedError, PinState, ToolPin
 from sandbox.confine import LayerReport
 from sandbox.task_groups import task_group
+
+if TYPE_CHECKING:
+    from gateway.upstreams.connection import Connection
 
 log = logging.getLogger("gateway.upstreams")
 
@@ -85,6 +87,8 @@ class UpstreamServers:
                     " fix: create the folder, then restart the gateway"
                 )
                 continue
+            from gateway.upstreams.connection import Connection, Place  # noqa: PLC0415  (the MCP SDK's client loads only where a policy has upstreams)
+
             place = Place(workspace, root, policy.sandbox, environ, host, allowed, hidden)
             self._connections[name] = Connection(upstream, place, self._listener(upstream))
 
@@ -124,6 +128,8 @@ class UpstreamServers:
         upstream = self.upstream_of(name)
         connection = None if upstream is None else self._connections.get(upstream.name)
         if connection is not None:
+            from gateway.upstreams.connection import START_S  # noqa: PLC0415  (the MCP SDK's client loads only where a policy has upstreams)
+
             with contextlib.suppress(GatewayError):
                 await connection.ensure(START_S)
                 await connection.fresh()
@@ -153,6 +159,8 @@ class UpstreamServers:
         upstream = self.upstream_of(name)
         if upstream is None:
             return None
+        from gateway.upstreams.connection import unavailable  # noqa: PLC0415  (the MCP SDK's client loads only where a policy has upstreams)
+
         tool = name.partition(SEPARATOR)[2]
         withheld = self._changed.get(upstream.name, {})
         if tool in withheld:
@@ -218,6 +226,8 @@ class UpstreamServers:
 
     def _pin_check(self, upstream: Upstream) -> Callable[[str, str], GatewayError | None]:
         def check(tool: str, sha256: str) -> GatewayError | None:
+            from gateway.upstreams.connection import unavailable  # noqa: PLC0415  (the MCP SDK's client loads only where a policy has upstreams)
+
             withheld = self._changed.get(upstream.name, {})
             if tool in withheld:
                 return definition_changed(upstream.name, tool, withheld[tool])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -55,3 +57,14 @@ def test_a_command_run_in_process_leaves_the_collector_on() -> None:
 def test_each_long_running_commands_module_imports(command: str) -> None:
     """A name that no longer imports would fail every start of the command, not only its own test."""
     assert importlib.import_module(COMMAND_MODULES[command]).__name__ == COMMAND_MODULES[command]
+
+
+def test_a_short_command_never_loads_the_mcp_sdk() -> None:
+    """The CLI's commands (user, token, consent, upstream, audit) need no MCP: the SDK and its types cost about
+    half of such a command's CPU. Only `serve`, and a policy's upstream servers, load them."""
+    code = (
+        "import sys, gateway.cli.commands, gateway.cli.consent, gateway.pipeline, gateway.services\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
