@@ -154,7 +154,10 @@ def test_a_users_daemon_dies_with_its_run_when_the_gateway_is_killed_mid_run(use
         while len(arena.leftovers(marker_file)) < 2 and time.monotonic() < deadline:
             arena.session.pump()
         running = arena.leftovers(marker_file)
-        assert len(running) >= 2, f"the run and its daemon never started; answers: {arena.session.answered()}"
+        assert len(running) >= 2, (
+            f"the run and its daemon never started; answers: {arena.session.answered()}; "
+            f"the user's processes: {_processes_of(USER_UID)}; the gateway's stderr: {arena.session.stderr_text()[-2000:]}"
+        )
         scratch = Path(psutil.Process(running[0]).environ()["TMPDIR"])
         os.kill(arena.serve_pid, signal.SIGKILL)  # the pid this test started (setpriv execs serve in place)
         killed_at = time.monotonic()
@@ -176,3 +179,15 @@ def test_a_users_daemon_dies_with_its_run_when_the_gateway_is_killed_mid_run(use
             assert not scratch.exists(), "the next gateway of the user left the dead run's scratch folder"
         finally:
             restarted.close()
+
+
+def _processes_of(uid: int) -> list[str]:
+    """What `uid` runs, for a failure's message: pid, parent, state and the start of each command line."""
+    seen = []
+    for proc in psutil.process_iter(["pid", "ppid", "uids", "status", "cmdline"]):
+        uids = proc.info["uids"]
+        if uids is not None and uid in uids:
+            seen.append(
+                f"{proc.info['pid']}<{proc.info['ppid']} {proc.info['status']} {' '.join((proc.info['cmdline'] or [])[-3:])}"
+            )
+    return seen
