@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from gateway.declarations import WORKSPACE_PLACEHOLDER
 from gateway.errors import InternalError, Reason
+from gateway.logs import RATE_KEY
 from gateway.policy import SandboxPolicy
 from gateway.start_failures import describe_start_failure, start_step
 from gateway.tools.base import Relay
@@ -461,9 +462,11 @@ class Connection:
 
     async def _logged(self, params: types.LoggingMessageNotificationParams) -> None:
         """The server's log message, in the gateway's log at INFO whatever level the server gives it (its level is
-        its own claim), escaped and cut: the server's words, never a line of the gateway's, and never a client's
-        (the notification rate of `Wire` bounds how many)."""
-        log.info("%s", logged_line(self.upstream.name, params.level, params.data))
+        its own claim), escaped and cut: the server's words, never a line of the gateway's, and never a client's.
+        Each server's messages are one kind of record to the log's rate limit (gateway/logs.py): the first shown,
+        then at most one a minute, with the count of those not shown."""
+        name = self.upstream.name
+        log.info("%s", logged_line(name, params.level, params.data), extra={RATE_KEY: ("upstream logs", name)})
 
     async def _roots(self, context: ClientRequestContext) -> types.ListRootsResult:
         root = types.Root(uri=self.place.root.path.as_uri(), name=self.place.workspace)  # type: ignore[arg-type]
