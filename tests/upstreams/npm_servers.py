@@ -27,7 +27,7 @@ NODE_READS = ("/etc/ssl/openssl.cnf",)
 """What Node.js reads at start beyond a run's grants: OpenSSL's configuration (without it node exits at once,
 "OpenSSL configuration error")."""
 NODE_MEMORY_MB = 2048
-"""memory_limit_mb is also each process's address space (RLIMIT_AS): V8 reserves more than it uses, and these
-servers crash at start under 1024 MiB (measured: 1536 MiB starts them; 2048 leaves room)."""
+"""memory_limit_mb is also each process's address space (RLIMIT_AS): V8 reserves more than it uses, and both
+servers end at start with 1,024 MiB in the sandbox (measured: 1,280 starts them; 2,048 leaves room)."""
 NODE = shutil.which("node") or "/usr/bin/node"
 """Node.js (Debian's: `make nodejs`), named where a test starts a server with node's own flags."""
