@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test unit coverage lint bench clean bytecode system-deps bubblewrap postgresql guest-deps nodejs ts-client chromium
+.PHONY: demo test unit coverage lint bench clean bytecode system-deps bubblewrap postgresql guest-deps nodejs ts-client upstream-servers chromium
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,12 +85,23 @@ $(TS_CLIENT)/dist/client.js: $(TS_CLIENT)/client.ts $(TS_CLIENT)/package-lock.js
 
 ts-client: $(TS_CLIENT)/dist/client.js
 
+# The npm MCP servers the suite puts behind the gateway (tests/e2e/test_upstream_filesystem.py,
+# test_upstream_everything.py; docs/upstreams/): @modelcontextprotocol/server-filesystem and
+# server-everything at the exact versions package.json names, the bytes package-lock.json pins (npm ci).
+# Without npm (not root, no Node.js) nothing is installed and those tests skip.
+UPSTREAM_NPM := examples/upstream-servers
+$(UPSTREAM_NPM)/node_modules/.package-lock.json: $(UPSTREAM_NPM)/package.json $(UPSTREAM_NPM)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm not found: the npm upstream servers' tests will skip"; exit 0; }; \
+	  cd $(UPSTREAM_NPM) && npm ci --no-audit --no-fund --loglevel=error
+
+upstream-servers: $(UPSTREAM_NPM)/node_modules/.package-lock.json
+
 
 # The suite in parallel (pytest-xdist): most tests wait on subprocesses, sessions and sandboxed
 # runs, so there are more workers than cores; the tests that share a resource go whole to one
 # worker (tests/conftest.py, SERIAL_GROUPS). TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 4
-test: lint system-deps ts-client bytecode
+test: lint system-deps ts-client upstream-servers bytecode
 	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS)
 
 # The suite starts several hundred gateways from this checkout, some as other uids that cannot
@@ -115,7 +126,7 @@ unit: $(STAMP) bytecode
 # every Python process the tests start is measured too. The data goes to a folder every uid may
 # write to (sticky, as /tmp), since the rootless tests run gateways as ordinary uids.
 COVERAGE_DATA := build/coverage
-coverage: $(STAMP) system-deps ts-client bytecode
+coverage: $(STAMP) system-deps ts-client upstream-servers bytecode
 	rm -rf $(COVERAGE_DATA) && mkdir -p $(COVERAGE_DATA) && chmod 1777 $(COVERAGE_DATA)
 	export COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DATA)/data; \
 	  $(TEST_ENV) $(PY) -m coverage run -m pytest -n $(TEST_WORKERS); status=$$?; \
@@ -129,4 +140,4 @@ bench: $(VENV)/.installed
 	$(PY) bench/stdio_refusals.py
 
 clean:
-	rm -rf $(VENV) .demo build *.egg-info $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist
+	rm -rf $(VENV) .demo build *.egg-info $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist $(UPSTREAM_NPM)/node_modules

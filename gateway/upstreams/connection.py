@@ -6,13 +6,15 @@ bounded (`START_S`); whoever needs the server waits for it at most as long as it
 asks of the gateway is answered here: sampling refused, elicitation refused unless the policy relays it
 (to the caller of a call in flight, labelled as the server's), roots the workspace alone. A server that
 exits, or is stopped for a call past its time or an answer over its cap, is started again at the next
-use; one that cannot start says why (`unavailable`).
+use; one that cannot start says why (`unavailable`). Its log messages (`notifications/message`) go to the
+gateway's log as its own words, escaped and cut, never to a client.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -30,6 +32,7 @@ from pydantic import ValidationError
 
 from gateway.declarations import WORKSPACE_PLACEHOLDER
 from gateway.errors import InternalError, Reason
+from gateway.logs import RATE_KEY
 from gateway.policy import SandboxPolicy
 from gateway.start_failures import describe_start_failure, start_step
 from gateway.tools.base import Relay
@@ -51,6 +54,8 @@ START_S = 30.0
 LIST_S = 10.0
 """A tools/list of the server (after list_changed) gives up after this long."""
 STDERR_CHARS = 600
+LOG_CHARS = 500
+"""How much of one of the server's log messages reaches the gateway's log."""
 EXIT_GRACE_S = 2.0
 """A server that closed its stdout has this long to exit by itself (and say how) before it is stopped."""
 
@@ -93,6 +98,16 @@ def unavailable(upstream: str, cause: str, step: str | None = None) -> InternalE
     (`data.step`, as `sandbox_start_failed`'s) the start's step that failed, when one did."""
     data = {} if step is None else {"step": step}
     return InternalError(Reason.UPSTREAM_UNAVAILABLE, f"upstream {upstream!r} is unavailable: {cause}", **data)
+
+
+def logged_line(upstream: str, level: object, data: object) -> str:
+    """One log message of `upstream`'s server as the gateway's log line: one line, its words escaped and cut at
+    LOG_CHARS (a newline in them is written `\\u000a`: no text of the server's can pass for a line of the gateway's)."""
+    said = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, default=str)
+    cut = " [cut]" if len(said) > LOG_CHARS else ""
+    return (
+        f"upstream {upstream} logs ({shown(str(level)[:16])}, its own words, unchecked): {shown(said[:LOG_CHARS])}{cut}"
+    )
 
 
 @dataclass(slots=True)
@@ -347,6 +362,7 @@ class Connection:
                 sampling_callback=self._sampling,
                 elicitation_callback=self._elicitation,
                 list_roots_callback=self._roots,
+                logging_callback=self._logged,
             )
             async with session, task_group() as group:
                 live = _Live(session, server, wire)
@@ -443,6 +459,14 @@ class Connection:
         relay = self._relays[-1]  # the latest call in flight: its caller is asked, told who asks
         label = f"[upstream {self.upstream.name} asks, in its own words, unchecked] "
         return await relay(params.model_copy(update={"message": label + params.message}))
+
+    async def _logged(self, params: types.LoggingMessageNotificationParams) -> None:
+        """The server's log message, in the gateway's log at INFO whatever level the server gives it (its level is
+        its own claim), escaped and cut: the server's words, never a line of the gateway's, and never a client's.
+        Each server's messages are one kind of record to the log's rate limit (gateway/logs.py): the first shown,
+        then at most one a minute, with the count of those not shown."""
+        name = self.upstream.name
+        log.info("%s", logged_line(name, params.level, params.data), extra={RATE_KEY: ("upstream logs", name)})
 
     async def _roots(self, context: ClientRequestContext) -> types.ListRootsResult:
         root = types.Root(uri=self.place.root.path.as_uri(), name=self.place.workspace)  # type: ignore[arg-type]

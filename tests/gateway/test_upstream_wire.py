@@ -11,6 +11,7 @@ import anyio
 import mcp_types as types
 import pytest
 
+from gateway.upstreams.connection import LOG_CHARS, logged_line
 from gateway.upstreams.wire import NOTIFICATION_BURST, Bucket, Wire, session_streams
 from sandbox.pipes import PipeReceiveStream, PipeSendStream
 
@@ -99,3 +100,23 @@ def test_list_changed_is_told_as_it_is_read() -> None:
     changed = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
     received(wire, line(changed) + line(RESPONSE))
     assert told == [1]
+
+
+@pytest.mark.parametrize(
+    ("level", "data", "line"),
+    [
+        ("info", "started", "upstream up logs (info, its own words, unchecked): started"),
+        ("error", "two\nlines", "upstream up logs (error, its own words, unchecked): two\\u000alines"),
+        ("warning", "\x1b[2J\u202egone", "upstream up logs (warning, its own words, unchecked): \\u001b[2J\\u202egone"),
+        ("debug", {"n": 1, "ok": True}, 'upstream up logs (debug, its own words, unchecked): {"n": 1, "ok": true}'),
+        ("info\nINFO gateway: forged", "x", "upstream up logs (info\\u000aINFO gatewa, its own words, unchecked): x"),
+    ],
+)
+def test_a_servers_log_message_is_one_escaped_line_of_the_gateways_log(level: str, data: object, line: str) -> None:
+    assert logged_line("up", level, data) == line
+
+
+def test_a_long_log_message_is_cut_and_says_so() -> None:
+    line = logged_line("up", "info", "y" * (LOG_CHARS + 1))
+    assert line.endswith("y" * LOG_CHARS + " [cut]")
+    assert logged_line("up", "info", "y" * LOG_CHARS).endswith("y" * LOG_CHARS)
