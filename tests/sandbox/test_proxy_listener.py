@@ -24,14 +24,18 @@ import pytest
 
 from sandbox import Limits, probe_host, run_sandboxed
 from sandbox.backends.proxy_listener import ProxyListener
+from sandbox.change_set import DEFAULT_PROTECTED
 from sandbox.errors import SandboxStartError
 from sandbox.guarantees import Guarantee
 from sandbox.layers import Layer
 from sandbox.limits import BACKENDS, Backend
+from sandbox.pinned import pin
 from sandbox.proxy_port import PROXY_PORT, PROXY_URL, PROXY_VARIABLES, proxy_environment
+from sandbox.server import ServerSpec, start_server
 from tests.harness import REPO, enterable_by_everyone
 from tests.sandbox.confined_child import leased_identity, requires_root
-from tests.sandbox.proxy_child import PROXIED, answers, proxy_limits, run_proxied
+from tests.sandbox.proxy_child import PROXIED, Seen, answers, proxy_limits, respond, run_proxied
+from tests.sandbox.server_child import LINE_SERVER, PYTHON, Talk, server_limits
 
 pytestmark = requires_root
 
@@ -166,6 +170,48 @@ def test_a_proxied_run_reaches_the_proxy_and_nothing_else(folder: Path, backend:
     check_namespace(seen.namespace)
     if CURL is not None:
         assert "curl" in found
+
+
+FETCH = "import urllib.request\nanswer = urllib.request.urlopen(URL, timeout=10).read().decode()"
+"""A line server's question: fetch URL (set before it) through the proxy its environment names."""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_proxied_server_reaches_the_proxy_all_its_life(folder: Path, backend: Backend) -> None:
+    """A long-lived server (start_server) gets its listener once, before it is yielded, and keeps it until stopped."""
+    skip_without(backend)
+    seen = Seen()
+    workspace = pin(folder / "ws")
+
+    async def main() -> None:
+        limits = server_limits(folder / "scratch", backend, proxy=True)
+        spec = ServerSpec((PYTHON, "-I", "-c", LINE_SERVER), workspace, False, DEFAULT_PROTECTED, limits)
+        async with anyio.create_task_group() as group:
+
+            def on_proxy(listener: socket.socket) -> None:
+                seen.handed += 1
+                group.start_soon(respond, listener, seen)
+
+            async with start_server(spec, scratch=folder / "scratch", on_proxy=on_proxy) as server:
+                assert seen.handed == 1, "handed over before the server is yielded"
+                talk = Talk(server)
+                assert await talk.ask("URL = 'http://first.example/'\n" + FETCH) == PROXIED
+                await anyio.sleep(1.5)  # past the limits' timeout_s: a server's listener has no deadline either
+                assert await talk.ask("URL = 'http://second.example/'\n" + FETCH) == PROXIED
+                refused = await talk.ask(
+                    "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    answer = 'udp'\n"
+                    "except OSError as exc:\n    answer = exc.errno"
+                )
+                assert refused == 1, "EPERM: no UDP for a proxied server either"
+                assert Layer.NETWORK_NAMESPACE in server.layers
+            group.cancel_scope.cancel()
+
+    try:
+        anyio.run(main)
+    finally:
+        workspace.close()
+    assert seen.requests == ["GET http://first.example/ HTTP/1.1", "GET http://second.example/ HTTP/1.1"]
+    assert seen.holders == []
 
 
 def test_landlock_leaves_a_native_run_no_bind_and_no_other_port(folder: Path) -> None:
