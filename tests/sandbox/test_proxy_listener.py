@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -98,12 +99,19 @@ out["take_port"] = {
     for address in ("127.0.0.1", "0.0.0.0", "::", "::1")
     for option in (0, socket.SO_REUSEADDR, socket.SO_REUSEPORT)
 }
+def loopback(flags):
+    import fcntl, struct
+    with socket.socket() as s:
+        fcntl.ioctl(s, 0x8914, struct.pack("16sh22x", b"lo", flags))  # SIOCSIFFLAGS
+    return "changed"
+
+out["lo_down"] = attempt(lambda: loopback(0x8))  # IFF_LOOPBACK alone: down
 out["urllib_after"] = attempt(lambda: urllib.request.urlopen("http://after.example/", timeout=10).read().decode())
 print(json.dumps(out))
 """.replace("@PORT@", str(PROXY_PORT))
 """What a proxied run tries from inside; it prints one JSON object."""
 
-REFUSED_INSIDE = ("other_port", "other_address", "metadata", "proxy_port_elsewhere", "v6_loopback", "dns")
+REFUSED_INSIDE = ("lo_down", "other_port", "other_address", "metadata", "proxy_port_elsewhere", "v6_loopback", "dns")
 SOCKETS_REFUSED = ("udp", "udp6", "raw", "packet", "sctp", "netlink", "unix")
 
 
@@ -384,6 +392,22 @@ def test_a_proxied_run_requires_network_through_proxy_in_place_of_no_network() -
     assert Guarantee.NETWORK_THROUGH_PROXY in waived.required, "no policy waives it: without it, the host's network"
     plain = Limits(1, 64, 8, 1024, require=frozenset(Guarantee))
     assert Guarantee.NETWORK_THROUGH_PROXY not in plain.required and Guarantee.NO_NETWORK in plain.required
+
+
+def test_root_without_cap_sys_admin_gets_the_same_network(folder: Path) -> None:
+    """Root in a default container (no CAP_SYS_ADMIN, no CAP_NET_ADMIN): a pool uid, then the run's own user namespace,
+    where the child still may bring its loopback up and make the listener."""
+    code = [sys.executable, CHILD, PROBE, str(folder / "ws"), str(folder / "scratch"), "native"]
+    shell = " ".join(shlex.quote(part) for part in code)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+    argv = ["capsh", "--drop=cap_sys_admin,cap_net_admin", "--", "-c", shell]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    outcome = report["outcome"]
+    assert outcome["exit_code"] == 0, outcome["stderr"]
+    assert {Layer.UID_DROP, Layer.USER_NAMESPACE} <= set(outcome["layers"])
+    check_probe(answers(outcome), report["seen"], outcome["layers"])
 
 
 def rootless(folder: Path, backend: Backend, code: str) -> dict[str, Any]:
