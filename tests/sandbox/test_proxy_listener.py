@@ -228,13 +228,19 @@ def test_landlock_leaves_a_native_run_no_bind_and_no_other_port(folder: Path) ->
         pytest.skip("Landlock here has no TCP rules (ABI < 4)")
     code = (
         "import json, socket\n"
+        "def attempt(action):\n"
+        "    try:\n        return ['ok', action()]\n"
+        "    except OSError as exc:\n        return ['refused', exc.errno]\n"
         "def listen():\n"
         "    s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); return s.getsockname()[1]\n"
-        "try:\n    print(json.dumps(['listened', listen()]))\n"
-        "except OSError as exc:\n    print(json.dumps(['refused', exc.errno]))\n"
+        "def connect(port):\n"
+        "    socket.create_connection(('127.0.0.1', port), timeout=3).close()\n"
+        "print(json.dumps([attempt(listen), attempt(lambda: connect(8080)), attempt(lambda: connect(3128))]))\n"
     )
-    outcome, _ = anyio.run(lambda: run_proxied(code, folder / "ws", folder / "scratch", "native"))
-    assert answers(outcome) == ["refused", 13], outcome  # EACCES from Landlock's bind rule
+    outcome, seen = anyio.run(lambda: run_proxied(code, folder / "ws", folder / "scratch", "native"))
+    # EACCES from Landlock's rules: no bind, and a connect elsewhere than 3128 refused before any route is looked at
+    assert answers(outcome) == [["refused", 13], ["refused", 13], ["ok", None]], outcome
+    assert seen.requests == [""], "the one connection the rules let through reached the test's responder"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
