@@ -5,7 +5,8 @@ ordinary uid (a rootless gateway, as rootless_child.py), so the probe, the plan 
 rootless path. The responder answers every request with 200 and `PROXIED`, and records each request's
 first line and what the gateway saw of the run's namespace (/proc/<pid>/net of the spawned process,
 read as root or as the run's own uid) and whether any process of the run holds the listener.
-Usage: python proxy_child.py CODE WORKSPACE SCRATCH BACKEND
+Usage: python proxy_child.py CODE WORKSPACE SCRATCH BACKEND [server]
+(`server`: CODE is asked of a proxied line server, tests/sandbox/server_child.py, instead of run.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ import anyio.abc
 import psutil
 
 from sandbox import Limits, probe_host, run_sandboxed
+from sandbox.change_set import DEFAULT_PROTECTED
 from sandbox.limits import Backend
+from sandbox.pinned import pin
+from sandbox.server import ServerSpec, start_server
+from tests.sandbox.server_child import LINE_SERVER, PYTHON, Talk, server_limits
 
 PROXIED = "proxied-by-the-test"
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(PROXIED), PROXIED.encode())
@@ -153,6 +158,34 @@ async def run_proxied(
     return outcome, seen
 
 
+async def serve_proxied(code: str, workspace: Path, scratch: Path, backend: Backend) -> tuple[dict[str, Any], Seen]:
+    """A proxied line server (start_server) asked `code` once: its answer, its layers, whether it was rootless."""
+    seen = Seen()
+    pinned = pin(workspace)
+    outcome: dict[str, Any] = {"rootless": probe_host().rootless}
+    try:
+        spec = ServerSpec(
+            (PYTHON, "-I", "-c", LINE_SERVER),
+            pinned,
+            False,
+            DEFAULT_PROTECTED,
+            server_limits(scratch, backend, proxy=True),
+        )
+        async with anyio.create_task_group() as group:
+
+            def on_proxy(listener: socket.socket) -> None:
+                seen.handed += 1
+                group.start_soon(respond, listener, seen)
+
+            async with start_server(spec, scratch=scratch, on_proxy=on_proxy) as server:
+                outcome["answer"] = await Talk(server).ask(code)
+                outcome["layers"] = list(server.layers)
+            group.cancel_scope.cancel()
+    finally:
+        pinned.close()
+    return outcome, seen
+
+
 def answers(outcome: dict[str, Any]) -> Any:
     """The JSON value the run's code printed as its last line."""
     lines = outcome["stdout"].strip().splitlines()
@@ -163,7 +196,8 @@ def answers(outcome: dict[str, Any]) -> Any:
 def main() -> None:
     code, workspace, scratch = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     backend: Backend = "bubblewrap" if sys.argv[4] == "bubblewrap" else "native"
-    outcome, seen = anyio.run(lambda: run_proxied(code, workspace, scratch, backend))
+    way = serve_proxied if sys.argv[5:] == ["server"] else run_proxied
+    outcome, seen = anyio.run(lambda: way(code, workspace, scratch, backend))
     print(json.dumps({"outcome": outcome, "seen": dataclasses.asdict(seen)}, default=str))
 
 

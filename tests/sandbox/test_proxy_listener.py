@@ -416,13 +416,13 @@ def test_root_without_cap_sys_admin_gets_the_same_network(folder: Path) -> None:
     check_probe(answers(outcome), report["seen"], outcome["layers"])
 
 
-def rootless(folder: Path, backend: Backend, code: str) -> dict[str, Any]:
+def rootless(folder: Path, backend: Backend, code: str, *way: str) -> dict[str, Any]:
     uid = ROOTLESS_UIDS[backend]
     for path in (folder, folder / "ws", folder / "scratch"):
         os.chown(path, uid, uid)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
     argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", sys.executable, CHILD]
-    argv += [code, str(folder / "ws"), str(folder / "scratch"), backend]
+    argv += [code, str(folder / "ws"), str(folder / "scratch"), backend, *way]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
@@ -439,3 +439,15 @@ def test_a_rootless_gateways_proxied_run_reaches_the_proxy_and_nothing_else(fold
     assert outcome["exit_code"] == 0, outcome["stderr"]
     assert Layer.USER_NAMESPACE in outcome["layers"]
     check_probe(answers(outcome), seen, outcome["layers"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_gateways_proxied_server_reaches_the_proxy(folder: Path, backend: Backend) -> None:
+    code = "URL = 'http://served.example/'\n" + FETCH
+    report = rootless(folder, backend, code, "server")
+    outcome, seen = report["outcome"], report["seen"]
+    if backend == "bubblewrap" and Layer.MOUNT_TREE not in outcome["layers"]:
+        pytest.skip("bubblewrap does not run here for an ordinary user")
+    assert outcome["answer"] == PROXIED
+    assert Layer.USER_NAMESPACE in outcome["layers"] and Layer.NETWORK_NAMESPACE in outcome["layers"]
+    assert seen["handed"] == 1 and seen["requests"] == ["GET http://served.example/ HTTP/1.1"]
