@@ -165,7 +165,8 @@ class ProxyListener:
         self._child_end.close()
         try:
             # Not socket.recv_fds: Python 3.11's drops its flags, and would wait forever for a child that sent nothing.
-            data, ancillary, _, _ = self._gateway_end.recvmsg(64, socket.CMSG_SPACE(_FD_SIZE), socket.MSG_DONTWAIT)
+            flags = socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC  # never inheritable, not even for a moment
+            data, ancillary, _, _ = self._gateway_end.recvmsg(64, socket.CMSG_SPACE(_FD_SIZE), flags)
         except OSError as exc:
             raise SandboxStartError("network_proxy:not_received") from exc
         fds = [
@@ -179,7 +180,6 @@ class ProxyListener:
                 os.close(fd)
             detail = data[1:].decode("ascii", "replace") if data.startswith(b"!") else "not_received"
             raise SandboxStartError(f"network_proxy:{detail}")
-        os.set_inheritable(fds[0], False)
         listener = socket.socket(fileno=fds[0])
         if not is_proxy_listener(listener):
             listener.close()

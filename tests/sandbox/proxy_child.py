@@ -130,6 +130,7 @@ async def run_proxied(
                 "address": list(listener.getsockname()),
                 "blocking": listener.getblocking(),
                 "accepting": listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN),
+                "inheritable": listener.get_inheritable(),
             }
             processes = run_processes()
             seen.namespace = net_view(processes[0]) if processes else {}

@@ -153,7 +153,8 @@ def check_probe(found: dict[str, Any], seen: dict[str, Any], layers: list[str]) 
         assert "GET http://files.example/x HTTP/1.1" in requests
     assert len(requests) == 2 + ("curl" in found), "nothing else reached the proxy"
     assert seen["handed"] == 1
-    assert seen["listener"] == {"address": ["127.0.0.1", PROXY_PORT], "blocking": False, "accepting": 1}
+    listening = {"address": ["127.0.0.1", PROXY_PORT], "blocking": False, "accepting": 1, "inheritable": False}
+    assert seen["listener"] == listening, "a non-blocking listener at the proxy's address, no later spawn inherits"
     assert seen["holders"] == [], "no process of the run holds the listener"
     assert Layer.NETWORK_NAMESPACE in layers and Layer.SECCOMP in layers
 
