@@ -79,6 +79,13 @@ if os.path.exists("/usr/bin/curl"):
         ["/usr/bin/curl", "-sS", "--max-time", "10", "http://files.example/x"],
         capture_output=True, text=True, timeout=20, env=dict(os.environ),
     ).stdout)
+# HTTPS goes through the proxy too, as CONNECT (the test's responder answers it with a plain 200, so TLS then fails)
+attempt(lambda: urllib.request.urlopen("https://secure.example/", timeout=10).read())
+if os.path.exists("/usr/bin/curl"):
+    attempt(lambda: subprocess.run(
+        ["/usr/bin/curl", "-sS", "--max-time", "10", "https://curl-secure.example/"],
+        capture_output=True, text=True, timeout=20, env=dict(os.environ),
+    ))
 out["other_port"] = attempt(lambda: connect("127.0.0.1", 8080))
 out["other_address"] = attempt(lambda: connect("10.1.2.3", 80))
 out["metadata"] = attempt(lambda: connect("169.254.169.254", 80))
@@ -149,9 +156,11 @@ def check_probe(found: dict[str, Any], seen: dict[str, Any], layers: list[str]) 
     requests = seen["requests"]
     assert "GET http://pypi.example/simple/ HTTP/1.1" in requests
     assert "GET http://after.example/ HTTP/1.1" in requests
+    assert "CONNECT secure.example:443 HTTP/1.0" in requests  # http.client tunnels with HTTP/1.0
     if "curl" in found:
         assert "GET http://files.example/x HTTP/1.1" in requests
-    assert len(requests) == 2 + ("curl" in found), "nothing else reached the proxy"
+        assert "CONNECT curl-secure.example:443 HTTP/1.1" in requests
+    assert len(requests) == 3 + 2 * ("curl" in found), "nothing else reached the proxy"
     assert seen["handed"] == 1
     listening = {"address": ["127.0.0.1", PROXY_PORT], "blocking": False, "accepting": 1, "inheritable": False}
     assert seen["listener"] == listening, "a non-blocking listener at the proxy's address, no later spawn inherits"
