@@ -430,8 +430,7 @@ def _received(
     try:
         return stack.enter_context(child_scratch.receive())
     except SandboxStartError:
-        _kill_group(process.pid)
-        _reap(process.pid)
+        _abandon(process)
         raise
 
 
