@@ -1,0 +1,376 @@
+"""What an upstream call costs through the gateway: the same MCP server called directly and through `mcp-gateway serve`.
+
+Two servers, each called straight over stdio and as an upstream of one `mcp-gateway serve`
+(docs/upstreams.md, decision 84) in both workspace views:
+- a trivial server, bench/bare_server.py (`--tool echo`, read-only and closed world, answering at
+  once), so the server's own time is about nil and what is left is the hops and the gateway;
+- mcp-server-git (the test extra), `git_status` on a real repository (the sample project, committed,
+  one file staged): a server no one here wrote, with work of its own.
+The gateway's upstreams are `echo` and `git` (`workspace: read_only`) and `echo_w` and `git_w`
+(`workspace: write`: the server works on a copy, synced back after every call, decision 83); all
+trusted. A USER calls them with a token in `params.auth`; the first call of each is asked and
+answered Allow always when it is offered (else Allow for the session), so no person is in the loop
+afterwards, as for an agent whose tools were approved once. Every side is driven by the same raw
+client (bench/stdio_refusals.py's: newline-delimited JSON-RPC, one request in flight, each round trip
+timed with `perf_counter_ns`), after unmeasured warm-up calls, in blocks whose order rotates.
+
+Per side it prints p50/p90/p99 and the CPU each process spent per call (around each block, from
+/proc: the gateway's own; the server's, with whatever it spawned and waited for; the client's);
+then, per server and view, the ratio to the direct p50 and the aim: at most 1.5x the trivial
+server's direct p50 plus the server's own time (its direct p50 less the trivial server's). Then it
+checks every gateway call's audit trail (MCP_TOOL_CALL, the decision, TOOL_STARTED, UPSTREAM_CALL
+with is_error false, TOOL_FINISHED) and `audit verify`. Exits 1 if a server answers wrongly or a
+trail is wrong, 0 with the figures otherwise (met or not).
+
+    .venv/bin/python bench/upstream_cost.py [--calls 300] [--warmup 20] [--blocks 6] [--cprofile FILE]
+
+`--cprofile FILE` runs the gateway under cProfile (its loop's thread; the figures are then the
+profiler's, not the gateway's) and writes the statistics to FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(REPO))
+
+from stdio_refusals import BenchError, RawClient, block_sizes, run_with_deadline, serve_argv  # noqa: E402
+
+from gateway.audit import AuditLog  # noqa: E402
+from gateway.clock import SystemClock  # noqa: E402
+from tests.e2e.test_upstream_git import IDENTITY  # noqa: E402  (what git needs of its environment, confined)
+from tests.harness import FORM_ELICITATION, GatewayHome, reachable_by_everyone  # noqa: E402
+
+GIT_SERVER = Path(sys.executable).parent / "mcp-server-git"
+TARGET_RATIO = 1.5
+TRAIL = ["MCP_TOOL_CALL", "mcp.permission.decision", "TOOL_STARTED", "UPSTREAM_CALL", "TOOL_FINISHED"]
+USER = "alice"
+
+
+class Client(RawClient):
+    """The raw client, declaring form elicitation and answering the gateway's consent questions with an Allow."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.capabilities = FORM_ELICITATION
+        self.asked = 0
+
+    def answer(self, request: Mapping[str, Any]) -> None:
+        if request["method"] != "elicitation/create":
+            super().answer(request)
+        self.asked += 1
+        self._send({"jsonrpc": "2.0", "id": request["id"], "result": allow(request["params"])})
+
+
+def allow(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Allow always when the question offers it (a low or medium tier), else Allow for the session."""
+    offered = params["requestedSchema"]["properties"]["decision"]["enum"]
+    for decision in ("allow_always", "allow_session"):
+        if decision in offered:
+            return {"action": "accept", "content": {"decision": decision}}
+    raise BenchError(f"the consent question offers no lasting Allow: {offered}")
+
+
+# --- CPU ------------------------------------------------------------------------------------------
+
+
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """(the process's own CPU s, its descendants' and what it waited for): user + system from /proc."""
+    root = psutil.Process(pid)
+    own = root.cpu_times()
+    below = own.children_user + own.children_system
+    for child in root.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue  # gone between the listing and the read: its parent's children_* have it
+        below += times.user + times.system + times.children_user + times.children_system
+    return own.user + own.system, below
+
+
+@dataclass(slots=True)
+class Cpu:
+    gateway_s: float = 0.0
+    server_s: float = 0.0
+    client_s: float = 0.0
+
+
+# --- the sides ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Side:
+    label: str
+    server: str
+    """The server it calls: `echo` or `git`."""
+    view: str
+    """`direct`, `read_only` or `write`."""
+    client: Client
+    params: dict[str, Any]
+    gateway: bool
+    samples: list[int] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)
+    cpu: Cpu = field(default_factory=Cpu)
+
+    def one(self) -> int:
+        response, elapsed = self.client.request("tools/call", self.params)
+        result = response.get("result")
+        if not isinstance(result, dict) or result.get("isError"):
+            raise BenchError(f"{self.label}: expected a result, got {json.dumps(response)[:2000]}")
+        if self.gateway:
+            self.run_ids.append(result["_meta"]["mcp-write-gateway/run_id"])
+        return elapsed
+
+    def block(self, calls: int) -> None:
+        pid = self.client.process.pid
+        gateway_before, below_before = tree_cpu(pid)
+        client_before = time.process_time()
+        self.samples.extend(self.one() for _ in range(calls))
+        client_after = time.process_time()
+        gateway_after, below_after = tree_cpu(pid)
+        if self.gateway:
+            self.cpu.gateway_s += gateway_after - gateway_before
+            self.cpu.server_s += below_after - below_before
+        else:
+            self.cpu.server_s += gateway_after - gateway_before + below_after - below_before
+        self.cpu.client_s += client_after - client_before
+
+
+def prepare(root: Path) -> GatewayHome:
+    """A state folder whose policy has the four upstreams, a USER, and the workspace a git repository."""
+    root.mkdir(parents=True)
+    home = GatewayHome(root)
+    workspace = home.workspace
+    git = ["git", "-C", str(workspace)]
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(root), **IDENTITY}
+    for step in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "the sample project"]):
+        subprocess.run([*git, *step], check=True, capture_output=True, env=environ)
+    (workspace / "NOTES.md").write_text("staged\n")
+    subprocess.run([*git, "add", "NOTES.md"], check=True, capture_output=True, env=environ)
+    reachable_by_everyone(workspace)
+    folder = home.policy_path.parent / "bin"
+    folder.mkdir()
+    script = folder / "bare_server"
+    script.write_text(f"#!{sys.executable}\n" + (BENCH / "bare_server.py").read_text())
+    script.chmod(0o755)
+    reachable_by_everyone(folder)
+    echo = {"command": ["bin/bare_server", "--tool", "echo"], "tools": ["echo"], "trust": "trusted"}
+    git_status = {
+        "command": [str(GIT_SERVER), "--repository", "{workspace}"],
+        "tools": ["git_status"],
+        "trust": "trusted",
+        "env": IDENTITY,
+    }
+    upstreams = {
+        "echo": {**echo, "workspace": "read_only"},
+        "echo_w": {**echo, "workspace": "write"},
+        "git": {**git_status, "workspace": "read_only"},
+        "git_w": {**git_status, "workspace": "write"},
+    }
+    offered = ["echo__echo", "echo_w__echo", "git__git_status", "git_w__git_status"]
+    home.write_policy(
+        {
+            "tools": {"allowlist": ["run_pytest", *offered]},
+            "budget": {"attempts_total": 1_000_000, "elapsed_ms_total": 1_000_000_000},  # charged, never reached
+            # git takes a temporary file's name from /dev/urandom, which a run may not read by default.
+            "sandbox": {"allowed_paths": ["bin", "/dev/urandom"]},
+            "upstreams": upstreams,
+        }
+    )
+    home.add_user(USER, "USER")
+    return home
+
+
+def start_sides(
+    root: Path, home: GatewayHome, children: list[subprocess.Popen[bytes]], cprofile: str | None
+) -> list[Side]:
+    token = home.token(USER, ttl_s=3600)
+    argv = serve_argv(home)
+    if cprofile is not None:
+        argv = [argv[0], "-m", "cProfile", "-o", cprofile, *argv[1:]]
+    gateway = Client("gateway", argv, root / "gateway.log", children)
+    echo = Client(
+        "echo", [sys.executable, str(BENCH / "bare_server.py"), "--tool", "echo"], root / "echo.log", children
+    )
+    git_argv = [str(GIT_SERVER), "--repository", str(home.workspace)]
+    git = Client("mcp-server-git", git_argv, root / "git.log", children)
+    echo_args = {"name": "echo", "arguments": {"test_path": "tests"}}
+    git_args = {"name": "git_status", "arguments": {"repo_path": str(home.workspace)}}
+
+    def through(name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {**args, "name": f"{name}__{args['name']}", "auth": {"token": token}}
+
+    sides = [
+        Side("echo, direct", "echo", "direct", echo, echo_args, gateway=False),
+        Side("echo, gateway read_only", "echo", "read_only", gateway, through("echo", echo_args), gateway=True),
+        Side("echo, gateway write", "echo", "write", gateway, through("echo_w", echo_args), gateway=True),
+        Side("git_status, direct", "git", "direct", git, git_args, gateway=False),
+        Side("git_status, gateway read_only", "git", "read_only", gateway, through("git", git_args), gateway=True),
+        Side("git_status, gateway write", "git", "write", gateway, through("git_w", git_args), gateway=True),
+    ]
+    for client in (gateway, echo, git):
+        client.initialize()
+    listed, _ = gateway.request("tools/list", {"auth": {"token": token}})
+    names = {tool["name"] for tool in listed.get("result", {}).get("tools", [])}
+    missing = {side.params["name"] for side in sides if side.gateway} - names
+    if missing:
+        raise BenchError(f"the gateway does not list {sorted(missing)}; its stderr ends with:\n{gateway.stderr_tail()}")
+    return sides
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def measure(sides: Sequence[Side], calls: int, warmup: int, blocks: int) -> None:
+    for _ in range(warmup):
+        for side in sides:
+            side.one()
+    for side in sides:
+        side.run_ids.clear()  # the warm-up's trails are checked too, but not counted as measured calls
+    for index, size in enumerate(block_sizes(calls, blocks)):
+        shift = index % len(sides)
+        for side in [*sides[shift:], *sides[:shift]]:
+            side.block(size)
+
+
+def percentile(ordered: Sequence[int], fraction: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))] / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, samples: Sequence[int]) -> Figures:
+        ordered = sorted(samples)
+        return cls(statistics.median(ordered) / 1e6, percentile(ordered, 0.9), percentile(ordered, 0.99))
+
+
+def print_figures(sides: Sequence[Side], calls: int, warmup: int, blocks: int) -> None:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"upstream tools/call round trip: {calls} calls per side in {len(block_sizes(calls, blocks))} rotating"
+        f" blocks, {warmup} warm-up calls each; {os.cpu_count()} CPUs, load {load} (1, 5, 15 min)"
+    )
+    print()
+    print(
+        f"{'':<32}{'p50 ms':>8}{'p90 ms':>8}{'p99 ms':>8}   CPU ms per call: {'gateway':>8}{'server':>8}{'client':>8}"
+    )
+    for side in sides:
+        f, n = Figures.of(side.samples), len(side.samples)
+        cpu = side.cpu
+        gateway = f"{cpu.gateway_s * 1000 / n:>8.2f}" if side.gateway else f"{'-':>8}"
+        print(
+            f"{side.label:<32}{f.p50:>8.2f}{f.p90:>8.2f}{f.p99:>8.2f}{'':<20}"
+            f"{gateway}{cpu.server_s * 1000 / n:>8.2f}{cpu.client_s * 1000 / n:>8.2f}"
+        )
+    print()
+    floor = Figures.of(next(s for s in sides if s.server == "echo" and s.view == "direct").samples).p50
+    print(
+        f"aim: <= {TARGET_RATIO}x + server time (the trivial server's direct p50, {floor:.2f} ms, times {TARGET_RATIO},"
+    )
+    print("plus the server's own time: its direct p50 less the trivial server's)")
+    for server in ("echo", "git"):
+        direct = Figures.of(next(s for s in sides if s.server == server and s.view == "direct").samples).p50
+        aim = TARGET_RATIO * floor + (direct - floor)
+        for side in (s for s in sides if s.server == server and s.gateway):
+            p50 = Figures.of(side.samples).p50
+            verdict = "met" if p50 <= aim else "NOT met"
+            print(
+                f"  {side.label + ':':<32}{p50 / direct:6.2f}x direct, +{p50 - direct:6.2f} ms;"
+                f" aim {aim:6.2f} ms: {verdict}"
+            )
+
+
+def check_trails(home: GatewayHome, sides: Sequence[Side], token: str) -> str:
+    """Every measured call's trail is exactly TRAIL with UPSTREAM_CALL's is_error false; no token; verify ok."""
+    log = AuditLog(home.engine, SystemClock())
+    events = list(log.events())
+    trails: dict[str, list[Any]] = {}
+    for event in events:
+        trails.setdefault(event.run_id, []).append(event)
+    calls = 0
+    for side in (s for s in sides if s.gateway):
+        upstream = side.params["name"].split("__")[0]
+        for run_id in side.run_ids:
+            trail = trails.get(run_id, [])
+            if [e.event_type for e in trail] != TRAIL:
+                raise BenchError(f"{side.label}: run {run_id} has {[e.event_type for e in trail]}, not {TRAIL}")
+            detail = trail[3].detail
+            if detail.get("upstream") != upstream or detail.get("is_error") is not False:
+                raise BenchError(f"{side.label}: run {run_id}'s UPSTREAM_CALL is {detail}")
+            calls += 1
+    export = home.cli("audit", "export")
+    if export.returncode != 0 or token in export.stdout:
+        raise BenchError(f"audit export failed or holds the token: {export.stderr.strip()}")
+    verify = home.cli("audit", "verify")
+    if verify.returncode != 0:
+        raise BenchError(f"audit verify failed: {verify.stdout.strip()} {verify.stderr.strip()}")
+    return f"{len(events)} events; {calls} measured calls each {' > '.join(TRAIL)}; no token; {verify.stdout.strip()}"
+
+
+def run(root: Path, children: list[subprocess.Popen[bytes]], args: argparse.Namespace) -> None:
+    home = prepare(root / "gateway")
+    sides = start_sides(root, home, children, args.cprofile)
+    clients = list({id(side.client): side.client for side in sides}.values())
+    try:
+        measure(sides, args.calls, args.warmup, args.blocks)
+    finally:
+        codes = [client.close() for client in clients]
+    for client, code in zip(clients, codes, strict=True):
+        if code != 0:
+            raise BenchError(f"{client.name} exited with {code}; its stderr ends with:\n{client.stderr_tail()}")
+    asked = sum(client.asked for client in clients)
+    print_figures(sides, args.calls, args.warmup, args.blocks)
+    print()
+    token = sides[1].params["auth"]["token"]
+    print(f"consent: {asked} questions, one per upstream, answered with a lasting Allow")
+    print(f"audit: {check_trails(home, sides, token)}")
+    home.engine.dispose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--calls", type=int, default=300, help="measured calls per side (default 300)")
+    parser.add_argument("--warmup", type=int, default=20, help="unmeasured calls per side first (default 20)")
+    parser.add_argument("--blocks", type=int, default=6, help="blocks the calls are split into (default 6)")
+    parser.add_argument("--deadline", type=float, default=300.0, help="give up after this many seconds")
+    parser.add_argument("--cprofile", metavar="FILE", help="run the gateway under cProfile, statistics to FILE")
+    args = parser.parse_args(argv)
+    if args.calls < 1 or args.warmup < 1 or args.blocks < 1:
+        parser.error("--calls, --warmup and --blocks must be at least 1")
+    if not GIT_SERVER.exists() or shutil.which("git") is None:
+        parser.error(f"{GIT_SERVER} (the test extra) and git are needed")
+
+    def body(children: list[subprocess.Popen[bytes]]) -> None:
+        with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp:
+            run(Path(tmp), children, args)
+
+    try:
+        run_with_deadline("upstream_cost", args.deadline, body)
+    except BenchError:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
