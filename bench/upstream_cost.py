@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,14 +51,17 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 
+from fleet_scale import postgres_server  # noqa: E402
 from stdio_refusals import BenchError, RawClient, block_sizes, run_with_deadline, serve_argv  # noqa: E402
 
 from gateway.audit import AuditLog  # noqa: E402
 from gateway.clock import SystemClock  # noqa: E402
 from tests.e2e.test_upstream_git import IDENTITY  # noqa: E402  (what git needs of its environment, confined)
 from tests.harness import FORM_ELICITATION, GatewayHome, reachable_by_everyone  # noqa: E402
+from tests.pg_cluster import new_database  # noqa: E402
 
 GIT_SERVER = Path(sys.executable).parent / "mcp-server-git"
+SHARED_0644 = {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_1": "core.sharedRepository", "GIT_CONFIG_VALUE_1": "0644"}
 TARGET_RATIO = 1.5
 TRAIL = ["MCP_TOOL_CALL", "mcp.permission.decision", "TOOL_STARTED", "UPSTREAM_CALL", "TOOL_FINISHED"]
 USER = "alice"
@@ -122,8 +126,9 @@ class Side:
     view: str
     """`direct`, `read_only` or `write`."""
     client: Client
-    params: dict[str, Any]
-    gateway: bool
+    params: Mapping[str, Any]
+    home: GatewayHome | None
+    """The gateway's state folder; None for a server called directly."""
     samples: list[int] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
     cpu: Cpu = field(default_factory=Cpu)
@@ -133,7 +138,7 @@ class Side:
         result = response.get("result")
         if not isinstance(result, dict) or result.get("isError"):
             raise BenchError(f"{self.label}: expected a result, got {json.dumps(response)[:2000]}")
-        if self.gateway:
+        if self.home is not None:
             self.run_ids.append(result["_meta"]["mcp-write-gateway/run_id"])
         return elapsed
 
@@ -144,7 +149,7 @@ class Side:
         self.samples.extend(self.one() for _ in range(calls))
         client_after = time.process_time()
         gateway_after, below_after = tree_cpu(pid)
-        if self.gateway:
+        if self.home is not None:
             self.cpu.gateway_s += gateway_after - gateway_before
             self.cpu.server_s += below_after - below_before
         else:
@@ -152,10 +157,10 @@ class Side:
         self.cpu.client_s += client_after - client_before
 
 
-def prepare(root: Path) -> GatewayHome:
+def prepare(root: Path, db_url: str | None = None) -> GatewayHome:
     """A state folder whose policy has the four upstreams, a USER, and the workspace a git repository."""
     root.mkdir(parents=True)
-    home = GatewayHome(root)
+    home = GatewayHome(root, db_url=db_url)
     workspace = home.workspace
     git = ["git", "-C", str(workspace)]
     environ = {"PATH": "/usr/bin:/bin", "HOME": str(root), **IDENTITY}
@@ -181,7 +186,10 @@ def prepare(root: Path) -> GatewayHome:
         "echo": {**echo, "workspace": "read_only"},
         "echo_w": {**echo, "workspace": "write"},
         "git": {**git_status, "workspace": "read_only"},
-        "git_w": {**git_status, "workspace": "write"},
+        # git in the write upstream's copy refreshes the index at its first git_status, and the confined
+        # server's umask makes it 0600 when the sync brings it back, which the read_only server's uid then
+        # cannot read: git is told to make its files 0644, as the developer's own git does.
+        "git_w": {**git_status, "workspace": "write", "env": {**IDENTITY, **SHARED_0644}},
     }
     offered = ["echo__echo", "echo_w__echo", "git__git_status", "git_w__git_status"]
     home.write_policy(
@@ -197,41 +205,54 @@ def prepare(root: Path) -> GatewayHome:
     return home
 
 
-def start_sides(
-    root: Path, home: GatewayHome, children: list[subprocess.Popen[bytes]], cprofile: str | None
+def start_direct(root: Path, workspace: Path, children: list[subprocess.Popen[bytes]]) -> list[Side]:
+    """Each server called straight over stdio: the trivial one, and mcp-server-git on the same repository."""
+    echo = Client(
+        "echo", [sys.executable, str(BENCH / "bare_server.py"), "--tool", "echo"], root / "echo.log", children
+    )
+    git = Client("mcp-server-git", [str(GIT_SERVER), "--repository", str(workspace)], root / "git.log", children)
+    for client in (echo, git):
+        client.initialize()
+    return [
+        Side("echo, direct", "echo", "direct", echo, ECHO_CALL, None),
+        Side("git_status, direct", "git", "direct", git, git_call(workspace), None),
+    ]
+
+
+def start_gateway(
+    root: Path, home: GatewayHome, engine: str, children: list[subprocess.Popen[bytes]], cprofile: str | None
 ) -> list[Side]:
+    """One `mcp-gateway serve` on `home`, and its four upstream sides."""
     token = home.token(USER, ttl_s=3600)
     argv = serve_argv(home)
     if cprofile is not None:
         argv = [argv[0], "-m", "cProfile", "-o", cprofile, *argv[1:]]
-    gateway = Client("gateway", argv, root / "gateway.log", children)
-    echo = Client(
-        "echo", [sys.executable, str(BENCH / "bare_server.py"), "--tool", "echo"], root / "echo.log", children
-    )
-    git_argv = [str(GIT_SERVER), "--repository", str(home.workspace)]
-    git = Client("mcp-server-git", git_argv, root / "git.log", children)
-    echo_args = {"name": "echo", "arguments": {"test_path": "tests"}}
-    git_args = {"name": "git_status", "arguments": {"repo_path": str(home.workspace)}}
+    gateway = Client(f"gateway ({engine})", argv, root / f"gateway-{engine}.log", children)
+    gateway.initialize()
 
-    def through(name: str, args: dict[str, Any]) -> dict[str, Any]:
-        return {**args, "name": f"{name}__{args['name']}", "auth": {"token": token}}
+    def through(upstream: str, call: Mapping[str, Any]) -> dict[str, Any]:
+        return {**call, "name": f"{upstream}__{call['name']}", "auth": {"token": token}}
 
+    git = git_call(home.workspace)
     sides = [
-        Side("echo, direct", "echo", "direct", echo, echo_args, gateway=False),
-        Side("echo, gateway read_only", "echo", "read_only", gateway, through("echo", echo_args), gateway=True),
-        Side("echo, gateway write", "echo", "write", gateway, through("echo_w", echo_args), gateway=True),
-        Side("git_status, direct", "git", "direct", git, git_args, gateway=False),
-        Side("git_status, gateway read_only", "git", "read_only", gateway, through("git", git_args), gateway=True),
-        Side("git_status, gateway write", "git", "write", gateway, through("git_w", git_args), gateway=True),
+        Side(f"echo, {engine} read_only", "echo", "read_only", gateway, through("echo", ECHO_CALL), home),
+        Side(f"echo, {engine} write", "echo", "write", gateway, through("echo_w", ECHO_CALL), home),
+        Side(f"git_status, {engine} read_only", "git", "read_only", gateway, through("git", git), home),
+        Side(f"git_status, {engine} write", "git", "write", gateway, through("git_w", git), home),
     ]
-    for client in (gateway, echo, git):
-        client.initialize()
     listed, _ = gateway.request("tools/list", {"auth": {"token": token}})
     names = {tool["name"] for tool in listed.get("result", {}).get("tools", [])}
-    missing = {side.params["name"] for side in sides if side.gateway} - names
+    missing = {side.params["name"] for side in sides} - names
     if missing:
         raise BenchError(f"the gateway does not list {sorted(missing)}; its stderr ends with:\n{gateway.stderr_tail()}")
     return sides
+
+
+ECHO_CALL: Mapping[str, Any] = {"name": "echo", "arguments": {"test_path": "tests"}}
+
+
+def git_call(workspace: Path) -> dict[str, Any]:
+    return {"name": "git_status", "arguments": {"repo_path": str(workspace)}}
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -278,7 +299,7 @@ def print_figures(sides: Sequence[Side], calls: int, warmup: int, blocks: int) -
     for side in sides:
         f, n = Figures.of(side.samples), len(side.samples)
         cpu = side.cpu
-        gateway = f"{cpu.gateway_s * 1000 / n:>8.2f}" if side.gateway else f"{'-':>8}"
+        gateway = f"{cpu.gateway_s * 1000 / n:>8.2f}" if side.home is not None else f"{'-':>8}"
         print(
             f"{side.label:<32}{f.p50:>8.2f}{f.p90:>8.2f}{f.p99:>8.2f}{'':<20}"
             f"{gateway}{cpu.server_s * 1000 / n:>8.2f}{cpu.client_s * 1000 / n:>8.2f}"
@@ -292,7 +313,7 @@ def print_figures(sides: Sequence[Side], calls: int, warmup: int, blocks: int) -
     for server in ("echo", "git"):
         direct = Figures.of(next(s for s in sides if s.server == server and s.view == "direct").samples).p50
         aim = TARGET_RATIO * floor + (direct - floor)
-        for side in (s for s in sides if s.server == server and s.gateway):
+        for side in (s for s in sides if s.server == server and s.home is not None):
             p50 = Figures.of(side.samples).p50
             verdict = "met" if p50 <= aim else "NOT met"
             print(
@@ -301,7 +322,7 @@ def print_figures(sides: Sequence[Side], calls: int, warmup: int, blocks: int) -
             )
 
 
-def check_trails(home: GatewayHome, sides: Sequence[Side], token: str) -> str:
+def check_trails(home: GatewayHome, sides: Sequence[Side]) -> str:
     """Every measured call's trail is exactly TRAIL with UPSTREAM_CALL's is_error false; no token; verify ok."""
     log = AuditLog(home.engine, SystemClock())
     events = list(log.events())
@@ -309,7 +330,9 @@ def check_trails(home: GatewayHome, sides: Sequence[Side], token: str) -> str:
     for event in events:
         trails.setdefault(event.run_id, []).append(event)
     calls = 0
-    for side in (s for s in sides if s.gateway):
+    token = ""
+    for side in (s for s in sides if s.home is home):
+        token = side.params["auth"]["token"]
         upstream = side.params["name"].split("__")[0]
         for run_id in side.run_ids:
             trail = trails.get(run_id, [])
@@ -320,7 +343,7 @@ def check_trails(home: GatewayHome, sides: Sequence[Side], token: str) -> str:
                 raise BenchError(f"{side.label}: run {run_id}'s UPSTREAM_CALL is {detail}")
             calls += 1
     export = home.cli("audit", "export")
-    if export.returncode != 0 or token in export.stdout:
+    if export.returncode != 0 or not token or token in export.stdout:
         raise BenchError(f"audit export failed or holds the token: {export.stderr.strip()}")
     verify = home.cli("audit", "verify")
     if verify.returncode != 0:
@@ -329,23 +352,34 @@ def check_trails(home: GatewayHome, sides: Sequence[Side], token: str) -> str:
 
 
 def run(root: Path, children: list[subprocess.Popen[bytes]], args: argparse.Namespace) -> None:
-    home = prepare(root / "gateway")
-    sides = start_sides(root, home, children, args.cprofile)
-    clients = list({id(side.client): side.client for side in sides}.values())
-    try:
-        measure(sides, args.calls, args.warmup, args.blocks)
-    finally:
-        codes = [client.close() for client in clients]
-    for client, code in zip(clients, codes, strict=True):
-        if code != 0:
-            raise BenchError(f"{client.name} exited with {code}; its stderr ends with:\n{client.stderr_tail()}")
-    asked = sum(client.asked for client in clients)
-    print_figures(sides, args.calls, args.warmup, args.blocks)
-    print()
-    token = sides[1].params["auth"]["token"]
-    print(f"consent: {asked} questions, one per upstream, answered with a lasting Allow")
-    print(f"audit: {check_trails(home, sides, token)}")
-    home.engine.dispose()
+    engines = args.engines.split(",")
+    with postgres_server(args.pg_url, root) if "postgresql" in engines else nullcontext("") as pg_base:
+        homes = {
+            engine: prepare(root / engine, new_database(pg_base) if engine == "postgresql" else None)
+            for engine in engines
+        }
+        every = [
+            side
+            for engine, home in homes.items()
+            for side in start_gateway(root, home, engine, children, args.cprofile)
+        ]
+        direct = start_direct(root, next(iter(homes.values())).workspace, children)
+        sides = [side for server in ("echo", "git") for side in (*direct, *every) if side.server == server]
+        clients = list({id(side.client): side.client for side in sides}.values())
+        try:
+            measure(sides, args.calls, args.warmup, args.blocks)
+        finally:
+            codes = [client.close() for client in clients]
+        for client, code in zip(clients, codes, strict=True):
+            if code != 0:
+                raise BenchError(f"{client.name} exited with {code}; its stderr ends with:\n{client.stderr_tail()}")
+        print_figures(sides, args.calls, args.warmup, args.blocks)
+        print()
+        asked = sum(client.asked for client in clients)
+        print(f"consent: {asked} questions, one per upstream and gateway, answered with a lasting Allow")
+        for engine, home in homes.items():
+            print(f"audit ({engine}): {check_trails(home, sides)}")
+            home.engine.dispose()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -355,9 +389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=6, help="blocks the calls are split into (default 6)")
     parser.add_argument("--deadline", type=float, default=300.0, help="give up after this many seconds")
     parser.add_argument("--cprofile", metavar="FILE", help="run the gateway under cProfile, statistics to FILE")
+    parser.add_argument("--engines", default="sqlite", help="sqlite, postgresql or both, comma-separated")
+    parser.add_argument("--pg-url", help="a PostgreSQL server's base URL (default: a throwaway cluster)")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.warmup < 1 or args.blocks < 1:
         parser.error("--calls, --warmup and --blocks must be at least 1")
+    if not args.engines or not set(args.engines.split(",")) <= {"sqlite", "postgresql"}:
+        parser.error("--engines takes sqlite, postgresql or both")
+    if args.cprofile is not None and args.engines != "sqlite":
+        parser.error("--cprofile profiles one gateway: --engines sqlite")
     if not GIT_SERVER.exists() or shutil.which("git") is None:
         parser.error(f"{GIT_SERVER} (the test extra) and git are needed")
 
