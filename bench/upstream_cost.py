@@ -9,10 +9,13 @@ Two servers, each called straight over stdio and as an upstream of one `mcp-gate
 The gateway's upstreams are `echo` and `git` (`workspace: read_only`) and `echo_w` and `git_w`
 (`workspace: write`: the server works on a copy, synced back after every call, decision 83); all
 trusted. A USER calls them with a token in `params.auth`; the first call of each is asked and
-answered Allow always when it is offered (else Allow for the session), so no person is in the loop
-afterwards, as for an agent whose tools were approved once. Every side is driven by the same raw
-client (bench/stdio_refusals.py's: newline-delimited JSON-RPC, one request in flight, each round trip
-timed with `perf_counter_ns`), after unmeasured warm-up calls, in blocks whose order rotates.
+answered Allow always when it is offered, else Allow for the session (the default policy's in-band
+channel offers no Allow always: decision 43), so no person is in the loop afterwards, as for an
+agent whose tools were approved once; every later call's decision is still checked and recorded.
+Every side is driven by the same raw client (bench/stdio_refusals.py's: newline-delimited JSON-RPC,
+one request in flight, each round trip timed with `perf_counter_ns`), after unmeasured warm-up
+calls, in blocks whose order rotates. `--engines sqlite,postgresql` runs a gateway on each (a
+throwaway cluster, or `--pg-url`), side by side in the same rotation.
 
 Per side it prints p50/p90/p99 and the CPU each process spent per call (around each block, from
 /proc: the gateway's own; the server's, with whatever it spawned and waited for; the client's);
@@ -22,7 +25,8 @@ checks every gateway call's audit trail (MCP_TOOL_CALL, the decision, TOOL_START
 with is_error false, TOOL_FINISHED) and `audit verify`. Exits 1 if a server answers wrongly or a
 trail is wrong, 0 with the figures otherwise (met or not).
 
-    .venv/bin/python bench/upstream_cost.py [--calls 300] [--warmup 20] [--blocks 6] [--cprofile FILE]
+    .venv/bin/python bench/upstream_cost.py [--calls 300] [--warmup 20] [--blocks 6] [--engines sqlite,postgresql]
+        [--pg-url URL] [--cprofile FILE]
 
 `--cprofile FILE` runs the gateway under cProfile (its loop's thread; the figures are then the
 profiler's, not the gateway's) and writes the statistics to FILE.
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -73,13 +78,15 @@ class Client(RawClient):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.capabilities = FORM_ELICITATION
-        self.asked = 0
+        self.answered: list[str] = []
+        """The decision given to each consent question."""
 
     def answer(self, request: Mapping[str, Any]) -> None:
         if request["method"] != "elicitation/create":
             super().answer(request)
-        self.asked += 1
-        self._send({"jsonrpc": "2.0", "id": request["id"], "result": allow(request["params"])})
+        result = allow(request["params"])
+        self.answered.append(result["content"]["decision"])
+        self._send({"jsonrpc": "2.0", "id": request["id"], "result": result})
 
 
 def allow(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -375,8 +382,8 @@ def run(root: Path, children: list[subprocess.Popen[bytes]], args: argparse.Name
                 raise BenchError(f"{client.name} exited with {code}; its stderr ends with:\n{client.stderr_tail()}")
         print_figures(sides, args.calls, args.warmup, args.blocks)
         print()
-        asked = sum(client.asked for client in clients)
-        print(f"consent: {asked} questions, one per upstream and gateway, answered with a lasting Allow")
+        answered = Counter(decision for client in clients for decision in client.answered)
+        print(f"consent: {sum(answered.values())} questions, one per upstream and gateway, answered {dict(answered)}")
         for engine, home in homes.items():
             print(f"audit ({engine}): {check_trails(home, sides)}")
             home.engine.dispose()
