@@ -193,9 +193,9 @@ def prepare(root: Path, db_url: str | None = None) -> GatewayHome:
         "echo": {**echo, "workspace": "read_only"},
         "echo_w": {**echo, "workspace": "write"},
         "git": {**git_status, "workspace": "read_only"},
-        # git in the write upstream's copy refreshes the index at its first git_status, and the confined
-        # server's umask makes it 0600 when the sync brings it back, which the read_only server's uid then
-        # cannot read: git is told to make its files 0644, as the developer's own git does.
+        # git in the write upstream's copy refreshes the index at its first git_status and writes it 0600
+        # there; the sync brings it back with that mode (root's, 0600), which the read_only server's uid
+        # then cannot read: git is told to make its files 0644, as the developer's own git does.
         "git_w": {**git_status, "workspace": "write", "env": {**IDENTITY, **SHARED_0644}},
     }
     offered = ["echo__echo", "echo_w__echo", "git__git_status", "git_w__git_status"]
