@@ -2,11 +2,13 @@
 
 Nothing but the SDK: the lowlevel `Server` over the SDK's own `stdio_server`, one tool,
 no authentication, database or audit. Whatever the gateway adds per call is measured
-against this.
+against this. bench/upstream_cost.py also puts it behind the gateway as an upstream whose own
+time is about nil (`--tool NAME` names its one tool; it says it is read-only and closed world).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import anyio
@@ -16,9 +18,10 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 _TOOL = types.Tool(
-    name="run_pytest",
+    name=sys.argv[2] if sys.argv[1:2] == ["--tool"] else "run_pytest",
     description="Answers at once; runs nothing.",
     input_schema={"type": "object", "properties": {"test_path": {"type": "string"}}},
+    annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
 )
 
 

@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,8 @@ class RawClient:
         )
         children.append(self.process)
         self._next_id = 0
+        self.capabilities: dict[str, Any] = {}
+        """What `initialize` declares the client can do."""
 
     def _send(self, message: Mapping[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -136,8 +138,12 @@ class RawClient:
             if message.get("id") == request_id and "method" not in message:
                 return message, elapsed
             if "id" in message and "method" in message:
-                raise BenchError(f"{self.name} sent an unexpected request: {message['method']}")
+                self.answer(message)
             # a notification (e.g. a log message): not ours, keep reading
+
+    def answer(self, request: Mapping[str, Any]) -> None:
+        """A request from the server (none is expected here; bench/upstream_cost.py answers consent questions)."""
+        raise BenchError(f"{self.name} sent an unexpected request: {request['method']}")
 
     def stderr_tail(self, lines: int = 15) -> str:
         self._stderr.flush()
@@ -146,7 +152,7 @@ class RawClient:
     def initialize(self) -> None:
         params = {
             "protocolVersion": PROTOCOL_VERSION,
-            "capabilities": {},
+            "capabilities": self.capabilities,
             "clientInfo": {"name": "bench", "version": "1"},
         }
         response, _ = self.request("initialize", params)
@@ -334,8 +340,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.calls < 1 or args.warmup < 0 or args.blocks < 1:
         parser.error("--calls and --blocks must be at least 1, --warmup at least 0")
-    # A hung server would block readline forever: past the deadline its process is killed,
-    # so the read ends (EOF) and the run fails with a clear line instead of hanging.
+    try:
+        run_with_deadline("stdio_refusals", args.deadline, lambda children: _run_in_temp(children, args))
+    except BenchError:
+        return 1
+    return 0
+
+
+def _run_in_temp(children: list[subprocess.Popen[bytes]], args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-stdio-") as tmp:
+        run(Path(tmp), children, calls=args.calls, warmup=args.warmup, blocks=args.blocks)
+
+
+def run_with_deadline(name: str, deadline: float, body: Callable[[list[subprocess.Popen[bytes]]], None]) -> None:
+    """`body(children)`, its servers (appended to `children`) killed past `deadline` s; a BenchError is printed.
+
+    A hung server would block readline forever: past the deadline its process is killed, so the read
+    ends (EOF) and the run fails with a clear line instead of hanging.
+    """
     children: list[subprocess.Popen[bytes]] = []
     expired = threading.Event()
 
@@ -344,21 +366,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for child in children:
             child.kill()
 
-    timer = threading.Timer(args.deadline, kill_children)
+    timer = threading.Timer(deadline, kill_children)
     timer.daemon = True
     timer.start()
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-stdio-") as tmp:
-            run(Path(tmp), children, calls=args.calls, warmup=args.warmup, blocks=args.blocks)
+        body(children)
     except BenchError as exc:
-        if expired.is_set():
-            print(
-                f"stdio_refusals: not done after {args.deadline:.0f} s (--deadline); the servers were killed",
-                file=sys.stderr,
-            )
-        else:
-            print(f"stdio_refusals: {exc}", file=sys.stderr)
-        return 1
+        why = f"not done after {deadline:.0f} s (--deadline); the servers were killed" if expired.is_set() else exc
+        print(f"{name}: {why}", file=sys.stderr)
+        raise
     finally:
         timer.cancel()
     return 0

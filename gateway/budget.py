@@ -4,7 +4,9 @@ A write call reserves, before it runs, one attempt and its worst case: its whole
 limit (so concurrent calls cannot both take the last attempt, nor together start more run
 time than the window has). The reservation is one transaction that first locks the user's
 row, then reads the window, decides with the pure `evaluate`, and inserts the charge at
-the worst case. Every way out of the call then settles that row with a single UPDATE that
+the worst case. The window is read as its count and sum first (`has_room`): only when
+they leave no room are its charges read one by one, for `evaluate`'s refusal and its
+retry time, so a call's cost does not grow with the calls already in the window (decision 87). Every way out of the call then settles that row with a single UPDATE that
 sets it to the time actually spent (`spent_ms`: the run's duration, the time until it was
 stopped, 0 when nothing ran); an `input_required` round deletes it. A settlement the
 database refuses leaves the worst case charged: over-charging is the safe side.
@@ -17,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, delete, func, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, delete, func, select, update
 
 from gateway import db
 from gateway.clock import Clock
@@ -56,6 +58,11 @@ def spent_ms(run_ms: int | None, started_at: float | None, now: float) -> int:
     if started_at is not None:
         return max(0, int((now - started_at) * 1000))
     return 0
+
+
+def has_room(usage: Usage, limits: BudgetPolicy) -> bool:
+    """Whether one more attempt fits the window's `usage`: exactly when `evaluate` would not raise."""
+    return usage.attempts < limits.attempts_total and usage.elapsed_ms < limits.elapsed_ms_total
 
 
 def evaluate(charges: Sequence[Charge], limits: BudgetPolicy, now: float) -> None:
@@ -121,13 +128,8 @@ class BudgetLedger:
             # queued behind others is stamped after theirs, so no charge leaves the window before
             # those taken ahead of it, and retry_after_s is never past the window.
             now = self._clock.now()
-            rows = connection.execute(
-                select(db.budget_charges.c.ts, db.budget_charges.c.elapsed_ms).where(
-                    db.budget_charges.c.user_name == user,
-                    db.budget_charges.c.ts > now - limits.window_s,
-                )
-            ).all()
-            evaluate([Charge(float(r.ts), int(r.elapsed_ms)) for r in rows], limits, now)
+            if not has_room(_usage_on(connection, user, limits, now), limits):
+                evaluate(_charges_on(connection, user, limits, now), limits, now)  # raises, with its retry time
             return int(
                 connection.execute(
                     db.budget_charges.insert()
@@ -140,12 +142,8 @@ class BudgetLedger:
         """The same decision as `reserve`, without taking anything (for `policy explain`)."""
         now = self._clock.now()
         with self._read.connect() as connection:
-            rows = connection.execute(
-                select(db.budget_charges.c.ts, db.budget_charges.c.elapsed_ms).where(
-                    db.budget_charges.c.user_name == user, db.budget_charges.c.ts > now - limits.window_s
-                )
-            ).all()
-        evaluate([Charge(float(r.ts), int(r.elapsed_ms)) for r in rows], limits, now)
+            if not has_room(_usage_on(connection, user, limits, now), limits):
+                evaluate(_charges_on(connection, user, limits, now), limits, now)
 
     def release(self, charge_id: int) -> None:
         """Give back a reserved attempt that ran nothing and is to be retried (an `input_required` round)."""
@@ -193,9 +191,22 @@ class BudgetLedger:
     def usage(self, user: str, limits: BudgetPolicy) -> Usage:
         now = self._clock.now()
         with storage_errors("the budget could not be read", log=log), self._read.connect() as connection:
-            row = connection.execute(
-                select(func.count(), func.coalesce(func.sum(db.budget_charges.c.elapsed_ms), 0)).where(
-                    db.budget_charges.c.user_name == user, db.budget_charges.c.ts > now - limits.window_s
-                )
-            ).one()
-        return Usage(int(row[0]), int(row[1]))
+            return _usage_on(connection, user, limits, now)
+
+
+def _in_window(user: str, limits: BudgetPolicy, now: float) -> tuple[ColumnElement[bool], ...]:
+    return db.budget_charges.c.user_name == user, db.budget_charges.c.ts > now - limits.window_s
+
+
+def _usage_on(connection: Connection, user: str, limits: BudgetPolicy, now: float) -> Usage:
+    charges = db.budget_charges.c
+    row = connection.execute(
+        select(func.count(), func.coalesce(func.sum(charges.elapsed_ms), 0)).where(*_in_window(user, limits, now))
+    ).one()
+    return Usage(int(row[0]), int(row[1]))
+
+
+def _charges_on(connection: Connection, user: str, limits: BudgetPolicy, now: float) -> list[Charge]:
+    charges = db.budget_charges.c
+    rows = connection.execute(select(charges.ts, charges.elapsed_ms).where(*_in_window(user, limits, now))).all()
+    return [Charge(float(r.ts), int(r.elapsed_ms)) for r in rows]

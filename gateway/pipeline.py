@@ -773,8 +773,9 @@ class Pipeline:
             else await self._changes(admitted, trail, written, request, asker=asker, progress=progress)
         )
         # Reads the run's files (never raises on their content), off the event loop: a hostile 16 MiB
-        # junit.xml costs seconds of parsing, which other calls of this session need not wait for.
-        outcome = await anyio.to_thread.run_sync(run.read_outcome)
+        # junit.xml costs seconds of parsing, which other calls of this session need not wait for. An
+        # answer already in memory (an upstream's, under its cap) is shaped here, without the hop.
+        outcome = run.read_outcome() if run.outcome_in_memory else await anyio.to_thread.run_sync(run.read_outcome)
         if settled is not None:
             outcome = with_changes(outcome, settled[0], settled[1], run_id)
         finished = EventDraft(

@@ -73,6 +73,8 @@ def apply_changes(
     worker thread."""
     if changes.too_large is not None:
         return ApplyResult(False, "changes_too_large")
+    if not changes.changes:
+        return ApplyResult(True)  # nothing to place, so nothing to make durable: no syncfs (decision 87)
     guarded = tuple(
         change.path for change in changes.changes if is_protected_change(change, protected, git_data=git_data)
     )

@@ -26,6 +26,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 
@@ -154,9 +155,9 @@ class ConfinedServer:
                 changes = await anyio.to_thread.run_sync(read_changes, mount_fd, self._baseline, rules, workspace.fd)
             except OSError:
                 return Synced(ChangeSet((), ()), ApplyResult(False, "changes_unreadable"))
-            applied = await anyio.to_thread.run_sync(
-                lambda: apply_changes(workspace.fd, changes, protected=rules.protected, git_data=rules.git_data)
-            )
+            apply = partial(apply_changes, workspace.fd, changes, protected=rules.protected, git_data=rules.git_data)
+            # A call that changed nothing (most calls) has nothing to apply: no worker thread (decision 87).
+            applied = apply() if changes.is_empty else await anyio.to_thread.run_sync(apply)
             self._baseline = _rebased(self._baseline, changes, frozenset(applied.written))
             return Synced(changes, applied)
 

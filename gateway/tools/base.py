@@ -123,7 +123,14 @@ class ToolRun(Protocol):
         ...
 
     def read_outcome(self) -> ToolOutcome:
-        """The answer, from the run's files; never raises on their content. Runs on a worker thread."""
+        """The answer, from the run's files; never raises on their content. Runs on a worker thread, unless
+        `outcome_in_memory`."""
+        ...
+
+    @property
+    def outcome_in_memory(self) -> bool:
+        """Whether `read_outcome` only shapes an answer already in memory and checked against its cap (an
+        upstream's), so it runs on the event loop's thread without a worker thread's hop (decision 87)."""
         ...
 
     def finished_detail(self, outcome: ToolOutcome) -> Mapping[str, Any]:

@@ -137,6 +137,10 @@ class ConfinedRun:
     def stopped(self) -> bool:
         return self.result.killed_by is not None
 
+    @property
+    def outcome_in_memory(self) -> bool:
+        return False  # its answer is in files the run wrote: parsed on a worker thread
+
     def sandbox_detail(self) -> Mapping[str, Any]:
         return sandbox_summary(self.result)
 

@@ -12,6 +12,7 @@ call past its time (-32007), an answer over the cap (-32006 `output_limit`) or a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -20,7 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit import EventType
-from gateway.canonical import canonical_json, sha256_hex
+from gateway.canonical import canonical_json
 from gateway.consent.stage import DECLARATION_META_KEY
 from gateway.errors import (
     GatewayError,
@@ -138,9 +139,7 @@ class UpstreamTool:
             forwarded = await connection.call(
                 self.pinned.tool, request.arguments, timeout_s=request.timeout_s, on_progress=moved, relay=request.relay
             )
-        return UpstreamRun(
-            self.upstream, self.pinned.tool, request.run_id, request.run_dir, request.timeout_s, forwarded
-        )
+        return UpstreamRun.of(self.upstream, self.pinned.tool, request, forwarded)
 
 
 def result_document(result: types.CallToolResult) -> dict[str, Any]:
@@ -159,6 +158,17 @@ class UpstreamRun:
     run_dir: Path
     timeout_s: int
     forwarded: Forwarded
+    document: dict[str, Any] | None
+    """The result as passed on (`result_document`), None without one: made once per call (decision 87)."""
+    canonical: bytes
+    """The document's canonical JSON (empty without one): its size is checked, its sha256 recorded."""
+
+    @classmethod
+    def of(cls, upstream: Upstream, tool: str, request: ExecutionRequest, forwarded: Forwarded) -> UpstreamRun:
+        result = forwarded.result
+        document = None if result is None else result_document(result)
+        canonical = b"" if document is None else canonical_json(document).encode()
+        return cls(upstream, tool, request.run_id, request.run_dir, request.timeout_s, forwarded, document, canonical)
 
     @property
     def duration_ms(self) -> int:
@@ -172,13 +182,9 @@ class UpstreamRun:
     def stopped(self) -> bool:
         return self.forwarded.ended is not None
 
-    def _document(self) -> dict[str, Any] | None:
-        result = self.forwarded.result
-        return None if result is None else result_document(result)
-
-    def _size(self) -> int:
-        document = self._document()
-        return 0 if document is None else len(canonical_json(document).encode())
+    @property
+    def outcome_in_memory(self) -> bool:
+        return True  # the server's answer, held and its size checked (`refusal`) before it is read
 
     def _is_error(self) -> bool:
         result = self.forwarded.result
@@ -186,14 +192,13 @@ class UpstreamRun:
 
     def sandbox_detail(self) -> Mapping[str, Any]:
         """UPSTREAM_CALL's detail: how the call went, never what it said."""
-        document = self._document()
         return {
             "upstream": self.upstream.name,
             "tool": self.tool,
             "duration_ms": self.forwarded.duration_ms,
             "is_error": self._is_error(),
-            "result_sha256": None if document is None else sha256_hex(canonical_json(document)),
-            "result_bytes": self._size(),
+            "result_sha256": None if self.document is None else hashlib.sha256(self.canonical).hexdigest(),
+            "result_bytes": len(self.canonical),
             "ended": self.forwarded.ended or ("error" if self.forwarded.error else None),
             **self._changes(),
         }
@@ -214,7 +219,7 @@ class UpstreamRun:
                 f"upstream {name}'s call went past {self.timeout_s} s (upstreams.{name}.timeout_s): it was cancelled"
                 " and the server stopped; the next call starts it again",
             )
-        if ended == "output_limit" or self._size() > self.upstream.max_output_bytes:
+        if ended == "output_limit" or len(self.canonical) > self.upstream.max_output_bytes:
             return SandboxViolationError(
                 Reason.OUTPUT_LIMIT,
                 f"upstream {name}'s answer is over {self.upstream.max_output_bytes} bytes"
@@ -240,7 +245,7 @@ class UpstreamRun:
     def read_outcome(self) -> ToolOutcome:
         if self.forwarded.error is not None:  # the server answered with an error, not a result: passed on as one
             return ToolOutcome(self.forwarded.error, is_error=True)
-        document = self._document() or {}
+        document = self.document or {}
         content = tuple(document.get("content", ()))
         texts = [str(block.get("text", "")) for block in content if block.get("type") == "text"]
         structured = document.get("structuredContent")

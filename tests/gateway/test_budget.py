@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from gateway import db
-from gateway.budget import BudgetLedger, Charge, Usage, evaluate, reservation_ms, spent_ms
+from gateway.budget import BudgetLedger, Charge, Usage, evaluate, has_room, reservation_ms, spent_ms
 from gateway.clock import SystemClock
 from gateway.db import make_engine, migrate
 from gateway.errors import BudgetExceededError
@@ -120,6 +120,23 @@ def test_an_elapsed_refusal_says_what_to_do() -> None:
 
     message = caught.value.public_message()
     assert "retry after 70 s" in message and "shorter timeout_s" in message
+
+
+@pytest.mark.parametrize("limits", [LIMITS, ROOMY, BudgetPolicy(100, 0, 1000), BudgetPolicy(100, 3, 0)])
+@pytest.mark.parametrize("attempts", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("last_ms", [0, 998, 999, 1000, 1001])
+def test_has_room_is_exactly_when_evaluate_admits(limits: BudgetPolicy, attempts: int, last_ms: int) -> None:
+    """The ledger reads a window's charges one by one only when its count and sum leave no room (decision 87):
+    the two must never disagree, at every boundary of both limits."""
+    window = charges(*[(10.0 + age, 0) for age in range(attempts - 1)], *([(5.0, last_ms)] if attempts else []))
+    usage = Usage(len(window), sum(c.elapsed_ms for c in window))
+    try:
+        evaluate(window, limits, T0)
+    except BudgetExceededError:
+        admitted = False
+    else:
+        admitted = True
+    assert has_room(usage, limits) is admitted
 
 
 # --- reservations: the worst case first, the time spent after ---------------------------------

@@ -79,6 +79,10 @@ class EchoRun:
     def read_outcome(self) -> ToolOutcome:
         return ToolOutcome(self.said, {"said": self.said})
 
+    @property
+    def outcome_in_memory(self) -> bool:
+        return False  # read on a worker thread, as a sandboxed run's files are
+
     def finished_detail(self, outcome: ToolOutcome) -> Mapping[str, Any]:
         return {"characters": len(outcome.text)}
 
