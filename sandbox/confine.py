@@ -65,6 +65,9 @@ from sandbox.limits import BACKEND_LAYERS, LAYERS, Backend, Limits
 from sandbox.pinned import Pinned
 from sandbox.proxy_port import PROXY_PORT
 
+RUN_UMASK = 0o022
+"""The run's file mode creation mask (its files 0644, its folders 0755), whatever the gateway's is."""
+
 
 @dataclass(frozen=True, slots=True)
 class LayerReport:
@@ -338,6 +341,11 @@ class ChildPlan:
                 raise
 
     def preexec(self) -> None:
+        # The gateway's own umask (077, for its state) is not the run's: files a tool adds or rewrites
+        # (git's index, a generator's output) land in the workspace with the modes it gave them, and at
+        # 0600 a later run as another pool uid could not read them. 022 is the common default; group-
+        # and world-writable modes are refused by the change set whatever the run asks for.
+        os.umask(RUN_UMASK)
         if self._group is not None:
             self._group.join()
         if self._cwd_fd is not None:

@@ -120,6 +120,34 @@ def test_a_run_writes_its_copy_at_the_workspace_path_and_never_the_workspace(bac
         assert (ws.path / "keep/k.txt").read_text() == "k\n"
 
 
+REWRITE_AS_GIT_DOES = """
+import os, pathlib
+pathlib.Path("added.txt").write_text("new\\n")
+pathlib.Path("made").mkdir()
+with open("index.lock", "w") as lock:  # a new file renamed over the old one, as git writes its index
+    lock.write("rewritten\\n")
+os.rename("index.lock", "index")
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_what_a_run_adds_or_rewrites_gets_common_modes_whatever_the_gateways_umask(backend: Backend) -> None:
+    """The gateway runs with umask 077 for its state; a run's files must not land 0600 in the workspace,
+    where the next run, as another pool uid, could no longer read them."""
+    with project({"index": "old\n"}) as (folder, ws):
+        before = os.umask(0o077)
+        try:
+            result = run(folder, ws, REWRITE_AS_GIT_DOES, backend)
+        finally:
+            os.umask(before)
+        assert result.exit_code == 0, outcome(folder, result)
+        assert result.changes is not None and result.changes.refused == ()
+        modes = {c.path: c.mode_after for c in result.changes.changes}
+        assert modes == {"added.txt": 0o644, "made": 0o755, "index": 0o644}, modes
+        assert apply_changes(ws.fd, result.changes).applied
+        assert {name: stat.S_IMODE((ws.path / name).stat().st_mode) for name in modes} == modes
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_workspace_too_large_to_copy_runs_nothing_though_the_child_was_forked(backend: Backend) -> None:
     """As root the copy is filled while the child makes its namespaces (decision 82): a copy that fails
