@@ -25,6 +25,7 @@ SERIAL_GROUPS = {
     "tests/sandbox/test_userns.py": "uid-64072",
     "tests/e2e/test_doctor.py": "uid-64071",
     "tests/e2e/test_demo.py": "uid-64073",
+    "tests/e2e/test_upstream_matrix.py": "uid-64131",  # and its gateways are module-scoped: one worker builds each once
     "tests/e2e/test_console.py": "console",  # one Chromium and one console for the module (its screenshots too)
     "tests/e2e/test_fleet.py": "fleet",  # one fleet of 16 gateways per engine for the module: starting one is most of its time
     "tests/e2e/test_database_saturation.py": "saturation",  # 100 calls behind a held lock, timed: one engine at a time
