@@ -140,6 +140,14 @@ class Bench:
         retry = {**params, "inputResponses": {"consent": dict(answer)}, "requestState": first["result"]["requestState"]}
         return self.session.request("tools/call", retry, timeout=scaled(120))
 
+    def listed(self, token: str | None) -> set[str]:
+        """The tools tools/list shows the caller (`token`, or the environment token's user)."""
+        params: dict[str, Any] = {} if token is None else {"auth": {"token": token}}
+        if self.cell.era == MODERN:
+            params["_meta"] = modern_meta()
+        response = self.session.request("tools/list", params, timeout=scaled(120))
+        return {tool["name"] for tool in response["result"]["tools"]}
+
     @contextlib.contextmanager
     def caller(
         self,
@@ -313,6 +321,9 @@ def test_a_call_without_a_usable_identity_is_32001(bench: Bench) -> None:
 
 def test_a_role_without_the_upstreams_permission_is_32003(bench: Bench) -> None:
     with bench.caller(role="VIEWER") as caller:
+        listed = bench.listed(caller.token)
+        assert "run_pytest" not in listed and not [n for n in listed if "__" in n], listed
+        assert bench.servers() == [], "a listing for a caller who may call no upstream tool started a server"
         # The permission is the policy's: refused alike whether the server is not started yet or cannot start.
         for name in ("up__echo", "gone__echo"):
             response = bench.call(name, {"text": "viewer"}, caller.token, ALLOW)
@@ -351,6 +362,8 @@ def test_a_definition_changed_since_it_was_pinned_is_32004(bench: Bench) -> None
         response = bench.call("up__drift", {}, caller.token, ALLOW)
     error = refused(response, -32004, "tool_definition_changed")
     assert "mcp-gateway upstream accept up drift" in error["message"], error
+    listed = bench.listed(caller.token)
+    assert "up__drift" not in listed and {"up__echo", "up__seen"} <= listed, "withheld, and that tool alone"
     trail = bench.trail(response)
     assert [e["event_type"] for e in trail] == BEFORE, trail
     assert bench.seen() == [["drift", {}]], "the server saw the first call only"
@@ -403,7 +416,9 @@ def test_a_server_that_ends_during_the_call_is_32603_and_starts_again(bench: Ben
     with bench.caller() as caller:
         response = bench.call("up__crash", {}, caller.token, ALLOW)
         refused_after_the_call(bench, response, -32603, "upstream_unavailable", caller=caller, ended="unavailable")
-    assert "crashing on purpose" in response["error"]["message"], "the server ran the call: its last words"
+    message = response["error"]["message"]
+    assert "crashing on purpose" in message, "the server ran the call: its last words"
+    assert "exit 3" in message and "fix:" in message, message
     assert bench.seen() == [], "a new server"
     (after,) = bench.servers()
     assert after.pid != before.pid
