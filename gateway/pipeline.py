@@ -24,8 +24,8 @@ its events are committed. If an audit event cannot be committed the call
 fails closed with -32603 and nothing (more) runs. Database work runs on worker threads
 (gateway/db/threads.py): consecutive steps (every stage that does not wait for a person or a
 run) in one hop, with the refusal's events when one of them refuses (`ROUTES`, decision 63). An
-upstream server's tool takes one hop more, first: stages 2-4 as far as the policy alone decides them
-(`_before_server`), so that a call they refuse starts no server and waits for none. The
+upstream server's tool takes one hop more, first: stages 2-4 as far as the policy alone decides them,
+and 7 (`_before_server`), so that a call they refuse starts no server and waits for none. The
 call's events and card are its `CallTrail` (gateway/call_trail.py). A declared `write` or `review`
 tool's run leaves a change set: after SANDBOX_EXEC it is refused (over a cap), applied (`write`),
 or put to a person first (`review`), and recorded as WORKSPACE_CHANGES before the terminal event
@@ -478,7 +478,8 @@ class Pipeline:
     def _before_server(self, call: _Call, permission: Permission) -> None:
         """On a database thread, for an upstream's tool before its server is started or waited for: stages 2-4 as
         far as the policy alone decides them (the token, the upstream's permission, the allowlist, the served
-        workspace). A call they refuse is refused as the whole stages would refuse it, and starts no server nor
+        workspace), and stage 7 (the sandbox on, and able to keep what the policy requires). A call they
+        refuse is refused as the whole stages would refuse it, nothing charged, and starts no server nor
         waits for one; a call they pass goes through every stage once the server is up (a token revoked
         meanwhile is refused then)."""
         with self._refusal_logged(call.trail):
@@ -488,6 +489,8 @@ class Pipeline:
             require_permission(self.s.policy.roles, principal.role, permission)
             call.trail.stage = "policy"
             check_upstream_admissible(self.s.policy, call.tool_name, caller_of(principal))
+            call.trail.stage = "sandbox"  # the server runs confined or not at all: never started without it
+            self._sandbox_ready(None)
 
     def _authenticate(self, call: _Call, _: None) -> Principal:
         call.trail.principal = self.s.authenticator.authenticate(call.token)
@@ -545,7 +548,7 @@ class Pipeline:
         self.s.budget.check(admitted.principal.name, self.s.policy.budget)
         return ""
 
-    def _sandbox_ready(self, _: Admitted) -> None:
+    def _sandbox_ready(self, _: Admitted | None) -> None:
         sandbox = self.s.policy.sandbox
         missing = self.s.host.missing(sandbox.backend, sandbox.required)
         check_sandbox_ready(sandbox.enabled, missing, self.s.host, sandbox.backend)

@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -454,3 +454,24 @@ def test_a_program_changed_since_load_is_32004(bench: Bench) -> None:
     # The server cannot be asked what it saw (every tool of it is refused now): it is the same process,
     # and nothing of the call is in the trail past its refusal.
     assert [p.pid for p in bench.servers()] == [server.pid]
+
+
+# --- a policy whose sandbox cannot confine a server -------------------------------------------------
+
+
+def test_with_the_sandbox_off_no_server_starts_and_a_call_is_32006(
+    make_gateway: Callable[..., GatewayHome], open_session: Callable[..., StdioSession]
+) -> None:
+    """A server is someone else's code: it runs confined or not at all. Not a cell: a policy of its own."""
+    gateway = make_gateway({**POLICY, "auth": {"env_token": True}, "sandbox": {**POLICY["sandbox"], "enabled": False}})
+    install_server(gateway)
+    gateway.add_user(ENV_USER, "USER")
+    session = open_session(gateway, env={"MCP_GATEWAY_TOKEN": gateway.token(ENV_USER)})
+    bench = Bench(Cell(LEGACY, "env", "root"), gateway, session, UserStore(gateway.engine, SystemClock()))
+
+    assert not [name for name in bench.listed(None) if "__" in name], "listed without any server"
+    for token in (gateway.token(ENV_USER), None):  # params.auth, then the environment token
+        for name in ("up__echo", "gone__echo"):
+            response = bench.call(name, {"text": "off"}, token, ALLOW)
+            refused_before_the_call(bench, response, -32006, "sandbox_disabled", caller=Caller(ENV_USER, token))
+    assert bench.asked == []
