@@ -75,8 +75,9 @@ from gateway.errors import (
     StorageUnavailableError,
 )
 from gateway.preflight import check_run_paths
+from gateway.programs import check_program_unchanged
 from gateway.progress import NO_PROGRESS, CallProgress
-from gateway.rbac import ADMIN_ROLE, Permission, require_permission
+from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord, RunStatus, artifact_errors
 from gateway.scope import (
     Caller,
@@ -100,6 +101,7 @@ from gateway.tools.changes import (
 )
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
+from gateway.upstream_policy import Upstream
 from gateway.upstreams.servers import Catalogue, not_offered
 from sandbox import RUN_GRACE_S
 from sandbox.change_set import ChangeSet
@@ -402,7 +404,7 @@ class Pipeline:
             tools = self.s.tools
             upstream = tools.servers.upstream_of(call.tool_name) if isinstance(tools, Catalogue) else None
             if isinstance(tools, Catalogue) and upstream is not None:
-                await in_db_thread(self._before_server, call, upstream.permission)
+                await in_db_thread(self._before_server, call, upstream)
                 await tools.servers.prepare(call.tool_name)
             decided = await in_db_thread(self._admitted, call)
             if isinstance(decided, ToolOutcome):
@@ -475,10 +477,10 @@ class Pipeline:
             trail.refusal_logged = True
             raise
 
-    def _before_server(self, call: _Call, permission: Permission) -> None:
+    def _before_server(self, call: _Call, upstream: Upstream) -> None:
         """On a database thread, for an upstream's tool before its server is started or waited for: stages 2-4 as
         far as the policy alone decides them (the token, the upstream's permission, the allowlist, the served
-        workspace), and stage 7 (the sandbox on, and able to keep what the policy requires). A call they
+        workspace, its program still the one pinned), and stage 7 (the sandbox on, and able to keep what the policy requires). A call they
         refuse is refused as the whole stages would refuse it, nothing charged, and starts no server nor
         waits for one; a call they pass goes through every stage once the server is up (a token revoked
         meanwhile is refused then)."""
@@ -486,9 +488,10 @@ class Pipeline:
             call.trail.stage = AUTHENTICATE.name
             principal = self._authenticate(call, None)
             call.trail.stage = "authorize"
-            require_permission(self.s.policy.roles, principal.role, permission)
+            require_permission(self.s.policy.roles, principal.role, upstream.permission)
             call.trail.stage = "policy"
             check_upstream_admissible(self.s.policy, call.tool_name, caller_of(principal))
+            check_program_unchanged(upstream.program, f"upstreams.{upstream.name}")
             call.trail.stage = "sandbox"  # the server runs confined or not at all: never started without it
             self._sandbox_ready(None)
 

@@ -475,3 +475,28 @@ def test_with_the_sandbox_off_no_server_starts_and_a_call_is_32006(
             response = bench.call(name, {"text": "off"}, token, ALLOW)
             refused_before_the_call(bench, response, -32006, "sandbox_disabled", caller=Caller(ENV_USER, token))
     assert bench.asked == []
+
+
+def test_a_program_changed_before_its_server_started_never_runs(
+    make_gateway: Callable[..., GatewayHome], open_session: Callable[..., StdioSession]
+) -> None:
+    """A file put in the pinned program's place after load is not started: not by a listing anyone may ask
+    for, not by a call (refused -32004 before any server is asked for). Each cell changes it once its
+    server runs (the last case); this gateway, before."""
+    gateway = make_gateway(POLICY)
+    install_server(gateway)
+    gateway.add_user(ENV_USER, "USER")
+    session = open_session(gateway, capabilities=FORM_ELICITATION)
+    bench = Bench(Cell(LEGACY, "params", "root"), gateway, session, UserStore(gateway.engine, SystemClock()))
+    program = gateway.policy_path.parent / "bin" / "upstream"
+    program.write_text(program.read_text() + "# another program now\n")
+
+    assert not [name for name in bench.listed(None) if name.startswith("up__")], "listed from a changed program"
+    assert bench.servers() == []
+    caller = Caller(ENV_USER, gateway.token(ENV_USER))
+    response = bench.call("up__echo", {"text": "changed"}, caller.token, ALLOW)
+    assert str(program) in refused(response, -32004, "program_changed")["message"]
+    refused_before_the_call(bench, response, -32004, "program_changed", caller=caller)
+    assert bench.asked == []
+    session.close()
+    assert "its server is not started: step program: upstreams.up's program changed" in session.stderr_text()
