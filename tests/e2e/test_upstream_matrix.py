@@ -64,7 +64,8 @@ AFTER = ["MCP_TOOL_CALL", "mcp.permission.decision", "TOOL_STARTED", "UPSTREAM_C
 POLICY: dict[str, Any] = {
     "tools": {
         "allowlist": [
-            "run_pytest", "up__echo", "up__sleep", "up__crash", "up__big", "up__drift", "up__seen", "gone__echo",
+            "run_pytest", "up__echo", "up__env_digest", "up__sleep", "up__crash", "up__big", "up__drift", "up__seen",
+            "gone__echo",
         ],
     },
     "budget": {"attempts_total": 10_000, "elapsed_ms_total": 100_000_000},
@@ -73,7 +74,7 @@ POLICY: dict[str, Any] = {
         "up": {
             "command": ["bin/upstream"],
             "trust": "untrusted",
-            "tools": ["echo", "note", "sleep", "crash", "big", "drift", "seen"],  # `note` offered, not allowlisted
+            "tools": ["echo", "note", "env_digest", "sleep", "crash", "big", "drift", "seen"],  # `note`: not allowlisted
             "timeout_s": TIMEOUT_S,
             "max_output_bytes": CAP,
         },
@@ -355,6 +356,14 @@ def test_a_call_allowed_reaches_the_server_and_is_audited(bench: Bench) -> None:
     assert bench.seen() == [["echo", {"text": "hello"}]]
 
 
+def test_the_server_never_sees_the_gateways_token(bench: Bench) -> None:
+    """In the environment token's cells the gateway has MCP_GATEWAY_TOKEN: its server never does."""
+    with bench.caller() as caller:
+        response = bench.call("up__env_digest", {"name": "MCP_GATEWAY_TOKEN"}, caller.token, ALLOW)
+    assert response["result"]["content"][0]["text"] == "absent", response
+    assert bench.seen() == [["env_digest", {"name": "MCP_GATEWAY_TOKEN"}]]
+
+
 def test_a_definition_changed_since_it_was_pinned_is_32004(bench: Bench) -> None:
     with bench.caller() as caller:
         drifted = bench.call("up__drift", {}, caller.token, ALLOW)
@@ -393,6 +402,17 @@ def test_a_person_who_denies_is_32008(bench: Bench) -> None:
     assert bench.asked[-1] == "up__echo"
     trail = refused_before_the_call(bench, response, -32008, "consent_denied", caller=caller, asked=True)
     assert trail[1]["detail"]["decision"] == "DENY_ONCE"
+    if bench.cell.era == MODERN:  # an answer that belongs to no question asked: nothing is allowed by it
+        forged = {"name": "up__echo", "arguments": {"text": "forged"}, "_meta": modern_meta()}
+        forged |= {"inputResponses": {"consent": ALLOW}, "requestState": "0" * 32}
+        with bench.caller() as caller:
+            if caller.token is not None:
+                forged["auth"] = {"token": caller.token}
+            response = bench.session.request("tools/call", forged, timeout=scaled(120))
+        refused(response, -32008, "consent_state_invalid")
+        kinds = [e["event_type"] for e in bench.trail(response)]
+        assert kinds[0] == "MCP_TOOL_CALL" and kinds[-1] == "POLICY_BLOCKED" and "TOOL_STARTED" not in kinds, kinds
+        assert bench.seen() == []
 
 
 def test_an_answer_over_the_cap_is_32006_and_the_server_goes_on(bench: Bench) -> None:
@@ -500,3 +520,23 @@ def test_a_program_changed_before_its_server_started_never_runs(
     assert bench.asked == []
     session.close()
     assert "its server is not started: step program: upstreams.up's program changed" in session.stderr_text()
+
+
+def test_a_database_out_of_reach_is_32603_and_starts_no_server(
+    make_gateway: Callable[..., GatewayHome], open_session: Callable[..., StdioSession]
+) -> None:
+    """The -32603 reasons of the gateway's own storage, for an upstream's tool: nothing is started or sent."""
+    gateway = make_gateway(POLICY)
+    install_server(gateway)
+    gateway.add_user(ENV_USER, "USER")
+    missing = gateway.root / "no-such-folder" / "gateway.db"
+    session = open_session(gateway, capabilities=FORM_ELICITATION, db_url=f"sqlite:///{missing}")
+    bench = Bench(Cell(LEGACY, "params", "root"), gateway, session, UserStore(gateway.engine, SystemClock()))
+
+    for name in ("up__echo", "gone__echo"):
+        response = bench.call(name, {"text": "x"}, gateway.token(ENV_USER), ALLOW)
+        assert response["error"]["code"] == -32603, response
+        assert response["error"]["data"]["reason"] in ("audit_unavailable", "database_unavailable"), response
+    assert bench.servers() == [] and bench.asked == []
+    assert not missing.exists()
+    assert "result" in session.request("ping"), "the gateway goes on answering"
