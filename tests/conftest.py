@@ -25,7 +25,6 @@ SERIAL_GROUPS = {
     "tests/sandbox/test_userns.py": "uid-64072",
     "tests/e2e/test_doctor.py": "uid-64071",
     "tests/e2e/test_demo.py": "uid-64073",
-    "tests/e2e/test_upstream_matrix.py": "uid-64131",  # and its gateways are module-scoped: one worker builds each once
     "tests/e2e/test_console.py": "console",  # one Chromium and one console for the module (its screenshots too)
     "tests/e2e/test_fleet.py": "fleet",  # one fleet of 16 gateways per engine for the module: starting one is most of its time
     "tests/e2e/test_database_saturation.py": "saturation",  # 100 calls behind a held lock, timed: one engine at a time
@@ -37,8 +36,16 @@ temp folders, a SQLite file or a PostgreSQL database (`db_url`), a run uid held 
 (sandbox/backends/identity.py)."""
 
 
+CELL_GROUPS = ("tests/e2e/test_upstream_matrix.py",)
+"""Modules of one module-scoped fixture per parameter (a gateway per cell of a matrix): the tests of one
+parameter are a unit, built once on the worker that takes it, while the cells run side by side."""
+
+
 def serial_group(nodeid: str) -> str:
-    """The unit of work a test belongs to: its group, or the test alone."""
+    """The unit of work a test belongs to: its group, its module's cell, or the test alone."""
+    for module in CELL_GROUPS:
+        if nodeid.startswith(module + "::") and nodeid.endswith("]"):
+            return module + nodeid[nodeid.rindex("[") :]
     return next((group for prefix, group in SERIAL_GROUPS.items() if nodeid.startswith(prefix)), nodeid)
 
 

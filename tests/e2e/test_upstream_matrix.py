@@ -2,11 +2,12 @@
 environment token, as root and as an ordinary user (docs/upstreams.md, docs/error-codes.md).
 
 One gateway and one session per (era, token, who): `serve` and its upstream server start once per cell of
-the matrix, and every case below runs against each cell in turn (the module is one serial group: its
-cells are module-scoped). A case asserts the code and `data.reason`, the call's audit trail (its entry and
-terminal event; `UPSTREAM_CALL` only for a refusal after the call reached the server), whether a person
-was asked, and whether the server saw the call: the test server (tests/upstreams/server.py) keeps every
-call it received, and its `seen` tool hands them over (and forgets them).
+the matrix, and every case below runs against each cell in turn (each cell is a unit of the parallel
+suite: tests/conftest.py `CELL_GROUPS`). A case asserts the code and `data.reason`, the call's audit
+trail (its entry and terminal event; `UPSTREAM_CALL` only for a refusal after the call reached the
+server), whether a person was asked, and whether the server saw the call: the test server
+(tests/upstreams/server.py) keeps every call it received, and its `seen` tool hands them over (and
+forgets them). Before the first call the policy admits, no server may run at all.
 
 The cells differ in how a call is made, not in what it is refused for:
 - era: 2025-11-25 (`initialize`, consent by `elicitation/create`) or 2026-07-28 (the `_meta` envelope on
@@ -15,7 +16,7 @@ The cells differ in how a call is made, not in what it is refused for:
   MCP_GATEWAY_TOKEN under `auth.env_token` (one user for the whole cell: what a case needs of the user, a
   role, a workspace, a spent budget, a disabled account, is set in the database for the case and put
   back after it; the gateway reads it at every call, as `user set-role` relies on);
-- who: `serve` as root (each server its pool uid), or as the ordinary `MATRIX_UID` (a user namespace).
+- who: `serve` as root (each server its pool uid), or as an ordinary uid (`MATRIX_UIDS`: a user namespace).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import itertools
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -45,12 +48,13 @@ from tests.harness import (
     MODERN,
     GatewayHome,
     StdioSession,
+    enterable_by_everyone,
     modern_meta,
 )
-from tests.rootless.conftest import user_folder
 
-MATRIX_UID = 64131
-"""The ordinary uid of the rootless cells: no account, not a pool uid, not another module's."""
+MATRIX_UIDS = {(LEGACY, "params"): 64131, (LEGACY, "env"): 64132, (MODERN, "params"): 64133, (MODERN, "env"): 64134}
+"""The ordinary uid of each rootless cell: no account, not a pool uid, not another module's, nor another
+cell's (the cells may run side by side: tests/conftest.py `CELL_GROUPS`)."""
 TIMEOUT_S = 2
 """`upstreams.up.timeout_s`: the timeout case waits this long; every other call of the test server takes ms."""
 CAP = 50_000
@@ -228,8 +232,10 @@ def run_id_of(response: dict[str, Any]) -> str:
 @pytest.fixture(scope="module", params=CELLS, ids=str)
 def bench(request: pytest.FixtureRequest) -> Iterator[Bench]:
     cell: Cell = request.param
-    root = user_folder(f"mcp-matrix-{cell}-")
-    run_as = MATRIX_UID if cell.who == "rootless" else None
+    run_as = MATRIX_UIDS[cell.era, cell.token] if cell.who == "rootless" else None
+    # Outside pytest's temp folder, which pytest makes 0700 again at each session start (tests/harness.py).
+    root = Path(tempfile.mkdtemp(prefix=f"mcp-matrix-{cell}-"))
+    enterable_by_everyone(root)
     policy: dict[str, Any] = {**POLICY, "auth": {"env_token": cell.token == "env"}}
     if run_as is not None:
         policy["sandbox"] = {**POLICY["sandbox"], "backend": "native"}
@@ -242,8 +248,7 @@ def bench(request: pytest.FixtureRequest) -> Iterator[Bench]:
             env["MCP_GATEWAY_TOKEN"] = gateway.token(ENV_USER, ttl_s=3600)
         if run_as is not None:
             gateway.hand_to(run_as)
-            if root.stat().st_uid != run_as:
-                os.chown(root, run_as, run_as)
+            os.chown(root, run_as, run_as)
         session = StdioSession(gateway, env=env, run_as=run_as)
         try:
             if cell.era == LEGACY:
