@@ -25,7 +25,8 @@ fails closed with -32603 and nothing (more) runs. Database work runs on worker t
 (gateway/db/threads.py): consecutive steps (every stage that does not wait for a person or a
 run) in one hop, with the refusal's events when one of them refuses (`ROUTES`, decision 63). An
 upstream server's tool takes one hop more, first: stages 2-4 as far as the policy alone decides them,
-and 7 (`_before_server`), so that a call they refuse starts no server and waits for none. The
+the budget's room and stage 7 (`_before_server`), so that a call they refuse starts no server and
+waits for none. The
 call's events and card are its `CallTrail` (gateway/call_trail.py). A declared `write` or `review`
 tool's run leaves a change set: after SANDBOX_EXEC it is refused (over a cap), applied (`write`),
 or put to a person first (`review`), and recorded as WORKSPACE_CHANGES before the terminal event
@@ -480,10 +481,10 @@ class Pipeline:
     def _before_server(self, call: _Call, upstream: Upstream) -> None:
         """On a database thread, for an upstream's tool before its server is started or waited for: stages 2-4 as
         far as the policy alone decides them (the token, the upstream's permission, the allowlist, the served
-        workspace, its program still the one pinned), and stage 7 (the sandbox on, and able to keep what the policy requires). A call they
-        refuse is refused as the whole stages would refuse it, nothing charged, and starts no server nor
-        waits for one; a call they pass goes through every stage once the server is up (a token revoked
-        meanwhile is refused then)."""
+        workspace, its program still the one pinned), the budget's room (read, not taken) and stage 7 (the
+        sandbox on, and able to keep what the policy requires). A call they refuse is refused as the whole
+        stages would refuse it, nothing charged, and starts no server nor waits for one; a call they pass
+        goes through every stage once the server is up (a token revoked meanwhile is refused then)."""
         with self._refusal_logged(call.trail):
             call.trail.stage = AUTHENTICATE.name
             principal = self._authenticate(call, None)
@@ -492,6 +493,8 @@ class Pipeline:
             call.trail.stage = "policy"
             check_upstream_admissible(self.s.policy, call.tool_name, caller_of(principal))
             check_program_unchanged(upstream.program, f"upstreams.{upstream.name}")
+            call.trail.stage = "budget"  # read only: the attempt is taken at stage 6, once the server is up
+            self.s.budget.check(principal.name, self.s.policy.budget)
             call.trail.stage = "sandbox"  # the server runs confined or not at all: never started without it
             self._sandbox_ready(None)
 

@@ -350,6 +350,13 @@ def test_a_caller_without_the_served_workspace_is_32004(bench: Bench) -> None:
             refused_before_the_call(bench, response, -32004, "workspace_not_allowed", caller=caller)
 
 
+def test_a_spent_budget_is_32005(bench: Bench) -> None:
+    with bench.caller(spent=True) as caller:
+        response = bench.call("up__echo", {"text": "spent"}, caller.token, ALLOW)
+    refused_before_the_call(bench, response, -32005, "elapsed_exhausted", caller=caller)
+    assert response["error"]["data"]["retry_after_s"] >= 1
+
+
 def test_a_call_allowed_reaches_the_server_and_is_audited(bench: Bench) -> None:
     assert bench.servers() == [], "no server before the first call the policy admits"
     bench.started = True
@@ -392,13 +399,6 @@ def test_arguments_off_the_schema_and_unknown_tools_are_32602(bench: Bench) -> N
         ):
             response = bench.call(name, arguments, caller.token, ALLOW)
             refused_before_the_call(bench, response, -32602, reason, caller=caller)
-
-
-def test_a_spent_budget_is_32005(bench: Bench) -> None:
-    with bench.caller(spent=True) as caller:
-        response = bench.call("up__echo", {"text": "spent"}, caller.token, ALLOW)
-    refused_before_the_call(bench, response, -32005, "elapsed_exhausted", caller=caller)
-    assert response["error"]["data"]["retry_after_s"] >= 1
 
 
 def test_a_person_who_denies_is_32008(bench: Bench) -> None:
