@@ -40,6 +40,7 @@ from sqlalchemy import delete, insert, select, update
 from gateway import db
 from gateway.clock import SystemClock
 from gateway.users import UserStore
+from sandbox.guarantees import Guarantee
 from tests.deadlines import scaled
 from tests.e2e.test_upstreams import install_server, servers_of
 from tests.harness import (
@@ -229,16 +230,14 @@ def run_id_of(response: dict[str, Any]) -> str:
     return str(response["result"]["_meta"]["mcp-write-gateway/run_id"])
 
 
-@pytest.fixture(scope="module", params=CELLS, ids=str)
-def bench(request: pytest.FixtureRequest) -> Iterator[Bench]:
-    cell: Cell = request.param
-    run_as = MATRIX_UIDS[cell.era, cell.token] if cell.who == "rootless" else None
+@contextlib.contextmanager
+def cell_gateway(cell: Cell, run_as: int | None, sandbox: Mapping[str, Any] | None = None) -> Iterator[Bench]:
+    """`serve` for `cell` (as `run_as`, an ordinary uid, when given) on POLICY and `sandbox` over its sandbox."""
     # Outside pytest's temp folder, which pytest makes 0700 again at each session start (tests/harness.py).
     root = Path(tempfile.mkdtemp(prefix=f"mcp-matrix-{cell}-"))
     enterable_by_everyone(root)
     policy: dict[str, Any] = {**POLICY, "auth": {"env_token": cell.token == "env"}}
-    if run_as is not None:
-        policy["sandbox"] = {**POLICY["sandbox"], "backend": "native"}
+    policy["sandbox"] = {**POLICY["sandbox"], **({} if run_as is None else {"backend": "native"}), **(sandbox or {})}
     gateway = GatewayHome(root, policy)
     try:
         install_server(gateway)
@@ -260,6 +259,13 @@ def bench(request: pytest.FixtureRequest) -> Iterator[Bench]:
     finally:
         gateway.engine.dispose()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=CELLS, ids=str)
+def bench(request: pytest.FixtureRequest) -> Iterator[Bench]:
+    cell: Cell = request.param
+    with cell_gateway(cell, MATRIX_UIDS[cell.era, cell.token] if cell.who == "rootless" else None) as bench:
+        yield bench
 
 
 # --- what every case asserts ------------------------------------------------------------------------
@@ -545,3 +551,19 @@ def test_a_database_out_of_reach_is_32603_and_starts_no_server(
     assert bench.servers() == [] and bench.asked == []
     assert not missing.exists()
     assert "result" in session.request("ping"), "the gateway goes on answering"
+
+
+LAYER_UID = 64135
+"""The ordinary uid of the test below (not a cell's: it may run beside them)."""
+
+
+def test_a_guarantee_the_host_cannot_keep_is_32006_and_starts_no_server() -> None:
+    """As an ordinary user no cgroup keeps a memory total on this host (tests/rootless/): a policy that
+    requires every guarantee refuses the call at stage 7, as run_pytest's, and no server is started."""
+    required = {"require": [guarantee.value for guarantee in Guarantee]}
+    with cell_gateway(Cell(LEGACY, "params", "rootless"), LAYER_UID, required) as bench:
+        caller = Caller(ENV_USER, bench.gateway.token(ENV_USER))
+        response = bench.call("up__echo", {"text": "x"}, caller.token, ALLOW)
+        assert "memory_total" in refused(response, -32006, "sandbox_layer_missing")["message"]
+        refused_before_the_call(bench, response, -32006, "sandbox_layer_missing", caller=caller)
+        assert bench.asked == []
