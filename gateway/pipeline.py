@@ -23,7 +23,10 @@ runs, and on its own before a tool (read or write) does anything; no answer leav
 its events are committed. If an audit event cannot be committed the call
 fails closed with -32603 and nothing (more) runs. Database work runs on worker threads
 (gateway/db/threads.py): consecutive steps (every stage that does not wait for a person or a
-run) in one hop, with the refusal's events when one of them refuses (`ROUTES`, decision 63). The
+run) in one hop, with the refusal's events when one of them refuses (`ROUTES`, decision 63). An
+upstream server's tool takes one hop more, first: stages 2-4 as far as the policy alone decides them,
+the budget's room and stage 7 (`_before_server`), so that a call they refuse starts no server and
+waits for none. The
 call's events and card are its `CallTrail` (gateway/call_trail.py). A declared `write` or `review`
 tool's run leaves a change set: after SANDBOX_EXEC it is refused (over a cap), applied (`write`),
 or put to a person first (`review`), and recorded as WORKSPACE_CHANGES before the terminal event
@@ -73,10 +76,18 @@ from gateway.errors import (
     StorageUnavailableError,
 )
 from gateway.preflight import check_run_paths
+from gateway.programs import check_program_unchanged
 from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord, RunStatus, artifact_errors
-from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
+from gateway.scope import (
+    Caller,
+    CallScope,
+    check_arguments,
+    check_call,
+    check_pins_intact,
+    check_upstream_admissible,
+)
 from gateway.services import Services
 from gateway.start_failures import describe_start_failure, describe_view_failure, start_step
 from gateway.tools.base import ExecutionRequest, Governance, Relay, ToolSpec, Written
@@ -91,6 +102,7 @@ from gateway.tools.changes import (
 )
 from gateway.tools.outcome import ToolOutcome
 from gateway.tools.registry import TOOLS
+from gateway.upstream_policy import Upstream
 from gateway.upstreams.servers import Catalogue, not_offered
 from sandbox import RUN_GRACE_S
 from sandbox.change_set import ChangeSet
@@ -389,8 +401,12 @@ class Pipeline:
                 raise InvalidParamsError(
                     Reason.UNHASHABLE_ARGUMENTS, "arguments must be JSON text (no NaN, no lone surrogates)"
                 )
-            if isinstance(self.s.tools, Catalogue):  # an upstream's tool: its server started and listed first
-                await self.s.tools.servers.prepare(call.tool_name)
+            # An upstream's tool: its server started and listed first, for a caller the policy admits.
+            tools = self.s.tools
+            upstream = tools.servers.upstream_of(call.tool_name) if isinstance(tools, Catalogue) else None
+            if isinstance(tools, Catalogue) and upstream is not None:
+                await in_db_thread(self._before_server, call, upstream)
+                await tools.servers.prepare(call.tool_name)
             decided = await in_db_thread(self._admitted, call)
             if isinstance(decided, ToolOutcome):
                 return decided  # a read tool: its whole call was that hop
@@ -462,6 +478,26 @@ class Pipeline:
             trail.refusal_logged = True
             raise
 
+    def _before_server(self, call: _Call, upstream: Upstream) -> None:
+        """On a database thread, for an upstream's tool before its server is started or waited for: stages 2-4 as
+        far as the policy alone decides them (the token, the upstream's permission, the allowlist, the served
+        workspace, its program still the one pinned), the budget's room (read, not taken) and stage 7 (the
+        sandbox on, and able to keep what the policy requires). A call they refuse is refused as the whole
+        stages would refuse it, nothing charged, and starts no server nor waits for one; a call they pass
+        goes through every stage once the server is up (a token revoked meanwhile is refused then)."""
+        with self._refusal_logged(call.trail):
+            call.trail.stage = AUTHENTICATE.name
+            principal = self._authenticate(call, None)
+            call.trail.stage = "authorize"
+            require_permission(self.s.policy.roles, principal.role, upstream.permission)
+            call.trail.stage = "policy"
+            check_upstream_admissible(self.s.policy, call.tool_name, caller_of(principal))
+            check_program_unchanged(upstream.program, f"upstreams.{upstream.name}")
+            call.trail.stage = "budget"  # read only: the attempt is taken at stage 6, once the server is up
+            self.s.budget.check(principal.name, self.s.policy.budget)
+            call.trail.stage = "sandbox"  # the server runs confined or not at all: never started without it
+            self._sandbox_ready(None)
+
     def _authenticate(self, call: _Call, _: None) -> Principal:
         call.trail.principal = self.s.authenticator.authenticate(call.token)
         return call.trail.principal
@@ -518,7 +554,7 @@ class Pipeline:
         self.s.budget.check(admitted.principal.name, self.s.policy.budget)
         return ""
 
-    def _sandbox_ready(self, _: Admitted) -> None:
+    def _sandbox_ready(self, _: Admitted | None) -> None:
         sandbox = self.s.policy.sandbox
         missing = self.s.host.missing(sandbox.backend, sandbox.required)
         check_sandbox_ready(sandbox.enabled, missing, self.s.host, sandbox.backend)

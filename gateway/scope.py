@@ -71,10 +71,7 @@ def check_call(
     caller: Caller,
     resolve: Callable[[Path], Path] = Path.resolve,
 ) -> CallScope:
-    if not policy.allowlist:
-        raise PolicyBlockedError(Reason.ALLOWLIST_EMPTY, "the policy's tools.allowlist is empty")
-    if spec.name not in policy.allowlist:
-        raise PolicyBlockedError(Reason.TOOL_NOT_ALLOWLISTED, f"{spec.name} is not in the policy's allowlist")
+    check_allowlisted(policy, spec.name)
     if spec.origin is not None:
         return upstream_scope(policy, spec, caller)
     timeout_s = spec.max_timeout_s or policy.sandbox.timeout_s
@@ -106,6 +103,20 @@ def check_call(
     if spec.check_ready is not None:
         spec.check_ready()
     return CallScope(workspace, root, (workspace,), timeout_s, pinned_root, pinned_paths)
+
+
+def check_allowlisted(policy: Policy, name: str) -> None:
+    if not policy.allowlist:
+        raise PolicyBlockedError(Reason.ALLOWLIST_EMPTY, "the policy's tools.allowlist is empty")
+    if name not in policy.allowlist:
+        raise PolicyBlockedError(Reason.TOOL_NOT_ALLOWLISTED, f"{name} is not in the policy's allowlist")
+
+
+def check_upstream_admissible(policy: Policy, name: str, caller: Caller) -> None:
+    """Stage 4 of an upstream's tool `name` as far as the policy alone decides it (the allowlist, the served
+    workspace), before its server is started (docs/upstreams.md); `check_call` decides it whole once it is."""
+    check_allowlisted(policy, name)
+    choose_workspace(policy, served_workspace(policy.workspaces), caller)
 
 
 def upstream_scope(policy: Policy, spec: ToolSpec, caller: Caller) -> CallScope:

@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from gateway import __version__
-from gateway.auth import TOKEN_ENV, EnvToken, env_token
+from gateway.auth import TOKEN_ENV, EnvToken, Principal, env_token
 from gateway.consent.stage import (
     OUT_OF_BAND,
     ConsentChannel,
@@ -237,6 +237,20 @@ def _can_elicit_form(ctx: ServerRequestContext[Any, Any]) -> bool:
     return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
 
 
+def _listed_for(services: Services, tools: Catalogue, principal: Principal | None) -> list[str]:
+    """The allowlisted tools whose upstream servers a tools/list starts: for a caller, only those of the
+    upstreams whose `permission` the caller's role has (docs/upstreams.md); without a token, every one."""
+    if principal is None:
+        return list(services.policy.allowlist)
+    roles = services.policy.roles
+    return [
+        name
+        for name in services.policy.allowlist
+        if (upstream := tools.servers.upstream_of(name)) is not None
+        and has_permission(roles, principal.role, upstream.permission)
+    ]
+
+
 def build_server(services: Services) -> Server[Any]:
     pipeline = Pipeline(services)
     # Claude Code's permission prompt tool (docs/claude-code.md): offered only when the policy enables it,
@@ -254,7 +268,7 @@ def build_server(services: Services) -> Server[Any]:
             with answered_as_mcp_errors("tools/list", services.new_run_id, traceback=False):  # no token in the log
                 principal = await in_db_thread(services.authenticator.authenticate, token)
         if isinstance(services.tools, Catalogue):  # upstreams' tools are listed once their servers are asked
-            await services.tools.servers.prepare_listing(services.policy.allowlist)
+            await services.tools.servers.prepare_listing(_listed_for(services, services.tools, principal))
         allowlisted = [services.tools[name] for name in services.policy.allowlist if name in services.tools]
         if principal is None:
             return types.ListToolsResult(tools=[tool_definition(s) for s in allowlisted] + extra)

@@ -36,8 +36,16 @@ temp folders, a SQLite file or a PostgreSQL database (`db_url`), a run uid held 
 (sandbox/backends/identity.py)."""
 
 
+CELL_GROUPS = ("tests/e2e/test_upstream_matrix.py",)
+"""Modules of one module-scoped fixture per parameter (a gateway per cell of a matrix): the tests of one
+parameter are a unit, built once on the worker that takes it, while the cells run side by side."""
+
+
 def serial_group(nodeid: str) -> str:
-    """The unit of work a test belongs to: its group, or the test alone."""
+    """The unit of work a test belongs to: its group, its module's cell, or the test alone."""
+    for module in CELL_GROUPS:
+        if nodeid.startswith(module + "::") and nodeid.endswith("]"):
+            return module + nodeid[nodeid.rindex("[") :]
     return next((group for prefix, group in SERIAL_GROUPS.items() if nodeid.startswith(prefix)), nodeid)
 
 

@@ -31,9 +31,10 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from gateway.declarations import WORKSPACE_PLACEHOLDER
-from gateway.errors import InternalError, Reason
+from gateway.errors import GatewayError, InternalError, Reason
 from gateway.logs import RATE_KEY
 from gateway.policy import SandboxPolicy
+from gateway.programs import check_program_unchanged
 from gateway.start_failures import describe_start_failure, start_step
 from gateway.tools.base import Relay
 from gateway.tools.confined import MIB, sandbox_environment, shown
@@ -327,6 +328,13 @@ class Connection:
                     f"step env: the gateway's environment has no {exc.args[0]}, which upstreams.{self.upstream.name}.env"
                     " names; fix: set it where the gateway starts, or take it out of the policy"
                 )
+                return
+            try:  # the program pinned at load, or none: a file put in its place never runs (decision 77)
+                check_program_unchanged(self.upstream.program, f"upstreams.{self.upstream.name}")
+            except GatewayError as exc:
+                self.failure_step = "program"
+                self._failure = f"step program: {exc.detail}"
+                log.error("upstream %s: its server is not started: %s", self.upstream.name, self._failure)  # noqa: TRY400  (the cause is in the message)
                 return
             with scratch_folder(f"up-{self.upstream.name[:8]}") as scratch:
                 env = {**sandbox_environment(self.place.sandbox, scratch, self.place.environ), **own}

@@ -199,7 +199,7 @@ class UpstreamRun:
             "is_error": self._is_error(),
             "result_sha256": None if self.document is None else hashlib.sha256(self.canonical).hexdigest(),
             "result_bytes": len(self.canonical),
-            "ended": self.forwarded.ended or ("error" if self.forwarded.error else None),
+            "ended": self.ended(),
             **self._changes(),
         }
 
@@ -211,15 +211,26 @@ class UpstreamRun:
         applied = synced.applied
         return {"changes": dict(changes_detail(synced.changes, applied.applied, "policy", applied.reason))}
 
+    def ended(self) -> str | None:
+        """How the call ended, as UPSTREAM_CALL says and the refusal follows (one reading of both): None (the
+        server's result, passed on), `error` (its JSON-RPC error, passed on as an error result), or the
+        refusal's cause: `timeout`, `unavailable`, `output_limit` (a line over the wire's cap, or a whole
+        answer over `max_output_bytes`)."""
+        if self.forwarded.ended is not None:
+            return self.forwarded.ended
+        if len(self.canonical) > self.upstream.max_output_bytes:
+            return "output_limit"
+        return "error" if self.forwarded.error else None
+
     def refusal(self) -> GatewayError | None:
-        ended, name = self.forwarded.ended, self.upstream.name
+        ended, name = self.ended(), self.upstream.name
         if ended == "timeout":
             return ToolTimeoutError(
                 Reason.TIMEOUT,
                 f"upstream {name}'s call went past {self.timeout_s} s (upstreams.{name}.timeout_s): it was cancelled"
                 " and the server stopped; the next call starts it again",
             )
-        if ended == "output_limit" or len(self.canonical) > self.upstream.max_output_bytes:
+        if ended == "output_limit":
             return SandboxViolationError(
                 Reason.OUTPUT_LIMIT,
                 f"upstream {name}'s answer is over {self.upstream.max_output_bytes} bytes"

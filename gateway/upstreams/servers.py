@@ -81,6 +81,12 @@ class UpstreamServers:
         root = None if workspace is None else policy.pins.get(policy.workspaces[workspace])
         allowed = tuple(p for p in (policy.pins.get(path) for path in policy.sandbox.allowed_paths) if p is not None)
         for name, upstream in policy.upstreams.items():
+            if not policy.sandbox.enabled:  # a server is someone else's code: it runs confined or not at all
+                self._no_place[name] = (
+                    "the sandbox is off (sandbox.enabled: false), and an upstream's server runs only confined;"
+                    " fix: set sandbox.enabled: true, then restart the gateway"
+                )
+                continue
             if workspace is None or root is None or not root.is_dir:
                 self._no_place[name] = (
                     "the policy has no workspace folder for its server (workspaces: the first one, pinned at load);"

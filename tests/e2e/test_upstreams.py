@@ -22,7 +22,7 @@ import pytest
 from gateway.audit import AuditLog
 from gateway.clock import SystemClock
 from tests.deadlines import scaled
-from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, deep_merge, modern_meta, reachable_by_everyone
+from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, deep_merge, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
 GatewayFactory = Callable[..., GatewayHome]
@@ -142,65 +142,21 @@ def test_an_upstream_tool_is_listed_called_and_audited(
     assert upstream_gateway.chain_ok()
 
 
-def test_allowed_and_denied_by_role_allowlist_schema_and_person(
+def peak_rss_kib(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+HUNDRED_MB = 100_000_000
+
+
+def test_an_answer_over_the_cap_is_refused_and_100_mb_never_reaches_the_gateways_memory(
     upstream_gateway: GatewayHome, open_session: SessionFactory
 ) -> None:
-    session = session_on(upstream_gateway, open_session)
-    token = upstream_gateway.token("alice")
-    viewer = upstream_gateway.token("victor")
-    listed = session.request("tools/list", {"auth": {"token": viewer}})["result"]["tools"]
-    assert not [t for t in listed if t["name"].startswith("up__")]  # VIEWER lacks ORCHESTRATION_RUN
-
-    assert refusal(session.call_tool("up__echo", {"text": "x"}, viewer)) == (-32003, "missing_permission")
-    assert refusal(session.call_tool("up__echo", {"text": "x"})) == (-32001, "token_missing")
-    assert refusal(session.call_tool("up__note", {"name": "n", "text": "x"}, token)) == (
-        -32004, "tool_not_allowlisted",
-    )  # fmt: skip
-    assert refusal(session.call_tool("up__echo", {"text": 3}, token)) == (-32602, "invalid_arguments")
-    assert refusal(session.call_tool("up__echo", {"text": "x", "more": 1}, token)) == (-32602, "invalid_arguments")
-    assert refusal(session.call_tool("up__nothing", {}, token)) == (-32602, "unknown_tool")
-
-    session.responder = allow("deny_once")
-    denied = session.call_tool("up__echo", {"text": "x"}, token)
-    assert refusal(denied) == (-32008, "consent_denied")
-    assert kinds(upstream_gateway, run_id_of(denied)) == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
-
-
-def test_a_call_past_its_time_is_cancelled_and_the_server_restarted(
-    upstream_gateway: GatewayHome, open_session: SessionFactory
-) -> None:
-    upstream_gateway.write_policy(upstream_policy(timeout_s=2))
-    session = session_on(upstream_gateway, open_session)
-    token = upstream_gateway.token("alice")
-
-    timed_out = session.call_tool("up__sleep", {"seconds": 60}, token, timeout=120)
-
-    assert refusal(timed_out) == (-32007, "timeout")
-    assert kinds(upstream_gateway, run_id_of(timed_out))[-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
-    assert upstream_gateway.events_of(run_id_of(timed_out))[-2]["detail"]["ended"] == "timeout"
-    again = session.call_tool("up__echo", {"text": "after"}, token, timeout=120)
-    assert again["result"]["content"][0]["text"] == "after"
-
-
-def test_a_crash_answers_upstream_unavailable_then_the_server_restarts(
-    upstream_gateway: GatewayHome, open_session: SessionFactory
-) -> None:
-    session = session_on(upstream_gateway, open_session)
-    token = upstream_gateway.token("alice")
-
-    crashed = session.call_tool("up__crash", {}, token, timeout=120)
-
-    assert refusal(crashed) == (-32603, "upstream_unavailable")
-    message = crashed["error"]["message"]
-    assert "exit 3" in message
-    assert "crashing on purpose" in message  # its stderr's tail
-    assert "fix:" in message
-    assert kinds(upstream_gateway, run_id_of(crashed))[-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
-    again = session.call_tool("up__echo", {"text": "back"}, token, timeout=120)
-    assert again["result"]["content"][0]["text"] == "back"
-
-
-def test_an_answer_over_the_cap_is_refused(upstream_gateway: GatewayHome, open_session: SessionFactory) -> None:
+    upstream_gateway.write_policy(upstream_policy(memory_limit_mb=1024))  # room for the server to make its 100 MB
     session = session_on(upstream_gateway, open_session)
     token = upstream_gateway.token("alice")
 
@@ -208,9 +164,22 @@ def test_an_answer_over_the_cap_is_refused(upstream_gateway: GatewayHome, open_s
     assert len(under["result"]["content"][0]["text"]) == 10_000
     over = session.call_tool("up__big", {"bytes": 60_000}, token)  # over max_output_bytes, under the line cap
     assert refusal(over) == (-32006, "output_limit")
-    huge = session.call_tool("up__big", {"bytes": 5_000_000}, token, timeout=120)  # over the line cap: stopped
+    (server,) = servers_of(upstream_gateway)
+    before = peak_rss_kib(session.process.pid)
+
+    huge = session.call_tool("up__big", {"bytes": HUNDRED_MB}, token, timeout=120)  # over the line cap: stopped
+
     assert refusal(huge) == (-32006, "output_limit")
+    assert "nothing of it is passed on" in huge["error"]["message"]
+    called = upstream_gateway.events_of(run_id_of(huge))[-2]
+    assert (called["event_type"], called["detail"]["ended"]) == ("UPSTREAM_CALL", "output_limit"), called
+    grown_kib = peak_rss_kib(session.process.pid) - before
+    # The gateway reads at most the line cap (max_output_bytes + 64 KiB) of it: its peak grew by far less
+    # than a tenth of the answer (measured: 124 to 176 KiB over a peak of 109 MiB; the answer is 95 MiB).
+    assert grown_kib < HUNDRED_MB // 10 // 1024, f"the gateway's peak RSS grew by {grown_kib} KiB"
     assert session.call_tool("up__echo", {"text": "ok"}, token)["result"]["content"][0]["text"] == "ok"
+    (restarted,) = servers_of(upstream_gateway)
+    assert restarted.pid != server.pid, "the server that wrote past the line cap was stopped, another started"
 
 
 def test_an_env_reference_reaches_the_server_and_no_log_or_event(
@@ -229,15 +198,6 @@ def test_an_env_reference_reaches_the_server_and_no_log_or_event(
     session.close()
     assert SECRET not in session.stderr_text()
     assert SECRET not in json.dumps(upstream_gateway.audit_events())
-
-
-def test_a_missing_env_variable_names_the_variable(upstream_gateway: GatewayHome, open_session: SessionFactory) -> None:
-    session = open_session(upstream_gateway, capabilities=FORM_ELICITATION)  # no UP_TEST_SECRET
-    session.responder = allow()
-    refused = session.call_tool("up__echo", {"text": "x"}, upstream_gateway.token("alice"))
-    assert refusal(refused) == (-32603, "upstream_unavailable")
-    assert "UP_TEST_SECRET" in refused["error"]["message"]
-    assert refused["error"]["data"]["step"] == "env"
 
 
 def test_sampling_is_refused_and_roots_are_the_workspace(
@@ -269,23 +229,6 @@ def test_progress_is_relayed_and_a_flood_is_dropped(
     assert session.call_tool("up__echo", {"text": "alive"}, token)["result"]["content"][0]["text"] == "alive"
     session.close()
     assert session.stderr_text().count("notifications over") == 1
-
-
-def test_a_definition_changed_mid_session_is_withheld(
-    upstream_gateway: GatewayHome, open_session: SessionFactory
-) -> None:
-    session = session_on(upstream_gateway, open_session)
-    token = upstream_gateway.token("alice")
-    assert session.call_tool("up__echo", {"text": "before"}, token)["result"]["content"][0]["text"] == "before"
-
-    assert session.call_tool("up__change", {}, token)["result"]["content"][0]["text"] == "changed"
-
-    listed = {t["name"] for t in session.request("tools/list", {"auth": {"token": token}})["result"]["tools"]}
-    assert "up__echo" not in listed
-    assert "up__sleep" in listed
-    withheld = session.call_tool("up__echo", {"text": "after"}, token)
-    assert refusal(withheld) == (-32004, "tool_definition_changed")
-    assert "mcp-gateway upstream accept up echo" in withheld["error"]["message"]
 
 
 def servers_of(gateway: GatewayHome) -> list[psutil.Process]:
@@ -401,28 +344,6 @@ def test_a_hostile_server_reaches_no_network_no_state_and_leaves_no_process(
     session.close()
 
     assert servers_of(upstream_gateway) == []
-
-
-def test_a_2026_client_calls_an_upstream_tool_through_an_input_required_round(
-    upstream_gateway: GatewayHome, open_session: SessionFactory
-) -> None:
-    session = open_session(upstream_gateway, initialize=False, env={"UP_TEST_SECRET": SECRET})
-    params: dict[str, Any] = {
-        "name": "up__echo",
-        "arguments": {"text": "modern"},
-        "auth": {"token": upstream_gateway.token("alice")},
-        "_meta": modern_meta(),
-    }
-    first = session.request("tools/call", params, timeout=120)["result"]
-    assert first["resultType"] == "input_required", first
-    retry = {
-        **params,
-        "inputResponses": {"consent": {"action": "accept", "content": {"decision": "allow_once"}}},
-        "requestState": first["requestState"],
-    }
-    answered = session.request("tools/call", retry, timeout=120)["result"]
-    assert answered["content"] == [{"type": "text", "text": "modern"}]
-    assert kinds(upstream_gateway, run_id_of({"result": answered}))[-2:] == ["UPSTREAM_CALL", "TOOL_FINISHED"]
 
 
 def test_a_call_cancelled_by_the_client_is_cancelled_at_the_server(

@@ -4,13 +4,15 @@ Its tools: `echo` (read-only), `note` (writes a file in the workspace: its view 
 sha256 of a variable of its environment, never the value), `sleep`, `crash`, `big` (an answer of n
 bytes), `progress`, `sample` (asks the client for sampling), `flood` (n notifications at once), `roots`,
 `ask` (asks the client through elicitation), `change` (changes `echo`'s description and says
-tools/list_changed), `connect` (a TCP connection to 127.0.0.1), `read` (any file) and `fork` (a child
-left sleeping). The tests copy it beside the policy with their interpreter on its `#!` line.
+tools/list_changed), `connect` (a TCP connection to 127.0.0.1), `read` (any file), `fork` (a child
+left sleeping), `drift` (changes its own description each time it is called, and says tools/list_changed)
+and `seen` (every call this server received since the last `seen`, as JSON: what reached it). The tests copy it beside the policy with their interpreter on its `#!` line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import sys
@@ -24,7 +26,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-STATE: dict[str, Any] = {"echo": "Echo the text back", "cancelled": 0}
+STATE: dict[str, Any] = {"echo": "Echo the text back", "cancelled": 0, "drift": 0, "calls": []}
 
 
 def schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
@@ -76,6 +78,8 @@ def tools() -> list[types.Tool]:
         ),
         types.Tool(name="read", description="Read a file", input_schema=schema({"path": {"type": "string"}}, ["path"])),
         types.Tool(name="fork", description="Leave a child sleeping", input_schema=schema({})),
+        types.Tool(name="drift", description=f"Drift, version {STATE['drift']}", input_schema=schema({})),
+        types.Tool(name="seen", description="The calls received since the last seen", input_schema=schema({})),
     ]
 
 
@@ -92,6 +96,10 @@ async def list_tools(
 async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
     args = params.arguments or {}
     name = params.name
+    if name == "seen":
+        calls, STATE["calls"] = STATE["calls"], []
+        return text(json.dumps(calls))
+    STATE["calls"].append([name, args])
     if name == "echo":
         return text(args["text"], structured_content={"echo": args["text"]})
     if name == "note":
@@ -146,6 +154,10 @@ async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolReques
         except Exception as exc:
             return text(f"refused: {type(exc).__name__}")
         return text(f"answered: {answer.action} {answer.content}")
+    if name == "drift":
+        STATE["drift"] += 1
+        await ctx.session.send_tool_list_changed()
+        return text(f"drifted to version {STATE['drift']}")
     if name == "change":
         STATE["echo"] = "Echo the text back, and also something else"
         await ctx.session.send_tool_list_changed()
