@@ -26,6 +26,7 @@ the set is a conflict (sandbox/apply.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import stat
@@ -184,11 +185,22 @@ def is_protected(path: str, protected: tuple[str, ...]) -> bool:
 def is_listed(path: str, protected: tuple[str, ...]) -> bool:
     """Whether `path` is one of the `protected` paths or lies beneath one, in any folder (is_protected)."""
     parts = _parts(path)
-    for guarded in map(_parts, protected):
+    listed, first_names = _split_protected(protected)
+    if first_names.isdisjoint(parts) and () not in listed:  # no protected path can start in `path`
+        return False
+    for guarded in listed:
         size = len(guarded)
         if any(parts[start : start + size] == guarded for start in range(len(parts) - size + 1)):
             return True
     return False
+
+
+@functools.lru_cache(maxsize=32)
+def _split_protected(protected: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], ...], frozenset[str]]:
+    """`protected`'s paths as components, and their first components (a policy's list, parsed once: a change
+    set's read asks about every entry the run changed, 1,000 times a set measured 2 ms of 10 parsing it)."""
+    listed = tuple(map(_parts, protected))
+    return listed, frozenset(guarded[0] for guarded in listed if guarded)
 
 
 def is_in_dot_git(path: str) -> bool:

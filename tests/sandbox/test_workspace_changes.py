@@ -28,6 +28,7 @@ from sandbox.change_set import (
     Refusal,
     TooLarge,
     guarding_folders,
+    is_listed,
     is_protected,
     read_changes,
 )
@@ -132,6 +133,24 @@ pytestmark = requires_root
 )
 def test_protected_paths_are_compared_component_wise(path: str, protected: bool) -> None:
     assert is_protected(path, ChangeRules().protected) is protected
+
+
+@pytest.mark.parametrize(
+    "protected",
+    [(), ("",), (".vscode",), ("a/b", "b"), ("x/y/z",), (".", "a"), ("a/./b/",), ("b", "a/b/c", ".envrc")],
+)
+def test_a_listed_path_is_found_as_a_slice_of_the_path_whatever_the_list(protected: tuple[str, ...]) -> None:
+    """`is_listed` (its list parsed once, its first names looked up first) against the definition: a listed
+    path's components appear, in order and together, somewhere in the path's."""
+    paths = ["", "a", "a/b", "x/a/b/c", "b", "c/b", "x/y/z/w", "y/z", ".vscode/t", "s/.envrc", "a/./b", "ab/b"]
+    for path in paths:
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        expected = any(
+            parts[start : start + len(g)] == g
+            for g in ([p for p in entry.split("/") if p not in ("", ".")] for entry in protected)
+            for start in range(len(parts) - len(g) + 1)
+        )
+        assert is_listed(path, protected) is expected, (path, protected)
 
 
 def test_the_folders_guarding_a_protected_path_are_those_above_one() -> None:
