@@ -88,6 +88,12 @@ START_STEPS: dict[str, StartStep] = {
         "remove it (someone else made it; check what it holds first) or give the gateway another TMPDIR; "
         "the gateway makes it anew, mode 0711",
     ),
+    "network_proxy": StartStep(
+        "the proxy's listener could not be made in the run's network namespace (the detail names the step: "
+        "socket, loopback_up, bind, listen, or not_received, and the errno)",
+        "run `mcp-gateway doctor` (network_through_proxy needs a network namespace the gateway may configure: "
+        "root with CAP_NET_ADMIN, or a user namespace); or set the tool's network to false",
+    ),
     "scratch_unavailable": StartStep(
         "the run's scratch tmpfs could not be mounted",
         "run `mcp-gateway doctor`; or leave bounded_scratch out of sandbox.require",

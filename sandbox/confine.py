@@ -48,6 +48,7 @@ from sandbox.backends.bubblewrap import bubblewrap_available
 from sandbox.backends.cgroup import RunCgroup
 from sandbox.backends.cgroup2 import RunCgroup2
 from sandbox.backends.identity import DEFAULT_POOL, RunIdentity, drop_privileges, holding
+from sandbox.backends.proxy_listener import ProxyListener
 from sandbox.backends.scratch import (
     NamespacedScratch,
     NamespacedTree,
@@ -62,6 +63,7 @@ from sandbox.guarantees import Guarantee
 from sandbox.layers import Layer
 from sandbox.limits import BACKEND_LAYERS, LAYERS, Backend, Limits
 from sandbox.pinned import Pinned
+from sandbox.proxy_port import PROXY_PORT
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +259,7 @@ class ChildPlan:
         view: WorkspaceView | None = None,
         child_view: NamespacedView | None = None,
         long_lived: bool = False,
+        proxy: ProxyListener | None = None,
     ) -> None:
         """`long_lived`: a server (sandbox/server.py): no time limit for the watchdog, and a CPU rlimit of
         rlimits.SERVER_CPU_SECONDS rather than the run's timeout.
@@ -264,7 +267,9 @@ class ChildPlan:
         `scratch`: a tmpfs the gateway made (root); `child_scratch`: one the child makes in its user namespace.
         `view`: the workspace's copy a writing run works on, moved over its cwd in the scratch's mount
         namespace (backends/view.py): root, with the scratch tmpfs and a `cwd_fd`; `child_view`: the same
-        made by the child in its user namespace (rootless, with a `cwd_fd`)."""
+        made by the child in its user namespace (rootless, with a `cwd_fd`).
+        `proxy`: with `limits.proxy`, the listener the child makes in its new network namespace, loopback up
+        (backends/proxy_listener.py), right after entering it."""
         rootless = Layer.USER_NAMESPACE in active
         if not rootless and (identity is None or Layer.UID_DROP not in active):
             raise SandboxStartError("guarantee_unavailable:own_identity")
@@ -272,8 +277,11 @@ class ChildPlan:
             raise SandboxStartError("workspace_view_unavailable")
         if child_view is not None and (not rootless or cwd_fd is None):
             raise SandboxStartError("workspace_view_unavailable")
+        if limits.proxy and (proxy is None or Layer.NETWORK_NAMESPACE not in active):
+            raise SandboxStartError("guarantee_unavailable:network_through_proxy")
         self._view = view
         self._child_view = child_view
+        self._proxy = proxy if limits.proxy else None
         # With bubblewrap, Landlock and seccomp are not applied here: Landlock would forbid
         # bubblewrap's mounts, and the filter its namespaces; bubblewrap installs the filter.
         native = limits.backend == "native"
@@ -317,13 +325,14 @@ class ChildPlan:
                 read_only=read_only,
                 read_write=read_write,
                 allow_tcp=limits.network,
+                connect_ports=(PROXY_PORT,) if limits.proxy else (),
                 read_write_fds=tuple(space.mount_fd for space in (scratch, view) if space is not None),
                 late_read_write=(child_scratch is not None) + (child_view is not None),
             )
             self._landlock = landlock.prepare_landlock(rules)
         if native and Layer.SECCOMP in active:
             try:
-                self._seccomp = seccomp.prepare(allow_network=limits.network)
+                self._seccomp = seccomp.prepare(allow_network=limits.network, proxy=limits.proxy)
             except BaseException:
                 self.close()
                 raise
@@ -352,6 +361,8 @@ class ChildPlan:
             self._group.enter_cgroup_namespace()  # rooted at the run's group (its user namespace does this rootless)
         if self._unshare_network:
             netns.unshare_network()
+            if self._proxy is not None:
+                self._proxy.apply()  # as root in the new namespace: CAP_NET_ADMIN there
         if self._unshare_ipc:
             namespaces.unshare_ipc()
         if self._scratch is not None:
@@ -371,6 +382,8 @@ class ChildPlan:
         if self._identity is not None:
             drop_privileges(self._identity.uid, self._identity.gid)
         namespace.enter()
+        if self._proxy is not None:
+            self._proxy.apply()  # in its new network namespace, which its user namespace owns: CAP_NET_ADMIN there
         if self._tree is not None:
             self._tree.apply()  # before the scratch tmpfs, which then stays writable
         late = 0

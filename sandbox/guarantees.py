@@ -33,6 +33,7 @@ class Guarantee(StrEnum):
     WHOLE_RUN_KILL = "whole_run_kill"
     PROCESS_ISOLATION = "process_isolation"
     IPC_ISOLATION = "ipc_isolation"
+    NETWORK_THROUGH_PROXY = "network_through_proxy"
 
 
 MEANING: Mapping[Guarantee, str] = MappingProxyType(
@@ -48,6 +49,9 @@ MEANING: Mapping[Guarantee, str] = MappingProxyType(
         Guarantee.WHOLE_RUN_KILL: "nothing the run starts, daemons included, outlives its end, its time limit or the gateway",
         Guarantee.PROCESS_ISOLATION: "the run sees and signals its own processes only",
         Guarantee.IPC_ISOLATION: "the run's SysV and POSIX IPC objects are its own and die with it",
+        Guarantee.NETWORK_THROUGH_PROXY: (
+            "a proxied run reaches nothing but the gateway's proxy: its own loopback, where only the gateway listens"
+        ),
     }
 )  # fmt: skip
 
@@ -71,6 +75,8 @@ _KEPT_BY: Mapping[Guarantee, tuple[frozenset[Layer], ...]] = MappingProxyType(
         Guarantee.WHOLE_RUN_KILL: (frozenset({Layer.PID_NAMESPACE}), frozenset({Layer.CGROUP})),
         Guarantee.PROCESS_ISOLATION: (frozenset({Layer.PID_NAMESPACE}),),
         Guarantee.IPC_ISOLATION: (frozenset({Layer.IPC_NAMESPACE}),),
+        # The same namespace, its loopback up and the gateway's listener made in it (backends/proxy_listener.py).
+        Guarantee.NETWORK_THROUGH_PROXY: (frozenset({Layer.NETWORK_NAMESPACE}),),
     }
 )
 
@@ -78,10 +84,11 @@ ALWAYS_REQUIRED = frozenset({Guarantee.OWN_IDENTITY, Guarantee.FILE_GRANTS})
 """No policy may waive these: without its own identity a run is the gateway (root, or the user
 whose state folder holds the keys), and without file grants it reads that state folder."""
 
-DEFAULT_REQUIRED = frozenset(Guarantee) - {Guarantee.MEMORY_TOTAL}
+DEFAULT_REQUIRED = frozenset(Guarantee) - {Guarantee.MEMORY_TOTAL, Guarantee.NETWORK_THROUGH_PROXY}
 """Required when the policy does not say: everything an ordinary user's gateway gets on a current
 Linux. A memory total needs a cgroup the gateway may manage (root, or a delegated cgroup v2
-subtree); where it has one, runs get it anyway (docs/security-model.md)."""
+subtree); where it has one, runs get it anyway (docs/security-model.md). network_through_proxy is
+required of a proxied run whatever is listed (sandbox/limits.py `required_guarantees`)."""
 
 LAYER_GUARANTEES: Mapping[str, tuple[Guarantee, ...]] = MappingProxyType(
     {

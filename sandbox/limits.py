@@ -50,6 +50,7 @@ class Limits:
     max_processes: int
     max_output_bytes: int
     network: bool = False
+    """The host's network (no network namespace): all or nothing, never with `proxy`."""
     allowed_paths: tuple[Path | Pinned, ...] = ()
     """Extra read-only grants; a Pinned one is reached through its fd only (sandbox/pinned.py)."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -62,10 +63,16 @@ class Limits:
     require: frozenset[Guarantee] | None = None
     """Guarantees without which the run must not start (None: guarantees.DEFAULT_REQUIRED); every
     layer of the backend the host has is applied anyway."""
+    proxy: bool = False
+    """The run's network goes through the gateway's proxy only: a network namespace of its own whose
+    loopback is up, with the gateway's listener at sandbox/proxy_port.py PROXY_URL made in it before the
+    command starts and handed to the caller's `on_proxy` (sandbox/backends/proxy_listener.py, decision 89)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend: {self.backend!r}")
+        if self.proxy and self.network:
+            raise ValueError("a run has the host's network (network) or the gateway's proxy (proxy), not both")
 
     @property
     def process_limit(self) -> int:
@@ -75,11 +82,20 @@ class Limits:
     @property
     def required(self) -> frozenset[Guarantee]:
         """The guarantees this run requires, the never-waived ones included."""
-        return required_guarantees(self.require, network=self.network)
+        return required_guarantees(self.require, network=self.network, proxy=self.proxy)
 
 
-def required_guarantees(listed: Iterable[Guarantee] | None, *, network: bool) -> frozenset[Guarantee]:
-    """Those `listed` (None: the default set), plus the unwaivable; no_network only for a run without network."""
+def required_guarantees(
+    listed: Iterable[Guarantee] | None, *, network: bool, proxy: bool = False
+) -> frozenset[Guarantee]:
+    """Those `listed` (None: the default set), plus the unwaivable; no_network only for a run without network.
+
+    A proxied run requires network_through_proxy in place of no_network, listed or not: without its own
+    namespace it would have the host's network (and its listener could not be made); a run without the
+    proxy does not require it (nothing to route)."""
     chosen = DEFAULT_REQUIRED if listed is None else frozenset(listed)
     required = chosen | ALWAYS_REQUIRED
+    if proxy:
+        return (required - {Guarantee.NO_NETWORK}) | {Guarantee.NETWORK_THROUGH_PROXY}
+    required -= {Guarantee.NETWORK_THROUGH_PROXY}
     return required - {Guarantee.NO_NETWORK} if network else required

@@ -15,6 +15,7 @@ import fcntl
 import itertools
 import os
 import signal
+import socket
 import stat
 import subprocess
 import time
@@ -34,6 +35,7 @@ from sandbox.backends.cgroup2 import RunCgroup2
 from sandbox.backends.containment import sweep
 from sandbox.backends.identity import RunIdentity, UidPool
 from sandbox.backends.landlock import runtime_read_only_paths
+from sandbox.backends.proxy_listener import ProxyListener
 from sandbox.backends.scratch import NamespacedScratch, ScratchSpace, files_for
 from sandbox.capture import OutputCapture
 from sandbox.change_set import ChangeRules, ChangeSet
@@ -42,6 +44,7 @@ from sandbox.errors import SandboxStartError
 from sandbox.layers import Layer
 from sandbox.limits import Limits
 from sandbox.pinned import Pinned
+from sandbox.proxy_port import proxy_environment
 from sandbox.task_groups import task_group
 from sandbox.workspace_copy import Owner
 from sandbox.writable_copy import VIEW_IN_SCRATCH, CopyPlace, WritableCopy
@@ -104,6 +107,7 @@ async def run_sandboxed(
     host: LayerReport | None = None,
     on_stdout: Callable[[bytes], None] | None = None,
     writes: ChangeRules | None = None,
+    on_proxy: Callable[[socket.socket], None] | None = None,
 ) -> RunResult:
     """Run `argv` confined: its own uid, cgroup, session, rlimits, network, IPC, mount and PID namespaces,
     Landlock, seccomp (with `limits.backend == "bubblewrap"`: bubblewrap's mount tree in place of Landlock).
@@ -121,6 +125,8 @@ async def run_sandboxed(
     decision 78), never on the workspace itself; `RunResult.changes` is what it changed there
     (sandbox/change_set.py), for the gateway to show and apply (sandbox/patch.py, sandbox/apply.py).
     Where no copy can be made, SandboxStartError `workspace_view_unavailable` (sandbox/writable_copy.py).
+    With `limits.proxy` the run's network is the gateway's proxy only (decision 89): `on_proxy` (required) gets
+    the listener made in the run's namespace, as `spawn_confined` says.
     `host` is what this host can enforce (default: probed once); a layer it lacks is
     left out unless a guarantee the run requires (`limits.required`) needs it. Raises SandboxStartError
     when a required guarantee has no layer here, or a layer cannot be applied: nothing ran.
@@ -133,7 +139,9 @@ async def run_sandboxed(
         )
         return subprocess.DEVNULL, *captures[0].child_fds
 
-    async with spawn_confined(argv, cwd, limits, scratch=scratch, host=host, writes=writes, stdio=stdio) as run:
+    async with spawn_confined(
+        argv, cwd, limits, scratch=scratch, host=host, writes=writes, stdio=stdio, on_proxy=on_proxy
+    ) as run:
         capture = captures[0]
         result, survivors = await _supervise(
             run.process, limits, capture, started=run.started, leftovers=run.kill_leftovers
@@ -196,13 +204,25 @@ async def spawn_confined(
     writes: ChangeRules | None,
     stdio: Callable[[contextlib.ExitStack], tuple[int, int, int]],
     long_lived: bool = False,
+    on_proxy: Callable[[socket.socket], None] | None = None,
 ) -> AsyncIterator[Confinement]:
     """Spawn `argv` with the layers `run_sandboxed` documents, its stdin, stdout and stderr on the fds `stdio` opens
     (in the stack of what the spawn holds, once every layer is prepared: nothing is opened for a run refused before); on leaving,
     whatever is left of it is killed (its cgroup, its uid) and its scratch, copy and uid are given back.
 
     The one place the layers are planned and set up, for a run (`run_sandboxed`) and a long-lived server
-    (sandbox/server.py, `long_lived`: no time limit for the watchdog). Raises SandboxStartError: nothing ran."""
+    (sandbox/server.py, `long_lived`: no time limit for the watchdog). Raises SandboxStartError: nothing ran.
+
+    With `limits.proxy` (decision 89): the child brings its namespace's loopback up and makes a TCP listener at
+    sandbox/proxy_port.py PROXY_URL before the command starts (backends/proxy_listener.py); `on_proxy` is called
+    once with it, non-blocking, in this process, on the calling (event loop's) thread, as soon as the spawn
+    returns and before this yields. The command may have started by then: its connects wait in the listener's
+    backlog until the callee accepts them. The callee owns the socket and closes it; no process of the run holds
+    it. The run's environment names the proxy (`proxy_environment`). A listener that cannot be made or handed
+    over: SandboxStartError `network_proxy:<step>:<errno>`, nothing left running. `limits.proxy` without
+    `on_proxy` is a ValueError (a listener nobody serves would leave the run's connects hanging)."""
+    if limits.proxy and on_proxy is None:
+        raise ValueError("limits.proxy needs on_proxy: the gateway's proxy must be handed the run's listener")
     report = host or probe_host()
     active = plan_layers(report, limits)
     identity = _POOL.acquire() if Layer.UID_DROP in active else None
@@ -241,6 +261,7 @@ async def spawn_confined(
                 argv, limits, active=active, read_only=read_only, scratch=scratch, cwd=_path_of(cwd), stack=stack,
                 writable=copy.view is not None or copy.child_view is not None,
             )  # fmt: skip
+            listener = _proxy_listener(limits, stack)
             stdin, stdout, stderr = stdio(stack)
             with (
                 ChildPlan(
@@ -257,15 +278,24 @@ async def spawn_confined(
                     view=copy.view,
                     child_view=copy.child_view,
                     long_lived=long_lived,
+                    proxy=listener,
                 ) as preexec,
                 copy.spawning(cwd),
             ):
                 started = time.monotonic()
-                process = _spawn(
-                    command, None, limits, (stdout, stderr), preexec=preexec, pass_fds=pass_fds, stdin=stdin
-                )
+                try:
+                    process = _spawn(
+                        command, None, limits, (stdout, stderr), preexec=preexec, pass_fds=pass_fds, stdin=stdin
+                    )
+                except SandboxStartError as exc:
+                    failed = listener.failure() if listener is not None else None
+                    if failed is None:
+                        raise
+                    raise SandboxStartError(failed) from exc
             if child_scratch is not None:
                 space = _received(child_scratch, process, stack)
+            if listener is not None and on_proxy is not None:
+                _hand_over(listener, process, on_proxy)
             yield Confinement(process, active, group, identity, space, status_fd, copy, started)
     finally:
         if identity is not None:
@@ -384,7 +414,7 @@ def _seccomp_memfd(limits: Limits) -> Iterator[int]:
     """
     fd = os.memfd_create("mcp-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        os.write(fd, seccomp.build_filter(allow_network=limits.network))
+        os.write(fd, seccomp.build_filter(allow_network=limits.network, proxy=limits.proxy))
         seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
         os.lseek(fd, 0, os.SEEK_SET)
@@ -400,6 +430,34 @@ def _received(
     try:
         return stack.enter_context(child_scratch.receive())
     except SandboxStartError:
+        _kill_group(process.pid)
+        _reap(process.pid)
+        raise
+
+
+def _proxy_listener(limits: Limits, stack: contextlib.ExitStack) -> ProxyListener | None:
+    """A proxied run's listener, prepared (its socket pair) for the spawn; None without `limits.proxy`."""
+    if not limits.proxy:
+        return None
+    listener = ProxyListener()
+    stack.callback(listener.close)
+    return listener
+
+
+def _hand_over(
+    listener: ProxyListener, process: subprocess.Popen[bytes], on_proxy: Callable[[socket.socket], None]
+) -> None:
+    """The listener the child made, to `on_proxy`; none received, or the callee failing: kill the run, re-raise."""
+    try:
+        received = listener.receive()
+    except SandboxStartError:
+        _kill_group(process.pid)
+        _reap(process.pid)
+        raise
+    try:
+        on_proxy(received)
+    except BaseException:
+        received.close()  # the callee never took it: nothing serves the run's connects
         _kill_group(process.pid)
         _reap(process.pid)
         raise
@@ -557,7 +615,7 @@ def _spawn(
         return subprocess.Popen(
             argv,
             cwd=cwd,
-            env=dict(limits.env),
+            env=proxy_environment(limits.env) if limits.proxy else dict(limits.env),
             stdin=stdin,
             stdout=output[0],
             stderr=output[1],

@@ -23,7 +23,8 @@ import contextlib
 import dataclasses
 import os
 import signal
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -208,13 +209,20 @@ class ConfinedServer:
 
 @contextlib.asynccontextmanager
 async def start_server(
-    spec: ServerSpec, *, scratch: Path, host: LayerReport | None = None
+    spec: ServerSpec,
+    *,
+    scratch: Path,
+    host: LayerReport | None = None,
+    on_proxy: Callable[[socket.socket], None] | None = None,
 ) -> AsyncIterator[ConfinedServer]:
     """Start `spec`'s server confined; on leaving, it and everything it started are dead.
 
     `scratch` becomes its HOME and TMPDIR tmpfs, as a run's (`limits.scratch_bytes`). Raises
     SandboxStartError (as `run_sandboxed`: its reason names the step; nothing runs) when it cannot start.
-    Spawn it from the event loop's thread: the supervisors' parent-death signal follows that thread."""
+    Spawn it from the event loop's thread: the supervisors' parent-death signal follows that thread.
+    With `spec.limits.proxy`, `on_proxy` (required) gets the listener made in the server's network namespace,
+    once, before this yields, as sandbox/runner.py `spawn_confined` says (decision 89): the server lives on, and
+    so does the listener, until the callee closes it."""
     if not spec.argv or not os.path.isabs(spec.argv[0]):
         raise SandboxStartError("server_program_not_absolute")
     limits = spec.limits
@@ -233,6 +241,7 @@ async def start_server(
             writes=spec.rules if spec.writable else None,
             stdio=lambda _: (ends[0][0], ends[1][1], ends[2][1]),
             long_lived=True,
+            on_proxy=on_proxy,
         ) as run:
             _close_all(child)
             child = ()

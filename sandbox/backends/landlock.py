@@ -44,6 +44,7 @@ _SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH = 1
+_RULE_NET_PORT = 2
 _PR_SET_NO_NEW_PRIVS = 38
 
 _FS_EXECUTE = 1 << 0
@@ -57,7 +58,8 @@ _FS_IOCTL_DEV = 1 << 15  # ABI 5
 # Rights that mean something on a non-directory; any other bit in a file rule is EINVAL.
 _FS_FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
 _FS_READ_ONLY = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
-_NET_TCP = (1 << 0) | (1 << 1)  # BIND_TCP | CONNECT_TCP, ABI 4
+_NET_CONNECT_TCP = 1 << 1
+_NET_TCP = (1 << 0) | _NET_CONNECT_TCP  # BIND_TCP | CONNECT_TCP, ABI 4
 _SCOPE_ALL = (1 << 0) | (1 << 1)  # ABSTRACT_UNIX_SOCKET | SIGNAL, ABI 6
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -82,6 +84,11 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+class _NetPortAttr(ctypes.Structure):
+    _pack_ = 1  # struct landlock_net_port_attr, packed: 16 bytes
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
 @dataclass(frozen=True, slots=True)
 class LandlockRules:
     read_only: tuple[Path | Pinned, ...]
@@ -96,6 +103,9 @@ class LandlockRules:
     """How many more read-write rules have an fd the child supplies (`PreparedLandlock.set_late_fd`): the
     scratch tmpfs a run in its own user namespace mounts itself (scratch.NamespacedScratch), and a
     writing run's copy (view.NamespacedView)."""
+    connect_ports: tuple[int, ...] = ()
+    """Without `allow_tcp`: the TCP ports a connect may still reach (ABI >= 4; a proxied run's PROXY_PORT,
+    decision 89); no bind is granted either way."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,15 +147,19 @@ def runtime_read_only_paths() -> tuple[Path, ...]:
 class PreparedLandlock:
     """A ruleset ready to apply in a forked child; holds O_PATH fds until `close()`."""
 
-    __slots__ = ("_args", "_attr", "_fds", "_late", "_rule_attrs", "_ruleset_fd", "handled")
+    __slots__ = ("_args", "_attr", "_fds", "_late", "_net_args", "_port_attrs", "_rule_attrs", "_ruleset_fd", "handled")
 
-    def __init__(self, handled: HandledAccess, grants: list[tuple[int, int]], *, late: int = 0) -> None:
+    def __init__(
+        self, handled: HandledAccess, grants: list[tuple[int, int]], *, late: int = 0, ports: tuple[int, ...] = ()
+    ) -> None:
         self.handled = handled
         self._fds = tuple(fd for fd, _ in grants)
         self._attr = _RulesetAttr(handled.fs, handled.net, handled.scoped)
         # A late rule's fd is -1 until the child sets it: applied unset, the rule fails (EBADF), closed.
         self._late = tuple(_PathBeneathAttr(handled.fs, -1) for _ in range(late))
         self._rule_attrs = tuple(_PathBeneathAttr(access, fd) for fd, access in grants) + self._late
+        # A port rule exists only where the ABI handles TCP (>= 4): below it, TCP is not restricted here at all.
+        self._port_attrs = tuple(_NetPortAttr(_NET_CONNECT_TCP, port) for port in ports if handled.net)
         self._ruleset_fd = ctypes.c_long(-1)
         # Every argument is a ctypes object built now, so apply() converts nothing.
         self._args = (
@@ -161,6 +175,7 @@ class PreparedLandlock:
             ctypes.c_ulong(0),
             ctypes.c_long(_SYS_LANDLOCK_RESTRICT_SELF),
         )
+        self._net_args = (ctypes.c_long(_RULE_NET_PORT), tuple(ctypes.pointer(a) for a in self._port_attrs))
 
     def set_late_fd(self, fd: int, index: int = 0) -> None:
         """In the child, before `apply`: the fd of late read-write rule `index` (LandlockRules.late_read_write)."""
@@ -174,6 +189,7 @@ class PreparedLandlock:
         Safe after fork: no imports, no allocation beyond returned ints and the error.
         """
         nr_create, attr, attr_size, zero, nr_add, rule_type, rules, pr_nnp, one, ulong0, nr_restrict = self._args
+        port_type, port_rules = self._net_args
         fd: int = _syscall(nr_create, attr, attr_size, zero)
         if fd < 0:
             raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
@@ -181,6 +197,9 @@ class PreparedLandlock:
         ruleset.value = fd
         for rule in rules:
             if _syscall(nr_add, ruleset, rule_type, rule, zero) != 0:
+                raise OSError(ctypes.get_errno(), "landlock_add_rule")
+        for port_rule in port_rules:
+            if _syscall(nr_add, ruleset, port_type, port_rule, zero) != 0:
                 raise OSError(ctypes.get_errno(), "landlock_add_rule")
         if _prctl(pr_nnp, one, ulong0, ulong0, ulong0) != 0:
             raise OSError(ctypes.get_errno(), "prctl_no_new_privs")
@@ -222,7 +241,7 @@ def prepare_landlock(rules: LandlockRules, abi: int | None = None) -> PreparedLa
         for fd, _ in grants:
             os.close(fd)
         raise SandboxStartError("landlock_path_unopenable") from exc
-    return PreparedLandlock(handled, grants, late=rules.late_read_write)
+    return PreparedLandlock(handled, grants, late=rules.late_read_write, ports=rules.connect_ports)
 
 
 def _open_grant(path: Path | Pinned) -> int:

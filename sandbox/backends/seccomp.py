@@ -19,6 +19,10 @@ Verdicts, x86_64 only:
   server) would otherwise be reachable. socketpair() stays for AF_UNIX stream and seqpacket
   pairs (asyncio's self-pipe, multiprocessing.Pipe): such a socket is born connected and
   cannot be pointed anywhere else, unlike a datagram pair, whose sendto() takes any address;
+- through the gateway's proxy (`proxy`, decision 89): the same, except socket() for a TCP
+  stream, AF_INET or AF_INET6 with protocol 0 or IPPROTO_TCP, which is how a client reaches
+  the proxy's listener on the run's loopback: raw and packet sockets, UDP (so no DNS query
+  leaves a resolver), SCTP and MPTCP streams, netlink and AF_UNIX sockets stay EPERM;
 - everything else: allowed.
 """
 
@@ -45,6 +49,9 @@ SECCOMP_RET_ALLOW = 0x7FFF0000
 CLONE_NEW_FLAGS = 0x7E020000 | 0x00000080  # NS, CGROUP, UTS, IPC, USER, PID, NET | TIME
 PERSONALITY_QUERY = 0xFFFFFFFF
 AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+IPPROTO_TCP = 6
 SOCK_STREAM = 1
 SOCK_SEQPACKET = 5
 SOCK_TYPE_MASK = 0xF  # the type argument also carries SOCK_NONBLOCK and SOCK_CLOEXEC
@@ -163,8 +170,10 @@ _Target = int | str  # a literal offset, or a label resolved by _assemble
 _Line = tuple[int, _Target, _Target, int] | str  # an instruction, or a label
 
 
-def build_filter(allow_network: bool) -> bytes:
-    """The filter as `struct sock_filter[]` bytes, ready for `struct sock_fprog`."""
+def build_filter(allow_network: bool, *, proxy: bool = False) -> bytes:
+    """The filter as `struct sock_filter[]` bytes, ready for `struct sock_fprog`; `proxy`: TCP client sockets too."""
+    if allow_network and proxy:
+        raise ValueError("a run has the host's network or the gateway's proxy, not both")
     lines: list[_Line] = [
         (BPF_LD_W_ABS, 0, 0, _ARCH_OFFSET),
         (BPF_JEQ_K, 0, "kill", AUDIT_ARCH_X86_64),
@@ -177,7 +186,10 @@ def build_filter(allow_network: bool) -> bytes:
         (BPF_JEQ_K, "ioctl", 0, SYSCALLS["ioctl"]),
     ]
     if not allow_network:
-        lines += [(BPF_JEQ_K, "eperm", 0, SYSCALLS["socket"]), (BPF_JEQ_K, "socketpair", 0, SYSCALLS["socketpair"])]
+        lines += [
+            (BPF_JEQ_K, "tcp_socket" if proxy else "eperm", 0, SYSCALLS["socket"]),
+            (BPF_JEQ_K, "socketpair", 0, SYSCALLS["socketpair"]),
+        ]
     lines += [
         (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
         "clone",
@@ -197,6 +209,16 @@ def build_filter(allow_network: bool) -> bytes:
         (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
         (BPF_JEQ_K, "allow", 0, SOCK_STREAM),
         (BPF_JEQ_K, "allow", "eperm", SOCK_SEQPACKET),
+        "tcp_socket",
+        (BPF_LD_W_ABS, 0, 0, _arg_low(0)),
+        (BPF_JEQ_K, 1, 0, AF_INET),
+        (BPF_JEQ_K, 0, "eperm", AF_INET6),
+        (BPF_LD_W_ABS, 0, 0, _arg_low(1)),
+        (BPF_ALU_AND_K, 0, 0, SOCK_TYPE_MASK),
+        (BPF_JEQ_K, 0, "eperm", SOCK_STREAM),
+        (BPF_LD_W_ABS, 0, 0, _arg_low(2)),
+        (BPF_JEQ_K, "allow", 0, 0),
+        (BPF_JEQ_K, "allow", "eperm", IPPROTO_TCP),
         "allow",
         (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
         "eperm",
@@ -263,11 +285,11 @@ class SeccompProgram:
             raise SandboxStartError("seccomp_filter_failed") from _errno_error()
 
 
-def prepare(allow_network: bool) -> SeccompProgram:
+def prepare(allow_network: bool, *, proxy: bool = False) -> SeccompProgram:
     """Build the filter and resolve prctl/syscall now, in the parent, so `apply` does neither."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         raise SandboxStartError("seccomp_unsupported_platform")  # elsewhere the filter would kill every process
-    code = build_filter(allow_network)
+    code = build_filter(allow_network, proxy=proxy)
     buffer = ctypes.create_string_buffer(code, len(code))
     fprog = _SockFprog(len(code) // _INSN.size, ctypes.addressof(buffer))
     libc = ctypes.CDLL(None, use_errno=True)
