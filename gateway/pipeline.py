@@ -74,6 +74,7 @@ from gateway.errors import (
 )
 from gateway.preflight import check_run_paths
 from gateway.progress import NO_PROGRESS, CallProgress
+from gateway.proxy import ConnectionLog
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord, RunStatus, artifact_errors
 from gateway.scope import Caller, CallScope, check_arguments, check_call, check_pins_intact
@@ -665,10 +666,19 @@ class Pipeline:
     def _finished(self, trail: CallTrail, finished: EventDraft, outcome: ToolOutcome) -> None:
         self.s.audit.append(finished, along=trail.card(CardStatus.DONE, outcome=outcome))
 
-    def _ran(self, trail: CallTrail, executed: EventDraft, user: str, *, reviewing: bool = False) -> Usage:
-        """SANDBOX_EXEC (the card `reviewing` when a person is to decide on the run's changes next), the
-        reservation settled to the run's duration, and the user's usage after it."""
-        self.s.audit.append(executed, along=trail.card(CardStatus.REVIEWING) if reviewing else ())
+    def _ran(
+        self,
+        trail: CallTrail,
+        executed: EventDraft,
+        user: str,
+        *,
+        reviewing: bool = False,
+        connected: tuple[EventDraft, ...] = (),
+    ) -> Usage:
+        """NET_CONNECT for each connection through the egress proxy, then SANDBOX_EXEC (the card `reviewing` when
+        a person is to decide on the run's changes next), the reservation settled to the run's duration, and the
+        user's usage after it."""
+        self.s.audit.append(*connected, executed, along=trail.card(CardStatus.REVIEWING) if reviewing else ())
         self._settle(trail)
         return self.s.budget.usage(user, self.s.policy.budget)
 
@@ -728,6 +738,7 @@ class Pipeline:
             hidden=(self.s.settings.home,),
             progress=progress,
             relay=relay,
+            connections=ConnectionLog(),
         )
         try:
             with artifact_errors(run_id):
@@ -745,7 +756,11 @@ class Pipeline:
         executed = EventDraft(spec.execution_event, tool_name=spec.name, detail=run.sandbox_detail(), **common)
         written = run.written()
         reviewing = written is not None and written.review and run.refusal() is None
-        usage = await in_db_thread(self._ran, trail, executed, principal.name, reviewing=reviewing)
+        connected = tuple(
+            EventDraft(EventType.NET_CONNECT, tool_name=spec.name, detail=c.detail(), **common)
+            for c in (request.connections.drain() if request.connections is not None else ())
+        )
+        usage = await in_db_thread(self._ran, trail, executed, principal.name, reviewing=reviewing, connected=connected)
         try:
             with artifact_errors(run_id):
                 run.write_evidence(

@@ -94,7 +94,7 @@ class SandboxPolicy:
     @property
     def required(self) -> frozenset[Guarantee]:
         """The guarantees without which no write tool runs (the unwaivable ones included)."""
-        return required_guarantees(self.require, network=self.network)
+        return required_guarantees(self.require, network=self.network, proxy=self.egress is not None)
 
 
 @dataclass(frozen=True, slots=True)

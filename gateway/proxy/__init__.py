@@ -8,6 +8,6 @@ The rules it applies are pure values (gateway/rules/egress.py); who calls it han
 the caps and where each connection's record goes.
 """
 
-from gateway.proxy.server import NetConnect, Outcome, ProxyLimits, RefusedFor, serve_proxy
+from gateway.proxy.server import ConnectionLog, NetConnect, Outcome, ProxyLimits, RefusedFor, proxy_starter, serve_proxy
 
-__all__ = ["NetConnect", "Outcome", "ProxyLimits", "RefusedFor", "serve_proxy"]
+__all__ = ["ConnectionLog", "NetConnect", "Outcome", "ProxyLimits", "RefusedFor", "proxy_starter", "serve_proxy"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -24,6 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from gateway.proxy.http import (
     MAX_HEAD,
@@ -120,6 +122,21 @@ class NetConnect:
             "duration_ms": self.duration_ms,
             "count": self.count,
         }
+
+
+@dataclass(slots=True)
+class ConnectionLog:
+    """One call's connections through the proxy as they end, for the pipeline to write as NET_CONNECT events."""
+
+    records: list[NetConnect] = field(default_factory=list)
+
+    def add(self, record: NetConnect) -> None:
+        self.records.append(record)
+
+    def drain(self) -> tuple[NetConnect, ...]:
+        """The records so far, taken: each is written once."""
+        taken, self.records = tuple(self.records), []
+        return taken
 
 
 Resolver = Callable[[str, int], Awaitable[list[Address]]]
@@ -299,6 +316,23 @@ async def serve_proxy(
                     count=proxy.totals.over_cap,
                 )
             )  # fmt: skip
+
+
+def proxy_starter(
+    group: TaskGroup,
+    rules: EgressRules,
+    limits: ProxyLimits,
+    record: Callable[[NetConnect], None],
+    *,
+    key: str,
+    ask: Asker | None = None,
+) -> Callable[[socket.socket], None]:
+    """The sandbox's `on_proxy`: the run's listener served in `group` (cancel the group when the run or server ends)."""
+
+    def start(listener: socket.socket) -> None:
+        group.start_soon(functools.partial(serve_proxy, listener, rules, limits, record, key=key, ask=ask))
+
+    return start
 
 
 def _refuse_at_once(client: socket.socket, limits: ProxyLimits, totals: _Totals) -> None:

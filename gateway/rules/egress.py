@@ -7,7 +7,7 @@ proxy connects to, so what a rule is judged on is what is reached. Patterns:
 
 - `host`: that host alone; `*.host`: any name below `host`, at any depth, never `host` itself (list
   both when both are meant); `*`: any name; an IP literal (`10.0.0.5`, `[::1]`): that address;
-- `:port` after any of them: that port alone; without one, 80 and 443;
+- `:port` after any of them: that port alone; without one, 80 and 443 (a deny pattern: every port);
 - `*` and `*.host` never match an IP literal: an address passes only where a rule names it.
 
 Any deny pattern wins; then a pattern naming the host, ask over allow; then `*`, ask over allow; no rule =
@@ -50,9 +50,12 @@ class HostPattern:
     literal: bool
     """`host` is an IP literal (IPv6 in brackets)."""
 
-    def matches(self, host: str, port: int) -> bool:
-        """Whether this pattern names `host` (a `read_host` result) on `port`."""
-        if port not in ((self.port,) if self.port is not None else DEFAULT_PORTS):
+    def matches(self, host: str, port: int, *, any_port: bool = False) -> bool:
+        """Whether this pattern names `host` (a `read_host` result) on `port`; without a port of its own it stands
+        for 80 and 443, or for every port with `any_port` (a deny pattern: `deny: [evil.example]` means all of it)."""
+        if self.port is not None and port != self.port:
+            return False
+        if self.port is None and not any_port and port not in DEFAULT_PORTS:
             return False
         return self.names(host)
 
@@ -172,7 +175,8 @@ def decide(rules: EgressRules, host: str, port: int) -> HostDecision:
     )
     for verdict, patterns, catch_all in tiers:
         for pattern in patterns:
-            if (catch_all is None or (pattern.host == "") == catch_all) and pattern.matches(host, port):
+            deny = catch_all is None
+            if (deny or (pattern.host == "") == catch_all) and pattern.matches(host, port, any_port=deny):
                 return HostDecision(verdict, f"{verdict}: {pattern.text}")
     return HostDecision(Verdict.DENY, None, _near_miss(rules, host, port))
 

@@ -31,6 +31,7 @@ CASES: list[tuple[str, int, Verdict, str | None]] = [
     ("evilpythonhosted.org", 443, Verdict.ASK, "ask: *"),  # a label boundary, not a suffix
     ("evil.pypi.org", 443, Verdict.DENY, "deny: evil.pypi.org"),  # deny wins
     ("db.internal", 443, Verdict.DENY, "deny: *.internal"),
+    ("db.internal", 5432, Verdict.DENY, "deny: *.internal"),  # a deny pattern without a port: every port
     ("10.0.0.5", 443, Verdict.ALLOW, "allow: 10.0.0.5"),  # the literal a rule names
     ("10.0.0.6", 443, Verdict.DENY, None),  # `*` never matches an IP literal
     ("127.0.0.1", 80, Verdict.DENY, None),
@@ -116,7 +117,7 @@ def test_the_network_mapping_is_read_into_rules(tmp_path: Path) -> None:
     assert [p.text for p in sandbox.egress.allow] == ["pypi.org", "*.pythonhosted.org"]
     assert dict(sandbox.egress.resolve) == {"mirror.test": ip_address("127.0.0.1")}
     assert sandbox.max_network_bytes == 1000000
-    assert "no_network" in sandbox.required  # the run's own namespace has no route out: still required
+    assert "network_through_proxy" in sandbox.required and "no_network" not in sandbox.required
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,181 @@
+"""Network by domain over real stdio (docs/policy.md, "Network by domain"; decision 90): runs reach hosts through the proxy.
+
+A declared tool runs urllib or curl inside the sandbox; its only way out is the gateway's proxy at
+127.0.0.1:3128 in its own namespace. The one origin is a listener this test opens on 127.0.0.1, named
+through `resolve`; every other address is refused by rule before anything is dialled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, reachable_by_everyone
+
+SessionFactory = Callable[..., StdioSession]
+GatewayFactory = Callable[..., GatewayHome]
+
+FETCH = f"""\
+#!{sys.executable}
+import json, sys, urllib.error, urllib.request
+url = sys.argv[1]
+try:
+    with urllib.request.urlopen(url, timeout=20) as response:
+        print(json.dumps({{"status": response.status, "body": response.read().decode()}}))
+except urllib.error.HTTPError as exc:
+    print(json.dumps({{"status": exc.code, "body": exc.read().decode()}}))
+except OSError as exc:
+    print(json.dumps({{"status": None, "body": type(exc).__name__ + ": " + str(exc)}}))
+"""
+BODY = b"served on the host's loopback"
+
+
+class Origin(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def origin() -> Iterator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Origin)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
+
+
+def tool(command: list[str]) -> dict[str, Any]:
+    return {
+        "description": "Fetch a URL",
+        "command": command,
+        "arguments": {"url": {"type": "string", "pattern": "http://[!-~]+", "max_length": 200}},
+        "annotations": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": True},
+    }
+
+
+@pytest.fixture
+def proxied(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
+    gw = make_gateway()
+    folder = gw.policy_path.parent / "bin"
+    folder.mkdir(exist_ok=True)
+    (folder / "fetch").write_text(FETCH)
+    (folder / "fetch").chmod(0o755)
+    reachable_by_everyone(folder)
+    port = origin.server_address[1]
+    tools = {"fetch": tool(["bin/fetch", "{url}"])}
+    if shutil.which("curl"):
+        tools["curl"] = tool(["curl", "-sS", "-i", "--max-time", "20", "{url}"])
+    gw.write_policy(
+        {
+            "tools": {"allowlist": list(tools), "declared": tools},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {
+                    "allow": [f"origin.test:{port}", f"*.example.test:{port}"],
+                    "deny": ["denied.test"],
+                    "resolve": {
+                        "origin.test": "127.0.0.1",
+                        "api.example.test": "127.0.0.1",
+                        "denied.test": "127.0.0.1",
+                    },
+                },
+            },
+        }
+    )
+    gw.add_user("alice", "USER")
+    return gw
+
+
+def allow_once(message: dict[str, Any]) -> dict[str, Any]:
+    return {"action": "accept", "content": {"decision": "allow_once"}}
+
+
+@contextlib.contextmanager
+def session_of(gw: GatewayHome, open_session: SessionFactory) -> Iterator[Callable[[str, str], dict[str, Any]]]:
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    token = gw.token("alice")
+    yield lambda name, url: session.call_tool(name, {"url": url}, token, timeout=120)
+
+
+def fetched(response: dict[str, Any]) -> dict[str, Any]:
+    result = response["result"]
+    parsed: dict[str, Any] = json.loads(result["content"][0]["text"].splitlines()[0])
+    return parsed
+
+
+def net_events(gw: GatewayHome, response: dict[str, Any]) -> list[dict[str, Any]]:
+    run_id = response["result"]["structuredContent"]["run_id"]
+    return [e for e in gw.events_of(run_id) if e["event_type"] == "NET_CONNECT"]
+
+
+def test_an_allowed_host_is_fetched_by_urllib_inside_a_run_and_recorded(
+    proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    with session_of(proxied, open_session) as call:
+        response = call("fetch", f"http://origin.test:{port}/x")
+    assert fetched(response) == {"status": 200, "body": BODY.decode()}
+    [event] = net_events(proxied, response)
+    assert {k: event["detail"][k] for k in ("host", "port", "decision", "rule", "address")} == {
+        "host": "origin.test", "port": port, "decision": "allowed", "rule": f"allow: origin.test:{port}",
+        "address": "127.0.0.1",
+    }  # fmt: skip
+    kinds = [e["event_type"] for e in proxied.events_of(response["result"]["structuredContent"]["run_id"])]
+    assert kinds.index("TOOL_STARTED") < kinds.index("NET_CONNECT") < kinds.index("SANDBOX_EXEC")
+    assert proxied.chain_ok()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_curl_inside_a_run_fetches_an_allowed_host_and_gets_403_for_a_denied_one(
+    proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    with session_of(proxied, open_session) as call:
+        allowed = call("curl", f"http://api.example.test:{port}/")
+        denied = call("curl", f"http://denied.test:{port}/")
+    assert BODY.decode() in allowed["result"]["content"][0]["text"]
+    text = denied["result"]["content"][0]["text"]
+    assert "403 Forbidden" in text
+    assert "denied.test" in text and "deny: denied.test" in text and "sandbox.network" in text
+    [event] = net_events(proxied, denied)
+    assert (event["detail"]["decision"], event["detail"]["reason"]) == ("refused", "denied_by_rule")
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.1:{port}/", "no_rule"),  # an IP literal no rule names
+        ("http://169.254.169.254/latest/meta-data/", "no_rule"),  # the metadata address: refused before any dial
+        ("http://origin.test:1/", "no_rule"),  # a port the rule does not name
+        ("http://elsewhere.test/", "no_rule"),
+    ],
+)
+def test_what_no_rule_names_is_refused_inside_a_run_and_nothing_is_dialled(
+    proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer, url: str, reason: str
+) -> None:
+    with session_of(proxied, open_session) as call:
+        response = call("fetch", url.format(port=origin.server_address[1]))
+    answer = fetched(response)
+    assert answer["status"] == 403
+    assert "no rule in sandbox.network names it" in answer["body"]
+    [event] = net_events(proxied, response)
+    assert (event["detail"]["reason"], event["detail"]["address"]) == (reason, None)  # never dialled
