@@ -50,6 +50,7 @@ from gateway.calls import CardStatus
 from gateway.canonical import args_hash
 from gateway.consent.changes_view import changes_prompt
 from gateway.consent.grant_scope import workspace_spellings
+from gateway.consent.network import HostQuestions
 from gateway.consent.stage import (
     OUT_OF_BAND,
     Answer,
@@ -704,6 +705,27 @@ class Pipeline:
             path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
         )
 
+    def _host_questions(
+        self, admitted: Admitted, trail: CallTrail, asker: ConsentChannel, progress: CallProgress
+    ) -> HostQuestions | None:
+        """Who the run's proxy asks about a host an `ask` rule names (decision 90): a person, through the call's
+        channel; None for an upstream's tool (its server's proxy outlives the call: such a host is refused)."""
+        egress = self.s.policy.sandbox.egress
+        if admitted.spec.origin is not None or egress is None or not egress.ask:
+            return None
+        return HostQuestions(
+            stage=self.s.consent,
+            channel=asker,
+            run_id=trail.run_id,
+            user=admitted.principal.name,
+            workspace=admitted.scope.workspace or "",
+            server_id=self.s.server_id,
+            tool_name=admitted.spec.name,
+            key="sandbox.network",
+            new_id=self.s.new_run_id,
+            progress=progress,
+        )
+
     async def _run(
         self,
         admitted: Admitted,
@@ -739,6 +761,7 @@ class Pipeline:
             progress=progress,
             relay=relay,
             connections=ConnectionLog(),
+            ask_host=self._host_questions(admitted, trail, asker, progress),
         )
         try:
             with artifact_errors(run_id):

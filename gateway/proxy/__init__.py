@@ -8,6 +8,24 @@ The rules it applies are pure values (gateway/rules/egress.py); who calls it han
 the caps and where each connection's record goes.
 """
 
-from gateway.proxy.server import ConnectionLog, NetConnect, Outcome, ProxyLimits, RefusedFor, proxy_starter, serve_proxy
+from gateway.proxy.server import (
+    Asker,
+    ConnectionLog,
+    NetConnect,
+    Outcome,
+    ProxyLimits,
+    RefusedFor,
+    proxy_starter,
+    serve_proxy,
+)
 
-__all__ = ["ConnectionLog", "NetConnect", "Outcome", "ProxyLimits", "RefusedFor", "proxy_starter", "serve_proxy"]
+__all__ = [
+    "Asker",
+    "ConnectionLog",
+    "NetConnect",
+    "Outcome",
+    "ProxyLimits",
+    "RefusedFor",
+    "proxy_starter",
+    "serve_proxy",
+]

@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup
 from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.progress import NO_PROGRESS, CallProgress
-from gateway.proxy import ConnectionLog, ProxyLimits, proxy_starter
+from gateway.proxy import Asker, ConnectionLog, ProxyLimits, proxy_starter
 from gateway.tools.base import ExecutionRequest, Governance, Written
 from sandbox import Limits, RunResult, guarantees, run_sandboxed
 from sandbox.change_set import ChangeRules
@@ -177,6 +177,7 @@ class Confinement:
     hidden: tuple[Path, ...] = ()
     progress: CallProgress = NO_PROGRESS
     connections: ConnectionLog | None = None
+    ask_host: Asker | None = None
 
 
 def confinement(request: ExecutionRequest) -> Confinement:
@@ -192,6 +193,7 @@ def confinement(request: ExecutionRequest) -> Confinement:
         hidden=request.hidden,
         progress=request.progress,
         connections=request.connections,
+        ask_host=request.ask_host,
     )
 
 
@@ -201,7 +203,12 @@ def _on_proxy(c: Confinement, group: TaskGroup) -> Callable[[socket.socket], Non
         return None
     record = c.connections.add if c.connections is not None else ConnectionLog().add
     return proxy_starter(
-        group, c.policy.egress, ProxyLimits(max_bytes=c.policy.max_network_bytes), record, key="sandbox.network"
+        group,
+        c.policy.egress,
+        ProxyLimits(max_bytes=c.policy.max_network_bytes),
+        record,
+        key="sandbox.network",
+        ask=c.ask_host,
     )
 
 

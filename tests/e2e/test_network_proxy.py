@@ -179,3 +179,80 @@ def test_what_no_rule_names_is_refused_inside_a_run_and_nothing_is_dialled(
     assert "no rule in sandbox.network names it" in answer["body"]
     [event] = net_events(proxied, response)
     assert (event["detail"]["reason"], event["detail"]["address"]) == (reason, None)  # never dialled
+
+
+@pytest.fixture
+def asking(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
+    gw = make_gateway()
+    folder = gw.policy_path.parent / "bin"
+    folder.mkdir(exist_ok=True)
+    (folder / "fetch").write_text(FETCH)
+    (folder / "fetch").chmod(0o755)
+    reachable_by_everyone(folder)
+    port = origin.server_address[1]
+    gw.write_policy(
+        {
+            "tools": {"allowlist": ["fetch"], "declared": {"fetch": tool(["bin/fetch", "{url}"])}},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {
+                    "ask": [f"*.ask.test:{port}"],
+                    "resolve": {"a.ask.test": "127.0.0.1", "b.ask.test": "127.0.0.1"},
+                },
+            },
+            "consent": {"timeout_s": 5},
+        }
+    )
+    gw.add_user("alice", "USER")
+    return gw
+
+
+def test_an_ask_host_waits_for_a_person_allow_once_then_deny_always_then_a_cancelled_dialog(
+    asking: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    url = f"http://a.ask.test:{origin.server_address[1]}/"
+    session = open_session(asking, capabilities=FORM_ELICITATION)
+    token = asking.token("alice")
+    asked: list[str] = []
+
+    def person(host_answer: str | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        def respond(message: dict[str, Any]) -> dict[str, Any]:
+            text = message["params"]["message"]
+            asked.append(text)
+            if "network:" not in text:
+                return {"action": "accept", "content": {"decision": "allow_once"}}  # the tool's own question
+            if host_answer is None:
+                return {"action": "cancel"}
+            return {"action": "accept", "content": {"decision": host_answer}}
+
+        return respond
+
+    session.responder = person("allow_once")
+    allowed = session.call_tool("fetch", {"url": url}, token, timeout=120)
+    assert fetched(allowed) == {"status": 200, "body": BODY.decode()}
+    assert any("network:a.ask.test" in a and "wants to connect to a.ask.test" in a for a in asked)
+    run_id = allowed["result"]["structuredContent"]["run_id"]
+    decisions = [e for e in asking.all_events() if e["event_type"] == "mcp.permission.decision"]
+    assert [(d["tool_name"], d["detail"]["decision"]) for d in decisions] == [
+        ("fetch", "ALLOW_ONCE"), ("network:a.ask.test", "ALLOW_ONCE"),
+    ]  # fmt: skip
+    assert decisions[0]["run_id"] == run_id
+    assert (decisions[1]["detail"]["for_run"], decisions[1]["detail"]["about"]) == (run_id, "network_host")
+
+    session.responder = person("deny_always")
+    denied = session.call_tool("fetch", {"url": url}, token, timeout=120)
+    assert fetched(denied)["status"] == 403
+    assert "refused by a person" in fetched(denied)["body"]
+
+    asked.clear()
+    session.responder = person("allow_once")  # the stored deny answers: the person is not asked about the host
+    again = session.call_tool("fetch", {"url": url}, token, timeout=120)
+    assert fetched(again)["status"] == 403
+    assert not any("network:" in a for a in asked)
+    [event] = net_events(asking, again)
+    assert event["detail"]["reason"] == "denied_by_person"
+
+    session.responder = person(None)  # the dialog cancelled: deny once, nothing stored
+    cancelled = session.call_tool("fetch", {"url": url.replace("a.ask", "b.ask")}, token, timeout=120)
+    assert fetched(cancelled)["status"] == 403
+    assert asking.chain_ok()
