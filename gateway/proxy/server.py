@@ -45,7 +45,11 @@ from gateway.rules.egress import Address, EgressRules, Verdict, address_of, deci
 
 log = logging.getLogger(__name__)
 
-CHUNK = 256 * 1024
+CHUNK = 1024 * 1024
+HIGH_WATER = 1024 * 1024
+"""Bytes queued for a peer before the proxy waits for it to read."""
+UPSTREAM_BUFFER = 1024 * 1024
+"""An origin's stream buffer: large reads for a download (a response head is still held to MAX_HEAD)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +161,7 @@ async def resolve_host(host: str, port: int) -> list[Address]:
 
 
 async def dial(address: Address, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.open_connection(str(address), port, limit=MAX_HEAD)
+    return await asyncio.open_connection(str(address), port, limit=UPSTREAM_BUFFER)
 
 
 class _Refused(Exception):
@@ -201,6 +205,10 @@ class _Connection:
     address: str | None = None
     up: int = 0
     down: int = 0
+    transports: list[asyncio.WriteTransport] = field(default_factory=list)
+    idled: bool = False
+    waiting: bool = False
+    """A person is deciding on the host: the connection waits, however long (the run's time limit bounds it)."""
 
     def moved(self) -> None:
         self.last = time.monotonic()
@@ -218,39 +226,41 @@ class _Connection:
         self.moved()
 
     async def read(self, reader: asyncio.StreamReader, n: int = CHUNK) -> bytes:
-        """Up to `n` bytes; b"" at the end; _Ended when nothing moved either way for idle_s."""
-        while True:
-            wait = self.idle_s - (time.monotonic() - self.last)
-            if wait <= 0:
-                raise _Ended(RefusedFor.IDLE)
-            try:
-                return await asyncio.wait_for(reader.read(n), wait)
-            except TimeoutError:
-                continue
+        """Up to `n` bytes; b"" at the end (or once the watchdog closed an idle connection: `watch`)."""
+        return await reader.read(n)
 
     async def read_exactly(self, reader: asyncio.StreamReader, n: int) -> bytes:
-        try:
-            return await asyncio.wait_for(reader.readexactly(n), self._left())
-        except TimeoutError:
-            raise _Ended(RefusedFor.IDLE) from None
+        return await reader.readexactly(n)
 
     async def read_line(self, reader: asyncio.StreamReader, end: bytes = b"\r\n") -> bytes:
-        try:
-            return await asyncio.wait_for(reader.readuntil(end), self._left())
-        except TimeoutError:
-            raise _Ended(RefusedFor.IDLE) from None
+        return await reader.readuntil(end)
 
     async def write(self, writer: asyncio.StreamWriter, data: bytes, *, up: bool) -> None:
+        """`data` sent on, counted; waits for the peer only past HIGH_WATER bytes queued (the watchdog bounds it)."""
         self.count(len(data), up=up)
         writer.write(data)
-        try:
-            await asyncio.wait_for(writer.drain(), self._left())
-        except TimeoutError:
-            raise _Ended(RefusedFor.IDLE) from None
+        if writer.transport.get_write_buffer_size() > HIGH_WATER:
+            await writer.drain()
         self.moved()
 
-    def _left(self) -> float:
-        return max(0.01, self.idle_s - (time.monotonic() - self.last))
+    def watching(self, writer: asyncio.StreamWriter) -> asyncio.StreamWriter:
+        """`writer`'s connection closed by `watch` when idle."""
+        self.transports.append(writer.transport)
+        return writer
+
+    async def watch(self) -> None:
+        """Close every transport of the connection once nothing moved either way for idle_s (never while a person
+        decides on its host: `waiting`). One timer per connection, rather than one per read."""
+        while True:
+            left = self.idle_s - (time.monotonic() - self.last)
+            if self.waiting:
+                self.moved()
+            elif left <= 0:
+                self.idled = True
+                for transport in self.transports:
+                    transport.abort()
+                return
+            await asyncio.sleep(max(left, 0.05))
 
     def record(self, outcome: Outcome, reason: RefusedFor | None) -> NetConnect:
         return NetConnect(
@@ -354,8 +364,11 @@ async def _serve_one(proxy: _Proxy, client: socket.socket) -> None:
     outcome: Outcome | None = None
     reason: RefusedFor | None = None
     writer: asyncio.StreamWriter | None = None
+    watchdog: asyncio.Future[None] | None = None
     try:
         reader, writer = await asyncio.open_connection(sock=client, limit=MAX_HEAD)
+        watchdog = asyncio.ensure_future(conn.watch())
+        conn.watching(writer)
         try:
             outcome, reason = await _serve_request(proxy, conn, reader, writer)
         except _Refused as exc:
@@ -372,6 +385,10 @@ async def _serve_one(proxy: _Proxy, client: socket.socket) -> None:
         outcome, reason = Outcome.REFUSED, RefusedFor.BAD_REQUEST
     finally:
         proxy.totals.open -= 1
+        if watchdog is not None:
+            watchdog.cancel()
+        if conn.idled:
+            reason = RefusedFor.IDLE
         if writer is not None:
             writer.transport.abort()
         else:
@@ -450,7 +467,13 @@ async def _admit(proxy: _Proxy, conn: _Connection, target: Target) -> list[Addre
                 f" and asking a person about a host is not built yet: refused; to let it through without"
                 f" asking, add '{host}' to {key}.allow (policy.yaml)",
             )
-        if not await proxy.ask(host, port, decision.rule or ""):
+        conn.waiting = True
+        try:
+            allowed = await proxy.ask(host, port, decision.rule or "")
+        finally:
+            conn.waiting = False
+            conn.moved()
+        if not allowed:
             raise _Refused(
                 403,
                 RefusedFor.DENIED_BY_PERSON,
@@ -500,6 +523,7 @@ async def _dial(
             continue
         conn.address = str(address)
         conn.moved()
+        conn.watching(opened[1])
         return opened
     raise _Refused(502, RefusedFor.CONNECT_FAILED, f"mcp-gateway proxy: {conn.host}:{port} did not accept a connection")
 
@@ -674,6 +698,8 @@ async def _relay_response(conn: _Connection, reader: asyncio.StreamReader, write
     while True:
         try:
             raw = await conn.read_line(reader, b"\r\n\r\n")
+            if len(raw) > MAX_HEAD:
+                raise BadRequest(502, "a response head over the cap")
             head = parse_head(raw, response=True)
         except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, BadRequest):
             raise _Refused(
