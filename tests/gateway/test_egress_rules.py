@@ -8,8 +8,10 @@ from textwrap import dedent
 
 import pytest
 
+from gateway.egress_policy import Network, describe_network
 from gateway.errors import ConfigError
 from gateway.policy import parse_policy
+from gateway.policy_warnings import risky_settings
 from gateway.rules.egress import EgressRules, Verdict, decide, parse_pattern, read_host, refusal_for_address
 from gateway.tools.registry import TOOL_NAMES
 
@@ -175,3 +177,17 @@ def test_ask_on_a_named_host_wins_over_allow_and_deny_star_wins_over_everything(
     closed = EgressRules(allow=(parse_pattern("pypi.org"),), deny=(parse_pattern("*"),))
     assert decide(closed, "pypi.org", 443) == decide(closed, "other.org", 443)
     assert decide(closed, "pypi.org", 443).rule == "deny: *"
+
+
+def test_policy_check_warns_about_allow_star_and_describes_the_rules(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    text = POLICY.replace("allow: [pypi.org", 'allow: ["*", pypi.org')
+    policy = parse_policy(text, tmp_path / "policy.yaml", TOOL_NAMES)
+    messages = [w.message for w in risky_settings(policy, None)]
+    assert any(m.startswith("sandbox.network.allow has '*'") for m in messages)
+    assert policy.sandbox.egress is not None
+    assert describe_network(Network(rules=policy.sandbox.egress)) == (
+        "through the gateway's proxy (deny: 169.254.169.254, *.internal; ask: *; allow: *, pypi.org,"
+        " *.pythonhosted.org; resolve: mirror.test -> 127.0.0.1)"
+    )
+    assert describe_network(Network()) == "no network"
