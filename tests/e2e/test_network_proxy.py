@@ -14,6 +14,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,19 +72,29 @@ def tool(command: list[str]) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def proxied(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
+def gateway_with(make_gateway: GatewayFactory, programs: dict[str, str], policy: dict[str, Any]) -> GatewayHome:
+    """A gateway whose policy is `policy`, with `programs` (name -> text) in bin/ beside it, and alice a USER."""
     gw = make_gateway()
     folder = gw.policy_path.parent / "bin"
     folder.mkdir(exist_ok=True)
-    (folder / "fetch").write_text(FETCH)
-    (folder / "fetch").chmod(0o755)
+    for name, text in programs.items():
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
     reachable_by_everyone(folder)
+    gw.write_policy(policy)
+    gw.add_user("alice", "USER")
+    return gw
+
+
+@pytest.fixture
+def proxied(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
     port = origin.server_address[1]
     tools = {"fetch": tool(["bin/fetch", "{url}"])}
     if shutil.which("curl"):
         tools["curl"] = tool(["curl", "-sS", "-i", "--max-time", "20", "{url}"])
-    gw.write_policy(
+    return gateway_with(
+        make_gateway,
+        {"fetch": FETCH},
         {
             "tools": {"allowlist": list(tools), "declared": tools},
             "sandbox": {
@@ -98,10 +109,8 @@ def proxied(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServe
                     },
                 },
             },
-        }
+        },
     )
-    gw.add_user("alice", "USER")
-    return gw
 
 
 def allow_once(message: dict[str, Any]) -> dict[str, Any]:
@@ -183,14 +192,10 @@ def test_what_no_rule_names_is_refused_inside_a_run_and_nothing_is_dialled(
 
 @pytest.fixture
 def asking(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
-    gw = make_gateway()
-    folder = gw.policy_path.parent / "bin"
-    folder.mkdir(exist_ok=True)
-    (folder / "fetch").write_text(FETCH)
-    (folder / "fetch").chmod(0o755)
-    reachable_by_everyone(folder)
     port = origin.server_address[1]
-    gw.write_policy(
+    return gateway_with(
+        make_gateway,
+        {"fetch": FETCH},
         {
             "tools": {"allowlist": ["fetch"], "declared": {"fetch": tool(["bin/fetch", "{url}"])}},
             "sandbox": {
@@ -201,10 +206,8 @@ def asking(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer
                 },
             },
             "consent": {"timeout_s": 5},
-        }
+        },
     )
-    gw.add_user("alice", "USER")
-    return gw
 
 
 def test_an_ask_host_waits_for_a_person_allow_once_then_deny_always_then_a_cancelled_dialog(
@@ -256,3 +259,132 @@ def test_an_ask_host_waits_for_a_person_allow_once_then_deny_always_then_a_cance
     cancelled = session.call_tool("fetch", {"url": url.replace("a.ask", "b.ask")}, token, timeout=120)
     assert fetched(cancelled)["status"] == 403
     assert asking.chain_ok()
+
+
+# --- an upstream server behind the proxy ------------------------------------------------------------
+
+FETCH_SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "fetch_server.py"
+
+
+def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothing_else(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    gw = gateway_with(
+        make_gateway,
+        {"fetch-server": f"#!{sys.executable}\n" + FETCH_SERVER.read_text()},
+        {
+            "tools": {"allowlist": ["web__fetch"]},
+            "sandbox": {"allowed_paths": ["bin"]},
+            "upstreams": {
+                "web": {
+                    "command": ["bin/fetch-server"],
+                    "tools": ["fetch"],
+                    "timeout_s": 60,
+                    "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
+                }
+            },
+        },
+    )
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    token = gw.token("alice")
+    allowed = session.call_tool("web__fetch", {"url": f"http://origin.test:{port}/"}, token, timeout=120)
+    refused = session.call_tool("web__fetch", {"url": f"http://127.0.0.1:{port}/"}, token, timeout=120)
+    assert json.loads(allowed["result"]["content"][0]["text"]) == {"status": 200, "body": BODY.decode()}
+    answer = json.loads(refused["result"]["content"][0]["text"])
+    assert answer["status"] == 403 and "upstreams.web.network" in answer["body"]
+    for response, decision in ((allowed, "allowed"), (refused, "refused")):
+        run_id = response["result"]["_meta"]["mcp-write-gateway/run_id"]
+        events = gw.events_of(run_id)
+        kinds = [e["event_type"] for e in events]
+        assert kinds.index("NET_CONNECT") < kinds.index("UPSTREAM_CALL")
+        [event] = [e for e in events if e["event_type"] == "NET_CONNECT"]
+        assert event["detail"]["decision"] == decision
+
+
+# --- a hostile run -------------------------------------------------------------------------------------
+
+HOSTILE = f"""\
+#!{sys.executable}
+import json, socket, ssl, sys, contextlib
+out = {{}}
+mode = sys.argv[1].split("/")[3]
+if mode == "flood":  # 40 held open and silent (32 served, waiting for a head), then 1,460 more: 503 at once
+    held = [socket.create_connection(("127.0.0.1", 3128), timeout=20) for _ in range(40)]
+    answers = {{}}
+    for _ in range(1460):
+        with socket.create_connection(("127.0.0.1", 3128), timeout=20) as s:
+            s.shutdown(socket.SHUT_WR)
+            first = s.recv(12).decode()
+            answers[first] = answers.get(first, 0) + 1
+    out["answers"] = answers
+elif mode == "escape":  # every way out but the proxy
+    for name, make in (
+        ("udp_dns", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("8.8.8.8", 53))),
+        ("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)),
+        ("resolve", lambda: socket.getaddrinfo("example.com", 443)),
+        ("tcp_direct", lambda: socket.create_connection(("1.1.1.1", 443), timeout=3)),
+        ("tcp_loopback", lambda: socket.create_connection(("127.0.0.1", 22), timeout=3)),
+    ):
+        try:
+            make()
+            out[name] = "reached"
+        except OSError as exc:
+            out[name] = type(exc).__name__
+elif mode == "sni":  # CONNECT an allowed host, then a ClientHello naming another
+    host = sys.argv[1].split("/")[2]
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="evil.test")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    s.sendall(f"CONNECT {{host}} HTTP/1.1\\r\\n\\r\\n".encode())
+    head = s.recv(4096)
+    s.sendall(outgoing.read())
+    out["head"] = head.decode().split("\\r\\n")[0]
+    out["after"] = len(s.recv(4096))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def hostile(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
+    port = origin.server_address[1]
+    return gateway_with(
+        make_gateway,
+        {"hostile": HOSTILE},
+        {
+            "tools": {"allowlist": ["hostile"], "declared": {"hostile": tool(["bin/hostile", "{url}"])}},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
+            },
+        },
+    )
+
+
+def test_a_run_that_floods_the_proxy_gets_503_past_the_caps_and_one_event_for_them(
+    hostile: GatewayHome, open_session: SessionFactory
+) -> None:
+    with session_of(hostile, open_session) as call:
+        response = call("hostile", "http://x/flood")
+    assert fetched(response)["answers"] == {"HTTP/1.1 503": 1460}  # 32 open already: every one answered at once
+    [summary] = net_events(hostile, response)  # the 32 that sent nothing are not recorded; the 1,468 refused, once
+    assert (summary["detail"]["reason"], summary["detail"]["count"]) == ("connection_cap", 1468)
+
+
+def test_a_run_has_no_way_out_but_the_proxy(hostile: GatewayHome, open_session: SessionFactory) -> None:
+    with session_of(hostile, open_session) as call:
+        response = call("hostile", "http://x/escape")
+    assert "reached" not in fetched(response).values(), fetched(response)
+
+
+def test_a_client_hello_naming_another_host_than_connect_is_refused_inside_a_run(
+    hostile: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    with session_of(hostile, open_session) as call:
+        response = call("hostile", f"http://origin.test:{origin.server_address[1]}/sni")
+    assert fetched(response) == {"head": "HTTP/1.1 200 Connection established", "after": 0}
+    [event] = net_events(hostile, response)
+    assert (event["detail"]["reason"], event["detail"]["address"]) == ("sni_mismatch", None)
