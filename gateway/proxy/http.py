@@ -151,6 +151,29 @@ def body_framing(head: Head) -> int | None:
     return int(value)
 
 
+UNTIL_CLOSE = -1
+"""A response body that ends when the origin closes (no length, no chunked coding)."""
+
+
+def response_framing(head: Head, method: bytes) -> int | None:
+    """The response body's length, None for chunked, UNTIL_CLOSE when only the origin's close ends it (RFC 9112
+    6.3). Raises BadRequest (502) on a length read two ways."""
+    status = head.start[1]
+    if method == b"HEAD" or status in (b"204", b"304"):
+        return 0
+    encodings = [e.strip().lower() for e in b",".join(head.values(b"transfer-encoding")).split(b",") if e.strip()]
+    if encodings:
+        return None if encodings[-1] == b"chunked" else UNTIL_CLOSE
+    lengths = head.values(b"content-length")
+    if not lengths:
+        return UNTIL_CLOSE
+    values = {v.strip() for v in b",".join(lengths).split(b",")}
+    value = values.pop()
+    if values or not value.isdigit() or len(value) > 15:
+        raise BadRequest(502, "the origin's Content-Length is not one number")
+    return int(value)
+
+
 def forwarded_request(head: Head, target: Target) -> bytes:
     """The request head the origin server gets: origin-form, its Host, no hop-by-hop header, Connection: close."""
     dropped = _dropped(head)

@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup
 
 from gateway.proxy.http import (
     MAX_HEAD,
+    UNTIL_CLOSE,
     BadRequest,
     Head,
     Target,
@@ -39,6 +40,7 @@ from gateway.proxy.http import (
     parse_head,
     refusal,
     request_target,
+    response_framing,
 )
 from gateway.proxy.sni import MAX_HELLO, HelloState, read_hello
 from gateway.rules.egress import Address, EgressRules, Verdict, address_of, decide, read_host, refusal_for_address
@@ -643,14 +645,26 @@ async def _forward(
     up_reader, up_writer = await _dial(proxy, conn, addresses, target.port)
     try:
         await conn.write(up_writer, forwarded_request(head, target), up=True)
-        await _alongside(_relay_response(conn, up_reader, writer), _copy_body(conn, reader, up_writer, framing))
+        await _alongside(
+            _relay_response(conn, up_reader, writer, head.start[0]), _copy_body(conn, reader, up_writer, framing)
+        )
     finally:
         up_writer.transport.abort()
 
 
 async def _copy_body(
-    conn: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framing: int | None
+    conn: _Connection,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    framing: int | None,
+    *,
+    up: bool = True,
 ) -> None:
+    """A body copied by its own framing (a length, or chunked parsed to its last chunk) and never past it."""
+    bad = RefusedFor.BAD_REQUEST if up else RefusedFor.BAD_RESPONSE
+    if framing == UNTIL_CLOSE:
+        await _copy(conn, reader, writer, up=up)
+        return
     if framing is not None:
         left = framing
         while left:
@@ -658,19 +672,19 @@ async def _copy_body(
             if not data:
                 return
             left -= len(data)
-            await conn.write(writer, data, up=True)
+            await conn.write(writer, data, up=up)
         return
     while True:  # chunked: size line, data, CRLF; a zero size, then trailers up to a blank line
-        line = await _bounded_line(conn, reader)
+        line = await _bounded_line(conn, reader, bad)
         size_text = line[:-2].split(b";", 1)[0].strip()
         if not size_text or len(size_text) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in size_text):
-            raise _Ended(RefusedFor.BAD_REQUEST)
-        await conn.write(writer, line, up=True)
+            raise _Ended(bad)
+        await conn.write(writer, line, up=up)
         size = int(size_text, 16)
         if size == 0:
             while True:
-                trailer = await _bounded_line(conn, reader)
-                await conn.write(writer, trailer, up=True)
+                trailer = await _bounded_line(conn, reader, bad)
+                await conn.write(writer, trailer, up=up)
                 if trailer == b"\r\n":
                     return
         while size:
@@ -678,29 +692,34 @@ async def _copy_body(
             if not data:
                 return
             size -= len(data)
-            await conn.write(writer, data, up=True)
+            await conn.write(writer, data, up=up)
         if await conn.read_exactly(reader, 2) != b"\r\n":
-            raise _Ended(RefusedFor.BAD_REQUEST)
-        await conn.write(writer, b"\r\n", up=True)
+            raise _Ended(bad)
+        await conn.write(writer, b"\r\n", up=up)
 
 
-async def _bounded_line(conn: _Connection, reader: asyncio.StreamReader) -> bytes:
+async def _bounded_line(conn: _Connection, reader: asyncio.StreamReader, bad: RefusedFor) -> bytes:
     try:
         line = await conn.read_line(reader)
     except asyncio.LimitOverrunError:
-        raise _Ended(RefusedFor.BAD_REQUEST) from None
+        raise _Ended(bad) from None
     if len(line) > 8192:
-        raise _Ended(RefusedFor.BAD_REQUEST)
+        raise _Ended(bad)
     return line
 
 
-async def _relay_response(conn: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _relay_response(
+    conn: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: bytes
+) -> None:
+    """The origin's response: interim 1xx heads passed on, then the final head rewritten and its body copied by
+    its own framing; what the origin sends past it is never read."""
     while True:
         try:
             raw = await conn.read_line(reader, b"\r\n\r\n")
             if len(raw) > MAX_HEAD:
                 raise BadRequest(502, "a response head over the cap")
             head = parse_head(raw, response=True)
+            framing = response_framing(head, method)
         except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, BadRequest):
             raise _Refused(
                 502, RefusedFor.BAD_RESPONSE, "mcp-gateway proxy: the origin's answer is not an HTTP/1.x response"
@@ -714,4 +733,4 @@ async def _relay_response(conn: _Connection, reader: asyncio.StreamReader, write
         await conn.write(writer, out, up=False)
         if not informational:
             break
-    await _copy(conn, reader, writer, up=False)
+    await _copy_body(conn, reader, writer, framing, up=False)

@@ -51,6 +51,9 @@ class Origin:
     received: list[bytes] = field(default_factory=list)
     raw: bool = False
     """Keep the bytes as they come and answer nothing (a tunnel's far end)."""
+    lingers: bool = False
+    """After its answer, send bytes past it and keep the connection open (Connection: close ignored)."""
+    chunked: bool = False
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
@@ -71,9 +74,17 @@ class Origin:
                 0,
             )
             self.received.append(head + (await reader.readexactly(length) if length else b""))
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nKeep-Alive: timeout=5\r\n\r\n" % len(self.body))
-            writer.write(self.body)
+            if self.chunked:
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(self.body), self.body))
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nKeep-Alive: timeout=5\r\n\r\n" % len(self.body))
+                writer.write(self.body)
             await writer.drain()
+            if self.lingers:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nsmuggle")
+                await writer.drain()
+                await asyncio.sleep(WAIT_S)
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -519,3 +530,17 @@ def test_an_idle_tunnel_is_closed() -> None:
 
     anyio.run(main)
     assert seen["records"][0].reason is RefusedFor.IDLE  # type: ignore[index]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_response_ends_at_its_own_framing_whatever_the_origin_sends_after_or_keeps_open(chunked: bool) -> None:
+    origin = Origin(lingers=True, chunked=chunked)
+    seen = refused(
+        lambda port: rules(allow=(f"origin.test:{port}",), resolve=("origin.test",)),
+        lambda port: f"GET http://origin.test:{port}/ HTTP/1.1\r\n\r\n".encode(),
+        origin=origin,
+        limits=ProxyLimits(max_bytes=1 << 20, idle_s=WAIT_S * 2),  # the idle bound is not what ends it
+    )
+    assert seen.answer.endswith(b"0\r\n\r\n" if chunked else b"hello from the origin")
+    assert b"smuggle" not in seen.answer
+    assert seen.records[0].decision is Outcome.ALLOWED and seen.records[0].reason is None
