@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 
-.PHONY: demo test unit coverage lint bench clean bytecode system-deps bubblewrap postgresql guest-deps nodejs ts-client chromium
+.PHONY: demo test unit coverage lint bench clean bytecode system-deps bubblewrap postgresql guest-deps nodejs ts-client chromium curl
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ lint: $(STAMP)
 # `make test` depends on it, so that on a fresh machine as root it still runs everything; without
 # root nothing is installed and the tests that need them skip (the guest's tests fail, naming
 # `make guest-deps`).
-system-deps: bubblewrap postgresql guest-deps nodejs chromium
+system-deps: bubblewrap postgresql guest-deps nodejs chromium curl
 
 # The bubblewrap backend (sandbox.backend: bubblewrap) and its tests need Debian's bubblewrap.
 bubblewrap:
@@ -41,6 +41,13 @@ bubblewrap:
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }; }
+
+# A proxied run's tests fetch through the proxy with curl as well as Python (tests/sandbox/test_proxy_listener.py).
+curl:
+	@command -v curl >/dev/null || [ "$$(id -u)" != 0 ] || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends curl >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends curl >/dev/null; }; }
 
 # The PostgreSQL tests start a throwaway cluster of Debian's postgresql (tests/pg_cluster.py).
 postgresql:

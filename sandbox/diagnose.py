@@ -168,7 +168,7 @@ def cause(guarantee: Guarantee, report: LayerReport, backend: Backend, facts: Ho
         return f"{why}, and the run has no uid or user namespace of its own for RLIMIT_NPROC", fix
     if guarantee is Guarantee.PROCESS_LIMITS:
         return "setrlimit failed in a probe", f"see {OPERATIONS}"
-    return _namespaces(facts, report)  # no_network, bounded_scratch, whole_run_kill, process/ipc isolation
+    return _namespaces(facts, report)  # no_network, network_through_proxy, bounded_scratch, whole_run_kill, isolation
 
 
 @dataclass(frozen=True, slots=True)

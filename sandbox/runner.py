@@ -430,8 +430,7 @@ def _received(
     try:
         return stack.enter_context(child_scratch.receive())
     except SandboxStartError:
-        _kill_group(process.pid)
-        _reap(process.pid)
+        _abandon(process)
         raise
 
 
@@ -451,16 +450,21 @@ def _hand_over(
     try:
         received = listener.receive()
     except SandboxStartError:
-        _kill_group(process.pid)
-        _reap(process.pid)
+        _abandon(process)
         raise
     try:
         on_proxy(received)
     except BaseException:
         received.close()  # the callee never took it: nothing serves the run's connects
-        _kill_group(process.pid)
-        _reap(process.pid)
+        _abandon(process)
         raise
+
+
+def _abandon(process: subprocess.Popen[bytes]) -> None:
+    """Kill a run that must not go on, before it was handed to its supervision, and reap it."""
+    _kill_group(process.pid)
+    _reap(process.pid)
+    process.returncode = -signal.SIGKILL
 
 
 _group_serial = itertools.count()

@@ -77,9 +77,10 @@ def run_filter(code: bytes, nr: int, args: tuple[int, ...] = (), arch: int = AUD
         assert pc < len(insns), "jump past the end"
 
 
-@pytest.fixture(params=[False, True], ids=["no_network", "network"])
+@pytest.fixture(params=[(False, False), (True, False), (False, True)], ids=["no_network", "network", "proxy"])
 def program(request: pytest.FixtureRequest) -> bytes:
-    return build_filter(allow_network=request.param)
+    allow_network, proxy = request.param
+    return build_filter(allow_network=allow_network, proxy=proxy)
 
 
 @pytest.mark.parametrize("name", MUST_DENY)
@@ -180,6 +181,49 @@ def test_without_network_only_connected_unix_pairs(domain: int, kind: int, offli
     nr = SYSCALLS["socketpair"]
     assert run_filter(build_filter(allow_network=False), nr, (domain, kind, 0)) == offline
     assert run_filter(build_filter(allow_network=True), nr, (domain, kind, 0)) == ALLOW
+
+
+@pytest.mark.parametrize(
+    ("domain", "kind", "protocol", "proxied"),
+    [
+        (2, 1, 0, ALLOW),  # a TCP client: how a run reaches the proxy's listener
+        (2, 1, 6, ALLOW),  # IPPROTO_TCP named
+        (2, 1 | 0x80000 | 0x800, 0, ALLOW),  # SOCK_CLOEXEC | SOCK_NONBLOCK do not change the type
+        (10, 1, 0, ALLOW),
+        (10, 1, 6, ALLOW),
+        (2, 1, 132, EPERM),  # SCTP's stream: not TCP, which Landlock's port rule would not see
+        (2, 1, 262, EPERM),  # MPTCP
+        (2, 2, 0, EPERM),  # UDP: no DNS query, nothing past the proxy
+        (10, 2, 17, EPERM),
+        (2, 3, 1, EPERM),  # raw ICMP
+        (10, 3, 58, EPERM),
+        (2, 5, 0, EPERM),
+        (17, 3, 0x300, EPERM),  # a packet socket
+        (16, 3, 0, EPERM),  # netlink, as without network
+        (1, 1, 0, EPERM),  # a pathname unix socket, as without network
+        (1, 2, 0, EPERM),
+        (0, 1, 0, EPERM),
+        (2 | 0xFFFFFFFF_00000000, 1, 0, ALLOW),  # the kernel reads an int: the high half changes nothing
+    ],
+    ids=["tcp", "tcp-named", "tcp-flags", "tcp6", "tcp6-named", "sctp", "mptcp", "udp", "udp6", "raw", "raw6",
+         "seqpacket", "packet", "netlink", "unix-stream", "unix-dgram", "unspec", "tcp-high-bits"],
+)  # fmt: skip
+def test_through_the_proxy_only_tcp_client_sockets_open(domain: int, kind: int, protocol: int, proxied: int) -> None:
+    nr = SYSCALLS["socket"]
+    assert run_filter(build_filter(allow_network=False, proxy=True), nr, (domain, kind, protocol)) == proxied
+    assert run_filter(build_filter(allow_network=False), nr, (domain, kind, protocol)) == EPERM
+
+
+def test_the_proxy_keeps_the_socket_pairs_of_a_run_without_network() -> None:
+    nr = SYSCALLS["socketpair"]
+    for domain, kind in ((1, 1), (1, 5), (1, 2), (2, 1), (16, 1)):
+        offline = run_filter(build_filter(allow_network=False), nr, (domain, kind, 0))
+        assert run_filter(build_filter(allow_network=False, proxy=True), nr, (domain, kind, 0)) == offline
+
+
+def test_the_network_and_the_proxy_are_never_both_built() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        build_filter(allow_network=True, proxy=True)
 
 
 @pytest.mark.skipif(not UNISTD_64.exists(), reason="kernel uapi headers not installed")
