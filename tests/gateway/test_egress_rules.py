@@ -191,3 +191,20 @@ def test_policy_check_warns_about_allow_star_and_describes_the_rules(tmp_path: P
         " *.pythonhosted.org; resolve: mirror.test -> 127.0.0.1)"
     )
     assert describe_network(Network()) == "no network"
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["db.internal", "DB.INTERNAL", "db.internal.", "db%2einternal", "\uff44\uff42.internal"],
+)
+def test_a_denied_name_is_denied_however_it_is_spelled(spelling: str) -> None:
+    read = read_host(spelling)
+    assert read == "db.internal"
+    assert decide(RULES, read, 443).verdict is Verdict.DENY
+
+
+@pytest.mark.parametrize("spelling", ["169.254.169.254", "0xa9.0xfe.0xa9.0xfe", "2852039166", "169.254.43518"])
+def test_the_metadata_address_is_the_same_literal_however_it_is_written(spelling: str) -> None:
+    read = read_host(spelling)
+    assert read == "169.254.169.254"
+    assert decide(RULES, read, 80).rule == "deny: 169.254.169.254"
