@@ -419,13 +419,15 @@ class Pipeline:
             log.exception("run %s: unexpected failure", trail.run_id)
             error = InternalError(Reason.INTERNAL_ERROR, "the gateway failed")
             run_status = RunStatus.FAILED if trail.executing else None
-            await in_db_thread(self._best_effort, trail, trail.refusal(error), run_status, CardStatus.ERROR, error)
+            events = (*trail.connected(), trail.refusal(error))
+            await in_db_thread(self._best_effort, trail, events, run_status, CardStatus.ERROR, error)
             raise error from exc
         except anyio.get_cancelled_exc_class():
             # The client cancelled or went away; a running tool was killed by the runner.
             with anyio.CancelScope(shield=True), contextlib.suppress(StorageUnavailableError):
                 run_status = RunStatus.CANCELLED if trail.executing else None
-                await in_db_thread(self._best_effort, trail, trail.cancelled(), run_status, CardStatus.CANCELLED, None)
+                events = (*trail.connected(), trail.cancelled())
+                await in_db_thread(self._best_effort, trail, events, run_status, CardStatus.CANCELLED, None)
             raise  # the cancellation, even when the database could not take its trail (logged)
 
     # --- the stages: each a `step` or a `run` for a call and a `dry` for explain ---------------
@@ -609,7 +611,7 @@ class Pipeline:
     def _refused(self, trail: CallTrail, exc: GatewayError) -> None:
         self._settle_best_effort(trail)
         if not _is_audit_failure(exc) and not trail.closed_by_sweep:
-            trail.log(CardStatus.ERROR, trail.refusal(exc), error=exc)
+            trail.log(CardStatus.ERROR, *trail.connected(), trail.refusal(exc), error=exc)
 
     def _settle(self, trail: CallTrail) -> None:
         """Set the call's budget reservation (its whole time limit) to what it spent, once.
@@ -633,7 +635,7 @@ class Pipeline:
     def _best_effort(
         self,
         trail: CallTrail,
-        event: EventDraft | None,
+        events: tuple[EventDraft, ...],
         run_status: RunStatus | None,
         card_status: CardStatus,
         error: GatewayError | None,
@@ -643,7 +645,7 @@ class Pipeline:
         try:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
-            trail.log(card_status, *(() if event is None else (event,)), error=error)
+            trail.log(card_status, *events, error=error)
         except GatewayError:
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
 
@@ -747,6 +749,7 @@ class Pipeline:
         common: dict[str, Any] = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
         started = EventDraft(EventType.TOOL_STARTED, tool_name=spec.name, args_hash=hashed, **common)
         await in_db_thread(self._started, trail, record, started)
+        trail.connections = ConnectionLog()
         request = ExecutionRequest(
             run_id=run_id,
             root=scope.pinned_root,
@@ -760,7 +763,7 @@ class Pipeline:
             hidden=(self.s.settings.home,),
             progress=progress,
             relay=relay,
-            connections=ConnectionLog(),
+            connections=trail.connections,
             ask_host=self._host_questions(admitted, trail, asker, progress),
         )
         try:
@@ -779,11 +782,9 @@ class Pipeline:
         executed = EventDraft(spec.execution_event, tool_name=spec.name, detail=run.sandbox_detail(), **common)
         written = run.written()
         reviewing = written is not None and written.review and run.refusal() is None
-        connected = tuple(
-            EventDraft(EventType.NET_CONNECT, tool_name=spec.name, detail=c.detail(), **common)
-            for c in (request.connections.drain() if request.connections is not None else ())
+        usage = await in_db_thread(
+            self._ran, trail, executed, principal.name, reviewing=reviewing, connected=trail.connected()
         )
-        usage = await in_db_thread(self._ran, trail, executed, principal.name, reviewing=reviewing, connected=connected)
         try:
             with artifact_errors(run_id):
                 run.write_evidence(

@@ -13,6 +13,7 @@ import json
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,10 @@ BODY = b"served on the host's loopback"
 
 class Origin(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
+        if self.path == "/slow":  # an answer that never comes while the test looks (the thread is a daemon)
+            if isinstance(self.server, OriginServer):
+                self.server.slow_asked.set()
+            time.sleep(60)
         self.send_response(200)
         self.send_header("Content-Length", str(len(BODY)))
         self.end_headers()
@@ -50,9 +55,17 @@ class Origin(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class OriginServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Origin)
+        self.slow_asked = threading.Event()
+
+
 @pytest.fixture
-def origin() -> Iterator[http.server.ThreadingHTTPServer]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Origin)
+def origin() -> Iterator[OriginServer]:
+    server = OriginServer()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -388,3 +401,28 @@ def test_a_client_hello_naming_another_host_than_connect_is_refused_inside_a_run
     assert fetched(response) == {"head": "HTTP/1.1 200 Connection established", "after": 0}
     [event] = net_events(hostile, response)
     assert (event["detail"]["reason"], event["detail"]["address"]) == ("sni_mismatch", None)
+
+
+def test_a_cancelled_run_still_records_its_connections_before_its_end(
+    proxied: GatewayHome, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    session = open_session(proxied, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    url = f"http://origin.test:{origin.server_address[1]}/slow"
+    request_id = session.send_call("fetch", {"url": url}, proxied.token("alice"))
+    deadline = time.monotonic() + 60
+    run_id = None
+    while run_id is None and time.monotonic() < deadline:  # the run is on once its proxy has dialled the origin
+        started = [e for e in proxied.all_events() if e["event_type"] == "TOOL_STARTED"]
+        run_id = started[0]["run_id"] if started and origin.slow_asked.is_set() else None
+        session.pump(0.1)  # the tool's consent question answered meanwhile
+    assert run_id is not None
+    session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
+    while time.monotonic() < deadline and "TOOL_FINISHED" not in [e["event_type"] for e in proxied.events_of(run_id)]:
+        session.pump(0.1)
+    events = proxied.events_of(run_id)
+    kinds = [e["event_type"] for e in events]
+    assert kinds[-2:] == ["NET_CONNECT", "TOOL_FINISHED"]
+    assert events[-1]["detail"] == {"status": "cancelled"}
+    assert (events[-2]["detail"]["host"], events[-2]["detail"]["decision"]) == ("origin.test", "allowed")
+    assert proxied.chain_ok()
