@@ -150,7 +150,7 @@ def net_events(gw: GatewayHome, response: dict[str, Any]) -> list[dict[str, Any]
 
 
 def test_an_allowed_host_is_fetched_by_urllib_inside_a_run_and_recorded(
-    proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+    db_url: str, proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
 ) -> None:
     port = origin.server_address[1]
     with session_of(proxied, open_session) as call:
@@ -224,7 +224,7 @@ def asking(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer
 
 
 def test_an_ask_host_waits_for_a_person_allow_once_then_deny_always_then_a_cancelled_dialog(
-    asking: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+    db_url: str, asking: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
 ) -> None:
     url = f"http://a.ask.test:{origin.server_address[1]}/"
     session = open_session(asking, capabilities=FORM_ELICITATION)
