@@ -209,6 +209,7 @@ class _Connection:
     down: int = 0
     transports: list[asyncio.WriteTransport] = field(default_factory=list)
     idled: bool = False
+    recorded: bool = False
     waiting: bool = False
     """A person is deciding on the host: the connection waits, however long (the run's time limit bounds it)."""
 
@@ -260,7 +261,7 @@ class _Connection:
             elif left <= 0:
                 self.idled = True
                 for transport in self.transports:
-                    transport.abort()
+                    _abort(transport)
                 return
             await asyncio.sleep(max(left, 0.05))
 
@@ -373,10 +374,14 @@ async def _serve_one(proxy: _Proxy, client: socket.socket) -> None:
         conn.watching(writer)
         try:
             outcome, reason = await _serve_request(proxy, conn, reader, writer)
+            _record(proxy, conn, outcome, reason)  # before the close: the caller's end sees it (an upstream's call)
+            await _finish(writer)
         except _Refused as exc:
             outcome, reason = Outcome.REFUSED, exc.reason
             with contextlib.suppress(OSError, _Ended):
                 await conn.write(writer, refusal(exc.status, exc.message), up=False)
+                _record(proxy, conn, outcome, reason)
+                await _finish(writer)
         except _Ended as exc:
             outcome, reason = (Outcome.ALLOWED if conn.address else Outcome.REFUSED), exc.reason
     except (OSError, asyncio.IncompleteReadError):
@@ -389,16 +394,36 @@ async def _serve_one(proxy: _Proxy, client: socket.socket) -> None:
         proxy.totals.open -= 1
         if watchdog is not None:
             watchdog.cancel()
-        if conn.idled:
-            reason = RefusedFor.IDLE
         if writer is not None:
-            writer.transport.abort()
+            _abort(writer.transport)
         else:
             client.close()
         if outcome is None:  # the run ended (cancelled) while the connection was on
             outcome = Outcome.ALLOWED if conn.address else Outcome.REFUSED
-        if conn.method is not None or conn.up or conn.down:
-            proxy.record(conn.record(outcome, reason))
+        _record(proxy, conn, outcome, reason)
+
+
+def _record(proxy: _Proxy, conn: _Connection, outcome: Outcome, reason: RefusedFor | None) -> None:
+    """The connection's NetConnect, once, if it asked for anything or moved a byte."""
+    if not conn.recorded and (conn.method is not None or conn.up or conn.down):
+        conn.recorded = True
+        proxy.record(conn.record(outcome, RefusedFor.IDLE if conn.idled else reason))
+
+
+def _abort(transport: asyncio.WriteTransport) -> None:
+    """Close at once, dropping what is queued. Python 3.11's selector transport raises AttributeError when asked
+    to abort after a graceful close completed (its loop is gone, its lost-connection count never raised): there
+    is nothing left to drop then, and the proxy must not fail for it."""
+    with contextlib.suppress(AttributeError):
+        transport.abort()
+
+
+async def _finish(writer: asyncio.StreamWriter) -> None:
+    """Close the client's connection once what is queued for it has been sent: a client slower than the origin
+    still gets every byte. Bounded by the idle watchdog, which aborts a client that stops reading."""
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
 
 
 async def _serve_request(
@@ -555,7 +580,7 @@ async def _tunnel(
             await conn.write(up_writer, first, up=True)
         await _alongside(_copy(conn, up_reader, writer, up=False), _copy_up(conn, reader, up_writer, target, not first))
     finally:
-        up_writer.transport.abort()
+        _abort(up_writer.transport)
 
 
 async def _alongside(main: Coroutine[Any, Any, None], side: Coroutine[Any, Any, None]) -> None:
@@ -649,7 +674,7 @@ async def _forward(
             _relay_response(conn, up_reader, writer, head.start[0]), _copy_body(conn, reader, up_writer, framing)
         )
     finally:
-        up_writer.transport.abort()
+        _abort(up_writer.transport)
 
 
 async def _copy_body(

@@ -544,3 +544,27 @@ def test_a_response_ends_at_its_own_framing_whatever_the_origin_sends_after_or_k
     assert seen.answer.endswith(b"0\r\n\r\n" if chunked else b"hello from the origin")
     assert b"smuggle" not in seen.answer
     assert seen.records[0].decision is Outcome.ALLOWED and seen.records[0].reason is None
+
+
+def test_a_client_slower_than_the_origin_gets_every_byte_of_the_response() -> None:
+    body = bytes(range(256)) * (8 * 4096)  # 8 MiB
+    origin = Origin(body=body)
+    got: list[bytes] = []
+
+    async def main() -> None:
+        egress = lambda port: rules(allow=(f"origin.test:{port}",), resolve=("origin.test",))  # noqa: E731
+        async with origin_and_proxy(egress, origin, ProxyLimits(max_bytes=64 << 20)) as (o, proxy):
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(f"GET http://origin.test:{o.port}/ HTTP/1.1\r\n\r\n".encode())
+            await writer.drain()
+            with anyio.fail_after(WAIT_S):
+                while not proxy.dialled:
+                    await anyio.sleep(0.01)
+                await anyio.sleep(1)  # the origin is done long before the client reads: the rest waits in the proxy
+                got.append(await reader.read(-1))
+            writer.close()
+
+    anyio.run(main)
+    head, _, received = got[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert received == body
