@@ -63,6 +63,7 @@ from gateway.consent.stage import (
 )
 from gateway.consent.text import upstream_preview
 from gateway.db.threads import in_db_thread
+from gateway.egress_policy import Network, describe_network
 from gateway.errors import (
     AuthRequiredError,
     ConsentDeniedError,
@@ -557,8 +558,13 @@ class Pipeline:
 
     def _execute_dry(self, dry: _Dry, admitted: Admitted) -> str | None:
         spec, root = admitted.spec, admitted.scope.root
-        if spec.preview is not None and root is not None:
-            return spec.preview(dry.arguments, root)
+        note = spec.preview(dry.arguments, root) if spec.preview is not None and root is not None else None
+        egress = self.s.policy.sandbox.egress
+        if spec.sandboxed and spec.origin is None and egress is not None:  # an upstream's preview says its own
+            reach = f"network: {describe_network(Network(rules=egress))}"
+            note = reach if note is None else f"{note}; {reach}"
+        if note is not None:
+            return note
         return None if spec.sandboxed else "read tool, runs in process"
 
     # --- the dry run ---------------------------------------------------------------------------

@@ -426,3 +426,14 @@ def test_a_cancelled_run_still_records_its_connections_before_its_end(
     assert events[-1]["detail"] == {"status": "cancelled"}
     assert (events[-2]["detail"]["host"], events[-2]["detail"]["decision"]) == ("origin.test", "allowed")
     assert proxied.chain_ok()
+
+
+def test_policy_check_and_explain_show_what_a_run_may_reach(proxied: GatewayHome) -> None:
+    checked = proxied.cli("policy", "check")
+    assert checked.returncode == 0, checked.stderr
+    assert "sandbox.network: through the gateway's proxy (deny: denied.test; allow: origin.test:" in checked.stdout
+    explained = proxied.cli(
+        "policy", "explain", "--role", "USER", "--tool", "fetch", "--args", '{"url": "http://origin.test/"}'
+    )
+    assert explained.returncode == 0, explained.stdout + explained.stderr
+    assert "network: through the gateway's proxy (deny: denied.test;" in explained.stdout
