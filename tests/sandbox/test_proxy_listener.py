@@ -426,6 +426,19 @@ def test_root_without_cap_sys_admin_gets_the_same_network(folder: Path) -> None:
     check_probe(answers(outcome), report["seen"], outcome["layers"])
 
 
+def test_a_gateway_that_may_not_configure_the_namespace_refuses_the_run_naming_the_step(folder: Path) -> None:
+    """Root with CAP_SYS_ADMIN but without CAP_NET_ADMIN makes the namespace and cannot bring `lo` up: the spawn fails
+    with `network_proxy:loopback_up:EPERM`, and the command never ran (fail closed, the step named)."""
+    code = [sys.executable, CHILD, "print('ran')", str(folder / "ws"), str(folder / "scratch"), "native"]
+    shell = " ".join(shlex.quote(part) for part in code)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+    argv = ["capsh", "--drop=cap_net_admin", "--", "-c", shell]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
+    assert done.returncode != 0
+    assert "SandboxStartError: network_proxy:loopback_up:EPERM" in done.stderr, done.stderr
+    assert all("ran" not in out.read_text() for out in folder.glob("out-*.txt")), "nothing ran"
+
+
 def rootless(folder: Path, backend: Backend, code: str, *way: str) -> dict[str, Any]:
     uid = ROOTLESS_UIDS[backend]
     for path in (folder, folder / "ws", folder / "scratch"):
