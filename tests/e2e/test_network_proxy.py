@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import queue
 import shutil
 import sys
 import threading
@@ -20,7 +21,11 @@ from typing import Any
 
 import pytest
 
-from tests.harness import FORM_ELICITATION, GatewayHome, StdioSession, reachable_by_everyone
+from gateway.clock import SystemClock
+from gateway.consent.actions import Actor, decide_question
+from gateway.consent.stage import Decision
+from gateway.consent.store import Channel
+from tests.harness import FORM_ELICITATION, ConsentDesk, GatewayHome, StdioSession, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
 GatewayFactory = Callable[..., GatewayHome]
@@ -437,3 +442,52 @@ def test_policy_check_and_explain_show_what_a_run_may_reach(proxied: GatewayHome
     )
     assert explained.returncode == 0, explained.stdout + explained.stderr
     assert "network: through the gateway's proxy (deny: denied.test;" in explained.stdout
+
+
+def test_an_ask_host_goes_to_the_approver_when_the_client_cannot_be_asked_and_no_answer_refuses(
+    asking: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    """No elicitation: the tool's question and then the host's wait in the database, where the approver (or the
+    console) answers them through gateway/consent/actions.py; a host nobody answers is refused at the timeout."""
+    desk = ConsentDesk.on(asking.engine, SystemClock())
+    by = Actor("approvals:test", Channel.APPROVER)
+    session = open_session(asking)  # no elicitation capability
+    token = asking.token("alice")
+    port = origin.server_address[1]
+
+    def call_answering(url: str, host_decision: Decision | None) -> dict[str, Any]:
+        request_id = session.send_call("fetch", {"url": url}, token)
+        deadline = time.monotonic() + 90
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            for question in desk.consent_store.fetch_pending(desk.clock.now()):
+                if question.id in seen:
+                    continue
+                seen.add(question.id)
+                if question.tool_name == "fetch":
+                    decide_question(desk, question.id, Decision.ALLOW_ONCE, by)
+                elif host_decision is not None:
+                    assert question.tool_name in {"network:a.ask.test", "network:b.ask.test"}
+                    decide_question(desk, question.id, host_decision, by)
+            try:
+                return session.wait_response(request_id, timeout=0.2)
+            except queue.Empty:
+                continue
+        raise AssertionError("no answer")
+
+    allowed = call_answering(f"http://a.ask.test:{port}/", Decision.ALLOW_ALWAYS)
+    assert fetched(allowed) == {"status": 200, "body": BODY.decode()}
+    again = call_answering(f"http://a.ask.test:{port}/", None)  # the stored Allow always answers: nobody asked
+    assert fetched(again)["status"] == 200
+    started = time.monotonic()
+    unanswered = call_answering(f"http://b.ask.test:{port}/", None)  # consent.timeout_s is 5
+    assert fetched(unanswered)["status"] == 403
+    assert time.monotonic() - started >= 5
+    [event] = net_events(asking, unanswered)
+    assert event["detail"]["reason"] == "denied_by_person"
+    decisions = [
+        e["detail"]
+        for e in asking.all_events()
+        if e["tool_name"] == "network:b.ask.test" and e["event_type"] == "mcp.permission.decision"
+    ]
+    assert [(d["decision"], d["origin"]) for d in decisions] == [("DENY_ONCE", "timeout")]
