@@ -41,6 +41,9 @@ class EventType(StrEnum):
     UPSTREAM_CALL = "UPSTREAM_CALL"
     """A call forwarded to an upstream MCP server (decision 84): in place of SANDBOX_EXEC, before the terminal
     event; upstream, tool, duration_ms, is_error, the result's sha256 (never its content)."""
+    NET_CONNECT = "NET_CONNECT"
+    """One connection through the egress proxy (decision 90): after TOOL_STARTED, before SANDBOX_EXEC or
+    UPSTREAM_CALL; host, port, method, decision, rule, reason, address, bytes each way (gateway/proxy/server.py)."""
     PERMISSION_DECISION = "mcp.permission.decision"
     USER_ADDED = "USER_ADDED"
     USER_DISABLED = "USER_DISABLED"

@@ -24,6 +24,7 @@ from gateway.calls import KIND_TOOL, CardStatus, Moved, Opened, outcome_content
 from gateway.canonical import is_text
 from gateway.clock import Clock
 from gateway.errors import GatewayError
+from gateway.proxy import ConnectionLog
 from gateway.tools.outcome import ToolOutcome
 
 STORED_NAME_MAX = 128
@@ -92,6 +93,8 @@ class CallTrail:
     """The stage the call is in (gateway/pipeline.py STAGES' names)."""
     refusal_logged: bool = False
     """The refusal's terminal event is written (on the database thread that refused)."""
+    connections: ConnectionLog | None = None
+    """The run's connections through the egress proxy, not yet written (decision 90)."""
 
     @property
     def run_id(self) -> str:
@@ -119,6 +122,12 @@ class CallTrail:
             code=code,
             detail=dict(detail),
         )
+
+    def connected(self) -> tuple[EventDraft, ...]:
+        """NET_CONNECT for each connection through the run's proxy not yet written, taken: written once, before the
+        run's execution event or, when the call fails or is cancelled, its terminal event."""
+        records = self.connections.drain() if self.connections is not None else ()
+        return tuple(self.terminal(EventType.NET_CONNECT, None, r.detail()) for r in records)
 
     def refusal(self, exc: GatewayError) -> EventDraft:
         """POLICY_BLOCKED before the tool ran, TOOL_FINISHED with the code after."""

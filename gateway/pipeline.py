@@ -53,6 +53,7 @@ from gateway.calls import CardStatus
 from gateway.canonical import args_hash
 from gateway.consent.changes_view import changes_prompt
 from gateway.consent.grant_scope import workspace_spellings
+from gateway.consent.network import HostQuestions
 from gateway.consent.stage import (
     OUT_OF_BAND,
     Answer,
@@ -65,6 +66,7 @@ from gateway.consent.stage import (
 )
 from gateway.consent.text import upstream_preview
 from gateway.db.threads import in_db_thread
+from gateway.egress_policy import Network, describe_network
 from gateway.errors import (
     AuthRequiredError,
     ConsentDeniedError,
@@ -78,6 +80,7 @@ from gateway.errors import (
 from gateway.preflight import check_run_paths
 from gateway.programs import check_program_unchanged
 from gateway.progress import NO_PROGRESS, CallProgress
+from gateway.proxy import ConnectionLog
 from gateway.rbac import ADMIN_ROLE, require_permission
 from gateway.runs import RunRecord, RunStatus, artifact_errors
 from gateway.scope import (
@@ -433,13 +436,15 @@ class Pipeline:
             log.exception("run %s: unexpected failure", trail.run_id)
             error = InternalError(Reason.INTERNAL_ERROR, "the gateway failed")
             run_status = RunStatus.FAILED if trail.executing else None
-            await in_db_thread(self._best_effort, trail, trail.refusal(error), run_status, CardStatus.ERROR, error)
+            events = (*trail.connected(), trail.refusal(error))
+            await in_db_thread(self._best_effort, trail, events, run_status, CardStatus.ERROR, error)
             raise error from exc
         except anyio.get_cancelled_exc_class():
             # The client cancelled or went away; a running tool was killed by the runner.
             with anyio.CancelScope(shield=True), contextlib.suppress(StorageUnavailableError):
                 run_status = RunStatus.CANCELLED if trail.executing else None
-                await in_db_thread(self._best_effort, trail, trail.cancelled(), run_status, CardStatus.CANCELLED, None)
+                events = (*trail.connected(), trail.cancelled())
+                await in_db_thread(self._best_effort, trail, events, run_status, CardStatus.CANCELLED, None)
             raise  # the cancellation, even when the database could not take its trail (logged)
 
     # --- the stages: each a `step` or a `run` for a call and a `dry` for explain ---------------
@@ -589,8 +594,13 @@ class Pipeline:
 
     def _execute_dry(self, dry: _Dry, admitted: Admitted) -> str | None:
         spec, root = admitted.spec, admitted.scope.root
-        if spec.preview is not None and root is not None:
-            return spec.preview(dry.arguments, root)
+        note = spec.preview(dry.arguments, root) if spec.preview is not None and root is not None else None
+        egress = self.s.policy.sandbox.egress
+        if spec.sandboxed and spec.origin is None and egress is not None:  # an upstream's preview says its own
+            reach = f"network: {describe_network(Network(rules=egress))}"
+            note = reach if note is None else f"{note}; {reach}"
+        if note is not None:
+            return note
         return None if spec.sandboxed else "read tool, runs in process"
 
     # --- the dry run ---------------------------------------------------------------------------
@@ -643,7 +653,7 @@ class Pipeline:
     def _refused(self, trail: CallTrail, exc: GatewayError) -> None:
         self._settle_best_effort(trail)
         if not _is_audit_failure(exc) and not trail.closed_by_sweep:
-            trail.log(CardStatus.ERROR, trail.refusal(exc), error=exc)
+            trail.log(CardStatus.ERROR, *trail.connected(), trail.refusal(exc), error=exc)
 
     def _settle(self, trail: CallTrail) -> None:
         """Set the call's budget reservation (its whole time limit) to what it spent, once.
@@ -667,7 +677,7 @@ class Pipeline:
     def _best_effort(
         self,
         trail: CallTrail,
-        event: EventDraft | None,
+        events: tuple[EventDraft, ...],
         run_status: RunStatus | None,
         card_status: CardStatus,
         error: GatewayError | None,
@@ -677,7 +687,7 @@ class Pipeline:
         try:
             if run_status is not None:
                 self.s.runs.finish(str(trail.entry.run_id), run_status, None)
-            trail.log(card_status, *(() if event is None else (event,)), error=error)
+            trail.log(card_status, *events, error=error)
         except GatewayError:
             log.error("run %s: could not record the terminal event", trail.entry.run_id)  # noqa: TRY400
 
@@ -701,10 +711,19 @@ class Pipeline:
     def _finished(self, trail: CallTrail, finished: EventDraft, outcome: ToolOutcome) -> None:
         self.s.audit.append(finished, along=trail.card(CardStatus.DONE, outcome=outcome))
 
-    def _ran(self, trail: CallTrail, executed: EventDraft, user: str, *, reviewing: bool = False) -> Usage:
-        """SANDBOX_EXEC (the card `reviewing` when a person is to decide on the run's changes next), the
-        reservation settled to the run's duration, and the user's usage after it."""
-        self.s.audit.append(executed, along=trail.card(CardStatus.REVIEWING) if reviewing else ())
+    def _ran(
+        self,
+        trail: CallTrail,
+        executed: EventDraft,
+        user: str,
+        *,
+        reviewing: bool = False,
+        connected: tuple[EventDraft, ...] = (),
+    ) -> Usage:
+        """NET_CONNECT for each connection through the egress proxy, then SANDBOX_EXEC (the card `reviewing` when
+        a person is to decide on the run's changes next), the reservation settled to the run's duration, and the
+        user's usage after it."""
+        self.s.audit.append(*connected, executed, along=trail.card(CardStatus.REVIEWING) if reviewing else ())
         self._settle(trail)
         return self.s.budget.usage(user, self.s.policy.budget)
 
@@ -730,6 +749,27 @@ class Pipeline:
             path_spellings=_path_spellings(spec.path_arguments, arguments, admitted.scope.root),
         )
 
+    def _host_questions(
+        self, admitted: Admitted, trail: CallTrail, asker: ConsentChannel, progress: CallProgress
+    ) -> HostQuestions | None:
+        """Who the run's proxy asks about a host an `ask` rule names (decision 90): a person, through the call's
+        channel; None for an upstream's tool (its server's proxy outlives the call: such a host is refused)."""
+        egress = self.s.policy.sandbox.egress
+        if admitted.spec.origin is not None or egress is None or not egress.ask:
+            return None
+        return HostQuestions(
+            stage=self.s.consent,
+            channel=asker,
+            run_id=trail.run_id,
+            user=admitted.principal.name,
+            workspace=admitted.scope.workspace or "",
+            server_id=self.s.server_id,
+            tool_name=admitted.spec.name,
+            key="sandbox.network",
+            new_id=self.s.new_run_id,
+            progress=progress,
+        )
+
     async def _run(
         self,
         admitted: Admitted,
@@ -751,6 +791,7 @@ class Pipeline:
         common: dict[str, Any] = {"run_id": run_id, "user": principal.name, "workspace": scope.workspace}
         started = EventDraft(EventType.TOOL_STARTED, tool_name=spec.name, args_hash=hashed, **common)
         await in_db_thread(self._started, trail, record, started)
+        trail.connections = ConnectionLog()
         request = ExecutionRequest(
             run_id=run_id,
             root=scope.pinned_root,
@@ -764,6 +805,8 @@ class Pipeline:
             hidden=(self.s.settings.home,),
             progress=progress,
             relay=relay,
+            connections=trail.connections,
+            ask_host=self._host_questions(admitted, trail, asker, progress),
         )
         try:
             with artifact_errors(run_id):
@@ -781,7 +824,9 @@ class Pipeline:
         executed = EventDraft(spec.execution_event, tool_name=spec.name, detail=run.sandbox_detail(), **common)
         written = run.written()
         reviewing = written is not None and written.review and run.refusal() is None
-        usage = await in_db_thread(self._ran, trail, executed, principal.name, reviewing=reviewing)
+        usage = await in_db_thread(
+            self._ran, trail, executed, principal.name, reviewing=reviewing, connected=trail.connected()
+        )
         try:
             with artifact_errors(run_id):
                 run.write_evidence(

@@ -19,9 +19,11 @@ from typing import Literal, TypeVar
 import yaml
 
 from gateway.declarations import Ceilings, Declaration, read_declared
+from gateway.egress_policy import Network, read_network
 from gateway.errors import ConfigError
 from gateway.policy_nodes import NodeReader, compose
 from gateway.rbac import Permission
+from gateway.rules.egress import EgressRules
 from gateway.rules.permissions import parse_rule
 from gateway.upstream_policy import Upstream, read_upstreams
 from sandbox.backends.landlock import runtime_read_only_paths
@@ -70,6 +72,7 @@ class SandboxPolicy:
     max_processes: int = 64
     max_output_bytes: int = 4194304
     network: bool = False
+    """`sandbox.network: true`: the host's whole network. A mapping sets `egress` instead (network stays false)."""
     allowed_paths: tuple[Path, ...] = ()
     env_whitelist: tuple[str, ...] = ("PATH", "LANG", "LC_ALL")
     scratch_limit_mb: int = 256
@@ -83,11 +86,15 @@ class SandboxPolicy:
     """Workspace-relative paths no run may change (`workspace: write` and `review`: docs/declared-tools.md)."""
     max_change_files: int = 1000
     max_change_bytes: int = 16 * 1024 * 1024
+    egress: EgressRules | None = None
+    """`sandbox.network` as a mapping: the run reaches only what these rules let through the gateway's proxy."""
+    max_network_bytes: int = 256 * 1024 * 1024
+    """Through the proxy, per run (or per upstream server's life), each way."""
 
     @property
     def required(self) -> frozenset[Guarantee]:
         """The guarantees without which no write tool runs (the unwaivable ones included)."""
-        return required_guarantees(self.require, network=self.network)
+        return required_guarantees(self.require, network=self.network, proxy=self.egress is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,7 +417,7 @@ def _budget(r: NodeReader, node: yaml.Node | None) -> BudgetPolicy:
 _SANDBOX_KEYS = (
     "enabled", "timeout_s", "memory_limit_mb", "max_processes", "max_output_bytes", "network",
     "allowed_paths", "env_whitelist", "scratch_limit_mb", "backend", "require", "required_layers", "pytest_plugins",
-    "protected_paths", "max_change_files", "max_change_bytes",
+    "protected_paths", "max_change_files", "max_change_bytes", "max_network_bytes",
 )  # fmt: skip
 
 
@@ -429,8 +436,8 @@ def _sandbox(r: NodeReader, node: yaml.Node | None, base: Path) -> SandboxPolicy
         env_whitelist = tuple(name for name, _ in items)
     chosen = _optional(d, "sandbox.backend", r.one_of(BACKENDS), default.backend)
     backend: Backend = "bubblewrap" if chosen == "bubblewrap" else "native"
-    network = _optional(d, "sandbox.network", r.boolean, default.network)
-    require, migrated = _require(r, d, network=network)
+    network = read_network(r, d["network"], "sandbox.network") if "network" in d else Network()
+    require, migrated = _require(r, d, network=network.open)
     plugins = default.pytest_plugins
     if "pytest_plugins" in d:
         items = r.strings(d["pytest_plugins"], "sandbox.pytest_plugins")
@@ -444,7 +451,9 @@ def _sandbox(r: NodeReader, node: yaml.Node | None, base: Path) -> SandboxPolicy
         memory_limit_mb=_optional(d, "sandbox.memory_limit_mb", r.integer, default.memory_limit_mb),
         max_processes=_optional(d, "sandbox.max_processes", r.integer, default.max_processes),
         max_output_bytes=_optional(d, "sandbox.max_output_bytes", r.integer, default.max_output_bytes),
-        network=network,
+        network=network.open,
+        egress=network.rules,
+        max_network_bytes=_optional(d, "sandbox.max_network_bytes", r.integer, default.max_network_bytes),
         allowed_paths=allowed_paths,
         env_whitelist=env_whitelist,
         scratch_limit_mb=_optional(d, "sandbox.scratch_limit_mb", r.integer, default.scratch_limit_mb),

@@ -52,6 +52,17 @@ def _requirement_warnings(sandbox: SandboxPolicy) -> list[str]:
     return out
 
 
+def _network_warnings(policy: Policy) -> list[str]:
+    """`allow: ["*"]` in a `network` mapping: the proxy then refuses only what is not public."""
+    egresses = [("sandbox.network", policy.sandbox.egress)]
+    egresses += [(f"upstreams.{name}.network", u.egress) for name, u in policy.upstreams.items()]
+    return [
+        f"{key}.allow has '*': every public host is reachable through the proxy (list the hosts instead)"
+        for key, egress in egresses
+        if egress is not None and any(p.host == "" for p in egress.allow)
+    ]
+
+
 def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarning]:
     """What `policy check` warns about: valid settings a security reviewer should look at twice."""
     where = str(policy.source)
@@ -67,6 +78,7 @@ def risky_settings(policy: Policy, state_home: Path | None) -> list[PolicyWarnin
         warn("tools.allowlist is empty: every tool call will be refused with -32004")
     if sandbox.network:
         warn("sandbox.network is true: sandboxed test suites can reach the network")
+    out.extend(PolicyWarning(where, message) for message in _network_warnings(policy))
     home = state_home.resolve() if state_home else None
     for path in sandbox.allowed_paths:
         if not path.exists():

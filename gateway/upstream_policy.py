@@ -27,8 +27,10 @@ from gateway.declarations import (
     read_limit,
     read_program,
 )
+from gateway.egress_policy import Network, read_network
 from gateway.programs import Program
 from gateway.rbac import Permission
+from gateway.rules.egress import EgressRules
 
 if TYPE_CHECKING:
     from gateway.policy_nodes import NodeReader
@@ -80,6 +82,9 @@ class Upstream:
     program: Program
     workspace: UpstreamWorkspace
     network: bool
+    """`network: true`: the host's whole network."""
+    egress: EgressRules | None
+    """`network` as a mapping: the server reaches only what these rules let through the gateway's proxy."""
     env: Mapping[str, EnvValue]
     trust: str
     """`trusted` or `untrusted` (TRUST_LEVELS)."""
@@ -152,6 +157,7 @@ def _upstream(
         permission = Permission(r.choice(d["permission"], f"{what}.permission", tuple(Permission)))
     trust = r.choice(d["trust"], f"{what}.trust", TRUST_LEVELS) if "trust" in d else "untrusted"
     tools = tuple(tool for tool, _ in _tools(r, d["tools"], what)) if "tools" in d else ()
+    network = read_network(r, d["network"], f"{what}.network") if "network" in d else Network()
 
     def limit(key: str, ceiling: int) -> int:
         return read_limit(r, d, f"{what}.{key}", ceiling)
@@ -161,7 +167,8 @@ def _upstream(
         command=command,
         program=program,
         workspace=workspace,
-        network=r.boolean(d["network"], f"{what}.network") if "network" in d else False,
+        network=network.open,
+        egress=network.rules,
         env=_env(r, d["env"], what) if "env" in d else MappingProxyType({}),
         trust=trust,
         tools=tools,

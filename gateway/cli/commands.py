@@ -28,10 +28,11 @@ from gateway.db import make_engine, migrate, schema_is_current
 from gateway.db.errors import cause_name
 from gateway.db.file_guard import DatabaseFileUnwritableError
 from gateway.default_policy import SHIPPED_POLICY, default_policy_text, write_new_policy
+from gateway.egress_policy import Network, describe_network
 from gateway.errors import AuthRequiredError, CommandError, ConfigError, Reason, StorageUnavailableError, UsageError
 from gateway.permission_prompt import explain as explain_agent_tool
 from gateway.pipeline import Pipeline, StageReport
-from gateway.policy import PolicyErrors, SandboxPolicy, load_policy
+from gateway.policy import Policy, PolicyErrors, SandboxPolicy, load_policy
 from gateway.policy_trust import check_outside_workspaces, check_policy_location, policy_for
 from gateway.policy_warnings import risky_settings
 from gateway.preflight import unreachable_run_paths
@@ -392,6 +393,7 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
             "guarantees_missing": [str(g) for g in missing],
             "declared": {name: d.program.identity() for name, d in policy.declared.items()},
             "upstreams": {name: u.program.identity() for name, u in policy.upstreams.items()},
+            "network": {key: describe_network(network) for key, network in _networks(policy)},
         })  # fmt: skip
         return 1 if failed else 0
     for where, message in warnings:
@@ -401,12 +403,23 @@ def cmd_policy_check(settings: Settings, args: argparse.Namespace) -> int:
         print(f"{path}: declared tool {name}: {describe_program(declared.program)}")
     for name, upstream in policy.upstreams.items():
         print(f"{path}: upstream {name}: {describe_program(upstream.program)}")
+    for key, network in _networks(policy):
+        print(f"{path}: {key}: {describe_network(network)}")
     count = f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
     if failed:
         print(f"{path}: invalid under --strict ({count})")
         return 1
     print(f"{path}: valid ({count})")
     return 0
+
+
+def _networks(policy: Policy) -> list[tuple[str, Network]]:
+    """Each `network` key that is a mapping (the proxy's rules), with where it is in the policy."""
+    found = [("sandbox.network", Network(rules=policy.sandbox.egress))] if policy.sandbox.egress else []
+    found += [
+        (f"upstreams.{name}.network", Network(rules=u.egress)) for name, u in policy.upstreams.items() if u.egress
+    ]
+    return found
 
 
 def describe_program(program: Program) -> str:

@@ -61,6 +61,8 @@ RISK_META_KEY = "mcp-write-gateway/risk"
 DECLARATION_META_KEY = "mcp-write-gateway/declaration"
 """`_meta` of a tool declared in policy.yaml: sha256 of its whole declaration (argv template, arguments,
 program identity, workspace mode, limits), which its fingerprint covers (docs/declared-tools.md)."""
+QUESTION_ABOUT = "network_host"
+"""`detail.about` of a decision on a host a run's proxy asked about (decision 90), filed under its question's id."""
 DAY_S = 86400
 _POLL_FIRST_S = 0.05
 _POLL_MAX_S = 0.5
@@ -298,6 +300,9 @@ class ConsentRequest:
     path_spellings: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
     """For each path argument of the tool, the call's spellings of it (gateway/consent/grant_scope.py): what a
     Deny made for a path is compared with."""
+    question_id: str | None = None
+    """The question's id when it is not the call's own (a host its run's proxy asks about: gateway/consent/network.py);
+    None: the run id."""
 
 
 def decision_schema(choices: tuple[Decision, ...]) -> dict[str, Any]:
@@ -466,9 +471,14 @@ def decision_event(
         detail["no_answer"] = answer.no_answer
     if reason:
         detail["reason"] = reason
+    run_id = request.run_id
+    if request.question_id is not None:
+        # A question of its own about the run (a host: gateway/consent/network.py) is its own decision: a call
+        # has at most one (gateway/audit.py `call_ends`), so it is filed under the question, naming the run.
+        run_id, detail["for_run"], detail["about"] = request.question_id, request.run_id, QUESTION_ABOUT
     return EventDraft(
         EventType.PERMISSION_DECISION,
-        run_id=request.run_id,
+        run_id=run_id,
         user=request.user,
         workspace=request.workspace,
         tool_name=request.tool_name,
@@ -614,7 +624,7 @@ class ConsentStage:
         """`Dialog`: the client's answer; decline and cancel are Deny once; Origin.NO_ANSWER when the client
         went away or failed the question; None when nobody answered in time."""
         prompt = prompt_for(request, self._policy.locale)
-        question = self._question(request, request.run_id, self._clock.now(), choices)
+        question = self._question(request, request.question_id or request.run_id, self._clock.now(), choices)
         return await self._dialog(
             request, client, question, prompt.text, deny_first(choices) if prompt.cut else choices
         )
@@ -717,6 +727,7 @@ class ConsentStage:
             destructive=request.destructive,
             preview=None if request.preview is None else visible(request.preview, lines=True),
             choices=tuple(c.value for c in choices),
+            run_id=None if request.question_id is None else request.run_id,
         )
 
     async def ask_out_of_band(
@@ -725,7 +736,7 @@ class ConsentStage:
         """`OUT_OF_BAND`: the decision an approver or the console stores for the question (by default the
         call's own, its id the run's); None when none came before `consent.timeout_s`."""
         if question is None:
-            question = self._question(request, request.run_id, self._clock.now(), choices)
+            question = self._question(request, request.question_id or request.run_id, self._clock.now(), choices)
         await in_db_thread(self._open, request, question, Channel.APPROVER, QuestionStatus.PENDING)
         pause, answer = _POLL_FIRST_S, None
         try:

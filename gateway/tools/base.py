@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mcp_types import ElicitRequestParams, ElicitResult, ErrorData
 
     from gateway.policy import SandboxPolicy
+    from gateway.proxy import Asker, ConnectionLog
     from gateway.runs import RunStatus, RunStore
     from sandbox.change_set import ChangeSet
     from sandbox.confine import LayerReport
@@ -53,6 +54,11 @@ class ExecutionRequest:
     """Folders the run must not even see (the gateway's state folder): sandbox.Limits.hidden."""
     progress: CallProgress = NO_PROGRESS
     """The caller's progress notifications (gateway/progress.py), while the run is on."""
+    connections: ConnectionLog | None = None
+    """Where the run's connections through the egress proxy are recorded (NET_CONNECT); None: not recorded."""
+    ask_host: Asker | None = None
+    """Puts a host an `ask` rule names to a person while the run waits (gateway/consent/network.py); None:
+    such a host is refused (`needs_a_person`)."""
     relay: Relay | None = None
     """Asks the caller's client what an upstream server asks while the call is on (elicitation): None when the
     client cannot be asked in band. Only an upstream whose policy says `relay_elicitation: true` uses it."""

@@ -10,6 +10,7 @@ and the declared tools add their own answer on top.
 from __future__ import annotations
 
 import json
+import socket
 import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -17,9 +18,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Self
 
+from anyio.abc import TaskGroup
+
 from gateway.errors import GatewayError, Reason, SandboxViolationError, ToolTimeoutError
 from gateway.policy import SandboxPolicy
 from gateway.progress import NO_PROGRESS, CallProgress
+from gateway.proxy import Asker, ConnectionLog, ProxyLimits, proxy_starter
 from gateway.tools.base import ExecutionRequest, Governance, Written
 from sandbox import Limits, RunResult, guarantees, run_sandboxed
 from sandbox.change_set import ChangeRules
@@ -28,6 +32,7 @@ from sandbox.layers import Layer
 from sandbox.leftovers import scratch_folder
 from sandbox.pinned import Pinned
 from sandbox.runner import KilledBy
+from sandbox.task_groups import task_group
 
 _NEVER_PASSED = ("PYTHON", "PYTEST_", "LD_")
 MIB = 1024 * 1024
@@ -175,6 +180,8 @@ class Confinement:
     allowed_paths: tuple[Pinned, ...] = ()
     hidden: tuple[Path, ...] = ()
     progress: CallProgress = NO_PROGRESS
+    connections: ConnectionLog | None = None
+    ask_host: Asker | None = None
 
 
 def confinement(request: ExecutionRequest) -> Confinement:
@@ -189,6 +196,23 @@ def confinement(request: ExecutionRequest) -> Confinement:
         allowed_paths=request.allowed_paths,
         hidden=request.hidden,
         progress=request.progress,
+        connections=request.connections,
+        ask_host=request.ask_host,
+    )
+
+
+def _on_proxy(c: Confinement, group: TaskGroup) -> Callable[[socket.socket], None] | None:
+    """With `sandbox.network` a mapping, the run's listener served by the egress proxy (decision 90) in `group`."""
+    if c.policy.egress is None:
+        return None
+    record = c.connections.add if c.connections is not None else ConnectionLog().add
+    return proxy_starter(
+        group,
+        c.policy.egress,
+        ProxyLimits(max_bytes=c.policy.max_network_bytes),
+        record,
+        key="sandbox.network",
+        ask=c.ask_host,
     )
 
 
@@ -224,8 +248,9 @@ async def run_confined(
             backend=c.policy.backend,
             require=None if c.policy.require is None else frozenset(c.policy.require),
             hidden=c.hidden,
+            proxy=c.policy.egress is not None,
         )
-        async with c.progress.waiting(describe):
+        async with c.progress.waiting(describe), task_group() as proxies:
             result = await run_sandboxed(
                 argv(scratch),
                 c.root,
@@ -237,5 +262,7 @@ async def run_confined(
                 host=c.host,
                 on_stdout=on_stdout,
                 writes=writes,
+                on_proxy=_on_proxy(c, proxies),
             )
+            proxies.cancel_scope.cancel()  # the run is over: its proxy and every connection end with it
     return ConfinedRun(result, limits, c.run_id, c.run_dir, c.policy, c.host, None if writes is None else review)

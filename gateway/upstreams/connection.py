@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from gateway.errors import GatewayError, InternalError, Reason
 from gateway.logs import RATE_KEY
 from gateway.policy import SandboxPolicy
 from gateway.programs import check_program_unchanged
+from gateway.proxy import ConnectionLog, ProxyLimits, proxy_starter
 from gateway.start_failures import describe_start_failure, start_step
 from gateway.tools.base import Relay
 from gateway.tools.confined import MIB, sandbox_environment, shown
@@ -151,6 +153,8 @@ class Connection:
         """Set once the listing asked for by the server's latest tools/list_changed is done."""
         self.starts = 0
         """Servers started so far (tests and logs read it)."""
+        self.connections = ConnectionLog()
+        """The server's connections through the egress proxy as they end; each call takes those ended by its end."""
 
     def attach(self, group: anyio.abc.TaskGroup | None) -> None:
         """The task group the server lives in (None: the gateway is stopping; nothing more starts)."""
@@ -308,6 +312,7 @@ class Connection:
             max_processes=upstream.max_processes,
             max_output_bytes=upstream.max_output_bytes,
             network=upstream.network,
+            proxy=upstream.egress is not None,
             allowed_paths=self.place.allowed_paths,
             env=env,
             scratch_bytes=sandbox.scratch_limit_mb * MIB,
@@ -315,6 +320,15 @@ class Connection:
             require=None if sandbox.require is None else frozenset(sandbox.require),
             hidden=self.place.hidden,
         )
+
+    def _on_proxy(self, group: anyio.abc.TaskGroup) -> Callable[[socket.socket], None] | None:
+        """With the upstream's `network` a mapping, its server's listener served by the egress proxy (decision 90)
+        in `group`, for the server's life; its byte cap (`sandbox.max_network_bytes`) is per server's life."""
+        egress = self.upstream.egress
+        if egress is None:
+            return None
+        limits = ProxyLimits(max_bytes=self.place.sandbox.max_network_bytes)
+        return proxy_starter(group, egress, limits, self.connections.add, key=f"upstreams.{self.upstream.name}.network")
 
     async def _run_life(self, life: _Life) -> None:
         """Start the server, list its tools, then keep it until it ends or is stopped."""
@@ -342,8 +356,14 @@ class Connection:
                 spec = ServerSpec(spec.argv, spec.workspace, spec.writable, spec.protected, self._limits(env))
                 self.starts += 1
                 life.began = time.monotonic()
-                async with start_server(spec, scratch=scratch, host=self.place.host) as server:
+                async with (
+                    task_group() as proxies,
+                    start_server(
+                        spec, scratch=scratch, host=self.place.host, on_proxy=self._on_proxy(proxies)
+                    ) as server,
+                ):
                     live = await self._session_life(server, life)
+                    proxies.cancel_scope.cancel()  # the server is over: its proxy ends with it
         except SandboxStartError as exc:
             self.failure_step = start_step(exc.reason)
             self._failure = describe_start_failure(exc.reason)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.audit import EventType
 from gateway.canonical import canonical_json
 from gateway.consent.stage import DECLARATION_META_KEY
+from gateway.egress_policy import Network, describe_network
 from gateway.errors import (
     GatewayError,
     Reason,
@@ -116,8 +117,13 @@ class UpstreamTool:
     def preview(self, arguments: Mapping[str, Any], root: Path) -> str:
         return (
             f"would forward the call to upstream {self.upstream.name}'s server (tool {self.pinned.tool},"
-            f" workspace: {self.upstream.workspace}, network: {str(self.upstream.network).lower()})"
+            f" workspace: {self.upstream.workspace}, network: {self._network()})"
         )
+
+    def _network(self) -> str:
+        if self.upstream.egress is None:
+            return str(self.upstream.network).lower()
+        return describe_network(Network(rules=self.upstream.egress))
 
     async def execute(self, request: ExecutionRequest) -> UpstreamRun:
         connection = self.connection
@@ -136,9 +142,18 @@ class UpstreamTool:
             return f"Calling {self.upstream.offered_name(self.pinned.tool)} on upstream {self.upstream.name}{last}"
 
         async with request.progress.waiting(describe):
-            forwarded = await connection.call(
-                self.pinned.tool, request.arguments, timeout_s=request.timeout_s, on_progress=moved, relay=request.relay
-            )
+            try:
+                forwarded = await connection.call(
+                    self.pinned.tool,
+                    request.arguments,
+                    timeout_s=request.timeout_s,
+                    on_progress=moved,
+                    relay=request.relay,
+                )
+            finally:
+                if request.connections is not None:  # the server's connections that ended by now: this call's record
+                    for record in connection.connections.drain():
+                        request.connections.add(record)
         return UpstreamRun.of(self.upstream, self.pinned.tool, request, forwarded)
 
 

@@ -18,7 +18,7 @@ from types import MappingProxyType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WINGS = ("cli", "consent", "rules", "db", "console", "tools", "upstreams")
+WINGS = ("cli", "consent", "rules", "db", "console", "tools", "upstreams", "proxy")
 
 BANDS: tuple[tuple[str, ...], ...] = (
     ("__main__", "cli"),  # the commands
@@ -40,7 +40,8 @@ BANDS: tuple[tuple[str, ...], ...] = (
         "previews",
     ),  # stores, the policy
     # storage; text for people; the wire; the policy's YAML read as nodes with their lines
-    ("db", "rbac", "visible", "transport", "default_policy", "state_access", "policy_nodes"),
+    # the egress proxy and the policy's network key
+    ("db", "rbac", "visible", "transport", "default_policy", "state_access", "policy_nodes", "egress_policy", "proxy"),
     ("rules", "errors", "canonical", "progress", "logs", "start_failures", "clock", "settings"),  # the kernel
 )
 BAND_OF = {room: n for n, rooms in enumerate(BANDS) for room in rooms}

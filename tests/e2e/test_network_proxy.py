@@ -1,0 +1,493 @@
+"""Network by domain over real stdio (docs/policy.md, "Network by domain"; decision 90): runs reach hosts through the proxy.
+
+A declared tool runs urllib or curl inside the sandbox; its only way out is the gateway's proxy at
+127.0.0.1:3128 in its own namespace. The one origin is a listener this test opens on 127.0.0.1, named
+through `resolve`; every other address is refused by rule before anything is dialled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import queue
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.clock import SystemClock
+from gateway.consent.actions import Actor, decide_question
+from gateway.consent.stage import Decision
+from gateway.consent.store import Channel
+from tests.harness import FORM_ELICITATION, ConsentDesk, GatewayHome, StdioSession, reachable_by_everyone
+
+SessionFactory = Callable[..., StdioSession]
+GatewayFactory = Callable[..., GatewayHome]
+
+FETCH = f"""\
+#!{sys.executable}
+import json, sys, urllib.error, urllib.request
+url = sys.argv[1]
+try:
+    with urllib.request.urlopen(url, timeout=20) as response:
+        print(json.dumps({{"status": response.status, "body": response.read().decode()}}))
+except urllib.error.HTTPError as exc:
+    print(json.dumps({{"status": exc.code, "body": exc.read().decode()}}))
+except OSError as exc:
+    print(json.dumps({{"status": None, "body": type(exc).__name__ + ": " + str(exc)}}))
+"""
+BODY = b"served on the host's loopback"
+
+
+class Origin(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path == "/slow":  # an answer that never comes while the test looks (the thread is a daemon)
+            if isinstance(self.server, OriginServer):
+                self.server.slow_asked.set()
+            time.sleep(60)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class OriginServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Origin)
+        self.slow_asked = threading.Event()
+
+
+@pytest.fixture
+def origin() -> Iterator[OriginServer]:
+    server = OriginServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
+
+
+def tool(command: list[str]) -> dict[str, Any]:
+    return {
+        "description": "Fetch a URL",
+        "command": command,
+        "arguments": {"url": {"type": "string", "pattern": "http://[!-~]+", "max_length": 200}},
+        "annotations": {"destructiveHint": False, "idempotentHint": True, "openWorldHint": True},
+    }
+
+
+def gateway_with(make_gateway: GatewayFactory, programs: dict[str, str], policy: dict[str, Any]) -> GatewayHome:
+    """A gateway whose policy is `policy`, with `programs` (name -> text) in bin/ beside it, and alice a USER."""
+    gw = make_gateway()
+    folder = gw.policy_path.parent / "bin"
+    folder.mkdir(exist_ok=True)
+    for name, text in programs.items():
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    reachable_by_everyone(folder)
+    gw.write_policy(policy)
+    gw.add_user("alice", "USER")
+    return gw
+
+
+@pytest.fixture
+def proxied(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
+    port = origin.server_address[1]
+    tools = {"fetch": tool(["bin/fetch", "{url}"])}
+    if shutil.which("curl"):
+        tools["curl"] = tool(["curl", "-sS", "-i", "--max-time", "20", "{url}"])
+    return gateway_with(
+        make_gateway,
+        {"fetch": FETCH},
+        {
+            "tools": {"allowlist": list(tools), "declared": tools},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {
+                    "allow": [f"origin.test:{port}", f"*.example.test:{port}"],
+                    "deny": ["denied.test"],
+                    "resolve": {
+                        "origin.test": "127.0.0.1",
+                        "api.example.test": "127.0.0.1",
+                        "denied.test": "127.0.0.1",
+                    },
+                },
+            },
+        },
+    )
+
+
+def allow_once(message: dict[str, Any]) -> dict[str, Any]:
+    return {"action": "accept", "content": {"decision": "allow_once"}}
+
+
+@contextlib.contextmanager
+def session_of(gw: GatewayHome, open_session: SessionFactory) -> Iterator[Callable[[str, str], dict[str, Any]]]:
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    token = gw.token("alice")
+    yield lambda name, url: session.call_tool(name, {"url": url}, token, timeout=120)
+
+
+def fetched(response: dict[str, Any]) -> dict[str, Any]:
+    result = response["result"]
+    parsed: dict[str, Any] = json.loads(result["content"][0]["text"].splitlines()[0])
+    return parsed
+
+
+def net_events(gw: GatewayHome, response: dict[str, Any]) -> list[dict[str, Any]]:
+    run_id = response["result"]["structuredContent"]["run_id"]
+    return [e for e in gw.events_of(run_id) if e["event_type"] == "NET_CONNECT"]
+
+
+def test_an_allowed_host_is_fetched_by_urllib_inside_a_run_and_recorded(
+    db_url: str, proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    with session_of(proxied, open_session) as call:
+        response = call("fetch", f"http://origin.test:{port}/x")
+    assert fetched(response) == {"status": 200, "body": BODY.decode()}
+    [event] = net_events(proxied, response)
+    assert {k: event["detail"][k] for k in ("host", "port", "decision", "rule", "address")} == {
+        "host": "origin.test", "port": port, "decision": "allowed", "rule": f"allow: origin.test:{port}",
+        "address": "127.0.0.1",
+    }  # fmt: skip
+    kinds = [e["event_type"] for e in proxied.events_of(response["result"]["structuredContent"]["run_id"])]
+    assert kinds.index("TOOL_STARTED") < kinds.index("NET_CONNECT") < kinds.index("SANDBOX_EXEC")
+    assert proxied.chain_ok()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_curl_inside_a_run_fetches_an_allowed_host_and_gets_403_for_a_denied_one(
+    proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    with session_of(proxied, open_session) as call:
+        allowed = call("curl", f"http://api.example.test:{port}/")
+        denied = call("curl", f"http://denied.test:{port}/")
+    assert BODY.decode() in allowed["result"]["content"][0]["text"]
+    text = denied["result"]["content"][0]["text"]
+    assert "403 Forbidden" in text
+    assert "denied.test" in text and "deny: denied.test" in text and "sandbox.network" in text
+    [event] = net_events(proxied, denied)
+    assert (event["detail"]["decision"], event["detail"]["reason"]) == ("refused", "denied_by_rule")
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.1:{port}/", "no_rule"),  # an IP literal no rule names
+        ("http://169.254.169.254/latest/meta-data/", "no_rule"),  # the metadata address: refused before any dial
+        ("http://origin.test:1/", "no_rule"),  # a port the rule does not name
+        ("http://elsewhere.test/", "no_rule"),
+    ],
+)
+def test_what_no_rule_names_is_refused_inside_a_run_and_nothing_is_dialled(
+    proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer, url: str, reason: str
+) -> None:
+    with session_of(proxied, open_session) as call:
+        response = call("fetch", url.format(port=origin.server_address[1]))
+    answer = fetched(response)
+    assert answer["status"] == 403
+    assert "no rule in sandbox.network names it" in answer["body"]
+    [event] = net_events(proxied, response)
+    assert (event["detail"]["reason"], event["detail"]["address"]) == (reason, None)  # never dialled
+
+
+@pytest.fixture
+def asking(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
+    port = origin.server_address[1]
+    return gateway_with(
+        make_gateway,
+        {"fetch": FETCH},
+        {
+            "tools": {"allowlist": ["fetch"], "declared": {"fetch": tool(["bin/fetch", "{url}"])}},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {
+                    "ask": [f"*.ask.test:{port}"],
+                    "resolve": {"a.ask.test": "127.0.0.1", "b.ask.test": "127.0.0.1"},
+                },
+            },
+            "consent": {"timeout_s": 5},
+        },
+    )
+
+
+def test_an_ask_host_waits_for_a_person_allow_once_then_deny_always_then_a_cancelled_dialog(
+    db_url: str, asking: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    url = f"http://a.ask.test:{origin.server_address[1]}/"
+    session = open_session(asking, capabilities=FORM_ELICITATION)
+    token = asking.token("alice")
+    asked: list[str] = []
+
+    def person(host_answer: str | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        def respond(message: dict[str, Any]) -> dict[str, Any]:
+            text = message["params"]["message"]
+            asked.append(text)
+            if "network:" not in text:
+                return {"action": "accept", "content": {"decision": "allow_once"}}  # the tool's own question
+            if host_answer is None:
+                return {"action": "cancel"}
+            return {"action": "accept", "content": {"decision": host_answer}}
+
+        return respond
+
+    session.responder = person("allow_once")
+    allowed = session.call_tool("fetch", {"url": url}, token, timeout=120)
+    assert fetched(allowed) == {"status": 200, "body": BODY.decode()}
+    assert any("network:a.ask.test" in a and "wants to connect to a.ask.test" in a for a in asked)
+    run_id = allowed["result"]["structuredContent"]["run_id"]
+    decisions = [e for e in asking.all_events() if e["event_type"] == "mcp.permission.decision"]
+    assert [(d["tool_name"], d["detail"]["decision"]) for d in decisions] == [
+        ("fetch", "ALLOW_ONCE"), ("network:a.ask.test", "ALLOW_ONCE"),
+    ]  # fmt: skip
+    assert decisions[0]["run_id"] == run_id
+    assert (decisions[1]["detail"]["for_run"], decisions[1]["detail"]["about"]) == (run_id, "network_host")
+
+    session.responder = person("deny_always")
+    denied = session.call_tool("fetch", {"url": url}, token, timeout=120)
+    assert fetched(denied)["status"] == 403
+    assert "refused by a person" in fetched(denied)["body"]
+
+    asked.clear()
+    session.responder = person("allow_once")  # the stored deny answers: the person is not asked about the host
+    again = session.call_tool("fetch", {"url": url}, token, timeout=120)
+    assert fetched(again)["status"] == 403
+    assert not any("network:" in a for a in asked)
+    [event] = net_events(asking, again)
+    assert event["detail"]["reason"] == "denied_by_person"
+
+    session.responder = person(None)  # the dialog cancelled: deny once, nothing stored
+    cancelled = session.call_tool("fetch", {"url": url.replace("a.ask", "b.ask")}, token, timeout=120)
+    assert fetched(cancelled)["status"] == 403
+    assert asking.chain_ok()
+
+
+# --- an upstream server behind the proxy ------------------------------------------------------------
+
+FETCH_SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "fetch_server.py"
+
+
+def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothing_else(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    gw = gateway_with(
+        make_gateway,
+        {"fetch-server": f"#!{sys.executable}\n" + FETCH_SERVER.read_text()},
+        {
+            "tools": {"allowlist": ["web__fetch"]},
+            "sandbox": {"allowed_paths": ["bin"]},
+            "upstreams": {
+                "web": {
+                    "command": ["bin/fetch-server"],
+                    "tools": ["fetch"],
+                    "timeout_s": 60,
+                    "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
+                }
+            },
+        },
+    )
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    token = gw.token("alice")
+    allowed = session.call_tool("web__fetch", {"url": f"http://origin.test:{port}/"}, token, timeout=120)
+    refused = session.call_tool("web__fetch", {"url": f"http://127.0.0.1:{port}/"}, token, timeout=120)
+    assert json.loads(allowed["result"]["content"][0]["text"]) == {"status": 200, "body": BODY.decode()}
+    answer = json.loads(refused["result"]["content"][0]["text"])
+    assert answer["status"] == 403 and "upstreams.web.network" in answer["body"]
+    for response, decision in ((allowed, "allowed"), (refused, "refused")):
+        run_id = response["result"]["_meta"]["mcp-write-gateway/run_id"]
+        events = gw.events_of(run_id)
+        kinds = [e["event_type"] for e in events]
+        assert kinds.index("NET_CONNECT") < kinds.index("UPSTREAM_CALL")
+        [event] = [e for e in events if e["event_type"] == "NET_CONNECT"]
+        assert event["detail"]["decision"] == decision
+
+
+# --- a hostile run -------------------------------------------------------------------------------------
+
+HOSTILE = f"""\
+#!{sys.executable}
+import json, socket, ssl, sys, contextlib
+out = {{}}
+mode = sys.argv[1].split("/")[3]
+if mode == "flood":  # 40 held open and silent (32 served, waiting for a head), then 1,460 more: 503 at once
+    held = [socket.create_connection(("127.0.0.1", 3128), timeout=20) for _ in range(40)]
+    answers = {{}}
+    for _ in range(1460):
+        with socket.create_connection(("127.0.0.1", 3128), timeout=20) as s:
+            s.shutdown(socket.SHUT_WR)
+            first = s.recv(12).decode()
+            answers[first] = answers.get(first, 0) + 1
+    out["answers"] = answers
+elif mode == "escape":  # every way out but the proxy
+    for name, make in (
+        ("udp_dns", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("8.8.8.8", 53))),
+        ("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)),
+        ("resolve", lambda: socket.getaddrinfo("example.com", 443)),
+        ("tcp_direct", lambda: socket.create_connection(("1.1.1.1", 443), timeout=3)),
+        ("tcp_loopback", lambda: socket.create_connection(("127.0.0.1", 22), timeout=3)),
+    ):
+        try:
+            make()
+            out[name] = "reached"
+        except OSError as exc:
+            out[name] = type(exc).__name__
+elif mode == "sni":  # CONNECT an allowed host, then a ClientHello naming another
+    host = sys.argv[1].split("/")[2]
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="evil.test")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    s.sendall(f"CONNECT {{host}} HTTP/1.1\\r\\n\\r\\n".encode())
+    head = s.recv(4096)
+    s.sendall(outgoing.read())
+    out["head"] = head.decode().split("\\r\\n")[0]
+    out["after"] = len(s.recv(4096))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def hostile(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
+    port = origin.server_address[1]
+    return gateway_with(
+        make_gateway,
+        {"hostile": HOSTILE},
+        {
+            "tools": {"allowlist": ["hostile"], "declared": {"hostile": tool(["bin/hostile", "{url}"])}},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
+            },
+        },
+    )
+
+
+def test_a_run_that_floods_the_proxy_gets_503_past_the_caps_and_one_event_for_them(
+    hostile: GatewayHome, open_session: SessionFactory
+) -> None:
+    with session_of(hostile, open_session) as call:
+        response = call("hostile", "http://x/flood")
+    assert fetched(response)["answers"] == {"HTTP/1.1 503": 1460}  # 32 open already: every one answered at once
+    [summary] = net_events(hostile, response)  # the 32 that sent nothing are not recorded; the 1,468 refused, once
+    assert (summary["detail"]["reason"], summary["detail"]["count"]) == ("connection_cap", 1468)
+
+
+def test_a_run_has_no_way_out_but_the_proxy(hostile: GatewayHome, open_session: SessionFactory) -> None:
+    with session_of(hostile, open_session) as call:
+        response = call("hostile", "http://x/escape")
+    assert "reached" not in fetched(response).values(), fetched(response)
+
+
+def test_a_client_hello_naming_another_host_than_connect_is_refused_inside_a_run(
+    hostile: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    with session_of(hostile, open_session) as call:
+        response = call("hostile", f"http://origin.test:{origin.server_address[1]}/sni")
+    assert fetched(response) == {"head": "HTTP/1.1 200 Connection established", "after": 0}
+    [event] = net_events(hostile, response)
+    assert (event["detail"]["reason"], event["detail"]["address"]) == ("sni_mismatch", None)
+
+
+def test_a_cancelled_run_still_records_its_connections_before_its_end(
+    proxied: GatewayHome, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    session = open_session(proxied, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    url = f"http://origin.test:{origin.server_address[1]}/slow"
+    request_id = session.send_call("fetch", {"url": url}, proxied.token("alice"))
+    deadline = time.monotonic() + 60
+    run_id = None
+    while run_id is None and time.monotonic() < deadline:  # the run is on once its proxy has dialled the origin
+        started = [e for e in proxied.all_events() if e["event_type"] == "TOOL_STARTED"]
+        run_id = started[0]["run_id"] if started and origin.slow_asked.is_set() else None
+        session.pump(0.1)  # the tool's consent question answered meanwhile
+    assert run_id is not None
+    session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
+    while time.monotonic() < deadline and "TOOL_FINISHED" not in [e["event_type"] for e in proxied.events_of(run_id)]:
+        session.pump(0.1)
+    events = proxied.events_of(run_id)
+    kinds = [e["event_type"] for e in events]
+    assert kinds[-2:] == ["NET_CONNECT", "TOOL_FINISHED"]
+    assert events[-1]["detail"] == {"status": "cancelled"}
+    assert (events[-2]["detail"]["host"], events[-2]["detail"]["decision"]) == ("origin.test", "allowed")
+    assert proxied.chain_ok()
+
+
+def test_policy_check_and_explain_show_what_a_run_may_reach(proxied: GatewayHome) -> None:
+    checked = proxied.cli("policy", "check")
+    assert checked.returncode == 0, checked.stderr
+    assert "sandbox.network: through the gateway's proxy (deny: denied.test; allow: origin.test:" in checked.stdout
+    explained = proxied.cli(
+        "policy", "explain", "--role", "USER", "--tool", "fetch", "--args", '{"url": "http://origin.test/"}'
+    )
+    assert explained.returncode == 0, explained.stdout + explained.stderr
+    assert "network: through the gateway's proxy (deny: denied.test;" in explained.stdout
+
+
+def test_an_ask_host_goes_to_the_approver_when_the_client_cannot_be_asked_and_no_answer_refuses(
+    asking: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    """No elicitation: the tool's question and then the host's wait in the database, where the approver (or the
+    console) answers them through gateway/consent/actions.py; a host nobody answers is refused at the timeout."""
+    desk = ConsentDesk.on(asking.engine, SystemClock())
+    by = Actor("approvals:test", Channel.APPROVER)
+    session = open_session(asking)  # no elicitation capability
+    token = asking.token("alice")
+    port = origin.server_address[1]
+
+    def call_answering(url: str, host_decision: Decision | None) -> dict[str, Any]:
+        request_id = session.send_call("fetch", {"url": url}, token)
+        deadline = time.monotonic() + 90
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            for question in desk.consent_store.fetch_pending(desk.clock.now()):
+                if question.id in seen:
+                    continue
+                seen.add(question.id)
+                if question.tool_name == "fetch":
+                    decide_question(desk, question.id, Decision.ALLOW_ONCE, by)
+                elif host_decision is not None:
+                    assert question.tool_name in {"network:a.ask.test", "network:b.ask.test"}
+                    decide_question(desk, question.id, host_decision, by)
+            try:
+                return session.wait_response(request_id, timeout=0.2)
+            except queue.Empty:
+                continue
+        raise AssertionError("no answer")
+
+    allowed = call_answering(f"http://a.ask.test:{port}/", Decision.ALLOW_ALWAYS)
+    assert fetched(allowed) == {"status": 200, "body": BODY.decode()}
+    again = call_answering(f"http://a.ask.test:{port}/", None)  # the stored Allow always answers: nobody asked
+    assert fetched(again)["status"] == 200
+    started = time.monotonic()
+    unanswered = call_answering(f"http://b.ask.test:{port}/", None)  # consent.timeout_s is 5
+    assert fetched(unanswered)["status"] == 403
+    assert time.monotonic() - started >= 5
+    [event] = net_events(asking, unanswered)
+    assert event["detail"]["reason"] == "denied_by_person"
+    decisions = [
+        e["detail"]
+        for e in asking.all_events()
+        if e["tool_name"] == "network:b.ask.test" and e["event_type"] == "mcp.permission.decision"
+    ]
+    assert [(d["decision"], d["origin"]) for d in decisions] == [("DENY_ONCE", "timeout")]
