@@ -192,7 +192,10 @@ def test_policy_check_reports_every_sections_error_in_one_pass_with_the_value_fo
     errors = [(e["where"], e["message"]) for e in document(as_json)["errors"]]
     assert errors == [
         (f"{broken}:3", "budget.attempts_total must be an integer (found 'lots')"),
-        (f"{broken}:5", "sandbox.network must be true or false (found 'maybe')"),
+        (
+            f"{broken}:5",
+            "sandbox.network must be true or false, or a mapping of allow, ask, deny, resolve (found 'maybe')",
+        ),
         (f"{broken}:7", "consent.timeout_s must be at least 1 (found -4)"),
     ]
     text = gw(tmp_path, "policy", "check", str(broken))
