@@ -37,6 +37,7 @@ from gateway.consent.store import ConsentStore
 from gateway.db import make_engine
 from gateway.settings import Settings
 from gateway.users import UserStore
+from tests import cli_fork
 from tests.deadlines import scaled
 from tests.sqlite_template import copy_migrated, migrated
 
@@ -257,14 +258,8 @@ class GatewayHome:
         ]  # fmt: skip
 
     def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.cli_argv(*args),
-            capture_output=True,
-            text=True,
-            input=stdin,
-            timeout=60,
-            check=False,
-        )
+        """`mcp-gateway ... ARGS` (`cli_argv`) in a process of its own, forked (tests/cli_fork.py)."""
+        return cli_fork.run(self.cli_argv(*args)[3:], input=stdin, timeout=60)
 
     def audit_events(self) -> list[dict[str, Any]]:
         result = self.cli("audit", "export")
