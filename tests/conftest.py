@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests import cli_fork
+from tests import forked_gateway
 from tests.deadlines import time_scale
 from tests.harness import GatewayHome, StdioSession
 
@@ -58,8 +58,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.hookimpl(tryfirst=True)  # before the leftover check (tests/leftover_processes.py) looks for processes
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop this process's CLI fork helper (tests/cli_fork.py), if a test started one."""
-    cli_fork.stop_helper()
+    """Stop this process's CLI fork helper (tests/forked_gateway.py), if a test started one."""
+    forked_gateway.stop_helper()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -37,7 +37,7 @@ from gateway.consent.store import ConsentStore
 from gateway.db import make_engine
 from gateway.settings import Settings
 from gateway.users import UserStore
-from tests import cli_fork
+from tests import forked_gateway
 from tests.deadlines import scaled
 from tests.sqlite_template import copy_migrated, migrated
 
@@ -258,8 +258,8 @@ class GatewayHome:
         ]  # fmt: skip
 
     def cli(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        """`mcp-gateway ... ARGS` (`cli_argv`) in a process of its own, forked (tests/cli_fork.py)."""
-        return cli_fork.run(self.cli_argv(*args)[3:], input=stdin, timeout=60)
+        """`mcp-gateway ... ARGS` (`cli_argv`) in a process of its own, forked (tests/forked_gateway.py)."""
+        return forked_gateway.run(self.cli_argv(*args)[3:], input=stdin, timeout=60)
 
     def audit_events(self) -> list[dict[str, Any]]:
         result = self.cli("audit", "export")
@@ -308,13 +308,19 @@ class StdioSession:
             *extra_args, "serve",
         ]  # fmt: skip
         self.run_as = run_as
-        self.process = subprocess.Popen(
-            argv if run_as is None else as_uid_argv(run_as, argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=environment,
-        )
+        self.process: subprocess.Popen[bytes] | forked_gateway.ForkedProcess
+        if run_as is None and python == sys.executable:
+            # Forked from a helper with the gateway imported (tests/forked_gateway.py): the same process
+            # on the same pipes, without the 0.75 s of CPU its imports cost.
+            self.process = forked_gateway.start(argv[3:], env=environment, stderr=self._stderr)
+        else:
+            self.process = subprocess.Popen(
+                argv if run_as is None else as_uid_argv(run_as, argv),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=environment,
+            )
         self._lines: queue.Queue[bytes] = queue.Queue()
         self._pending: dict[Any, dict[str, Any]] = {}
         self.unsolicited: list[dict[str, Any]] = []

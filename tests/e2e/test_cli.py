@@ -11,7 +11,7 @@ from pathlib import Path
 import jwt
 import pytest
 
-from tests import cli_fork
+from tests import forked_gateway
 from tests.harness import REPO
 
 
@@ -22,16 +22,16 @@ def gw(
     stdin: str | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`mcp-gateway --home HOME --policy POLICY ARGS` in a process of its own (forked: tests/cli_fork.py)."""
+    """`mcp-gateway --home HOME --policy POLICY ARGS` in a process of its own (forked: tests/forked_gateway.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")} | (env or {})
     argv = ["--home", str(home), "--policy", str(policy or REPO / "policy.yaml"), *args]
-    return cli_fork.run(argv, env=env, input=stdin, timeout=60)
+    return forked_gateway.run(argv, env=env, input=stdin, timeout=60)
 
 
 def gw_without_policy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`mcp-gateway --home HOME ARGS`: the policy is <home>/policy.yaml, as `init` writes it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")}
-    return cli_fork.run(["--home", str(home), *args], env=env, timeout=60)
+    return forked_gateway.run(["--home", str(home), *args], env=env, timeout=60)
 
 
 def gw_started(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -42,7 +42,7 @@ def gw_started(home: Path, *args: str, stdin: str | None = None) -> subprocess.C
 
 
 def test_a_forked_command_answers_as_a_started_one(tmp_path: Path) -> None:
-    """`gw` forks each command from a helper with the gateway imported (tests/cli_fork.py): for a sample of
+    """`gw` forks each command from a helper with the gateway imported (tests/forked_gateway.py): for a sample of
     every kind of answer (success, text and JSON on stdout, a refusal, a usage error found after argparse,
     a warning on stderr, a missing state folder), the same exit status, stdout and stderr as `python -m gateway`."""
     started, forked = tmp_path / "started", tmp_path / "forked"
