@@ -75,7 +75,10 @@ def test_sigterm_ends_a_forked_serve_as_it_ends_a_started_one(
     assert codes[0] == codes[1], codes
 
 
-def test_a_forked_process_that_does_not_end_in_time_is_a_timeout(make_gateway: Callable[..., GatewayHome]) -> None:
+def test_a_forked_process_that_does_not_end_in_time_is_a_timeout(
+    make_gateway: Callable[..., GatewayHome], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(forked_gateway.SWITCH_VARIABLE, "on")
     session = StdioSession(make_gateway())
     try:
         session.initialize()
