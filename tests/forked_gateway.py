@@ -14,7 +14,8 @@ capture_output=True, text=True)` returns; `start` returns a `ForkedProcess`, whi
 as they use a `subprocess.Popen` (pid, stdin, stdout, poll, wait, send_signal, terminate, kill).
 
 What only a real start shows keeps `python -m gateway` (see docs/decisions/0076-the-suites-plumbing.md):
-`--version`, another interpreter, another uid, `console`, `approvals` and `demo`;
+`--version`, another interpreter, another uid, `console`, `approvals` and `demo`, and a gateway whose
+`/proc/<pid>/environ` or `cmdline` a test reads (a fork keeps the helper's: `StdioSession(forked=False)`);
 tests/e2e/test_cli.py and tests/e2e/test_smoke.py compare forked and started answers. With
 MCP_GATEWAY_TEST_FORK=off every command starts `python -m gateway`.
 

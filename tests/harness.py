@@ -293,11 +293,15 @@ class StdioSession:
         python: str = sys.executable,
         *,
         run_as: int | None = None,
+        forked: bool = True,
     ) -> None:
         """`env` adds to the environment `serve` inherits, which never carries the tests' MCP_GATEWAY_TOKEN;
         `python` is the interpreter `serve` runs on (and so the one its runs execute); `run_as`, an
         ordinary uid `serve` runs as (setpriv), as a user's MCP client starts it: the rootless mode.
-        Its state folder must be that uid's (GatewayHome.hand_to), and `env` should give it a HOME it owns."""
+        Its state folder must be that uid's (GatewayHome.hand_to), and `env` should give it a HOME it owns.
+        `forked` False: started as `python -m gateway` even where it could be forked (tests/forked_gateway.py),
+        for a test that reads the gateway's process from outside (its /proc environ and command line are
+        the helper's start's when forked)."""
         environment = {k: v for k, v in os.environ.items() if k != "MCP_GATEWAY_TOKEN"} | dict(env or {})
         self.stderr_path = gateway.root / f"serve-stderr-{id(self)}.log"
         self._stderr = self.stderr_path.open("wb")
@@ -309,7 +313,7 @@ class StdioSession:
         ]  # fmt: skip
         self.run_as = run_as
         self.process: subprocess.Popen[bytes] | forked_gateway.ForkedProcess
-        if run_as is None and python == sys.executable:
+        if forked and run_as is None and python == sys.executable:
             # Forked from a helper with the gateway imported (tests/forked_gateway.py): the same process
             # on the same pipes, without the 0.75 s of CPU its imports cost.
             self.process = forked_gateway.start(argv[3:], env=environment, stderr=self._stderr)
