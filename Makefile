@@ -107,6 +107,13 @@ upstream-servers: $(UPSTREAM_NPM)/node_modules/.package-lock.json
 # The suite in parallel (pytest-xdist): most tests wait on subprocesses, sessions and sandboxed
 # runs, so there are more workers than cores; the tests that share a resource go whole to one
 # worker (tests/conftest.py, SERIAL_GROUPS). TEST_WORKERS=0 runs it in this one process.
+# Its cost, 2026-11-28, measured in three parts on the shared machine (load 3-7), user+sys of every
+# process the run waited for plus the suite's PostgreSQL: tests/gateway and tests/sandbox 110 s (-n 4),
+# tests/e2e 348 s (-n 4, 387 tests, 5:48), tests/rootless, tests/hosts and tests/adversarial 150 s
+# (-n 2, 218 tests, 3:34): about 610 s of CPU, where the runs of 2026-11-27 spent about 1,440 s (unit
+# 156 s, the rest 1,288 s). Most of the cut: the gateways and commands the tests start fork from a
+# helper with the gateway imported (tests/forked_gateway.py, decision 76). On 2 quiet cores that is
+# about 5 minutes of CPU-bound wall time plus the serial tail (the guest's group): not measured whole.
 TEST_WORKERS ?= 4
 test: lint system-deps ts-client upstream-servers bytecode
 	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS)
@@ -124,8 +131,16 @@ bytecode: $(STAMP)
 # (tests/e2e), no hostile suites (tests/adversarial). Run `make test` before you push. In parallel as
 # `make test` is. 2026-11-27 on 2 quiet cores: 4,120 tests in 1:40 (pytest) and about 156 s of CPU
 # (user+sys, workers and the suite's PostgreSQL included); 3,685 tests took 1:14 before the upstream
-# servers' and the change review's tests came. Where the CPU goes:
-# `$(PY) -m pytest -n 4 tests/gateway tests/sandbox --cpu-costs=30` (tests/cpu_costs.py).
+# servers' and the change review's tests came. 2026-11-28, on the shared machine (load 3-13): after the
+# tables became Core (no ORM at start-up, decision 48), short commands and `serve` forked from a helper
+# with the gateway imported (tests/forked_gateway.py, decision 76) and the console route tests' hashes
+# at 1,000 PBKDF2 rounds: 4,123 tests, 92 s of CPU in pytest and 17 s in its PostgreSQL (110 s; 126 s
+# with the first change alone, -n 2), 2:13 at load 4 (on 2 quiet cores 110 s of CPU would be about 55 s
+# plus the serial tail; not measured here). Of what is left, the PostgreSQL server's share is mostly
+# `CREATE DATABASE ... TEMPLATE` and its drop (25-70 ms of server CPU each, one per PostgreSQL test; a
+# TRUNCATE of the tables costs 5 ms, but tests that alter the schema would then need a check of it),
+# and each xdist worker collects for about 2.5 s of CPU.
+# Where the CPU goes: `$(PY) -m pytest -n 4 tests/gateway tests/sandbox --cpu-costs=30` (tests/cpu_costs.py).
 unit: $(STAMP) bytecode
 	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) tests/gateway tests/sandbox
 

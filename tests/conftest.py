@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked_gateway
 from tests.deadlines import time_scale
 from tests.harness import GatewayHome, StdioSession
 
@@ -61,6 +62,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return serial_group(nodeid)
 
     return SerialGroups(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the leftover check (tests/leftover_processes.py) looks for processes
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop this process's CLI fork helper (tests/forked_gateway.py), if a test started one."""
+    forked_gateway.stop_helper()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

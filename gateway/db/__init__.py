@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Column,
     Double,
     Engine,
     ForeignKey,
     Index,
     Integer,
+    MetaData,
     String,
     Table,
     Text,
@@ -35,7 +37,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -46,262 +47,256 @@ from gateway.errors import ConfigError
 GENESIS_HASH = "0" * 64
 
 
-class Base(DeclarativeBase):
-    pass
+metadata = MetaData()
+"""Every table the gateway uses; the migrations build exactly these (tests/gateway/test_migrations.py)."""
 
 
-class User(Base):
-    __tablename__ = "users"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
-    role: Mapped[str] = mapped_column(String(64))
-    disabled: Mapped[bool] = mapped_column(Boolean, default=False)
-    password_hash: Mapped[str | None] = mapped_column(String(255), nullable=True)
-    created_at: Mapped[float] = mapped_column(Double)
+users = Table(
+    "users",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(64), unique=True, nullable=False),
+    Column("role", String(64), nullable=False),
+    Column("disabled", Boolean, default=False, nullable=False),
+    Column("password_hash", String(255)),
+    Column("created_at", Double, nullable=False),
+)
 
 
-class UserWorkspace(Base):
-    __tablename__ = "user_workspaces"
-    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
-    workspace: Mapped[str] = mapped_column(String(64), primary_key=True)
+user_workspaces = Table(
+    "user_workspaces",
+    metadata,
+    Column("user_id", Integer, ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    Column("workspace", String(64), primary_key=True),
+)
 
 
-class Token(Base):
-    """Issued tokens by `jti`; a revoked one has `revoked_at`. The token itself is never stored."""
-
-    __tablename__ = "tokens"
-    jti: Mapped[str] = mapped_column(String(64), primary_key=True)
-    user_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    issued_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    expires_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-
-
-class AuditEventRow(Base):
-    __tablename__ = "audit_events"
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    ts: Mapped[str] = mapped_column(String(32))
-    event_type: Mapped[str] = mapped_column(String(64))
-    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    user_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    workspace: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    tool_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    args_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    code: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    detail: Mapped[str] = mapped_column(Text)
-    prev_hash: Mapped[str] = mapped_column(String(64))
-    hash: Mapped[str] = mapped_column(String(64))
-    __table_args__ = (Index("ix_audit_events_run_id", "run_id"), Index("ix_audit_events_ts", "ts"))
+# Issued tokens by `jti`; a revoked one has `revoked_at`. The token itself is never stored.
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("jti", String(64), primary_key=True),
+    Column("user_name", String(64)),
+    Column("issued_at", Double),
+    Column("expires_at", Double),
+    Column("revoked_at", Double),
+)
 
 
-class AuditHead(Base):
-    """One row: the last event's id and hash. Locked to append, compared to detect truncation."""
-
-    __tablename__ = "audit_head"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    last_id: Mapped[int] = mapped_column(BigInteger)
-    last_hash: Mapped[str] = mapped_column(String(64))
-
-
-class BudgetCharge(Base):
-    __tablename__ = "budget_charges"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    user_name: Mapped[str] = mapped_column(String(64))
-    ts: Mapped[float] = mapped_column(Double)
-    elapsed_ms: Mapped[int] = mapped_column(BigInteger, default=0)
-    run_id: Mapped[str] = mapped_column(String(64))
-    __table_args__ = (Index("ix_budget_charges_user_ts", "user_name", "ts"),)
-
-
-class Run(Base):
-    __tablename__ = "runs"
-    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    user_name: Mapped[str] = mapped_column(String(64))
-    workspace: Mapped[str] = mapped_column(String(64))
-    tool_name: Mapped[str] = mapped_column(String(128))
-    created_at: Mapped[float] = mapped_column(Double)
-    status: Mapped[str] = mapped_column(String(32))
-    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    deadline: Mapped[float | None] = mapped_column(Double, nullable=True)
-    """When every process of the run is dead for sure (its time limit plus the watchdog's grace)."""
-    session_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    """The gateway session running it (`gateway_sessions`); NULL for runs recorded before migration 0006."""
-    __table_args__ = (
-        Index("ix_runs_workspace", "workspace", "created_at"),
-        Index("ix_runs_status_deadline", "status", "deadline"),
-    )
+audit_events = Table(
+    "audit_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("ts", String(32), nullable=False),
+    Column("event_type", String(64), nullable=False),
+    Column("run_id", String(64)),
+    Column("user_name", String(64)),
+    Column("workspace", String(64)),
+    Column("tool_name", String(128)),
+    Column("args_hash", String(64)),
+    Column("code", Integer),
+    Column("detail", Text, nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False),
+    Index("ix_audit_events_run_id", "run_id"),
+    Index("ix_audit_events_ts", "ts"),
+)
 
 
-class ConsentGrant(Base):
-    """A stored decision (docs/consent.md): ALLOW or DENY for (user, workspace, server, tool[, args_hash]).
-
-    `args_hash` NULL covers any arguments. A grant applies only to the tool `fingerprint` it was
-    made for, until `expires_at` (NULL: no expiry) and unless `revoked_at`. `channel` is who made
-    it (`approver`, `elicitation`, `cli`; NULL: unknown, read as in-band); `arguments` (canonical
-    JSON) is what a Deny made for particular arguments covers (gateway/consent/grant_scope.py).
-    """
-
-    __tablename__ = "consent_grants"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    user_name: Mapped[str] = mapped_column(String(64))
-    workspace: Mapped[str] = mapped_column(String(64))
-    server_id: Mapped[str] = mapped_column(String(128))
-    tool_name: Mapped[str] = mapped_column(String(128))
-    args_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    decision: Mapped[str] = mapped_column(String(8))
-    fingerprint: Mapped[str] = mapped_column(String(64))
-    granted_at: Mapped[float] = mapped_column(Double)
-    expires_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    granted_by: Mapped[str] = mapped_column(String(128))
-    revoked_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    channel: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    arguments: Mapped[str | None] = mapped_column(Text, nullable=True)
-    __table_args__ = (Index("ix_consent_grants_key", "user_name", "workspace", "server_id", "tool_name"),)
+# One row: the last event's id and hash. Locked to append, compared to detect truncation.
+audit_head = Table(
+    "audit_head",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("last_id", BigInteger, nullable=False),
+    Column("last_hash", String(64), nullable=False),
+)
 
 
-class ConsentRequestRow(Base):
-    """A question waiting for `mcp-gateway approvals`; decided at most once (a conditional UPDATE)."""
-
-    __tablename__ = "consent_requests"
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    created_at: Mapped[float] = mapped_column(Double)
-    expires_at: Mapped[float] = mapped_column(Double)
-    session_id: Mapped[str] = mapped_column(String(64))
-    user_name: Mapped[str] = mapped_column(String(64))
-    workspace: Mapped[str] = mapped_column(String(64))
-    server_id: Mapped[str] = mapped_column(String(128))
-    tool_name: Mapped[str] = mapped_column(String(128))
-    args_hash: Mapped[str] = mapped_column(String(64))
-    args_preview: Mapped[str] = mapped_column(Text)
-    preview: Mapped[str | None] = mapped_column(Text, nullable=True)
-    risk_tier: Mapped[str] = mapped_column(String(8))
-    destructive: Mapped[bool] = mapped_column(Boolean)
-    status: Mapped[str] = mapped_column(String(16))
-    decision: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    decided_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    decided_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    choices: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    """The decisions offered, comma-separated (the policy's consent.channels.approver); NULL: by `destructive`."""
-    kind: Mapped[str] = mapped_column(String(16), server_default="call")
-    """`call` (may the call run) or `change_review` (may its run's changes apply: decision 80)."""
-    run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    """A change review's run (its artifacts hold changes.patch and changes.json); NULL for a call's question."""
-    __table_args__ = (Index("ix_consent_requests_status", "status", "created_at"),)
+budget_charges = Table(
+    "budget_charges",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(64), nullable=False),
+    Column("ts", Double, nullable=False),
+    Column("elapsed_ms", BigInteger, default=0, nullable=False),
+    Column("run_id", String(64), nullable=False),
+    Index("ix_budget_charges_user_ts", "user_name", "ts"),
+)
 
 
-class GatewaySession(Base):
-    """A serving gateway process (gateway/liveness.py): where it runs and the lease it renews while alive.
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("user_name", String(64), nullable=False),
+    Column("workspace", String(64), nullable=False),
+    Column("tool_name", String(128), nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("exit_code", Integer),
+    # When every process of the run is dead for sure (its time limit plus the watchdog's grace).
+    Column("deadline", Double),
+    # The gateway session running it (`gateway_sessions`); NULL for runs recorded before migration 0006.
+    Column("session_id", String(64)),
+    Index("ix_runs_workspace", "workspace", "created_at"),
+    Index("ix_runs_status_deadline", "status", "deadline"),
+)
 
-    `session_id` is the id its consent questions and runs carry. It is alive while `alive_until` is
-    ahead and `closed_at` is NULL; on the same kernel and pid namespace, also only while its pid is
-    the process that started (`pid_started`, the process's start time in clock ticks).
-    """
 
-    __tablename__ = "gateway_sessions"
-    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    host: Mapped[str] = mapped_column(String(255))
-    boot_id: Mapped[str] = mapped_column(String(64))
-    pid_namespace: Mapped[str] = mapped_column(String(64))
-    pid: Mapped[int] = mapped_column(Integer)
-    pid_started: Mapped[str] = mapped_column(String(32))
-    started_at: Mapped[float] = mapped_column(Double)
-    alive_until: Mapped[float] = mapped_column(Double)
-    closed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
+# A stored decision (docs/consent.md): ALLOW or DENY for (user, workspace, server, tool[, args_hash]).
+#
+# `args_hash` NULL covers any arguments. A grant applies only to the tool `fingerprint` it was
+# made for, until `expires_at` (NULL: no expiry) and unless `revoked_at`. `channel` is who made
+# it (`approver`, `elicitation`, `cli`; NULL: unknown, read as in-band); `arguments` (canonical
+# JSON) is what a Deny made for particular arguments covers (gateway/consent/grant_scope.py).
+consent_grants = Table(
+    "consent_grants",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(64), nullable=False),
+    Column("workspace", String(64), nullable=False),
+    Column("server_id", String(128), nullable=False),
+    Column("tool_name", String(128), nullable=False),
+    Column("args_hash", String(64)),
+    Column("decision", String(8), nullable=False),
+    Column("fingerprint", String(64), nullable=False),
+    Column("granted_at", Double, nullable=False),
+    Column("expires_at", Double),
+    Column("granted_by", String(128), nullable=False),
+    Column("revoked_at", Double),
+    Column("channel", String(16)),
+    Column("arguments", Text),
+    Index("ix_consent_grants_key", "user_name", "workspace", "server_id", "tool_name"),
+)
+
+
+# A question waiting for `mcp-gateway approvals`; decided at most once (a conditional UPDATE).
+consent_requests = Table(
+    "consent_requests",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("created_at", Double, nullable=False),
+    Column("expires_at", Double, nullable=False),
+    Column("session_id", String(64), nullable=False),
+    Column("user_name", String(64), nullable=False),
+    Column("workspace", String(64), nullable=False),
+    Column("server_id", String(128), nullable=False),
+    Column("tool_name", String(128), nullable=False),
+    Column("args_hash", String(64), nullable=False),
+    Column("args_preview", Text, nullable=False),
+    Column("preview", Text),
+    Column("risk_tier", String(8), nullable=False),
+    Column("destructive", Boolean, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("decision", String(16)),
+    Column("decided_by", String(128)),
+    Column("decided_at", Double),
+    # The decisions offered, comma-separated (the policy's consent.channels.approver); NULL: by `destructive`.
+    Column("choices", String(128)),
+    # `call` (may the call run) or `change_review` (may its run's changes apply: decision 80).
+    Column("kind", String(16), server_default="call", nullable=False),
+    # A change review's run (its artifacts hold changes.patch and changes.json); NULL for a call's question.
+    Column("run_id", String(64)),
+    Index("ix_consent_requests_status", "status", "created_at"),
+)
+
+
+# A serving gateway process (gateway/liveness.py): where it runs and the lease it renews while alive.
+#
+# `session_id` is the id its consent questions and runs carry. It is alive while `alive_until` is
+# ahead and `closed_at` is NULL; on the same kernel and pid namespace, also only while its pid is
+# the process that started (`pid_started`, the process's start time in clock ticks).
+gateway_sessions = Table(
+    "gateway_sessions",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("boot_id", String(64), nullable=False),
+    Column("pid_namespace", String(64), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("pid_started", String(32), nullable=False),
+    Column("started_at", Double, nullable=False),
+    Column("alive_until", Double, nullable=False),
+    Column("closed_at", Double),
+)
 
 
 _OPEN_CARD = text("status IN ('pending', 'running', 'reviewing')")
 
 
-class ToolCall(Base):
-    """A tools/call as the web console shows it (gateway/calls.py): written with the call's audit events.
-
-    `status` is pending, running, done, error or cancelled; `arguments` the redacted arguments (canonical
-    JSON); `result` the result's content blocks (JSON); `code`, `reason` and `message` a refusal's.
-    `last_event_id` is the id of the audit event written in the same transaction as the row's last
-    change: it only grows (appends are serialised by `audit_head`), so it is the live view's cursor.
-    """
-
-    __tablename__ = "tool_calls"
-    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    created_at: Mapped[float] = mapped_column(Double)
-    updated_at: Mapped[float] = mapped_column(Double)
-    user_name: Mapped[str] = mapped_column(String(64))
-    workspace: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    server_id: Mapped[str] = mapped_column(String(128))
-    tool_name: Mapped[str] = mapped_column(String(128))
-    arguments: Mapped[str] = mapped_column(Text)
-    status: Mapped[str] = mapped_column(String(16))
-    code: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    message: Mapped[str | None] = mapped_column(Text, nullable=True)
-    result: Mapped[str | None] = mapped_column(Text, nullable=True)
-    last_event_id: Mapped[int] = mapped_column(BigInteger)
-    session_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    """The gateway session the call ran in (`gateway_sessions`; migration 0010, NULL before it): a card
-    left open by a gateway that died is closed by the sweep (gateway/recovery.py)."""
-    __table_args__ = (
-        Index("ix_tool_calls_last_event", "last_event_id"),
-        Index("ix_tool_calls_workspace_event", "workspace", "last_event_id"),
-        Index("ix_tool_calls_open", "session_id", postgresql_where=_OPEN_CARD, sqlite_where=_OPEN_CARD),
-    )
+# A tools/call as the web console shows it (gateway/calls.py): written with the call's audit events.
+#
+# `status` is pending, running, done, error or cancelled; `arguments` the redacted arguments (canonical
+# JSON); `result` the result's content blocks (JSON); `code`, `reason` and `message` a refusal's.
+# `last_event_id` is the id of the audit event written in the same transaction as the row's last
+# change: it only grows (appends are serialised by `audit_head`), so it is the live view's cursor.
+tool_calls = Table(
+    "tool_calls",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("created_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+    Column("user_name", String(64), nullable=False),
+    Column("workspace", String(64)),
+    Column("server_id", String(128), nullable=False),
+    Column("tool_name", String(128), nullable=False),
+    Column("arguments", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("code", Integer),
+    Column("reason", String(64)),
+    Column("message", Text),
+    Column("result", Text),
+    Column("last_event_id", BigInteger, nullable=False),
+    # The gateway session the call ran in (`gateway_sessions`; migration 0010, NULL before it): a card
+    # left open by a gateway that died is closed by the sweep (gateway/recovery.py).
+    Column("session_id", String(64)),
+    Index("ix_tool_calls_last_event", "last_event_id"),
+    Index("ix_tool_calls_workspace_event", "workspace", "last_event_id"),
+    Index("ix_tool_calls_open", "session_id", postgresql_where=_OPEN_CARD, sqlite_where=_OPEN_CARD),
+)
 
 
-class CallEnd(Base):
-    """What closed a call, once (decision 67): its decision and its terminal event, each at most once.
-
-    `kind` is `decision` (an `mcp.permission.decision`) or `end` (its POLICY_BLOCKED or TOOL_FINISHED);
-    `event_id` the audit event that recorded it. The audit append inserts here, under the chain's
-    lock, with the events; an append that would record a second one for a call writes nothing
-    (gateway/audit.py): a gateway that lost its lease, and whose question another gateway closed,
-    cannot give the call a second outcome.
-    """
-
-    __tablename__ = "call_ends"
-    run_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
-    event_id: Mapped[int] = mapped_column(BigInteger)
-
-
-class ToolPin(Base):
-    """An upstream tool's pinned definition (gateway/upstreams/pins.py, decision 85; migration 0012).
-
-    `pinned` is the canonical JSON of the definition an ADMIN accepted, or the one first seen, and
-    `pinned_sha256` its digest; both NULL only for a tool whose first definition was refused. `seen`
-    and `seen_sha256` are the server's latest when it differs from the pinned one (`state` `changed`),
-    or only its digest when it could not be pinned (`refused`, `reason` says why). `tool` is the
-    server's own name, stored as it came (every display escapes it).
-    """
-
-    __tablename__ = "tool_pins"
-    upstream: Mapped[str] = mapped_column(String(128), primary_key=True)
-    tool: Mapped[str] = mapped_column(String(128), primary_key=True)
-    state: Mapped[str] = mapped_column(String(16))
-    pinned: Mapped[str | None] = mapped_column(Text, nullable=True)
-    pinned_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    seen: Mapped[str | None] = mapped_column(Text, nullable=True)
-    seen_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    first_seen_at: Mapped[float] = mapped_column(Double)
-    pinned_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    changed_at: Mapped[float | None] = mapped_column(Double, nullable=True)
-    accepted_by: Mapped[str | None] = mapped_column(Text, nullable=True)
+# What closed a call, once (decision 67): its decision and its terminal event, each at most once.
+#
+# `kind` is `decision` (an `mcp.permission.decision`) or `end` (its POLICY_BLOCKED or TOOL_FINISHED);
+# `event_id` the audit event that recorded it. The audit append inserts here, under the chain's
+# lock, with the events; an append that would record a second one for a call writes nothing
+# (gateway/audit.py): a gateway that lost its lease, and whose question another gateway closed,
+# cannot give the call a second outcome.
+call_ends = Table(
+    "call_ends",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("kind", String(16), primary_key=True),
+    Column("event_id", BigInteger, nullable=False),
+)
 
 
-# The Core tables behind the models: the hot paths use Core statements, not the ORM.
-users = cast(Table, User.__table__)
-user_workspaces = cast(Table, UserWorkspace.__table__)
-tokens = cast(Table, Token.__table__)
-audit_events = cast(Table, AuditEventRow.__table__)
-audit_head = cast(Table, AuditHead.__table__)
-budget_charges = cast(Table, BudgetCharge.__table__)
-runs = cast(Table, Run.__table__)
-consent_grants = cast(Table, ConsentGrant.__table__)
-consent_requests = cast(Table, ConsentRequestRow.__table__)
-gateway_sessions = cast(Table, GatewaySession.__table__)
-tool_calls = cast(Table, ToolCall.__table__)
-call_ends = cast(Table, CallEnd.__table__)
-tool_pins = cast(Table, ToolPin.__table__)
+# An upstream tool's pinned definition (gateway/upstreams/pins.py, decision 85; migration 0012).
+#
+# `pinned` is the canonical JSON of the definition an ADMIN accepted, or the one first seen, and
+# `pinned_sha256` its digest; both NULL only for a tool whose first definition was refused. `seen`
+# and `seen_sha256` are the server's latest when it differs from the pinned one (`state` `changed`),
+# or only its digest when it could not be pinned (`refused`, `reason` says why). `tool` is the
+# server's own name, stored as it came (every display escapes it).
+tool_pins = Table(
+    "tool_pins",
+    metadata,
+    Column("upstream", String(128), primary_key=True),
+    Column("tool", String(128), primary_key=True),
+    Column("state", String(16), nullable=False),
+    Column("pinned", Text),
+    Column("pinned_sha256", String(64)),
+    Column("seen", Text),
+    Column("seen_sha256", String(64)),
+    Column("reason", Text),
+    Column("first_seen_at", Double, nullable=False),
+    Column("pinned_at", Double),
+    Column("changed_at", Double),
+    Column("accepted_by", Text),
+)
 
 
 SQLITE_SYNC_MODES = ("normal", "full")

@@ -277,7 +277,8 @@ def open_arena(
         gateway.hand_to(run_as)
         env.setdefault("HOME", str(root))
     canary = f"canary-{secrets.token_hex(16)}"
-    session = StdioSession(gateway, env={CANARY_VAR: canary, **env}, run_as=run_as)
+    # Started, not forked: the hostile suites read the gateway's /proc (its environ holds the canary).
+    session = StdioSession(gateway, env={CANARY_VAR: canary, **env}, run_as=run_as, forked=False)
     try:
         if "result" not in session.initialize(ELICITATION):
             raise AssertionError(session.stderr_text())

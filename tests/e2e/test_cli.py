@@ -11,6 +11,7 @@ from pathlib import Path
 import jwt
 import pytest
 
+from tests import forked_gateway
 from tests.harness import REPO
 
 
@@ -21,25 +22,54 @@ def gw(
     stdin: str | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """`mcp-gateway --home HOME --policy POLICY ARGS` in a process of its own (forked: tests/forked_gateway.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")} | (env or {})
-    command = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "--home",
-        str(home),
-        "--policy",
-        str(policy or REPO / "policy.yaml"),
-        *args,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, env=env, input=stdin, timeout=60, check=False)
+    argv = ["--home", str(home), "--policy", str(policy or REPO / "policy.yaml"), *args]
+    return forked_gateway.run(argv, env=env, input=stdin, timeout=60)
 
 
 def gw_without_policy(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`mcp-gateway --home HOME ARGS`: the policy is <home>/policy.yaml, as `init` writes it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")}
-    command = [sys.executable, "-m", "gateway", "--home", str(home), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    return forked_gateway.run(["--home", str(home), *args], env=env, timeout=60)
+
+
+def gw_started(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`gw` as a person's shell starts it: `python -m gateway`, a new interpreter importing everything."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY")}
+    command = [sys.executable, "-m", "gateway", "--home", str(home), "--policy", str(REPO / "policy.yaml"), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, input=stdin, timeout=60, check=False)
+
+
+def test_a_forked_command_answers_as_a_started_one(tmp_path: Path) -> None:
+    """`gw` forks each command from a helper with the gateway imported (tests/forked_gateway.py): for a sample of
+    every kind of answer (success, text and JSON on stdout, a refusal, a usage error found after argparse,
+    a warning on stderr, a missing state folder), the same exit status, stdout and stderr as `python -m gateway`."""
+    started, forked = tmp_path / "started", tmp_path / "forked"
+    risky = tmp_path / "risky.yaml"
+    risky.write_text((REPO / "policy.yaml").read_text().replace("network: false", "network: true"))
+    for args, stdin in (
+        (("init",), None),
+        (("user", "add", "alice", "--role", "USER"), None),
+        (("user", "add", "bob", "--role", "VIEWER", "--password-stdin"), "s3cret\n"),
+        (("user", "add", "alice", "--role", "USER"), None),
+        (("user", "list"), None),
+        (("user", "list", "--format", "json"), None),
+        (("token", "issue", "alice", "--ttl", "0"), None),
+        (("consent", "list", "--user", "alcie"), None),
+        (("policy", "check", str(risky)), None),
+        (("policy", "explain", "--user", "alice", "--tool", "run_pytest", "--args", '{"test_path":"../x"}'), None),
+        (("audit", "verify"), None),
+        (("--db", "garbage", "user", "list"), None),
+    ):
+        by_exec = gw_started(started, *args, stdin=stdin)
+        by_fork = gw(forked, *args, stdin=stdin)
+        assert (by_fork.returncode, by_fork.stdout, by_fork.stderr.replace(str(forked), "HOME")) == (
+            by_exec.returncode, by_exec.stdout, by_exec.stderr.replace(str(started), "HOME"),
+        ), args  # fmt: skip
+    nothing = tmp_path / "nothing-here"
+    by_exec, by_fork = gw_started(nothing, "user", "list"), gw(nothing, "user", "list")
+    assert (by_fork.returncode, by_fork.stderr) == (by_exec.returncode, by_exec.stderr) == (1, by_exec.stderr)
 
 
 def test_init_is_idempotent_and_keeps_the_key(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from passlib.hash import pbkdf2_sha256
 from sqlalchemy import update
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp
@@ -59,12 +60,19 @@ def three_users(make_gateway: Callable[..., GatewayHome], tmp_path: Path) -> Gat
     return gateway
 
 
+TEST_ROUNDS = 1_000
+"""PBKDF2 rounds of the hashes these tests store: signing in verifies a hash at the rounds it names, and
+at the gateway's 600,000 (`hash_password`) each sign-in cost about 0.13 s of CPU, most of what the console's
+route tests spent (test_console_upstreams.py alone signs in about 40 times). The routes are what these tests
+are about; `test_a_hash_at_the_gateways_own_rounds_signs_in` and tests/gateway/test_users.py keep the
+gateway's own hashes covered, and an unknown name still costs a full-strength verification (`_dummy_hash`)."""
+
+
 @functools.cache
 def password_hash(password: str) -> str:
-    """`UserStore.add(..., password)`'s hash of `password`, made once per process: a real hash (600,000
-    PBKDF2 rounds, about 0.2 s of CPU) that every gateway of these tests (and test_console_review.py's) stores for its user.
-    Signing in still checks the password against it in full."""
-    return hash_password(password)
+    """A PBKDF2-SHA256 hash of `password` at TEST_ROUNDS, made once per process, that every gateway of these
+    tests (and test_console_review.py's) stores for its user. Signing in checks the password against it in full."""
+    return str(pbkdf2_sha256.using(rounds=TEST_ROUNDS).hash(password))
 
 
 @pytest.fixture
@@ -158,6 +166,19 @@ def test_a_sign_in_needs_the_forms_token_and_the_password(gw: GatewayHome, app: 
     ]
     log = json.dumps(sign_ins)
     assert "wrong password" not in log and PASSWORDS["alice"] not in log and "gw_session" not in log
+
+
+def test_a_hash_at_the_gateways_own_rounds_signs_in(gw: GatewayHome, app: ASGIApp) -> None:
+    """What `user passwd` stores (`hash_password`, 600,000 rounds) signs in with its password and no other."""
+    stored = hash_password(PASSWORDS["ada"])
+    assert stored.startswith("$pbkdf2-sha256$600000$")
+    with gw.engine.begin() as connection:
+        connection.execute(update(db.users).where(db.users.c.name == "ada").values(password_hash=stored))
+    signed_in(app, "ada")
+    client = TestClient(app, base_url=BASE)
+    token = csrf_of(client.get("/login").text)
+    wrong = client.post("/login", data={"user": "ada", "password": PASSWORDS["alice"], "csrf": token})
+    assert wrong.status_code == 401
 
 
 def test_five_failures_for_a_name_then_429_whatever_the_password(gw: GatewayHome, app: ASGIApp) -> None:

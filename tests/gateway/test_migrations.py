@@ -32,7 +32,7 @@ def test_the_migrations_build_the_models_tables(unmigrated: Engine) -> None:
     engine = unmigrated
     db.migrate(engine)
     with engine.connect() as connection:
-        differences = compare_metadata(MigrationContext.configure(connection), db.Base.metadata)
+        differences = compare_metadata(MigrationContext.configure(connection), db.metadata)
     assert differences == []
     assert db.schema_is_current(engine)
 
@@ -92,7 +92,7 @@ def test_schema_head_is_alembics_head(unmigrated: Engine) -> None:
 
 def _rows(engine: Engine) -> dict[str, list[tuple[object, ...]]]:
     with engine.connect() as connection:
-        return {t.name: [tuple(r) for r in connection.execute(select(t))] for t in db.Base.metadata.sorted_tables}
+        return {t.name: [tuple(r) for r in connection.execute(select(t))] for t in db.metadata.sorted_tables}
 
 
 @on_postgres_only

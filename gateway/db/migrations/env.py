@@ -2,11 +2,11 @@
 
 from alembic import context
 
-from gateway.db import Base
+from gateway.db import metadata
 
 engine = context.config.attributes["engine"]
 with engine.connect() as connection:
-    context.configure(connection=connection, target_metadata=Base.metadata)
+    context.configure(connection=connection, target_metadata=metadata)
     with context.begin_transaction():
         context.run_migrations()
     connection.commit()
