@@ -65,8 +65,14 @@ def proxy_limits(scratch: Path, backend: Backend, **over: Any) -> Limits:
 
 
 def run_processes() -> list[int]:
-    """The processes beneath this one: the spawned supervisor and the run's processes."""
-    return [child.pid for child in psutil.Process().children(recursive=True)]
+    """The processes beneath this one: the spawned supervisor and the run's processes; not the suite's helper
+    that forks gateways (tests/forked_gateway.py), nor its children, which live in the host's namespaces."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if not any("tests.forked_gateway" in part for part in child.cmdline()):
+                found.append(child.pid)
+    return found
 
 
 def net_view(pid: int) -> dict[str, str]:
