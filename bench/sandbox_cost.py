@@ -451,6 +451,181 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
     print()
 
 
+# --- (c) before and after, and a gateway-sized process -----------------------------------------
+
+BEFORE = "4934e5f"
+"""The tree before decision 95 (plain forks for the supervisors, the pool's uid set aside during a run)."""
+BALLAST_MB = 100
+"""About what a `serve` holds (issue 31 measured ~100 MB): the forks of a run copy its page tables."""
+
+_TREE_WORKER = """
+import os, resource, subprocess, sys, tempfile, time
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+import anyio
+import sandbox
+from pathlib import Path
+from sandbox import Limits, run_sandboxed
+from sandbox.backends import pidns
+tree, mode, backend, ballast_mb, cwd, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5]), Path(sys.argv[6])
+if not sandbox.__file__.startswith(tree):
+    sys.exit(f"sandbox from {sandbox.__file__}, not from {tree}")
+ballast = [str(i) * 3 for i in range(ballast_mb * 12_000)]  # about ballast_mb MB of small objects, as a heap holds
+argv = [sys.executable, "-I", "-c", "pass"]
+env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+limits = Limits(timeout_s=30, memory_limit_mb=1024, max_processes=64, max_output_bytes=1 << 22, env=env, backend=backend)
+quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+
+def floor():
+    supervisor = pidns.RunSupervisor(timeout_s=30, status_fd=-1)
+    def preexec():
+        supervisor.enter()
+        supervisor.fork()
+    process = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True, preexec_fn=preexec, **quiet)
+    return process.wait() == 0
+
+def once():
+    if mode == "bare":
+        return subprocess.run(argv, cwd=cwd, env=env, check=False, **quiet).returncode == 0
+    if mode == "floor":
+        return floor()
+    scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=out))
+    name = scratch.name
+    result = anyio.run(lambda: run_sandboxed(argv, cwd, limits, out / f"{name}.out", out / f"{name}.err", scratch=scratch))
+    return result.exit_code == 0 and result.killed_by is None
+
+def used():
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+print("ready", int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20, flush=True)
+for line in sys.stdin:
+    started, cpu = time.perf_counter_ns(), used()
+    ok = once()
+    wall, cpu = time.perf_counter_ns() - started, used() - cpu
+    print(f"ok {wall} {int(cpu * 1e9)}" if ok else "bad", flush=True)
+"""
+
+
+class TreeWorker:
+    """An interpreter of one tree (`sandbox` from `tree` only) that runs one trivial spawn per request and
+    answers its wall time and the CPU time it and its children spent, both measured inside it."""
+
+    def __init__(self, tree: Path, mode: str, backend: str, *, ballast_mb: int, cwd: Path, out: Path) -> None:
+        command = [sys.executable, "-c", _TREE_WORKER, str(tree), mode, backend, str(ballast_mb), str(cwd), str(out)]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(tree)}
+        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tree)
+        self.rss_mb = int(self._answer().removeprefix("ready "))
+        self.cpu_ns: list[int] = []
+
+    def _answer(self) -> str:
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().decode().strip()
+        if not line.startswith(("ready", "ok")):
+            raise BenchError(f"a tree worker answered {line or 'nothing (it died)'}")
+        return line
+
+    def once(self) -> int:
+        """One spawn: its wall time in ns (its CPU time goes to `cpu_ns`)."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(b"go\n")
+        self._process.stdin.flush()
+        _, wall, cpu = self._answer().split()
+        self.cpu_ns.append(int(cpu))
+        return int(wall)
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        self._process.wait(timeout=CALL_TIMEOUT_S)
+
+
+@dataclass
+class WorkerSide(Side):
+    worker: TreeWorker | None = None
+
+
+def archive(rev: str, dest: Path) -> None:
+    """The tree of `rev` in `dest`, as `git archive` writes it: nothing in the repository changes."""
+    tarball = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=False)
+    if tarball.returncode != 0:
+        raise BenchError(f"git archive {rev}: {tarball.stderr.decode(errors='replace').strip()}")
+    dest.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tarball.stdout, check=True)
+
+
+async def before_after(root: Path, before: str, rounds: int, warmup: int, deadline: float) -> None:
+    """(c): the trivial spawn by the tree before and by this one, both backends, in a small process and in one
+    holding BALLAST_MB of objects; the floor a native run stands on; each in a worker of its own."""
+    archive(before, root / "before")
+    cwd, out = root / "cwd", root / "out"
+    cwd.mkdir()
+    out.mkdir()
+    reachable_by_everyone(cwd)
+    rows = [
+        ("bare subprocess.run", REPO, "bare", "native", 0),
+        (f"run_sandboxed, before ({before})", root / "before", "sandboxed", "native", 0),
+        ("run_sandboxed, after", REPO, "sandboxed", "native", 0),
+        (f"run_sandboxed bubblewrap, before ({before})", root / "before", "sandboxed", "bubblewrap", 0),
+        ("run_sandboxed bubblewrap, after", REPO, "sandboxed", "bubblewrap", 0),
+        ("floor: preexec_fn with the PID namespace and its two forks", REPO, "floor", "native", 0),
+        (f"bare subprocess.run, {BALLAST_MB} MB process", REPO, "bare", "native", BALLAST_MB),
+        (f"run_sandboxed, before, {BALLAST_MB} MB process", root / "before", "sandboxed", "native", BALLAST_MB),
+        (f"run_sandboxed, after, {BALLAST_MB} MB process", REPO, "sandboxed", "native", BALLAST_MB),
+        (f"run_sandboxed bubblewrap, after, {BALLAST_MB} MB process", REPO, "sandboxed", "bubblewrap", BALLAST_MB),
+        (f"floor, {BALLAST_MB} MB process", REPO, "floor", "native", BALLAST_MB),
+    ]
+    sides: list[WorkerSide] = []
+    try:
+        for label, tree, mode, backend, ballast in rows:
+            worker = TreeWorker(tree, mode, backend, ballast_mb=ballast, cwd=cwd, out=out)
+            sides.append(WorkerSide(f"{label} [{worker.rss_mb} MB]", lambda: anyio.sleep(0), worker=worker))
+        for index in range(warmup + rounds):
+            if time.monotonic() > deadline:
+                raise BenchError("not done by --deadline")
+            shift = index % len(sides)
+            for side in [*sides[shift:], *sides[:shift]]:
+                assert side.worker is not None
+                wall = side.worker.once()
+                if index >= warmup:
+                    side.samples.append(wall)
+                else:
+                    side.worker.cpu_ns.pop()
+    finally:
+        for side in sides:
+            if side.worker is not None:
+                side.worker.close()
+    bare, old, new, old_bw, new_bw, floor, big_bare, big_old, big_new, big_new_bw, big_floor = sides
+    print(
+        f"(c) before ({before}, git archive) and after, each side an interpreter of its own tree timing its own"
+        f" spawns ([its size]): {rounds} rounds interleaved, {warmup} warm-up not measured"
+    )
+    print(f"  {'':<70}{'p50 ms':>8}{'p90 ms':>8}{'CPU ms':>8}{'p50/bare':>10}")
+    for side in sides:
+        assert side.worker is not None
+        anchor = big_bare if BALLAST_MB and "MB process" in side.label else bare
+        cpu = statistics.median(side.worker.cpu_ns) / 1e6
+        ratio = side.p50_ms() / anchor.p50_ms()
+        print(f"  {side.label:<70}{side.p50_ms():>8.1f}{side.p90_ms():>8.1f}{cpu:>8.1f}{ratio:>9.2f}x")
+    note(
+        f"target: run_sandboxed p50 <= {TARGET_TRIVIAL_RATIO}x bare: before {old.p50_ms() / bare.p50_ms():.2f}x,"
+        f" after {verdict(new.p50_ms() / bare.p50_ms(), TARGET_TRIVIAL_RATIO)};"
+        f" bubblewrap before {old_bw.p50_ms() / bare.p50_ms():.2f}x, after {new_bw.p50_ms() / bare.p50_ms():.2f}x"
+    )
+    note(
+        f"in a {BALLAST_MB} MB process (a gateway's size): before {big_old.p50_ms() / big_bare.p50_ms():.2f}x,"
+        f" after {big_new.p50_ms() / big_bare.p50_ms():.2f}x bare (bubblewrap {big_new_bw.p50_ms() / big_bare.p50_ms():.2f}x);"
+        " the size itself costs a native run"
+        f" {big_new.p50_ms() - new.p50_ms():+.1f} ms (after) and the floor {big_floor.p50_ms() - floor.p50_ms():+.1f} ms:"
+        " the most a small spawner forked before the heavy imports could take off a run (decision 95)"
+    )
+    note(
+        f"the floor, every layer left out but the PID namespace and its supervisors' forks:"
+        f" {floor.p50_ms() / bare.p50_ms():.2f}x bare ({floor.p50_ms() - bare.p50_ms():+.1f} ms); a native run"
+        f" adds {new.p50_ms() - floor.p50_ms():+.1f} ms of layers, cgroup and supervision to it"
+    )
+    print()
+
+
 # --- (b) the sample suite -----------------------------------------------------------------------
 
 
@@ -592,10 +767,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="measured rounds of (a) (default 30)")
     parser.add_argument("--suite-rounds", type=int, default=10, help="measured rounds of (b) (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds before each (default 2)")
-    parser.add_argument("--deadline", type=float, default=80.0, help="give up after this many seconds")
+    parser.add_argument("--deadline", type=float, default=150.0, help="give up after this many seconds")
+    parser.add_argument("--before", default=BEFORE, help=f"the tree (c) compares with (default {BEFORE})")
+    parser.add_argument("--parts", default="abc", help="which parts to run, of a, b, c (default abc)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.suite_rounds < 1 or args.warmup < 0:
         parser.error("--rounds and --suite-rounds must be at least 1, --warmup at least 0")
+    if not args.parts or set(args.parts) - set("abc"):
+        parser.error("--parts takes letters of a, b, c")
     if os.geteuid() != 0:
         print("sandbox_cost: must run as root (the sandbox drops each run to a pool uid)", file=sys.stderr)
         return 1
@@ -616,10 +795,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
             root = Path(tmp)
-            (root / "a").mkdir()
-            (root / "b").mkdir()
-            anyio.run(trivial, root / "a", args.rounds, args.warmup, deadline)
-            anyio.run(suite, root / "b", args.suite_rounds, args.warmup, deadline)
+            for part in "abc":
+                (root / part).mkdir()
+            if "a" in args.parts:
+                anyio.run(trivial, root / "a", args.rounds, args.warmup, deadline)
+            if "c" in args.parts:
+                anyio.run(before_after, root / "c", args.before, args.rounds, args.warmup, deadline)
+            if "b" in args.parts:
+                anyio.run(suite, root / "b", args.suite_rounds, args.warmup, deadline)
     except (BenchError, SandboxStartError) as exc:
         print(
             f"sandbox_cost: {exc!r}" if isinstance(exc, SandboxStartError) else f"sandbox_cost: {exc}", file=sys.stderr
