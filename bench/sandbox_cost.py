@@ -29,13 +29,23 @@
       authentication, the audit appends, the artifacts and evidence.json.
     Target: the gateway's p50 at most 1.0x bare `python -m pytest`.
     The bare sides wait without a timeout, as a developer's shell does.
+(c) the trivial command again, the tree before decision 95 (`--before`, default 4934e5f, by `git
+    archive`) against this one, each side an interpreter of its own tree (only that tree's `sandbox`
+    importable) that times its own spawns, in interleaved rounds: bare `subprocess.run`, run_sandboxed
+    on both backends, and the floor of a native run (a `preexec_fn` that makes the PID namespace and
+    forks its two supervisors, no other layer), each in a small process (`sandbox` imported, about
+    20 MB) and in one holding 100 MB more of Python objects, the size of a `serve` (a run forks it:
+    its page tables are copied, then torn down). The difference between the two sizes is the most a
+    small spawner forked before the heavy imports could save; a request to one is measured too
+    (a socket pair to another process, four descriptors). Prints p50/p90, each side's CPU time per
+    spawn (its own and its children's), and the ratios.
 
 Every side gets unmeasured warm-up rounds first; the measured rounds rotate the order so
 machine noise falls on all alike. Must run as root (the sandbox drops to a pool uid). Exits
 0 with the figures whether or not the targets are met; 1 if a run fails, if a round would
 start past `--deadline`, or (a hard stop, for a wait with no timeout) `--deadline` + 30 s.
 
-    .venv/bin/python bench/sandbox_cost.py [--rounds 30] [--suite-rounds 10] [--warmup 2]
+    .venv/bin/python bench/sandbox_cost.py [--rounds 30] [--suite-rounds 10] [--warmup 2] [--parts abc]
 """
 
 from __future__ import annotations
@@ -45,8 +55,10 @@ import dataclasses
 import faulthandler
 import math
 import os
+import pickle
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -444,7 +456,8 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
         indent=4,
     )
     note(
-        f"- the uid pool: {pool.mean_ms():+.1f} ms, a scan of the process table (psutil); a run with a cgroup"
+        f"- the uid pool's scan of the process table (psutil): {pool.mean_ms():.1f} ms, made while the run before"
+        " starts, not before this one (its uid was set aside then, decision 95); a run with a cgroup"
         f" skips the uid sweep ({swept.mean_ms():.1f} ms, another scan)",
         indent=4,
     )
@@ -454,14 +467,13 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
 # --- (c) before and after, and a gateway-sized process -----------------------------------------
 
 BEFORE = "4934e5f"
-"""The tree before decision 95 (plain forks for the supervisors, the pool's uid set aside during a run)."""
+"""The tree before decision 95: the supervisors forked by os.fork, the pool scanned before each spawn."""
 BALLAST_MB = 100
-"""About what a `serve` holds (issue 31 measured ~100 MB): the forks of a run copy its page tables."""
+"""About what a `serve` holds (its modules imported and its state, decision 95): the forks of a run copy its page tables."""
 
 _TREE_WORKER = """
-import os, resource, subprocess, sys, tempfile, time
+import asyncio, os, resource, subprocess, sys, tempfile, time
 sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
-import anyio
 import sandbox
 from pathlib import Path
 from sandbox import Limits, run_sandboxed
@@ -474,6 +486,7 @@ argv = [sys.executable, "-I", "-c", "pass"]
 env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 limits = Limits(timeout_s=30, memory_limit_mb=1024, max_processes=64, max_output_bytes=1 << 22, env=env, backend=backend)
 quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+loop = asyncio.new_event_loop()  # one for every run, as a gateway has (anyio runs on it)
 
 def floor():
     supervisor = pidns.RunSupervisor(timeout_s=30, status_fd=-1)
@@ -490,7 +503,7 @@ def once():
         return floor()
     scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=out))
     name = scratch.name
-    result = anyio.run(lambda: run_sandboxed(argv, cwd, limits, out / f"{name}.out", out / f"{name}.err", scratch=scratch))
+    result = loop.run_until_complete(run_sandboxed(argv, cwd, limits, out / f"{name}.out", out / f"{name}.err", scratch=scratch))
     return result.exit_code == 0 and result.killed_by is None
 
 def used():
@@ -542,6 +555,45 @@ class TreeWorker:
 @dataclass
 class WorkerSide(Side):
     worker: TreeWorker | None = None
+
+
+_ECHO = """
+import os, socket, sys
+channel = socket.socket(fileno=int(sys.argv[1]))
+while True:
+    data, fds, _, _ = socket.recv_fds(channel, 1 << 16, 16)
+    if not data:
+        break
+    for fd in fds:
+        os.close(fd)
+    channel.sendall(b"ok")
+"""
+
+
+def spawner_request_us(rounds: int = 300) -> float:
+    """What asking a spawner process to start a run would add: a request (the run's argv and Limits pickled, and
+    four descriptors: the status memfd, stdout's and stderr's pipe ends, the cwd) over a socket pair to another
+    process, and its short answer; p50 in microseconds."""
+    ours, theirs = socket.socketpair()
+    echo = subprocess.Popen([sys.executable, "-I", "-c", _ECHO, str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    request = pickle.dumps((TRIVIAL, generous_limits({"PATH": "/usr/local/bin:/usr/bin:/bin"})))
+    status, (out_read, out_write), cwd = os.memfd_create("status"), os.pipe(), os.open("/", os.O_PATH)
+    fds = [status, out_write, out_write, cwd]
+    samples: list[int] = []
+    try:
+        with ours:
+            for _ in range(rounds):
+                started = time.perf_counter_ns()
+                socket.send_fds(ours, [request], fds)
+                if ours.recv(16) != b"ok":
+                    raise BenchError("the spawner stand-in did not answer")
+                samples.append(time.perf_counter_ns() - started)
+    finally:
+        for fd in (status, out_read, out_write, cwd):
+            os.close(fd)
+        echo.wait(timeout=CALL_TIMEOUT_S)
+    return statistics.median(samples) / 1e3
 
 
 def archive(rev: str, dest: Path) -> None:
@@ -617,6 +669,10 @@ async def before_after(root: Path, before: str, rounds: int, warmup: int, deadli
         " the size itself costs a native run"
         f" {big_new.p50_ms() - new.p50_ms():+.1f} ms (after) and the floor {big_floor.p50_ms() - floor.p50_ms():+.1f} ms:"
         " the most a small spawner forked before the heavy imports could take off a run (decision 95)"
+    )
+    note(
+        "a request to such a spawner (the run's argv and Limits pickled, four descriptors, over a socket"
+        f" pair, and the answer): {spawner_request_us():.0f} us p50"
     )
     note(
         f"the floor, every layer left out but the PID namespace and its supervisors' forks:"
