@@ -519,13 +519,32 @@ for line in sys.stdin:
 """
 
 
+@dataclass(frozen=True)
+class TreeSpawn:
+    """One side of (c): whose `sandbox` (`tree`), what it spawns (`mode`: bare, sandboxed, floor), how big the
+    process is, and whether it runs as an ordinary uid."""
+
+    label: str
+    tree: Path
+    mode: str
+    backend: str = "native"
+    ballast_mb: int = 0
+    rootless: bool = False
+
+
 class TreeWorker:
     """An interpreter of one tree (`sandbox` from `tree` only) that runs one trivial spawn per request and
     answers its wall time and the CPU time it and its children spent, both measured inside it."""
 
-    def __init__(self, tree: Path, mode: str, backend: str, *, ballast_mb: int, cwd: Path, out: Path) -> None:
-        command = [sys.executable, "-c", _TREE_WORKER, str(tree), mode, backend, str(ballast_mb), str(cwd), str(out)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(tree)}
+    def __init__(self, spawn: TreeSpawn, *, cwd: Path, out: Path) -> None:
+        """`out` must be writable by the worker's uid: ROOTLESS_UID's for a rootless spawn."""
+        command = [sys.executable, "-c", _TREE_WORKER, str(spawn.tree), spawn.mode, spawn.backend]
+        command += [str(spawn.ballast_mb), str(cwd), str(out)]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(spawn.tree), "HOME": "/"}
+        if spawn.rootless:  # an ordinary uid's gateway: a user namespace per run, no pool uid (decision 57)
+            uid = f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}"
+            command = ["setpriv", *uid, "--clear-groups", "--", *command]
+        tree = spawn.tree
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tree)
         self.rss_mb = int(self._answer().removeprefix("ready "))
         self.cpu_ns: list[int] = []
@@ -613,24 +632,33 @@ async def before_after(root: Path, before: str, rounds: int, warmup: int, deadli
     cwd.mkdir()
     out.mkdir()
     reachable_by_everyone(cwd)
-    rows = [
-        ("bare subprocess.run", REPO, "bare", "native", 0),
-        (f"run_sandboxed, before ({before})", root / "before", "sandboxed", "native", 0),
-        ("run_sandboxed, after", REPO, "sandboxed", "native", 0),
-        (f"run_sandboxed bubblewrap, before ({before})", root / "before", "sandboxed", "bubblewrap", 0),
-        ("run_sandboxed bubblewrap, after", REPO, "sandboxed", "bubblewrap", 0),
-        ("floor: preexec_fn with the PID namespace and its two forks", REPO, "floor", "native", 0),
-        (f"bare subprocess.run, {BALLAST_MB} MB process", REPO, "bare", "native", BALLAST_MB),
-        (f"run_sandboxed, before, {BALLAST_MB} MB process", root / "before", "sandboxed", "native", BALLAST_MB),
-        (f"run_sandboxed, after, {BALLAST_MB} MB process", REPO, "sandboxed", "native", BALLAST_MB),
-        (f"run_sandboxed bubblewrap, after, {BALLAST_MB} MB process", REPO, "sandboxed", "bubblewrap", BALLAST_MB),
-        (f"floor, {BALLAST_MB} MB process", REPO, "floor", "native", BALLAST_MB),
+    out_rootless = root / "out-rootless"
+    out_rootless.mkdir()
+    os.chown(out_rootless, ROOTLESS_UID, ROOTLESS_UID)
+    reachable_by_everyone(root)  # the rootless workers read the before tree and the cwd
+    old_tree, big = root / "before", BALLAST_MB
+    spawns = [
+        TreeSpawn("bare subprocess.run", REPO, "bare"),
+        TreeSpawn(f"run_sandboxed, before ({before})", old_tree, "sandboxed"),
+        TreeSpawn("run_sandboxed, after", REPO, "sandboxed"),
+        TreeSpawn(f"run_sandboxed bubblewrap, before ({before})", old_tree, "sandboxed", "bubblewrap"),
+        TreeSpawn("run_sandboxed bubblewrap, after", REPO, "sandboxed", "bubblewrap"),
+        TreeSpawn("floor: preexec_fn with the PID namespace and its two forks", REPO, "floor"),
+        TreeSpawn(f"bare subprocess.run, {big} MB process", REPO, "bare", ballast_mb=big),
+        TreeSpawn(f"run_sandboxed, before, {big} MB process", old_tree, "sandboxed", ballast_mb=big),
+        TreeSpawn(f"run_sandboxed, after, {big} MB process", REPO, "sandboxed", ballast_mb=big),
+        TreeSpawn(f"run_sandboxed bubblewrap, after, {big} MB process", REPO, "sandboxed", "bubblewrap", big),
+        TreeSpawn(f"floor, {big} MB process", REPO, "floor", ballast_mb=big),
+        TreeSpawn("rootless: run_sandboxed, before", old_tree, "sandboxed", rootless=True),
+        TreeSpawn("rootless: run_sandboxed, after", REPO, "sandboxed", rootless=True),
+        TreeSpawn("rootless: run_sandboxed bubblewrap, before", old_tree, "sandboxed", "bubblewrap", rootless=True),
+        TreeSpawn("rootless: run_sandboxed bubblewrap, after", REPO, "sandboxed", "bubblewrap", rootless=True),
     ]
     sides: list[WorkerSide] = []
     try:
-        for label, tree, mode, backend, ballast in rows:
-            worker = TreeWorker(tree, mode, backend, ballast_mb=ballast, cwd=cwd, out=out)
-            sides.append(WorkerSide(f"{label} [{worker.rss_mb} MB]", lambda: anyio.sleep(0), worker=worker))
+        for spawn in spawns:
+            worker = TreeWorker(spawn, cwd=cwd, out=out_rootless if spawn.rootless else out)
+            sides.append(WorkerSide(f"{spawn.label} [{worker.rss_mb} MB]", lambda: anyio.sleep(0), worker=worker))
         for index in range(warmup + rounds):
             if time.monotonic() > deadline:
                 raise BenchError("not done by --deadline")
@@ -646,7 +674,8 @@ async def before_after(root: Path, before: str, rounds: int, warmup: int, deadli
         for side in sides:
             if side.worker is not None:
                 side.worker.close()
-    bare, old, new, old_bw, new_bw, floor, big_bare, big_old, big_new, big_new_bw, big_floor = sides
+    bare, old, new, old_bw, new_bw, floor, big_bare, big_old, big_new, big_new_bw, big_floor = sides[:11]
+    rootless_old, rootless_new, rootless_old_bw, rootless_new_bw = sides[11:]
     print(
         f"(c) before ({before}, git archive) and after, each side an interpreter of its own tree timing its own"
         f" spawns ([its size]): {rounds} rounds interleaved, {warmup} warm-up not measured"
@@ -669,6 +698,11 @@ async def before_after(root: Path, before: str, rounds: int, warmup: int, deadli
         " the size itself costs a native run"
         f" {big_new.p50_ms() - new.p50_ms():+.1f} ms (after) and the floor {big_floor.p50_ms() - floor.p50_ms():+.1f} ms:"
         " the most a small spawner forked before the heavy imports could take off a run (decision 95)"
+    )
+    note(
+        f"rootless (an ordinary uid's gateway): before {rootless_old.p50_ms() / bare.p50_ms():.2f}x, after"
+        f" {rootless_new.p50_ms() / bare.p50_ms():.2f}x bare; bubblewrap before {rootless_old_bw.p50_ms() / bare.p50_ms():.2f}x,"
+        f" after {rootless_new_bw.p50_ms() / bare.p50_ms():.2f}x (no pool uid: only the fork hooks differ)"
     )
     note(
         "a request to such a spawner (the run's argv and Limits pickled, four descriptors, over a socket"

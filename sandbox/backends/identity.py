@@ -126,7 +126,8 @@ class UidPool:
         (the next `acquire` says so)."""
         with self._lock:
             if self._reserve is None:
-                with contextlib.suppress(SandboxStartError, OSError):  # the next acquire meets it again, and says so
+                # A run is going: a failure here is not its failure. The next acquire scans again, and says so.
+                with contextlib.suppress(SandboxStartError, OSError, psutil.Error):
                     self._reserve = self._take()
 
     def _take(self) -> RunIdentity:
