@@ -29,13 +29,23 @@
       authentication, the audit appends, the artifacts and evidence.json.
     Target: the gateway's p50 at most 1.0x bare `python -m pytest`.
     The bare sides wait without a timeout, as a developer's shell does.
+(c) the trivial command again, the tree before decision 95 (`--before`, default 4934e5f, by `git
+    archive`) against this one, each side an interpreter of its own tree (only that tree's `sandbox`
+    importable) that times its own spawns, in interleaved rounds: bare `subprocess.run`, run_sandboxed
+    on both backends, and the floor of a native run (a `preexec_fn` that makes the PID namespace and
+    forks its two supervisors, no other layer), each in a small process (`sandbox` imported, about
+    20 MB) and in one holding 100 MB more of Python objects, the size of a `serve` (a run forks it:
+    its page tables are copied, then torn down). The difference between the two sizes is the most a
+    small spawner forked before the heavy imports could save; a request to one is measured too
+    (a socket pair to another process, four descriptors). Prints p50/p90, each side's CPU time per
+    spawn (its own and its children's), and the ratios.
 
 Every side gets unmeasured warm-up rounds first; the measured rounds rotate the order so
 machine noise falls on all alike. Must run as root (the sandbox drops to a pool uid). Exits
 0 with the figures whether or not the targets are met; 1 if a run fails, if a round would
 start past `--deadline`, or (a hard stop, for a wait with no timeout) `--deadline` + 30 s.
 
-    .venv/bin/python bench/sandbox_cost.py [--rounds 30] [--suite-rounds 10] [--warmup 2]
+    .venv/bin/python bench/sandbox_cost.py [--rounds 30] [--suite-rounds 10] [--warmup 2] [--parts abc]
 """
 
 from __future__ import annotations
@@ -45,8 +55,10 @@ import dataclasses
 import faulthandler
 import math
 import os
+import pickle
 import platform
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -444,9 +456,262 @@ async def trivial(root: Path, rounds: int, warmup: int, deadline: float) -> None
         indent=4,
     )
     note(
-        f"- the uid pool: {pool.mean_ms():+.1f} ms, a scan of the process table (psutil); a run with a cgroup"
+        f"- the uid pool's scan of the process table (psutil): {pool.mean_ms():.1f} ms, made while the run before"
+        " starts, not before this one (its uid was set aside then, decision 95); a run with a cgroup"
         f" skips the uid sweep ({swept.mean_ms():.1f} ms, another scan)",
         indent=4,
+    )
+    print()
+
+
+# --- (c) before and after, and a gateway-sized process -----------------------------------------
+
+BEFORE = "4934e5f"
+"""The tree before decision 95: the supervisors forked by os.fork, the pool scanned before each spawn."""
+BALLAST_MB = 100
+"""About what a `serve` holds (its modules imported and its state, decision 95): the forks of a run copy its page tables."""
+
+_TREE_WORKER = """
+import asyncio, os, resource, subprocess, sys, tempfile, time
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+import sandbox
+from pathlib import Path
+from sandbox import Limits, run_sandboxed
+from sandbox.backends import pidns
+tree, mode, backend, ballast_mb, cwd, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5]), Path(sys.argv[6])
+if not sandbox.__file__.startswith(tree):
+    sys.exit(f"sandbox from {sandbox.__file__}, not from {tree}")
+ballast = [str(i) * 3 for i in range(ballast_mb * 12_000)]  # about ballast_mb MB of small objects, as a heap holds
+argv = [sys.executable, "-I", "-c", "pass"]
+env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+limits = Limits(timeout_s=30, memory_limit_mb=1024, max_processes=64, max_output_bytes=1 << 22, env=env, backend=backend)
+quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+loop = asyncio.new_event_loop()  # one for every run, as a gateway has (anyio runs on it)
+
+def floor():
+    supervisor = pidns.RunSupervisor(timeout_s=30, status_fd=-1)
+    def preexec():
+        supervisor.enter()
+        supervisor.fork()
+    process = subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=True, preexec_fn=preexec, **quiet)
+    return process.wait() == 0
+
+def once():
+    if mode == "bare":
+        return subprocess.run(argv, cwd=cwd, env=env, check=False, **quiet).returncode == 0
+    if mode == "floor":
+        return floor()
+    scratch = Path(tempfile.mkdtemp(prefix="scratch-", dir=out))
+    name = scratch.name
+    result = loop.run_until_complete(run_sandboxed(argv, cwd, limits, out / f"{name}.out", out / f"{name}.err", scratch=scratch))
+    return result.exit_code == 0 and result.killed_by is None
+
+def used():
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+print("ready", int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20, flush=True)
+for line in sys.stdin:
+    started, cpu = time.perf_counter_ns(), used()
+    ok = once()
+    wall, cpu = time.perf_counter_ns() - started, used() - cpu
+    print(f"ok {wall} {int(cpu * 1e9)}" if ok else "bad", flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class TreeSpawn:
+    """One side of (c): whose `sandbox` (`tree`), what it spawns (`mode`: bare, sandboxed, floor), how big the
+    process is, and whether it runs as an ordinary uid."""
+
+    label: str
+    tree: Path
+    mode: str
+    backend: str = "native"
+    ballast_mb: int = 0
+    rootless: bool = False
+
+
+class TreeWorker:
+    """An interpreter of one tree (`sandbox` from `tree` only) that runs one trivial spawn per request and
+    answers its wall time and the CPU time it and its children spent, both measured inside it."""
+
+    def __init__(self, spawn: TreeSpawn, *, cwd: Path, out: Path) -> None:
+        """`out` must be writable by the worker's uid: ROOTLESS_UID's for a rootless spawn."""
+        command = [sys.executable, "-c", _TREE_WORKER, str(spawn.tree), spawn.mode, spawn.backend]
+        command += [str(spawn.ballast_mb), str(cwd), str(out)]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(spawn.tree), "HOME": "/"}
+        if spawn.rootless:  # an ordinary uid's gateway: a user namespace per run, no pool uid (decision 57)
+            uid = f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}"
+            command = ["setpriv", *uid, "--clear-groups", "--", *command]
+        tree = spawn.tree
+        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tree)
+        self.rss_mb = int(self._answer().removeprefix("ready "))
+        self.cpu_ns: list[int] = []
+
+    def _answer(self) -> str:
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().decode().strip()
+        if not line.startswith(("ready", "ok")):
+            raise BenchError(f"a tree worker answered {line or 'nothing (it died)'}")
+        return line
+
+    def once(self) -> int:
+        """One spawn: its wall time in ns (its CPU time goes to `cpu_ns`)."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(b"go\n")
+        self._process.stdin.flush()
+        _, wall, cpu = self._answer().split()
+        self.cpu_ns.append(int(cpu))
+        return int(wall)
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        self._process.wait(timeout=CALL_TIMEOUT_S)
+
+
+@dataclass
+class WorkerSide(Side):
+    worker: TreeWorker | None = None
+
+
+_ECHO = """
+import os, socket, sys
+channel = socket.socket(fileno=int(sys.argv[1]))
+while True:
+    data, fds, _, _ = socket.recv_fds(channel, 1 << 16, 16)
+    if not data:
+        break
+    for fd in fds:
+        os.close(fd)
+    channel.sendall(b"ok")
+"""
+
+
+def spawner_request_us(rounds: int = 300) -> float:
+    """What asking a spawner process to start a run would add: a request (the run's argv and Limits pickled, and
+    four descriptors: the status memfd, stdout's and stderr's pipe ends, the cwd) over a socket pair to another
+    process, and its short answer; p50 in microseconds."""
+    ours, theirs = socket.socketpair()
+    echo = subprocess.Popen([sys.executable, "-I", "-c", _ECHO, str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    request = pickle.dumps((TRIVIAL, generous_limits({"PATH": "/usr/local/bin:/usr/bin:/bin"})))
+    status, (out_read, out_write), cwd = os.memfd_create("status"), os.pipe(), os.open("/", os.O_PATH)
+    fds = [status, out_write, out_write, cwd]
+    samples: list[int] = []
+    try:
+        with ours:
+            for _ in range(rounds):
+                started = time.perf_counter_ns()
+                socket.send_fds(ours, [request], fds)
+                if ours.recv(16) != b"ok":
+                    raise BenchError("the spawner stand-in did not answer")
+                samples.append(time.perf_counter_ns() - started)
+    finally:
+        for fd in (status, out_read, out_write, cwd):
+            os.close(fd)
+        echo.wait(timeout=CALL_TIMEOUT_S)
+    return statistics.median(samples) / 1e3
+
+
+def archive(rev: str, dest: Path) -> None:
+    """The tree of `rev` in `dest`, as `git archive` writes it: nothing in the repository changes."""
+    tarball = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=False)
+    if tarball.returncode != 0:
+        raise BenchError(f"git archive {rev}: {tarball.stderr.decode(errors='replace').strip()}")
+    dest.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tarball.stdout, check=True)
+
+
+async def before_after(root: Path, before: str, rounds: int, warmup: int, deadline: float) -> None:
+    """(c): the trivial spawn by the tree before and by this one, both backends, in a small process and in one
+    holding BALLAST_MB of objects; the floor a native run stands on; each in a worker of its own."""
+    archive(before, root / "before")
+    cwd, out = root / "cwd", root / "out"
+    cwd.mkdir()
+    out.mkdir()
+    reachable_by_everyone(cwd)
+    out_rootless = root / "out-rootless"
+    out_rootless.mkdir()
+    os.chown(out_rootless, ROOTLESS_UID, ROOTLESS_UID)
+    reachable_by_everyone(root)  # the rootless workers read the before tree and the cwd
+    old_tree, big = root / "before", BALLAST_MB
+    spawns = [
+        TreeSpawn("bare subprocess.run", REPO, "bare"),
+        TreeSpawn(f"run_sandboxed, before ({before})", old_tree, "sandboxed"),
+        TreeSpawn("run_sandboxed, after", REPO, "sandboxed"),
+        TreeSpawn(f"run_sandboxed bubblewrap, before ({before})", old_tree, "sandboxed", "bubblewrap"),
+        TreeSpawn("run_sandboxed bubblewrap, after", REPO, "sandboxed", "bubblewrap"),
+        TreeSpawn("floor: preexec_fn with the PID namespace and its two forks", REPO, "floor"),
+        TreeSpawn(f"bare subprocess.run, {big} MB process", REPO, "bare", ballast_mb=big),
+        TreeSpawn(f"run_sandboxed, before, {big} MB process", old_tree, "sandboxed", ballast_mb=big),
+        TreeSpawn(f"run_sandboxed, after, {big} MB process", REPO, "sandboxed", ballast_mb=big),
+        TreeSpawn(f"run_sandboxed bubblewrap, after, {big} MB process", REPO, "sandboxed", "bubblewrap", big),
+        TreeSpawn(f"floor, {big} MB process", REPO, "floor", ballast_mb=big),
+        TreeSpawn("rootless: run_sandboxed, before", old_tree, "sandboxed", rootless=True),
+        TreeSpawn("rootless: run_sandboxed, after", REPO, "sandboxed", rootless=True),
+        TreeSpawn("rootless: run_sandboxed bubblewrap, before", old_tree, "sandboxed", "bubblewrap", rootless=True),
+        TreeSpawn("rootless: run_sandboxed bubblewrap, after", REPO, "sandboxed", "bubblewrap", rootless=True),
+    ]
+    sides: list[WorkerSide] = []
+    try:
+        for spawn in spawns:
+            worker = TreeWorker(spawn, cwd=cwd, out=out_rootless if spawn.rootless else out)
+            sides.append(WorkerSide(f"{spawn.label} [{worker.rss_mb} MB]", lambda: anyio.sleep(0), worker=worker))
+        for index in range(warmup + rounds):
+            if time.monotonic() > deadline:
+                raise BenchError("not done by --deadline")
+            shift = index % len(sides)
+            for side in [*sides[shift:], *sides[:shift]]:
+                assert side.worker is not None
+                wall = side.worker.once()
+                if index >= warmup:
+                    side.samples.append(wall)
+                else:
+                    side.worker.cpu_ns.pop()
+    finally:
+        for side in sides:
+            if side.worker is not None:
+                side.worker.close()
+    bare, old, new, old_bw, new_bw, floor, big_bare, big_old, big_new, big_new_bw, big_floor = sides[:11]
+    rootless_old, rootless_new, rootless_old_bw, rootless_new_bw = sides[11:]
+    print(
+        f"(c) before ({before}, git archive) and after, each side an interpreter of its own tree timing its own"
+        f" spawns ([its size]): {rounds} rounds interleaved, {warmup} warm-up not measured"
+    )
+    print(f"  {'':<70}{'p50 ms':>8}{'p90 ms':>8}{'CPU ms':>8}{'p50/bare':>10}")
+    for side in sides:
+        assert side.worker is not None
+        anchor = big_bare if BALLAST_MB and "MB process" in side.label else bare
+        cpu = statistics.median(side.worker.cpu_ns) / 1e6
+        ratio = side.p50_ms() / anchor.p50_ms()
+        print(f"  {side.label:<70}{side.p50_ms():>8.1f}{side.p90_ms():>8.1f}{cpu:>8.1f}{ratio:>9.2f}x")
+    note(
+        f"target: run_sandboxed p50 <= {TARGET_TRIVIAL_RATIO}x bare: before {old.p50_ms() / bare.p50_ms():.2f}x,"
+        f" after {verdict(new.p50_ms() / bare.p50_ms(), TARGET_TRIVIAL_RATIO)};"
+        f" bubblewrap before {old_bw.p50_ms() / bare.p50_ms():.2f}x, after {new_bw.p50_ms() / bare.p50_ms():.2f}x"
+    )
+    note(
+        f"in a {BALLAST_MB} MB process (a gateway's size): before {big_old.p50_ms() / big_bare.p50_ms():.2f}x,"
+        f" after {big_new.p50_ms() / big_bare.p50_ms():.2f}x bare (bubblewrap {big_new_bw.p50_ms() / big_bare.p50_ms():.2f}x);"
+        " the size itself costs a native run"
+        f" {big_new.p50_ms() - new.p50_ms():+.1f} ms (after) and the floor {big_floor.p50_ms() - floor.p50_ms():+.1f} ms:"
+        " the most a small spawner forked before the heavy imports could take off a run (decision 95)"
+    )
+    note(
+        f"rootless (an ordinary uid's gateway): before {rootless_old.p50_ms() / bare.p50_ms():.2f}x, after"
+        f" {rootless_new.p50_ms() / bare.p50_ms():.2f}x bare; bubblewrap before {rootless_old_bw.p50_ms() / bare.p50_ms():.2f}x,"
+        f" after {rootless_new_bw.p50_ms() / bare.p50_ms():.2f}x (no pool uid: only the fork hooks differ)"
+    )
+    note(
+        "a request to such a spawner (the run's argv and Limits pickled, four descriptors, over a socket"
+        f" pair, and the answer): {spawner_request_us():.0f} us p50"
+    )
+    note(
+        f"the floor, every layer left out but the PID namespace and its supervisors' forks:"
+        f" {floor.p50_ms() / bare.p50_ms():.2f}x bare ({floor.p50_ms() - bare.p50_ms():+.1f} ms); a native run"
+        f" adds {new.p50_ms() - floor.p50_ms():+.1f} ms of layers, cgroup and supervision to it"
     )
     print()
 
@@ -592,10 +857,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="measured rounds of (a) (default 30)")
     parser.add_argument("--suite-rounds", type=int, default=10, help="measured rounds of (b) (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds before each (default 2)")
-    parser.add_argument("--deadline", type=float, default=80.0, help="give up after this many seconds")
+    parser.add_argument("--deadline", type=float, default=150.0, help="give up after this many seconds")
+    parser.add_argument("--before", default=BEFORE, help=f"the tree (c) compares with (default {BEFORE})")
+    parser.add_argument("--parts", default="abc", help="which parts to run, of a, b, c (default abc)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.suite_rounds < 1 or args.warmup < 0:
         parser.error("--rounds and --suite-rounds must be at least 1, --warmup at least 0")
+    if not args.parts or set(args.parts) - set("abc"):
+        parser.error("--parts takes letters of a, b, c")
     if os.geteuid() != 0:
         print("sandbox_cost: must run as root (the sandbox drops each run to a pool uid)", file=sys.stderr)
         return 1
@@ -616,10 +885,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as tmp:
             root = Path(tmp)
-            (root / "a").mkdir()
-            (root / "b").mkdir()
-            anyio.run(trivial, root / "a", args.rounds, args.warmup, deadline)
-            anyio.run(suite, root / "b", args.suite_rounds, args.warmup, deadline)
+            for part in "abc":
+                (root / part).mkdir()
+            if "a" in args.parts:
+                anyio.run(trivial, root / "a", args.rounds, args.warmup, deadline)
+            if "c" in args.parts:
+                anyio.run(before_after, root / "c", args.before, args.rounds, args.warmup, deadline)
+            if "b" in args.parts:
+                anyio.run(suite, root / "b", args.suite_rounds, args.warmup, deadline)
     except (BenchError, SandboxStartError) as exc:
         print(
             f"sandbox_cost: {exc!r}" if isinstance(exc, SandboxStartError) else f"sandbox_cost: {exc}", file=sys.stderr

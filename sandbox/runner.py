@@ -296,6 +296,8 @@ async def spawn_confined(
                 space = _received(child_scratch, process, stack)
             if listener is not None and on_proxy is not None:
                 _hand_over(listener, process, on_proxy)
+            if identity is not None:
+                _POOL.refill()  # the next run's uid, found while this one starts (decision 95)
             yield Confinement(process, active, group, identity, space, status_fd, copy, started)
     finally:
         if identity is not None:

@@ -107,25 +107,47 @@ class UidPool:
         self._held: dict[int, int] = {}  # uid -> fd of its lock file
         self._cursor = 0
         self._lock = threading.Lock()
+        self._reserve: RunIdentity | None = None
 
     def acquire(self) -> RunIdentity:
+        """A uid for a run: the one `refill` set aside, else one found now (a scan of the process table)."""
         with self._lock:
-            self._lock_dir.mkdir(mode=0o700, exist_ok=True)
-            refused: set[int] = set()
-            while True:
-                busy = set(self._held) | refused | live_uids()
-                uid = pick_uid(self._pool, busy, self._cursor, has_account=has_account)
-                fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    refused.add(uid)  # another gateway holds it
-                    continue
-                self._held[uid] = fd
-                # Rotate so a just-released uid is reused last: a missed survivor has time to show up.
-                self._cursor = (self._pool.index(uid) + 1) % len(self._pool)
-                return RunIdentity(uid=uid, gid=uid)
+            if self._reserve is not None:
+                identity, self._reserve = self._reserve, None
+                return identity
+            return self._take()
+
+    def refill(self) -> None:
+        """Set aside the next run's uid now, while a run is going, so that its spawn skips the scan (decision 95).
+
+        It is found and locked exactly as `acquire` finds and locks one, and it stays locked until a run takes
+        it or this process ends: no other gateway hands it out and no sweep of unheld uids touches it, so it
+        is as free when the next run takes it as when it was checked. An exhausted pool sets nothing aside
+        (the next `acquire` says so)."""
+        with self._lock:
+            if self._reserve is None:
+                # A run is going: a failure here is not its failure. The next acquire scans again, and says so.
+                with contextlib.suppress(SandboxStartError, OSError, psutil.Error):
+                    self._reserve = self._take()
+
+    def _take(self) -> RunIdentity:
+        """Find a free uid (no account, no live process, not held here or by another gateway) and lock it."""
+        self._lock_dir.mkdir(mode=0o700, exist_ok=True)
+        refused: set[int] = set()
+        while True:
+            busy = set(self._held) | refused | live_uids()
+            uid = pick_uid(self._pool, busy, self._cursor, has_account=has_account)
+            fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                refused.add(uid)  # another gateway holds it
+                continue
+            self._held[uid] = fd
+            # Rotate so a just-released uid is reused last: a missed survivor has time to show up.
+            self._cursor = (self._pool.index(uid) + 1) % len(self._pool)
+            return RunIdentity(uid=uid, gid=uid)
 
     def release(self, identity: RunIdentity) -> None:
         """Call after `containment.sweep`; a uid with a surviving process stays out via `live_uids`."""

@@ -60,6 +60,10 @@ _ORPHANED = 125  # `P` or `I` found its parent already gone: nothing ran
 # Resolved in the parent at import so the child only makes the call (preexec_fn must not load libraries).
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 _prctl.restype = ctypes.c_int
+# libc's fork(2) itself, the GIL held through it (PyDLL), for the supervisors' two forks (decision 95).
+_fork = ctypes.PyDLL(None, use_errno=True).fork
+_fork.argtypes = []
+_fork.restype = ctypes.c_int
 
 
 def pid_namespace_available(before: Callable[[], None] | None = None) -> bool:
@@ -107,14 +111,14 @@ class RunSupervisor:
         # P's own pidfd, for I: it turns readable when P dies, so P's death is seen even when it came
         # before I armed its parent-death signal (I is pid 1 of its namespace: getppid() tells it nothing).
         own = os.pidfd_open(supervisor) if self._namespace else -1
-        child = os.fork()
+        child = _plain_fork()
         if child and not self._namespace:
             self._watch(child, start)  # P, watchdog of bwrap
         if child:
             self._mirror(child)  # P, outside the namespace
         if self._namespace:
             _set_parent_death_signal()
-            command = os.fork()
+            command = _plain_fork()
             if command:
                 self._watch(command, start, parent=own)  # I, pid 1
             os.close(own)
@@ -194,6 +198,20 @@ def _reap(command: int) -> int | None:
             return found
         if pid == command:
             found = status
+
+
+def _plain_fork() -> int:
+    """fork(2) without CPython's fork hooks: `os.fork` takes the import lock and runs every hook modules
+    registered (`random` reseeds from 2.5 KB of getrandom, `threading` and `logging` rebuild their locks),
+    about 0.5 ms a fork here and more in a gateway-sized process (decision 95). None of it matters in
+    `P` and `I`: they are children of the spawn's own fork, which ran the hooks once, they have one
+    thread, and they run only system calls until they exit or the command execs. Raises OSError as
+    `os.fork` does."""
+    pid = _fork()
+    if pid < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+    return int(pid)
 
 
 def _set_parent_death_signal() -> None:

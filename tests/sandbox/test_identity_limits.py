@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import resource
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -233,3 +235,36 @@ def test_apply_sets_soft_equal_to_hard_in_order() -> None:
         resource.RLIMIT_NPROC,
         resource.RLIMIT_FSIZE,
     ]
+
+
+def test_a_uid_set_aside_stays_locked_until_a_run_of_this_gateway_takes_it(tmp_path: Path) -> None:
+    gateway = UidPool(range(62960, 62962), lock_dir=tmp_path)
+    other_gateway = UidPool(range(62960, 62962), lock_dir=tmp_path)
+    gateway.refill()
+    gateway.refill()  # one is set aside at a time
+    taken = other_gateway.acquire()
+    with pytest.raises(SandboxStartError, match="uid_pool_exhausted"):
+        other_gateway.acquire()  # the one set aside is held: no other gateway hands it out
+    reserved = gateway.acquire()
+    assert reserved.uid != taken.uid
+    gateway.refill()  # nothing is free: nothing set aside, nothing raised
+    with pytest.raises(SandboxStartError, match="uid_pool_exhausted"):
+        gateway.acquire()
+    gateway.release(reserved)
+    assert other_gateway.acquire().uid == reserved.uid
+
+
+@requires_root
+def test_a_uid_with_a_live_process_is_never_set_aside(tmp_path: Path) -> None:
+    busy = 62970
+    sleeper = subprocess.Popen(["setpriv", f"--reuid={busy}", f"--regid={busy}", "--clear-groups", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while busy not in identity.live_uids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pool = UidPool(range(busy, busy + 2), lock_dir=tmp_path)
+        pool.refill()
+        assert pool.acquire().uid == busy + 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()

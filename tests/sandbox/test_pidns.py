@@ -311,3 +311,44 @@ def test_a_run_that_ended_by_itself_past_its_limit_while_the_gateway_was_stuck_i
     result = seen["result"]
     assert result.exit_code == 0 and result.duration_ms > 1000
     assert result.killed_by is KilledBy.TIMEOUT
+
+
+_HOOK_FD: list[int] = []
+
+
+def _count_fork_hook() -> None:
+    if _HOOK_FD:
+        os.write(_HOOK_FD[0], b"x")
+
+
+os.register_at_fork(after_in_child=_count_fork_hook)
+
+
+@requires_root
+def test_the_supervisors_fork_without_the_gateways_fork_hooks() -> None:
+    """The spawn's own fork runs CPython's fork hooks once, in `P`; `I` and the command are forked by libc's fork
+    alone, which skips them and their cost (decision 95), and the command still runs and reports its status."""
+    read_end, write_end = os.pipe()
+    status = os.memfd_create("status")
+    supervisor = pidns.RunSupervisor(timeout_s=10, status_fd=status)
+
+    def preexec() -> None:
+        supervisor.enter()
+        supervisor.fork()
+
+    _HOOK_FD.append(write_end)
+    try:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", "exit 7"],
+            preexec_fn=preexec,  # noqa: PLW1509  (pytest is single-threaded here)
+            start_new_session=True,
+            pass_fds=(write_end,),
+        )
+        assert process.wait(timeout=10) == 7
+    finally:
+        _HOOK_FD.clear()
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as hooks:
+        assert hooks.read() == b"x", "the hooks ran in P only"
+    assert pidns.read_status(os.pread(status, 64, 0)) == (7, None, False)
+    os.close(status)
