@@ -66,7 +66,7 @@ import stdio_refusals  # noqa: E402
 from sandbox_cost import EXPECTED_EVENTS as ALLOWED_RUN_EVENTS  # noqa: E402
 
 from tests.harness import FORM_ELICITATION, SAMPLE_PROJECT, deep_merge, reachable_by_everyone  # noqa: E402
-from tests.pg_cluster import new_database, server_programs  # noqa: E402
+from tests.pg_cluster import drop_database, new_database, server_programs  # noqa: E402
 
 BEFORE = "4934e5f"
 ROWS = ("refused", "cpu", "startup", "spawn", "fleet", "suite")
@@ -354,7 +354,7 @@ def refused_calls(
     """The refused-call and CPU rows: the bare server and each tree's gateway on each engine, interleaved."""
     homes = {
         (tree.name, engine): TreeHome(
-            tree, root / f"refused-{tree.name}-{engine}", None if url is None else new_database(url), [("vic", "VIEWER")], {}
+            tree, root / f"refused-{tree.name}-{engine}", None if url is None else fresh_database(url), [("vic", "VIEWER")], {}
         )
         for engine, url in engines.items()
         for tree in trees
@@ -624,7 +624,7 @@ def fleet(trees: Sequence[Tree], pg_base: str, root: Path, sizes: Sizes, results
     try:
         for tree in trees:
             for engine, count in (("sqlite", 1), ("postgresql", sizes.fleet_gateways)):
-                url = new_database(pg_base) if engine == "postgresql" else None
+                url = fresh_database(pg_base) if engine == "postgresql" else None
                 home = TreeHome(tree, root / f"fleet-{tree.name}-{engine}", url, fleet_scale.USERS, policy)
                 configurations.append(
                     fleet_scale.start_configuration(
@@ -820,6 +820,16 @@ def skipped(results: Results, names: Sequence[str], why: str) -> None:
         results.rows.append(Row(name, "", None, None, None, "", None, None, "", None, skipped=f"skipped: {why}"))
 
 
+_DATABASES: list[tuple[str, str]] = []
+"""(base URL, URL) of each database this run made: dropped at its end (a `--pg-url` server keeps running)."""
+
+
+def fresh_database(base: str) -> str:
+    url = new_database(base)
+    _DATABASES.append((base, url))
+    return url
+
+
 @contextlib.contextmanager
 def postgres(given: str | None, scratch: Path) -> Iterator[str | None]:
     """A PostgreSQL server's base URL (fleet_scale.py's throwaway cluster, or `given`); None without its programs."""
@@ -827,7 +837,11 @@ def postgres(given: str | None, scratch: Path) -> Iterator[str | None]:
         yield None
         return
     with fleet_scale.postgres_server(given, scratch) as base:
-        yield base
+        try:
+            yield base
+        finally:
+            while _DATABASES:
+                drop_database(*_DATABASES.pop())
 
 
 def run(args: argparse.Namespace, sizes: Sizes, rows: set[str], scratch: Path) -> Results:
@@ -839,7 +853,13 @@ def run(args: argparse.Namespace, sizes: Sizes, rows: set[str], scratch: Path) -
     cluster = scratch / "cluster"  # fleet_scale.py gives this folder to the cluster's user: nothing else in it
     cluster.mkdir()
     no_pg = "needs PostgreSQL's programs (`make postgresql` as root, or --pg-url)"
-    with postgres(args.pg_url, cluster) as pg_base:
+    if "postgresql" not in args.engines.split(","):
+        no_pg = "PostgreSQL not chosen (--engines)"
+    with (
+        postgres(args.pg_url, cluster)
+        if "postgresql" in args.engines.split(",")
+        else contextlib.nullcontext() as pg_base
+    ):
         engines: dict[str, str | None] = {"sqlite": None} | ({"postgresql": pg_base} if pg_base else {})
         steps: list[tuple[str, Callable[[], None], str | None, list[str]]] = [
             (
@@ -890,6 +910,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this file")
     parser.add_argument("--before", default=BEFORE, help=f"the commit measured as before (default {BEFORE})")
     parser.add_argument("--no-before", action="store_true", help="measure the working tree alone")
+    parser.add_argument("--engines", default="sqlite,postgresql", help="sqlite, or both (default)")
     parser.add_argument("--pg-url", default=None, help="a PostgreSQL server to use instead of a throwaway cluster")
     args = parser.parse_args(argv)
     rows = set(args.rows.split(","))
