@@ -917,7 +917,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rows <= set(ROWS):
         parser.error(f"--rows: unknown {sorted(rows - set(ROWS))}; known: {', '.join(ROWS)}")
     sizes = QUICK if args.quick else Sizes()
-    load = os.getloadavg()
+    load = load_start = os.getloadavg()
     print(
         f"call cost: python {platform.python_version()}, {len(os.sched_getaffinity(0))} CPUs, "
         f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the start; before = {args.before}, after = this tree",
@@ -944,7 +944,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print("\n".join(table(results)))
     if args.json is not None:
-        args.json.write_text(json.dumps({"sizes": asdict(sizes), **asdict(results)}, indent=2))
+        machine = {"cpus": len(os.sched_getaffinity(0)), "load_start": load_start, "load_end": load}
+        saved = {"before": args.before, "machine": machine, "sizes": asdict(sizes), **asdict(results)}
+        args.json.write_text(json.dumps(saved, indent=2))
     return 0
 
 
