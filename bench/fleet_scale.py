@@ -50,11 +50,13 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Engine
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -71,12 +73,27 @@ PERMISSION_DENIED, BUDGET_EXCEEDED, SANDBOX_VIOLATION = -32003, -32005, -32006
 REFUSED = "refused"
 READ = "read"
 EXPECTED_EVENTS = {REFUSED: ["MCP_TOOL_CALL", "POLICY_BLOCKED"], READ: ["MCP_TOOL_CALL", "TOOL_FINISHED"]}
+USERS = (("vic", "VIEWER"), ("alice", "USER"), ("bob", "USER"))
+"""The configuration's users: the refused calls' VIEWER, the reads' USER, the budget burst's USER."""
 # Sandbox off: a budgeted run_pytest is charged at stage 6, then answered -32006 at stage 7, running nothing.
 POLICY = {"sandbox": {"enabled": False}}
 
 
 class BenchError(Exception):
     """A gateway answered wrongly or died, or a check failed."""
+
+
+class FleetHome(Protocol):
+    """The state folder a fleet shares: this tree's GatewayHome, or another tree's made by that tree's own
+    `init` (bench/call_cost.py). `engine` reaches its database (connections, `dispose`); `cli` runs the
+    `mcp-gateway` command on it."""
+
+    home: Path
+    url: str
+    policy_path: Path
+    engine: Engine
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]: ...
 
 
 def request_line(request_id: int, tool: str, token: str, arguments: dict[str, Any]) -> bytes:
@@ -113,7 +130,7 @@ class Gateway:
         self.write(line)
 
 
-def start_fleet(home: GatewayHome, count: int, logs: Path, tree: Path = REPO) -> list[Gateway]:
+def start_fleet(home: FleetHome, count: int, logs: Path, tree: Path = REPO) -> list[Gateway]:
     """`count` gateways running the code of `tree` (this repository, or a baseline's work tree)."""
     argv = [
         sys.executable, "-m", "gateway",
@@ -286,7 +303,7 @@ def database_pids(engine: str) -> list[int]:
     return [POSTMASTER[0], *children]
 
 
-def connections_open(home: GatewayHome) -> int:
+def connections_open(home: FleetHome) -> int:
     with home.engine.connect() as connection:  # this one, counted, is taken off
         count = connection.exec_driver_sql(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -318,11 +335,13 @@ class Configuration:
     """One engine and fleet size: its gateways, kept running from the first round to the checks."""
 
     engine: str
-    home: GatewayHome
+    home: FleetHome
     fleet: list[Gateway]
     tokens: dict[str, str]
     baseline: bool = False
     """Its gateways run the `--baseline` tree's code."""
+    read_events: Callable[[], Iterable[tuple[str | None, str]]] | None = None
+    """(run_id, event_type) of every logged event, in the log's order; None: read in process (this tree's AuditLog)."""
     ids: Iterator[int] = field(default_factory=lambda: iter(range(1, 10**9)))
     wall_s: float = 0.0
     cpu_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -348,11 +367,29 @@ def open_configuration(
     """A fresh database and state folder, its users, and its fleet (of `baseline`'s code if given) started and warmed up."""
     root.mkdir(parents=True)
     home = GatewayHome(root, {**POLICY, "budget": {"attempts_total": budget}}, db_url=url)
-    for name, role in (("vic", "VIEWER"), ("alice", "USER"), ("bob", "USER")):
+    for name, role in USERS:
         home.add_user(name, role)
-    tokens = {name: home.token(name, ttl_s=3600) for name in ("vic", "alice", "bob")}
-    fleet = start_fleet(home, gateways, root, baseline or REPO)
-    configuration = Configuration(engine, home, fleet, tokens, baseline is not None)
+    tokens = {name: home.token(name, ttl_s=3600) for name, _ in USERS}
+    return start_configuration(
+        engine, home, tokens, gateways, warmup=warmup, logs=root, tree=baseline or REPO, baseline=baseline is not None
+    )
+
+
+def start_configuration(
+    engine: str,
+    home: FleetHome,
+    tokens: dict[str, str],
+    gateways: int,
+    *,
+    warmup: int,
+    logs: Path,
+    tree: Path = REPO,
+    baseline: bool = False,
+    read_events: Callable[[], Iterable[tuple[str | None, str]]] | None = None,
+) -> Configuration:
+    """The fleet of `tree`'s code on a state folder made already (`USERS`' `tokens`), started and warmed up."""
+    fleet = start_fleet(home, gateways, logs, tree)
+    configuration = Configuration(engine, home, fleet, tokens, baseline, read_events=read_events)
     for gateway in configuration.fleet:
         gateway.queue = [configuration.call((REFUSED, READ)[i % 2]) for i in range(warmup)]
     drive(configuration.fleet, deadline_s=300)
@@ -417,9 +454,15 @@ def check(configuration: Configuration, budget: int) -> Result:
         if run_id is not None:
             expected[run_id] = EXPECTED_EVENTS[kind]
     logged: dict[str, list[str]] = defaultdict(list)
-    for event in AuditLog(home.engine, SystemClock()).events():
-        if event.run_id in expected:
-            logged[event.run_id].append(event.event_type)
+    if configuration.read_events is None:
+        events: Iterable[tuple[str | None, str]] = (
+            (event.run_id, event.event_type) for event in AuditLog(home.engine, SystemClock()).events()
+        )
+    else:
+        events = configuration.read_events()
+    for run_id, event_type in events:
+        if run_id in expected:
+            logged[run_id].append(event_type)
     missing = sum(logged.get(run_id) != types for run_id, types in expected.items())
     verify = home.cli("audit", "verify")
     home.engine.dispose()

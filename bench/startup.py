@@ -44,6 +44,8 @@ INITIALIZE = {
     "method": "initialize",
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}},
 }
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+LIST_TOOLS = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
 
 
 def _env(tree: Path) -> dict[str, str]:
@@ -62,6 +64,25 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def extract_tree(commit: str, into: Path) -> Path:
+    """`commit`'s files written out into the new folder `into` (`git archive`), which is returned."""
+    into.mkdir()
+    archive = subprocess.run(["git", "archive", commit], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+SDK_IMPORT = "import mcp.server.lowlevel, mcp_types"
+"""What any MCP server built on the SDK imports before it can answer: bench/call_cost.py's import floor."""
+
+
+def time_sdk_import(tree: Path, _home: Path) -> float:
+    """A fresh interpreter importing the SDK's server half and its types, until it exits."""
+    start = time.perf_counter_ns()
+    subprocess.run([sys.executable, "-c", SDK_IMPORT], cwd=tree, env=_env(tree), check=True)
+    return (time.perf_counter_ns() - start) / 1e6
+
+
 def time_pass(tree: Path, _home: Path) -> float:
     start = time.perf_counter_ns()
     subprocess.run([sys.executable, "-c", "pass"], cwd=tree, env=_env(tree), check=True)
@@ -77,6 +98,13 @@ def time_help(tree: Path, _home: Path) -> float:
 
 
 def time_initialize(tree: Path, home: Path) -> float:
+    return time_serve(tree, home, list_tools=False)[0]
+
+
+def time_serve(tree: Path, home: Path, *, list_tools: bool) -> tuple[float, float | None]:
+    """ms from `Popen` to the `initialize` answer read, and (`list_tools`) to the answer of the `tools/list`
+    sent right after it (bench/call_cost.py: what a host sees before it can offer the tools); then stdin is
+    closed and the process reaped, unmeasured."""
     argv = [*_gateway(home), "--policy", str(home / "policy.yaml"), "serve"]
     start = time.perf_counter_ns()
     process = subprocess.Popen(
@@ -88,12 +116,20 @@ def time_initialize(tree: Path, home: Path) -> float:
     process.stdin.flush()
     line = process.stdout.readline()
     elapsed = (time.perf_counter_ns() - start) / 1e6
+    listed = listing = None
+    if list_tools and line:
+        process.stdin.write(json.dumps(INITIALIZED).encode() + b"\n" + json.dumps(LIST_TOOLS).encode() + b"\n")
+        process.stdin.flush()
+        listing = process.stdout.readline()
+        listed = (time.perf_counter_ns() - start) / 1e6
     process.stdin.close()
     process.wait(timeout=30)
     answer = json.loads(line) if line else {}
     if "result" not in answer:
         raise RuntimeError(f"{tree}: serve did not answer initialize: {line!r}")
-    return elapsed
+    if list_tools and not (json.loads(listing or b"{}").get("result") or {}).get("tools"):
+        raise RuntimeError(f"{tree}: serve did not list its tools: {listing!r}")
+    return elapsed, listed
 
 
 def time_user_list(tree: Path, home: Path) -> float:
@@ -121,11 +157,7 @@ def main() -> int:
         root = Path(scratch)
         trees = {"working tree": REPO}
         if args.old:
-            old = root / "old"
-            old.mkdir()
-            archive = subprocess.run(["git", "archive", args.old], cwd=REPO, check=True, capture_output=True)
-            subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
-            trees = {args.old: old, **trees}
+            trees = {args.old: extract_tree(args.old, root / "old"), **trees}
         homes = {}
         for name, tree in trees.items():
             homes[name] = root / f"home-{len(homes)}"

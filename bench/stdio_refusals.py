@@ -47,7 +47,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -65,6 +65,13 @@ CALL: dict[str, Any] = {"name": "run_pytest", "arguments": {"test_path": "tests"
 
 class BenchError(Exception):
     """A server answered wrongly, died, or left a wrong audit trail."""
+
+
+class AuditedHome(Protocol):
+    """A state folder whose audit log `check_audit` reads through the `mcp-gateway` command: this tree's
+    GatewayHome, or another tree's folder made by that tree's own `init` (bench/call_cost.py)."""
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]: ...
 
 
 def gateway_home(root: Path, synchronous: str) -> tuple[GatewayHome, str]:
@@ -100,13 +107,27 @@ class RawClient:
     """
 
     def __init__(
-        self, name: str, argv: Sequence[str], stderr_path: Path, children: list[subprocess.Popen[bytes]]
+        self,
+        name: str,
+        argv: Sequence[str],
+        stderr_path: Path,
+        children: list[subprocess.Popen[bytes]],
+        *,
+        cwd: Path = REPO,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """`cwd` and `env` (default: this repository and this environment) let bench/call_cost.py start
+        another tree's gateway with its own code."""
         self.name = name
         self.stderr_path = stderr_path
         self._stderr = stderr_path.open("wb")
         self.process = subprocess.Popen(
-            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=REPO
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            cwd=cwd,
+            env=None if env is None else dict(env),
         )
         children.append(self.process)
         self._next_id = 0
@@ -178,7 +199,7 @@ class RawClient:
 class Side:
     """One server under measurement: its client, what a correct answer is, and its samples."""
 
-    def __init__(self, label: str, client: RawClient, token: str, home: GatewayHome | None) -> None:
+    def __init__(self, label: str, client: RawClient, token: str, home: AuditedHome | None) -> None:
         self.label = label
         self.client = client
         self.token = token
@@ -268,10 +289,12 @@ def print_table(sides: Sequence[Side], calls: int, warmup: int, blocks: int) -> 
 # --- the audit trail ----------------------------------------------------------------------------
 
 
-def check_audit(side: Side) -> str:
+def check_audit(side: Side, setup_events: int = 0) -> str:
     """Exactly MCP_TOOL_CALL then POLICY_BLOCKED (-32003) per refused call, no token, chain intact.
 
-    Every refused call of the run is counted, warm-up included: the log starts empty.
+    Every refused call of the run is counted, warm-up included: the log starts empty but for the
+    first `setup_events`, logged before any call while the state folder was made (bench/call_cost.py
+    adds its users and issues their tokens with the `mcp-gateway` command, which logs each).
     """
     assert side.home is not None
     export = side.home.cli("audit", "export")
@@ -279,7 +302,7 @@ def check_audit(side: Side) -> str:
         raise BenchError(f"{side.label}: audit export failed: {export.stderr.strip()}")
     if side.token in export.stdout:
         raise BenchError(f"{side.label}: the audit log contains the token")
-    events = [json.loads(line) for line in export.stdout.splitlines()]
+    events = [json.loads(line) for line in export.stdout.splitlines()][setup_events:]
     run_ids = side.run_ids
     if len(events) != 2 * len(run_ids):
         raise BenchError(f"{side.label}: {len(events)} audit events for {len(run_ids)} refused calls (expected 2 each)")
