@@ -115,7 +115,7 @@ class Tree:
     path: Path
 
     def env(self) -> dict[str, str]:
-        return startup._env(self.path)
+        return startup.tree_env(self.path)
 
 
 _COMMANDS = """
@@ -464,19 +464,20 @@ def start_up(trees: Sequence[Tree], root: Path, sizes: Sizes, results: Results) 
     samples: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
 
-    def timed(key: str, measure: Callable[[], float | tuple[float, float | None]]) -> None:
+    def timed(key: str, measure: Callable[[], dict[str, float]]) -> None:
         before = startup._children_cpu_s()
-        value = measure()
+        figures = measure()
         cpu.setdefault(key, []).append(1000 * (startup._children_cpu_s() - before))
-        if isinstance(value, tuple):
-            samples.setdefault(key, []).append(value[0])
-            samples.setdefault(f"{key} tools/list", []).append(value[1] or math.nan)
+        if "initialize" in figures:
+            samples.setdefault(key, []).append(figures["initialize"])
+            samples.setdefault(f"{key} tools/list", []).append(figures["tools/list"])
         else:
+            (value,) = figures.values()
             samples.setdefault(key, []).append(value)
 
     after = trees[-1]
     for tree in trees:  # warm-up: bytecode caches and the page cache
-        startup.time_serve(tree.path, homes[tree.name], list_tools=True)
+        startup.time_serve(tree.path, homes[tree.name])
     startup.time_pass(after.path, homes[after.name])
     startup.time_sdk_import(after.path, homes[after.name])
     for round_no in range(sizes.startup_runs):
@@ -484,7 +485,7 @@ def start_up(trees: Sequence[Tree], root: Path, sizes: Sizes, results: Results) 
         timed("pass", lambda: startup.time_pass(after.path, homes[after.name]))
         timed("import", lambda: startup.time_sdk_import(after.path, homes[after.name]))
         for tree in order:
-            timed(tree.name, lambda tree=tree: startup.time_serve(tree.path, homes[tree.name], list_tools=True))  # type: ignore[misc]
+            timed(tree.name, lambda tree=tree: startup.time_serve(tree.path, homes[tree.name]))  # type: ignore[misc]
     floor_pass, floor_import = p50(samples["pass"]), p50(samples["import"])
     floors = [
         f'`python -c pass` {floor_pass:.0f} ms; the SDK\'s import (`python -c "{startup.SDK_IMPORT}"`) '

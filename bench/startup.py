@@ -5,10 +5,15 @@ session. Rows, each a fresh process, timed from `Popen` to the end of the output
 for (`time.perf_counter_ns`):
 
 - `python -c pass`: the floor, this venv's interpreter doing nothing;
+- `SDK import`: `python -c "import gc; gc.disable(); import mcp.server.lowlevel, mcp_types"`, the
+  MCP SDK's server and types imported as `serve` imports them (collector off, decision 79): the floor
+  under `initialize` for any `serve` that loads the SDK before it answers;
 - `--help`: `python -m gateway --help`, until it exits;
 - `initialize`: `python -m gateway ... serve` on a state folder `mcp-gateway init` made (SQLite),
-  until its answer to `initialize` (protocol 2025-11-25) is read; then stdin is closed and the
-  process reaped, unmeasured;
+  until its answer to `initialize` (protocol 2025-11-25) is read;
+- `tools/list`: the same process, then sent `notifications/initialized` and `tools/list` (no token),
+  until that answer is read, still from `Popen`: what a host sees before it can offer the tools;
+  then stdin is closed and the process reaped, unmeasured;
 - `user list`: `python -m gateway ... user list` (a one-shot command with the database), until it exits.
 
 Each row also reports the CPU (user + system) its process spent from start to exit, shutdown
@@ -19,7 +24,8 @@ Trees: the working tree, and with `--old COMMIT` that commit too, written out wi
 into a temporary folder. Each tree runs with cwd and PYTHONPATH set to it and `-P` unset, so
 `python -m gateway` takes that tree's `gateway`. Rounds interleave rows and trees, so machine
 noise falls on all alike. Prints median and p90 of each row and tree, in ms, the median
-less the `python -c pass` median, and the median CPU. Exits 0 with the figures; 1 if a row fails.
+less the `python -c pass` median, and the median CPU (`initialize` and `tools/list` are one process: the
+same CPU). Exits 0 with the figures; 1 if a row fails.
 
     .venv/bin/python bench/startup.py [--runs 15] [--old COMMIT]
 """
@@ -38,17 +44,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+SDK_IMPORT = "import gc; gc.disable(); import mcp.server.lowlevel, mcp_types"
 INITIALIZE = {
     "jsonrpc": "2.0",
     "id": 1,
     "method": "initialize",
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}},
 }
-INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-LIST_TOOLS = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+TOOLS_LIST = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n{"jsonrpc":"2.0","id":2,"method":"tools/list"}\n'
 
 
-def _env(tree: Path) -> dict[str, str]:
+def tree_env(tree: Path) -> dict[str, str]:
     # Bytecode caches are written (the warm-up round writes them), as an installed package has them.
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_GATEWAY_") and k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(tree)
@@ -64,6 +70,72 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def time_pass(tree: Path, _home: Path) -> dict[str, float]:
+    start = time.perf_counter_ns()
+    subprocess.run([sys.executable, "-c", "pass"], cwd=tree, env=tree_env(tree), check=True)
+    return {"python -c pass": (time.perf_counter_ns() - start) / 1e6}
+
+
+def time_sdk_import(tree: Path, _home: Path) -> dict[str, float]:
+    start = time.perf_counter_ns()
+    subprocess.run([sys.executable, "-c", SDK_IMPORT], cwd=tree, env=tree_env(tree), check=True)
+    return {"SDK import": (time.perf_counter_ns() - start) / 1e6}
+
+
+def time_help(tree: Path, _home: Path) -> dict[str, float]:
+    start = time.perf_counter_ns()
+    subprocess.run(
+        [sys.executable, "-m", "gateway", "--help"], cwd=tree, env=tree_env(tree), check=True, stdout=subprocess.DEVNULL
+    )
+    return {"--help": (time.perf_counter_ns() - start) / 1e6}
+
+
+def serve_session(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """ms from `Popen` of a `serve` to its `initialize` answer, and to its `tools/list` answer; the process reaped."""
+    start = time.perf_counter_ns()
+    process = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert process.stdin is not None
+    assert process.stdout is not None
+    process.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
+    process.stdin.flush()
+    line = process.stdout.readline()
+    initialized = (time.perf_counter_ns() - start) / 1e6
+    process.stdin.write(TOOLS_LIST)
+    process.stdin.flush()
+    listed_line = process.stdout.readline()
+    listed = (time.perf_counter_ns() - start) / 1e6
+    process.stdin.close()
+    process.wait(timeout=60)
+    answer = json.loads(line) if line else {}
+    if "result" not in answer:
+        raise RuntimeError(f"{argv[:4]}: serve did not answer initialize: {line[:300]!r}")
+    tools = json.loads(listed_line).get("result", {}).get("tools") if listed_line else None
+    if not tools:
+        raise RuntimeError(f"{argv[:4]}: serve did not list its tools: {listed_line[:300]!r}")
+    return initialized, listed
+
+
+def time_serve(tree: Path, home: Path) -> dict[str, float]:
+    argv = [*_gateway(home), "--policy", str(home / "policy.yaml"), "serve"]
+    initialized, listed = serve_session(argv, tree, tree_env(tree))
+    return {"initialize": initialized, "tools/list": listed}
+
+
+def time_user_list(tree: Path, home: Path) -> dict[str, float]:
+    start = time.perf_counter_ns()
+    subprocess.run(
+        [*_gateway(home), "--policy", str(home / "policy.yaml"), "user", "list"],
+        cwd=tree, env=tree_env(tree), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return {"user list": (time.perf_counter_ns() - start) / 1e6}
+
+
+MEASURES = (time_pass, time_sdk_import, time_help, time_serve, time_user_list)
+ROWS = ("python -c pass", "SDK import", "--help", "initialize", "tools/list", "user list")
+
+
 def extract_tree(commit: str, into: Path) -> Path:
     """`commit`'s files written out into the new folder `into` (`git archive`), which is returned."""
     into.mkdir()
@@ -72,80 +144,8 @@ def extract_tree(commit: str, into: Path) -> Path:
     return into
 
 
-SDK_IMPORT = "import mcp.server.lowlevel, mcp_types"
-"""What any MCP server built on the SDK imports before it can answer: bench/call_cost.py's import floor."""
-
-
-def time_sdk_import(tree: Path, _home: Path) -> float:
-    """A fresh interpreter importing the SDK's server half and its types, until it exits."""
-    start = time.perf_counter_ns()
-    subprocess.run([sys.executable, "-c", SDK_IMPORT], cwd=tree, env=_env(tree), check=True)
-    return (time.perf_counter_ns() - start) / 1e6
-
-
-def time_pass(tree: Path, _home: Path) -> float:
-    start = time.perf_counter_ns()
-    subprocess.run([sys.executable, "-c", "pass"], cwd=tree, env=_env(tree), check=True)
-    return (time.perf_counter_ns() - start) / 1e6
-
-
-def time_help(tree: Path, _home: Path) -> float:
-    start = time.perf_counter_ns()
-    subprocess.run(
-        [sys.executable, "-m", "gateway", "--help"], cwd=tree, env=_env(tree), check=True, stdout=subprocess.DEVNULL
-    )
-    return (time.perf_counter_ns() - start) / 1e6
-
-
-def time_initialize(tree: Path, home: Path) -> float:
-    return time_serve(tree, home, list_tools=False)[0]
-
-
-def time_serve(tree: Path, home: Path, *, list_tools: bool) -> tuple[float, float | None]:
-    """ms from `Popen` to the `initialize` answer read, and (`list_tools`) to the answer of the `tools/list`
-    sent right after it (bench/call_cost.py: what a host sees before it can offer the tools); then stdin is
-    closed and the process reaped, unmeasured."""
-    argv = [*_gateway(home), "--policy", str(home / "policy.yaml"), "serve"]
-    start = time.perf_counter_ns()
-    process = subprocess.Popen(
-        argv, cwd=tree, env=_env(tree), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    assert process.stdin is not None
-    assert process.stdout is not None
-    process.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
-    process.stdin.flush()
-    line = process.stdout.readline()
-    elapsed = (time.perf_counter_ns() - start) / 1e6
-    listed = listing = None
-    if list_tools and line:
-        process.stdin.write(json.dumps(INITIALIZED).encode() + b"\n" + json.dumps(LIST_TOOLS).encode() + b"\n")
-        process.stdin.flush()
-        listing = process.stdout.readline()
-        listed = (time.perf_counter_ns() - start) / 1e6
-    process.stdin.close()
-    process.wait(timeout=30)
-    answer = json.loads(line) if line else {}
-    if "result" not in answer:
-        raise RuntimeError(f"{tree}: serve did not answer initialize: {line!r}")
-    if list_tools and not (json.loads(listing or b"{}").get("result") or {}).get("tools"):
-        raise RuntimeError(f"{tree}: serve did not list its tools: {listing!r}")
-    return elapsed, listed
-
-
-def time_user_list(tree: Path, home: Path) -> float:
-    start = time.perf_counter_ns()
-    subprocess.run(
-        [*_gateway(home), "--policy", str(home / "policy.yaml"), "user", "list"],
-        cwd=tree, env=_env(tree), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    return (time.perf_counter_ns() - start) / 1e6
-
-
-ROWS = {"python -c pass": time_pass, "--help": time_help, "initialize": time_initialize, "user list": time_user_list}
-
-
 def _init(tree: Path, home: Path) -> None:
-    subprocess.run([*_gateway(home), "init"], cwd=tree, env=_env(tree), check=True, stderr=subprocess.DEVNULL)
+    subprocess.run([*_gateway(home), "init"], cwd=tree, env=tree_env(tree), check=True, stderr=subprocess.DEVNULL)
 
 
 def main() -> int:
@@ -165,20 +165,23 @@ def main() -> int:
         samples: dict[tuple[str, str], list[float]] = {(t, r): [] for t in trees for r in ROWS}
         cpu: dict[tuple[str, str], list[float]] = {(t, r): [] for t in trees for r in ROWS}
         for name, tree in trees.items():  # warm-up: bytecode caches, page cache
-            for measure in ROWS.values():
+            for measure in MEASURES:
                 measure(tree, homes[name])
         try:
             for round_no in range(args.runs):
                 order = list(trees.items()) if round_no % 2 == 0 else list(reversed(trees.items()))
                 for name, tree in order:
-                    for row, measure in ROWS.items():
+                    for measure in MEASURES:
                         before = _children_cpu_s()
-                        samples[(name, row)].append(measure(tree, homes[name]))
-                        cpu[(name, row)].append((_children_cpu_s() - before) * 1000)
+                        figures = measure(tree, homes[name])
+                        spent = (_children_cpu_s() - before) * 1000
+                        for row, elapsed in figures.items():
+                            samples[(name, row)].append(elapsed)
+                            cpu[(name, row)].append(spent)
         except (subprocess.SubprocessError, RuntimeError, OSError) as exc:
             print(f"startup: {exc}", file=sys.stderr)
             return 1
-    print(f"{args.runs} runs each, ms (Python {sys.version.split()[0]})")
+    print(f"{args.runs} runs each, ms (Python {sys.version.split()[0]}; load {os.getloadavg()[0]:.2f} at the end)")
     print(f"{'tree':<14}{'row':<16}{'median':>9}{'p90':>9}{'- pass':>9}{'cpu':>9}")
     for name in trees:
         floor = statistics.median(samples[(name, "python -c pass")])

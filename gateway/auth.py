@@ -16,12 +16,10 @@ import os
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jwt
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from sqlalchemy import Connection, Engine, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -100,6 +98,9 @@ def ensure_keys(home: Path, algorithms: tuple[str, ...]) -> list[Path]:
     for alg, filename in _ASYMMETRIC_FILES.items():
         path = home / filename
         if alg in algorithms and not path.exists():
+            from cryptography.hazmat.primitives import serialization  # noqa: PLC0415  (decision 94: not at start-up)
+            from cryptography.hazmat.primitives.asymmetric import ed25519, rsa  # noqa: PLC0415  (decision 94)
+
             key = rsa.generate_private_key(65537, 3072) if alg == "RS256" else ed25519.Ed25519PrivateKey.generate()
             pem = key.private_bytes(
                 serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -121,6 +122,8 @@ def load_keyring(home: Path) -> KeyRing:
     for alg, filename in _ASYMMETRIC_FILES.items():
         path = home / filename
         if path.exists():
+            from cryptography.hazmat.primitives import serialization  # noqa: PLC0415  (decision 94: not at start-up)
+
             try:
                 private[alg] = serialization.load_pem_private_key(path.read_bytes(), password=None)
             except (OSError, ValueError) as exc:
@@ -141,6 +144,8 @@ def issue_token(
     jti: str,
     workspace: str | None = None,
 ) -> str:
+    import jwt  # noqa: PLC0415  (decision 94: pyjwt and cryptography load at the first token, not at start-up)
+
     if ttl_s <= 0 or ttl_s > auth.max_ttl_s:
         raise ConfigError(f"--ttl must be between 1 and the policy's max_ttl_s ({auth.max_ttl_s})")
     alg = auth.algorithms[0]
@@ -166,6 +171,8 @@ def jti_of(token: str) -> str:
 
     ValueError, worded for the operator, when the text is no JWT or names no string `jti`.
     """
+    import jwt  # noqa: PLC0415  (decision 94: pyjwt and cryptography load at the first token, not at start-up)
+
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError as exc:
@@ -178,15 +185,20 @@ def jti_of(token: str) -> str:
 
 # --- verifying ----------------------------------------------------------------------------
 
-_PYJWT_REASONS: tuple[tuple[type[Exception], Reason], ...] = (
-    (jwt.InvalidSignatureError, Reason.BAD_SIGNATURE),
-    (jwt.InvalidAudienceError, Reason.WRONG_AUDIENCE),
-    (jwt.InvalidIssuerError, Reason.WRONG_ISSUER),
-    (jwt.MissingRequiredClaimError, Reason.MISSING_CLAIM),
-    (jwt.InvalidAlgorithmError, Reason.ALG_NOT_ALLOWED),
-    (jwt.InvalidKeyError, Reason.BAD_SIGNATURE),
-    (jwt.DecodeError, Reason.TOKEN_MALFORMED),
-)
+
+@cache
+def _pyjwt_reasons() -> tuple[tuple[type[Exception], Reason], ...]:
+    import jwt  # noqa: PLC0415  (decision 94: pyjwt and cryptography load at the first token, not at start-up)
+
+    return (
+        (jwt.InvalidSignatureError, Reason.BAD_SIGNATURE),
+        (jwt.InvalidAudienceError, Reason.WRONG_AUDIENCE),
+        (jwt.InvalidIssuerError, Reason.WRONG_ISSUER),
+        (jwt.MissingRequiredClaimError, Reason.MISSING_CLAIM),
+        (jwt.InvalidAlgorithmError, Reason.ALG_NOT_ALLOWED),
+        (jwt.InvalidKeyError, Reason.BAD_SIGNATURE),
+        (jwt.DecodeError, Reason.TOKEN_MALFORMED),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +218,8 @@ def env_token(environ: Mapping[str, str]) -> EnvToken:
 
 def decode_token(token: object, keys: KeyRing, auth: AuthPolicy) -> dict[str, Any]:
     """Signature, algorithm, issuer, audience and required claims; lifetime is `check_lifetime`'s."""
+    import jwt  # noqa: PLC0415  (decision 94: pyjwt and cryptography load at the first token, not at start-up)
+
     if isinstance(token, EnvToken):
         if token.value is None:
             raise AuthRequiredError(Reason.TOKEN_MISSING, f"{TOKEN_ENV} is not set for the gateway")
@@ -239,7 +253,7 @@ def decode_token(token: object, keys: KeyRing, auth: AuthPolicy) -> dict[str, An
             },
         )
     except jwt.PyJWTError as exc:
-        for kind, reason in _PYJWT_REASONS:
+        for kind, reason in _pyjwt_reasons():
             if isinstance(exc, kind):
                 raise AuthRequiredError(reason, "the token was rejected") from exc
         raise AuthRequiredError(Reason.TOKEN_INVALID, "the token was rejected") from exc

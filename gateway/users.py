@@ -5,17 +5,23 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from passlib.context import CryptContext
 from sqlalchemy import Connection, Engine, bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway import db
 from gateway.clock import Clock
 
-# pbkdf2_sha256 needs no compiled extension; passwords are for the later web console.
-_passwords = CryptContext(schemes=["pbkdf2_sha256"], pbkdf2_sha256__default_rounds=600_000)
+
+@cache
+def _passwords() -> Any:
+    """pbkdf2_sha256 needs no compiled extension; passwords are for the web console, so passlib loads at the
+    first password, not at every command's start-up (decision 94)."""
+    from passlib.context import CryptContext  # noqa: PLC0415
+
+    return CryptContext(schemes=["pbkdf2_sha256"], pbkdf2_sha256__default_rounds=600_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +44,11 @@ def check_user_name(name: str) -> None:
 
 
 def hash_password(password: str) -> str:
-    return str(_passwords.hash(password))
+    return str(_passwords().hash(password))
 
 
 def password_matches(password: str, password_hash: str) -> bool:
-    return bool(_passwords.verify(password, password_hash))
+    return bool(_passwords().verify(password, password_hash))
 
 
 FETCH_USER = (
