@@ -127,7 +127,7 @@ TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 bytecode: $(STAMP)
 	$(PY) -m compileall -q gateway sandbox >/dev/null
 
-# The unit tests of the gateway and the sandbox (the aim: under a minute, not met): no stdio sessions
+# The unit tests of the gateway and the sandbox (the aim: under a minute, not met yet): no stdio sessions
 # (tests/e2e), no hostile suites (tests/adversarial). Run `make test` before you push. In parallel as
 # `make test` is. 2026-11-27 on 2 quiet cores: 4,120 tests in 1:40 (pytest) and about 156 s of CPU
 # (user+sys, workers and the suite's PostgreSQL included); 3,685 tests took 1:14 before the upstream
@@ -141,6 +141,17 @@ bytecode: $(STAMP)
 # `CREATE DATABASE ... TEMPLATE` and its drop (25-70 ms of server CPU each, one per PostgreSQL test; a
 # TRUNCATE of the tables costs 5 ms, but tests that alter the schema would then need a check of it),
 # and each xdist worker collects for about 2.5 s of CPU.
+# 2026-11-28, later: each pytest process then sat 30 s at its session's end, waiting for its fork helper
+# (tests/forked_gateway.py) to see its socket close: a close under the reader thread's recv never reached
+# it, so every worker waited out the helper's 30 s deadline, 30 s of the 1:40 (a timeline of each worker's
+# tests: its last test to its session's end went from 30.0 s to 0.1-0.3 s once the socket is shut down
+# first; tests/gateway/test_fork_helper.py). After it, on the shared machine at load 10-13 (not a quiet
+# figure: wall 3:17 there): 4,494 tests, 99.3 s of CPU in pytest (its 4 workers 88.2 s, of which about
+# 3 s each to start and collect; the controller 5.7 s; initdb the rest) and 12.2 s in its PostgreSQL.
+# On 2 quiet cores that is about 1:10 (1:40 less the 30 s; to be measured), not yet under a minute: the
+# rest is CPU (about 111 s on 2 cores), spread thin (4,494 tests at about 17 ms each; no fixture costs
+# more than 1 s in all), the PostgreSQL server's share (CREATE DATABASE ... TEMPLATE and DROP per test)
+# the largest single item left.
 # Where the CPU goes: `$(PY) -m pytest -n 4 tests/gateway tests/sandbox --cpu-costs=30` (tests/cpu_costs.py).
 unit: $(STAMP) bytecode
 	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) tests/gateway tests/sandbox

@@ -262,7 +262,12 @@ class _Helper:
             return self.ended[pid]
 
     def close(self) -> None:
-        self.sock.close()  # the helper reads EOF, kills what still runs, and exits
+        # The helper reads EOF, kills what still runs, and exits. `shutdown` first: a close alone leaves the
+        # socket open while the reader thread is inside its recv (the kernel holds the file until that call
+        # returns), so the helper saw no EOF and every pytest process waited out the 30 s below at its end.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
