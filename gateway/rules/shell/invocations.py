@@ -41,9 +41,11 @@ MAX_TEXTS = 256
 MAX_INVOCATIONS = 2048
 """How many programs a command may be read to run."""
 TREE_SITTER_S = 0.5
-"""tree-sitter's time for one command, all its texts together (its error recovery is superlinear on
+"""tree-sitter's CPU time for one command, all its texts together (its error recovery is superlinear on
 some input, `{|{{||{...`): past it the rest is read by the lexer alone, and the reading is incomplete
-(never allowed by a rule). Honest commands of 64 KiB parse in about 30 ms."""
+(never allowed by a rule). Honest commands of 64 KiB parse in about 30 ms. CPU time of the reading
+thread, not wall time: on a busy machine an honest command must not turn incomplete (and be denied)
+because its thread waited for a CPU."""
 MAX_WORK = 131_072
 """Characters parsed plus words looked at, over the whole reading: with the bounds above, this keeps
 the reading of any command under a second or so (each reader is linear in what it is handed)."""
@@ -135,7 +137,7 @@ class _Reader:
         self.texts = 0
         self.seen: dict[tuple[str, bool], int] = {}
         self.work = 0
-        self.deadline = time.monotonic() + TREE_SITTER_S
+        self.deadline = time.thread_time() + TREE_SITTER_S
 
     def charge(self, units: int) -> None:
         self.work += units

@@ -31,12 +31,13 @@ class ParseTooSlow(Exception):
 
 def parse(text: str, deadline: float = math.inf) -> tuple[list[SimpleCommand], bool]:
     """The simple commands in `text`, and whether tree-sitter read all of it without an error;
-    ParseTooSlow if the parse is still running at `deadline` (time.monotonic())."""
+    ParseTooSlow if the parse is still running at `deadline`, in this thread's CPU time (time.thread_time():
+    a busy machine slows the parse's wall time, not the work it may do)."""
     source = text.encode("utf-8", "surrogatepass")
     try:
         tree = Parser(_BASH).parse(
             lambda offset, _point: source[offset : offset + _CHUNK],
-            progress_callback=lambda _offset, _has_error: time.monotonic() > deadline,
+            progress_callback=lambda _offset, _has_error: time.thread_time() > deadline,
         )
     except ValueError:  # the callback cancelled the parse
         raise ParseTooSlow from None
