@@ -14,9 +14,12 @@ import logging
 import math
 import os
 import secrets
+import threading
+from collections import namedtuple
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import jwt
@@ -294,6 +297,13 @@ _FETCH_CALLER = FETCH_USER.add_columns(_FETCH_REVOCATION.scalar_subquery().label
 """The token's user and its revocation in one statement: one round trip per call on PostgreSQL."""
 
 
+_CallerRow = namedtuple("_CallerRow", [column.name for column in _FETCH_CALLER.selected_columns])  # type: ignore[misc]  # fields from the statement
+"""A row of `_FETCH_CALLER` read by sqlite3, by name as SQLAlchemy's and psycopg's rows are."""
+
+VERIFIED_TOKENS = 256
+"""Verified tokens an Authenticator remembers (each at most MAX_TOKEN_BYTES: 2 MiB at most)."""
+
+
 class TokenStore:
     """Issued and revoked token ids (`jti`); the tokens themselves are never stored."""
 
@@ -339,16 +349,24 @@ class Authenticator:
     ) -> None:
         self._engine = engine
         self._read = db.reader(engine)
-        # PostgreSQL: the statement compiled once, run on a bare driver cursor (db.autocommit_cursor).
-        self._caller_sql = str(_FETCH_CALLER.compile(dialect=engine.dialect)) if db.on_postgres(engine) else None
+        # The statement compiled once, run on a bare driver cursor (decisions 62, 92): PostgreSQL's in
+        # autocommit (db.autocommit_cursor), SQLite's with named parameters (db.sqlite_read_cursor).
+        self._on_postgres = db.on_postgres(engine)
+        dialect = engine.dialect if self._on_postgres else sqlite.dialect(paramstyle="named")
+        self._caller_sql = str(_FETCH_CALLER.compile(dialect=dialect))
         self._keys = keys
+        self._verified: dict[str, Mapping[str, Any]] = {}
+        """Tokens whose signature, algorithm, issuer, audience and claims `decode_token` accepted with these
+        keys and this policy, and what it decoded (decision 92): the same bytes verify the same way again,
+        so a hit skips pyjwt. Their lifetime is checked at every call; revocation and the user are read."""
+        self._remembering = threading.Lock()
         self._auth = auth
         self._tokens = tokens
         self._users = users
         self._clock = clock
 
     def authenticate(self, token: object) -> Principal:
-        claims = check_lifetime(decode_token(token, self._keys, self._auth), self._clock.now(), self._auth)
+        claims = check_lifetime(self._decode(token), self._clock.now(), self._auth)
         with storage_errors(
             "the user database could not be read (database_unavailable)",
             log=log,
@@ -359,12 +377,31 @@ class Authenticator:
             revoked = rows[0].token_revoked_at is not None if rows else self._tokens.is_revoked(claims.jti)
         return require_active_user(user_from_rows(rows), claims, revoked)
 
+    @property
+    def remembered(self) -> int:
+        """How many verified tokens this Authenticator remembers now (at most VERIFIED_TOKENS)."""
+        return len(self._verified)
+
+    def _decode(self, token: object) -> Mapping[str, Any]:
+        """`decode_token`, remembered for a token it accepted (a refusal is never remembered)."""
+        if isinstance(token, str):
+            payload = self._verified.get(token)
+            if payload is not None:
+                return payload
+        payload = MappingProxyType(decode_token(token, self._keys, self._auth))
+        if isinstance(token, str):
+            with self._remembering:  # the database threads authenticate side by side
+                if len(self._verified) >= VERIFIED_TOKENS:
+                    del self._verified[next(iter(self._verified))]  # the oldest: bounded, whatever callers send
+                self._verified[token] = payload
+        return payload
+
     def _fetch_caller(self, claims: Claims) -> Sequence[Any]:
         """The token's user (a row per workspace) with the token's revocation: one statement, one round trip."""
         params = {"name": claims.sub, "jti": claims.jti}
-        if self._caller_sql is not None:
+        if self._on_postgres:
             with db.autocommit_cursor(self._engine) as cursor:
                 rows: Sequence[Any] = cursor.execute(self._caller_sql, params).fetchall()
                 return rows
-        with self._read.connect() as connection:
-            return connection.execute(_FETCH_CALLER, params).all()
+        with db.sqlite_read_cursor(self._engine) as cursor:
+            return [_CallerRow(*row) for row in cursor.execute(self._caller_sql, params).fetchall()]

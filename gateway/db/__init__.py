@@ -41,7 +41,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 if TYPE_CHECKING:
     from alembic.config import Config
 
-from gateway.db.file_guard import guard_file
+from gateway.db.file_guard import guard_file, guard_of
 from gateway.errors import ConfigError
 
 GENESIS_HASH = "0" * 64
@@ -422,6 +422,28 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
             fairy.invalidate(exc)
         finally:
             fairy.close()  # back to the pool, or closed when invalidated: never left checked out
+
+
+@contextmanager
+def sqlite_read_cursor(engine: Engine) -> Iterator[Any]:
+    """SQLite: a sqlite3 cursor on one of the pool's connections, for one read statement that every call
+    runs (its authentication): no BEGIN, no COMMIT (one statement reads one snapshot by itself) and none
+    of SQLAlchemy's per-statement work, which cost 0.15 ms where sqlite3 takes 0.03 (decision 92). The
+    file guard checks the file first, as before any transaction (decision 45), and the connection goes
+    back to the pool afterwards, as from any `connect()`; a driver error reaches `storage_errors` as
+    sqlite3's own."""
+    fairy = engine.raw_connection()
+    try:
+        guard = guard_of(engine)
+        if guard is not None:
+            guard.on_begin(fairy)
+        cursor = cast(Any, fairy.driver_connection).cursor()
+        try:
+            yield cursor
+        finally:
+            cursor.close()
+    finally:
+        fairy.close()
 
 
 def separate_engine(engine: Engine) -> Engine:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, text
 
-from gateway.db import make_engine
+from gateway.db import make_engine, sqlite_read_cursor
 from gateway.db.file_guard import DatabaseFileChangedError, sqlite_file_of
 
 
@@ -47,3 +47,20 @@ def test_a_deleted_or_replaced_file_refuses_every_transaction_and_logs_once(
 def test_only_a_file_database_is_watched() -> None:
     assert sqlite_file_of(make_engine("sqlite://")) is None
     assert sqlite_file_of(make_engine("sqlite:///:memory:")) is None
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_the_driver_cursor_for_a_call_s_read_is_refused_as_a_transaction_is(tmp_path: Path, replace: bool) -> None:
+    # A call's authentication reads through `sqlite_read_cursor`, outside SQLAlchemy's transactions
+    # (decision 92): the guard must still stand before it.
+    path = tmp_path / "a.db"
+    engine = _engine_on(path)
+    with sqlite_read_cursor(engine) as cursor:
+        assert cursor.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    for name in ("a.db", "a.db-wal", "a.db-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    if replace:
+        _engine_on(path).dispose()
+    for _ in range(2):
+        with pytest.raises(DatabaseFileChangedError), sqlite_read_cursor(engine) as cursor:
+            cursor.execute("SELECT count(*) FROM t")
