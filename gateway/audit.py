@@ -262,31 +262,41 @@ class AuditLog:
     def _append_on(
         self, connection: Connection, drafts: Sequence[EventDraft], along: Sequence[Along]
     ) -> list[AuditEvent]:
-        ends = _ends_of(drafts)
         cursor = cast(Any, connection.connection.driver_connection).cursor()
         try:
-            row = cursor.execute(_SQLITE_LOCK_HEAD.sql, _SQLITE_LOCK_HEAD.constants).fetchone()
-            if row is None:
-                raise NoResultFound("the audit log has no head row")  # as `.one()` said it: audit_unavailable
-            if ends and _has_an_end(cursor, ends):
-                return []
-            last_id, prev_hash = int(row[0]), str(row[1])
-            written: list[AuditEvent] = []
-            ts = iso_utc(self._clock.now())
-            for draft in drafts:
-                last_id += 1
-                event = _seal(last_id, ts, draft, prev_hash)
-                written.append(event)
-                prev_hash = event.hash
-            cursor.executemany(_SQLITE_INSERT_EVENT.sql, [_to_row(e) for e in written])
-            if ends:
-                cursor.executemany(_SQLITE_INSERT_END.sql, _end_rows(written))
-            cursor.execute(_SQLITE_MOVE_HEAD.sql, _SQLITE_MOVE_HEAD.bind({"new_id": last_id, "new_hash": prev_hash}))
+            with db.sqlite_driver_errors():
+                inserted = self._insert_by_driver(cursor, drafts)
         finally:
             cursor.close()
+        if inserted is None:
+            return []
+        written, last_id = inserted
         for write in along:
             write(connection, last_id)
         return written
+
+    def _insert_by_driver(self, cursor: Any, drafts: Sequence[EventDraft]) -> tuple[list[AuditEvent], int] | None:
+        """SQLite: the events sealed after the head and inserted, with their `call_ends` and the head moved,
+        and the head's id then; None, and nothing written, when one would be a call's second decision or end."""
+        row = cursor.execute(_SQLITE_LOCK_HEAD.sql, _SQLITE_LOCK_HEAD.constants).fetchone()
+        if row is None:
+            raise NoResultFound("the audit log has no head row")  # as `.one()` said it: audit_unavailable
+        ends = _ends_of(drafts)
+        if ends and _has_an_end(cursor, ends):
+            return None
+        last_id, prev_hash = int(row[0]), str(row[1])
+        written: list[AuditEvent] = []
+        ts = iso_utc(self._clock.now())
+        for draft in drafts:
+            last_id += 1
+            event = _seal(last_id, ts, draft, prev_hash)
+            written.append(event)
+            prev_hash = event.hash
+        cursor.executemany(_SQLITE_INSERT_EVENT.sql, [_to_row(e) for e in written])
+        if ends:
+            cursor.executemany(_SQLITE_INSERT_END.sql, _end_rows(written))
+        cursor.execute(_SQLITE_MOVE_HEAD.sql, _SQLITE_MOVE_HEAD.bind({"new_id": last_id, "new_hash": prev_hash}))
+        return written, last_id
 
     def _append_on_server(self, ts: str, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
         """PostgreSQL: lock, seal, insert, move the head and write `along` in one statement, in autocommit

@@ -19,7 +19,6 @@ from collections import namedtuple
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import jwt
@@ -250,6 +249,11 @@ def decode_token(token: object, keys: KeyRing, auth: AuthPolicy) -> dict[str, An
 
 def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> Claims:
     """Validate claim types and the token's lifetime against `now` (pure)."""
+    return check_window(claims_of(payload), now, auth)
+
+
+def claims_of(payload: Mapping[str, Any]) -> Claims:
+    """The claims' types checked (pure): what a token says, before its lifetime is judged."""
     sub, jti = payload.get("sub"), payload.get("jti")
     iat, exp, nbf = payload.get("iat"), payload.get("exp"), payload.get("nbf")
     workspace = payload.get(WORKSPACE_CLAIM)
@@ -263,6 +267,12 @@ def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> 
         raise AuthRequiredError(Reason.CLAIM_INVALID, "ws must be a string")
     iat, exp = float(payload["iat"]), float(payload["exp"])
     nbf = None if nbf is None else float(nbf)
+    return Claims(sub, jti, iat, exp, nbf, workspace)
+
+
+def check_window(claims: Claims, now: float, auth: AuthPolicy) -> Claims:
+    """The token's lifetime against `now` and the policy's max TTL (pure); `claims` when it is within them."""
+    iat, exp, nbf = claims.iat, claims.exp, claims.nbf
     leeway = auth.leeway_s
     if now > exp + leeway:
         raise AuthRequiredError(Reason.TOKEN_EXPIRED, "the token has expired")
@@ -272,7 +282,7 @@ def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> 
         raise AuthRequiredError(Reason.TOKEN_NOT_YET_VALID, "the token was issued in the future")
     if exp - iat > auth.max_ttl_s:
         raise AuthRequiredError(Reason.TOKEN_TTL_TOO_LONG, "the token outlives the policy's max_ttl_s")
-    return Claims(sub, jti, iat, exp, nbf, workspace)
+    return claims
 
 
 def require_active_user(user: UserRecord | None, claims: Claims, revoked: bool) -> Principal:
@@ -355,10 +365,10 @@ class Authenticator:
         dialect = engine.dialect if self._on_postgres else sqlite.dialect(paramstyle="named")
         self._caller_sql = str(_FETCH_CALLER.compile(dialect=dialect))
         self._keys = keys
-        self._verified: dict[str, Mapping[str, Any]] = {}
-        """Tokens whose signature, algorithm, issuer, audience and claims `decode_token` accepted with these
-        keys and this policy, and what it decoded (decision 92): the same bytes verify the same way again,
-        so a hit skips pyjwt. Their lifetime is checked at every call; revocation and the user are read."""
+        self._verified: dict[str, Claims] = {}
+        """Tokens whose signature, algorithm, issuer, audience and claims `decode_token` and `claims_of` accepted
+        with these keys and this policy, and their claims (decision 92): the same bytes verify the same way
+        again, so a hit skips pyjwt. Their lifetime is checked at every call; revocation and the user are read."""
         self._remembering = threading.Lock()
         self._auth = auth
         self._tokens = tokens
@@ -366,7 +376,7 @@ class Authenticator:
         self._clock = clock
 
     def authenticate(self, token: object) -> Principal:
-        claims = check_lifetime(self._decode(token), self._clock.now(), self._auth)
+        claims = check_window(self._verify(token), self._clock.now(), self._auth)
         with storage_errors(
             "the user database could not be read (database_unavailable)",
             log=log,
@@ -382,19 +392,19 @@ class Authenticator:
         """How many verified tokens this Authenticator remembers now (at most VERIFIED_TOKENS)."""
         return len(self._verified)
 
-    def _decode(self, token: object) -> Mapping[str, Any]:
-        """`decode_token`, remembered for a token it accepted (a refusal is never remembered)."""
+    def _verify(self, token: object) -> Claims:
+        """`decode_token` then `claims_of`, remembered for a token they accepted (a refusal is never remembered)."""
         if isinstance(token, str):
-            payload = self._verified.get(token)
-            if payload is not None:
-                return payload
-        payload = MappingProxyType(decode_token(token, self._keys, self._auth))
+            known = self._verified.get(token)
+            if known is not None:
+                return known
+        claims = claims_of(decode_token(token, self._keys, self._auth))
         if isinstance(token, str):
             with self._remembering:  # the database threads authenticate side by side
                 if len(self._verified) >= VERIFIED_TOKENS:
                     del self._verified[next(iter(self._verified))]  # the oldest: bounded, whatever callers send
-                self._verified[token] = payload
-        return payload
+                self._verified[token] = claims
+        return claims
 
     def _fetch_caller(self, claims: Claims) -> Sequence[Any]:
         """The token's user (a row per workspace) with the token's revocation: one statement, one round trip."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 
 from gateway.db import make_engine, sqlite_read_cursor
 from gateway.db.file_guard import DatabaseFileChangedError, sqlite_file_of
@@ -64,3 +67,23 @@ def test_the_driver_cursor_for_a_call_s_read_is_refused_as_a_transaction_is(tmp_
     for _ in range(2):
         with pytest.raises(DatabaseFileChangedError), sqlite_read_cursor(engine) as cursor:
             cursor.execute("SELECT count(*) FROM t")
+
+
+def test_a_locked_file_at_begin_is_sqlalchemy_s_operational_error(tmp_path: Path) -> None:
+    # BEGIN IMMEDIATE runs on the driver's connection (decision 92); a lock it cannot take still comes out
+    # as SQLAlchemy's error, which every caller (a command, `storage_errors`) names as before.
+    path = tmp_path / "a.db"
+    engine = _engine_on(path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with engine.connect() as connection:
+            driver: Any = connection.connection.driver_connection
+            driver.execute("PRAGMA busy_timeout = 50")  # on the driver: no autobegin
+            with pytest.raises(OperationalError) as caught:
+                connection.begin()
+        assert isinstance(caught.value.orig, sqlite3.OperationalError)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        engine.dispose()
