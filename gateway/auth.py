@@ -308,7 +308,7 @@ _FETCH_CALLER = FETCH_USER.add_columns(_FETCH_REVOCATION.scalar_subquery().label
 
 
 _CallerRow = namedtuple("_CallerRow", [column.name for column in _FETCH_CALLER.selected_columns])  # type: ignore[misc]  # fields from the statement
-"""A row of `_FETCH_CALLER` read by sqlite3, by name as SQLAlchemy's and psycopg's rows are."""
+"""A row of `_FETCH_CALLER` as the driver's cursor gave it, read by name (`user_from_rows`)."""
 
 VERIFIED_TOKENS = 256
 """Verified tokens an Authenticator remembers (each at most MAX_TOKEN_BYTES: 2 MiB at most)."""
@@ -409,9 +409,6 @@ class Authenticator:
     def _fetch_caller(self, claims: Claims) -> Sequence[Any]:
         """The token's user (a row per workspace) with the token's revocation: one statement, one round trip."""
         params = {"name": claims.sub, "jti": claims.jti}
-        if self._on_postgres:
-            with db.autocommit_cursor(self._engine) as cursor:
-                rows: Sequence[Any] = cursor.execute(self._caller_sql, params).fetchall()
-                return rows
-        with db.sqlite_read_cursor(self._engine) as cursor:
+        cursor_of = db.autocommit_cursor if self._on_postgres else db.sqlite_read_cursor
+        with cursor_of(self._engine) as cursor:
             return [_CallerRow(*row) for row in cursor.execute(self._caller_sql, params).fetchall()]

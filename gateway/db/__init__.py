@@ -389,15 +389,14 @@ def reader(engine: Engine) -> Engine:
 
 @contextmanager
 def autocommit_cursor(engine: Engine) -> Iterator[Any]:
-    """PostgreSQL: a psycopg cursor (rows as named tuples) on one of the pool's connections, in
-    autocommit, for the statements every call runs (its authentication, its audit appends): each is
-    its own transaction and one round trip. SQLAlchemy's Connection around a pooled connection cost
+    """PostgreSQL: a psycopg cursor on one of the pool's connections, in autocommit, for the statements
+    every call runs (its authentication, its audit appends): each is its own transaction and one round
+    trip. Its rows are plain tuples: psycopg's named tuples were a tenth of a refused call's database
+    thread (decision 92). SQLAlchemy's Connection around a pooled connection cost
     more client CPU than the statement itself (decision 62); the pool, its idle ping and the bounds
     of POSTGRES_BOUNDS are the same. A driver error, connecting included, comes out as SQLAlchemy's
     DBAPIError, as from any other statement (so `storage_errors` turns it into a refusal); a broken
     connection is dropped from the pool."""
-    from psycopg.rows import namedtuple_row  # noqa: PLC0415  (PostgreSQL only: SQLite users never load it)
-
     dbapi_error = engine.dialect.loaded_dbapi.Error
     try:
         fairy = engine.raw_connection()
@@ -408,7 +407,7 @@ def autocommit_cursor(engine: Engine) -> Iterator[Any]:
     raw = cast(Any, fairy.driver_connection)  # a psycopg.Connection: the dialect is postgresql+psycopg
     try:
         raw.autocommit = True
-        with raw.cursor(row_factory=namedtuple_row) as cursor:
+        with raw.cursor() as cursor:
             yield cursor
     except dbapi_error as exc:
         broken = bool(raw.closed) or engine.dialect.is_disconnect(exc, fairy.dbapi_connection, None)
