@@ -14,6 +14,8 @@ import logging
 import math
 import os
 import secrets
+import threading
+from collections import namedtuple
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -261,6 +263,11 @@ def decode_token(token: object, keys: KeyRing, auth: AuthPolicy) -> dict[str, An
 
 def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> Claims:
     """Validate claim types and the token's lifetime against `now` (pure)."""
+    return check_window(claims_of(payload), now, auth)
+
+
+def claims_of(payload: Mapping[str, Any]) -> Claims:
+    """The claims' types checked (pure): what a token says, before its lifetime is judged."""
     sub, jti = payload.get("sub"), payload.get("jti")
     iat, exp, nbf = payload.get("iat"), payload.get("exp"), payload.get("nbf")
     workspace = payload.get(WORKSPACE_CLAIM)
@@ -274,6 +281,12 @@ def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> 
         raise AuthRequiredError(Reason.CLAIM_INVALID, "ws must be a string")
     iat, exp = float(payload["iat"]), float(payload["exp"])
     nbf = None if nbf is None else float(nbf)
+    return Claims(sub, jti, iat, exp, nbf, workspace)
+
+
+def check_window(claims: Claims, now: float, auth: AuthPolicy) -> Claims:
+    """The token's lifetime against `now` and the policy's max TTL (pure); `claims` when it is within them."""
+    iat, exp, nbf = claims.iat, claims.exp, claims.nbf
     leeway = auth.leeway_s
     if now > exp + leeway:
         raise AuthRequiredError(Reason.TOKEN_EXPIRED, "the token has expired")
@@ -283,7 +296,7 @@ def check_lifetime(payload: Mapping[str, Any], now: float, auth: AuthPolicy) -> 
         raise AuthRequiredError(Reason.TOKEN_NOT_YET_VALID, "the token was issued in the future")
     if exp - iat > auth.max_ttl_s:
         raise AuthRequiredError(Reason.TOKEN_TTL_TOO_LONG, "the token outlives the policy's max_ttl_s")
-    return Claims(sub, jti, iat, exp, nbf, workspace)
+    return claims
 
 
 def require_active_user(user: UserRecord | None, claims: Claims, revoked: bool) -> Principal:
@@ -306,6 +319,13 @@ UNKNOWN_TOKEN = Unknown.TOKEN
 _FETCH_REVOCATION = select(db.tokens.c.revoked_at).where(db.tokens.c.jti == bindparam("jti"))
 _FETCH_CALLER = FETCH_USER.add_columns(_FETCH_REVOCATION.scalar_subquery().label("token_revoked_at"))
 """The token's user and its revocation in one statement: one round trip per call on PostgreSQL."""
+
+
+_CallerRow = namedtuple("_CallerRow", [column.name for column in _FETCH_CALLER.selected_columns])  # type: ignore[misc]  # fields from the statement
+"""A row of `_FETCH_CALLER` as the driver's cursor gave it, read by name (`user_from_rows`)."""
+
+VERIFIED_TOKENS = 256
+"""Verified tokens an Authenticator remembers (each at most MAX_TOKEN_BYTES: 2 MiB at most)."""
 
 
 class TokenStore:
@@ -353,16 +373,24 @@ class Authenticator:
     ) -> None:
         self._engine = engine
         self._read = db.reader(engine)
-        # PostgreSQL: the statement compiled once, run on a bare driver cursor (db.autocommit_cursor).
-        self._caller_sql = str(_FETCH_CALLER.compile(dialect=engine.dialect)) if db.on_postgres(engine) else None
+        # The statement compiled once, run on a bare driver cursor (decisions 62, 92): PostgreSQL's in
+        # autocommit (db.autocommit_cursor), SQLite's with named parameters (db.sqlite_read_cursor).
+        self._on_postgres = db.on_postgres(engine)
+        dialect = engine.dialect if self._on_postgres else sqlite.dialect(paramstyle="named")
+        self._caller_sql = str(_FETCH_CALLER.compile(dialect=dialect))
         self._keys = keys
+        self._verified: dict[str, Claims] = {}
+        """Tokens whose signature, algorithm, issuer, audience and claims `decode_token` and `claims_of` accepted
+        with these keys and this policy, and their claims (decision 92): the same bytes verify the same way
+        again, so a hit skips pyjwt. Their lifetime is checked at every call; revocation and the user are read."""
+        self._remembering = threading.Lock()
         self._auth = auth
         self._tokens = tokens
         self._users = users
         self._clock = clock
 
     def authenticate(self, token: object) -> Principal:
-        claims = check_lifetime(decode_token(token, self._keys, self._auth), self._clock.now(), self._auth)
+        claims = check_window(self._verify(token), self._clock.now(), self._auth)
         with storage_errors(
             "the user database could not be read (database_unavailable)",
             log=log,
@@ -373,12 +401,28 @@ class Authenticator:
             revoked = rows[0].token_revoked_at is not None if rows else self._tokens.is_revoked(claims.jti)
         return require_active_user(user_from_rows(rows), claims, revoked)
 
+    @property
+    def remembered(self) -> int:
+        """How many verified tokens this Authenticator remembers now (at most VERIFIED_TOKENS)."""
+        return len(self._verified)
+
+    def _verify(self, token: object) -> Claims:
+        """`decode_token` then `claims_of`, remembered for a token they accepted (a refusal is never remembered)."""
+        if isinstance(token, str):
+            known = self._verified.get(token)
+            if known is not None:
+                return known
+        claims = claims_of(decode_token(token, self._keys, self._auth))
+        if isinstance(token, str):
+            with self._remembering:  # the database threads authenticate side by side
+                if len(self._verified) >= VERIFIED_TOKENS:
+                    del self._verified[next(iter(self._verified))]  # the oldest: bounded, whatever callers send
+                self._verified[token] = claims
+        return claims
+
     def _fetch_caller(self, claims: Claims) -> Sequence[Any]:
         """The token's user (a row per workspace) with the token's revocation: one statement, one round trip."""
         params = {"name": claims.sub, "jti": claims.jti}
-        if self._caller_sql is not None:
-            with db.autocommit_cursor(self._engine) as cursor:
-                rows: Sequence[Any] = cursor.execute(self._caller_sql, params).fetchall()
-                return rows
-        with self._read.connect() as connection:
-            return connection.execute(_FETCH_CALLER, params).all()
+        cursor_of = db.autocommit_cursor if self._on_postgres else db.sqlite_read_cursor
+        with cursor_of(self._engine) as cursor:
+            return [_CallerRow(*row) for row in cursor.execute(self._caller_sql, params).fetchall()]

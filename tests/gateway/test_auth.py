@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 from gateway.auth import (
     MAX_TOKEN_BYTES,
     REQUIRED_CLAIMS,
+    VERIFIED_TOKENS,
     Authenticator,
     EnvToken,
     KeyRing,
@@ -473,6 +474,53 @@ def test_authenticator_reads_the_injected_clock(authenticator: Authenticator, ke
     with pytest.raises(AuthRequiredError) as caught:
         authenticator.authenticate(token)
     assert caught.value.reason == "token_expired"
+
+
+def test_a_token_revoked_after_it_was_accepted_is_refused_at_the_next_call(
+    authenticator: Authenticator, keys: KeyRing, engine: Engine
+) -> None:
+    # The verified token is remembered (decision 92); its revocation is read at every call all the same.
+    token = token_for(keys, "alice", "j-later")
+    assert authenticator.authenticate(token).jti == "j-later"
+    assert authenticator.authenticate(token).jti == "j-later"
+
+    TokenStore(engine).revoke("j-later", T0)
+
+    with pytest.raises(AuthRequiredError) as caught:
+        authenticator.authenticate(token)
+    assert caught.value.reason == "token_revoked"
+
+
+@pytest.mark.parametrize("part", [0, 1, 2])
+def test_a_remembered_token_changed_in_any_part_is_verified_anew(
+    authenticator: Authenticator, keys: KeyRing, part: int
+) -> None:
+    token = token_for(keys, "alice")
+    authenticator.authenticate(token)
+    parts = token.split(".")
+    forged = payload(sub="mallory") if part == 1 else None
+    if forged is not None:
+        parts[1] = b64url(json.dumps(forged).encode())
+    else:
+        parts[part] = parts[part][:-2] + ("AA" if not parts[part].endswith("AA") else "BB")
+    with pytest.raises(AuthRequiredError) as caught:
+        authenticator.authenticate(".".join(parts))
+    assert caught.value.reason in {"bad_signature", "token_malformed"}
+
+
+def test_remembered_tokens_are_bounded_and_a_refusal_is_never_remembered(
+    authenticator: Authenticator, keys: KeyRing
+) -> None:
+    for index in range(VERIFIED_TOKENS + 40):
+        authenticator.authenticate(token_for(keys, "alice", f"j{index}"))
+    assert authenticator.remembered == VERIFIED_TOKENS
+    bad = token_for(keys, "alice")[:-2] + "AA"
+    for _ in range(2):
+        with pytest.raises(AuthRequiredError):
+            authenticator.authenticate(bad)
+    assert authenticator.remembered == VERIFIED_TOKENS
+    first = token_for(keys, "alice", "j0")  # pushed out long ago: verified again, and accepted
+    assert authenticator.authenticate(first).jti == "j0"
 
 
 def test_authenticator_checks_the_signature_first(authenticator: Authenticator) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 
-from gateway.db import make_engine
+from gateway.db import make_engine, sqlite_read_cursor
 from gateway.db.file_guard import DatabaseFileChangedError, sqlite_file_of
 
 
@@ -47,3 +50,40 @@ def test_a_deleted_or_replaced_file_refuses_every_transaction_and_logs_once(
 def test_only_a_file_database_is_watched() -> None:
     assert sqlite_file_of(make_engine("sqlite://")) is None
     assert sqlite_file_of(make_engine("sqlite:///:memory:")) is None
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_the_driver_cursor_for_a_call_s_read_is_refused_as_a_transaction_is(tmp_path: Path, replace: bool) -> None:
+    # A call's authentication reads through `sqlite_read_cursor`, outside SQLAlchemy's transactions
+    # (decision 92): the guard must still stand before it.
+    path = tmp_path / "a.db"
+    engine = _engine_on(path)
+    with sqlite_read_cursor(engine) as cursor:
+        assert cursor.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    for name in ("a.db", "a.db-wal", "a.db-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    if replace:
+        _engine_on(path).dispose()
+    for _ in range(2):
+        with pytest.raises(DatabaseFileChangedError), sqlite_read_cursor(engine) as cursor:
+            cursor.execute("SELECT count(*) FROM t")
+
+
+def test_a_locked_file_at_begin_is_sqlalchemy_s_operational_error(tmp_path: Path) -> None:
+    # BEGIN IMMEDIATE runs on the driver's connection (decision 92); a lock it cannot take still comes out
+    # as SQLAlchemy's error, which every caller (a command, `storage_errors`) names as before.
+    path = tmp_path / "a.db"
+    engine = _engine_on(path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with engine.connect() as connection:
+            driver: Any = connection.connection.driver_connection
+            driver.execute("PRAGMA busy_timeout = 50")  # on the driver: no autobegin
+            with pytest.raises(OperationalError) as caught:
+                connection.begin()
+        assert isinstance(caught.value.orig, sqlite3.OperationalError)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        engine.dispose()
