@@ -262,6 +262,8 @@ class AuditLog:
     def _append_on(
         self, connection: Connection, drafts: Sequence[EventDraft], along: Sequence[Along]
     ) -> list[AuditEvent]:
+        if connection.dialect.name != "sqlite":
+            return self._append_by_core(connection, drafts, along)
         cursor = cast(Any, connection.connection.driver_connection).cursor()
         try:
             with db.sqlite_driver_errors():
@@ -271,6 +273,34 @@ class AuditLog:
         if inserted is None:
             return []
         written, last_id = inserted
+        for write in along:
+            write(connection, last_id)
+        return written
+
+    def _append_by_core(
+        self, connection: Connection, drafts: Sequence[EventDraft], along: Sequence[Along]
+    ) -> list[AuditEvent]:
+        """PostgreSQL without `gateway_audit_append` (a schema before migration 0008, which only the migrations
+        see): the same append through SQLAlchemy, the head locked FOR UPDATE."""
+        ends = _ends_of(drafts)
+        row = connection.execute(_LOCK_HEAD).one()
+        if ends and any(
+            connection.execute(_FIND_END_CORE, {"run_id": run_id, "kind": kind}).first() is not None
+            for run_id, kind in ends
+        ):
+            return []
+        last_id, prev_hash = int(row.last_id), str(row.last_hash)
+        written: list[AuditEvent] = []
+        ts = iso_utc(self._clock.now())
+        for draft in drafts:
+            last_id += 1
+            event = _seal(last_id, ts, draft, prev_hash)
+            written.append(event)
+            prev_hash = event.hash
+        connection.execute(_INSERT_EVENT, [_to_row(e) for e in written])
+        if ends:
+            connection.execute(_INSERT_END, _end_rows(written))
+        connection.execute(_MOVE_HEAD, {"new_id": last_id, "new_hash": prev_hash})
         for write in along:
             write(connection, last_id)
         return written
@@ -402,11 +432,10 @@ def _ends_of(drafts: Sequence[EventDraft]) -> list[tuple[str, str]]:
     return [(run_id, kind) for run_id, kind in kinds if run_id is not None and kind is not None]
 
 
-_FIND_END = _DriverStatement.of(
-    select(db.call_ends.c.event_id).where(
-        db.call_ends.c.run_id == bindparam("run_id"), db.call_ends.c.kind == bindparam("kind")
-    )
+_FIND_END_CORE = select(db.call_ends.c.event_id).where(
+    db.call_ends.c.run_id == bindparam("run_id"), db.call_ends.c.kind == bindparam("kind")
 )
+_FIND_END = _DriverStatement.of(_FIND_END_CORE)
 """Built once, one primary-key look-up per end: a tuple IN list was compiled anew at every append."""
 
 
