@@ -155,7 +155,17 @@ class ConnectionLog:
 Resolver = Callable[[str, int], Awaitable[list[Address]]]
 Dialer = Callable[[Address, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 Asker = Callable[[str, int, str], Awaitable[bool]]
-"""A person decides on a host an `ask` rule names: (host, port, rule) -> allowed. Waits as long as it takes."""
+"""A person decides on a host an `ask` rule names: (host, port, rule) -> allowed. Waits as long as it takes;
+raises NobodyToAsk when no person can be asked about this connection."""
+
+
+class NobodyToAsk(Exception):
+    """No person can be asked about this connection (an upstream server's traffic outside any call): `why`, for
+    the refusal to say."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 async def resolve_host(host: str, port: int) -> list[Address]:
@@ -507,17 +517,15 @@ async def _admit(proxy: _Proxy, conn: _Connection, target: Target) -> list[Addre
             f" to let it through, add '{host}' to {key}.allow (policy.yaml)",
         )
     if decision.verdict is Verdict.ASK:
+        nobody = f"mcp-gateway proxy: {where} needs a person's decision (the rule '{decision.rule}' in {key}), and"
+        instead = f": refused; to let it through without asking, add '{host}' to {key}.allow (policy.yaml)"
         if proxy.ask is None:
-            raise _Refused(
-                403,
-                RefusedFor.NEEDS_A_PERSON,
-                f"mcp-gateway proxy: {where} needs a person's decision (the rule '{decision.rule}' in {key}),"
-                f" and asking a person about a host is not built yet: refused; to let it through without"
-                f" asking, add '{host}' to {key}.allow (policy.yaml)",
-            )
+            raise _Refused(403, RefusedFor.NEEDS_A_PERSON, f"{nobody} no person can be asked here{instead}")
         conn.waiting = True
         try:
             allowed = await proxy.ask(host, port, decision.rule or "")
+        except NobodyToAsk as exc:
+            raise _Refused(403, RefusedFor.NEEDS_A_PERSON, f"{nobody} {exc.why}{instead}") from None
         finally:
             conn.waiting = False
             conn.moved()

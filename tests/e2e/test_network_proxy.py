@@ -284,26 +284,27 @@ def test_an_ask_host_waits_for_a_person_allow_once_then_deny_always_then_a_cance
 FETCH_SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "fetch_server.py"
 
 
-def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothing_else(
-    make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
-) -> None:
-    port = origin.server_address[1]
-    gw = gateway_with(
+def fetch_upstream(make_gateway: GatewayFactory, network: dict[str, Any], more: dict[str, Any]) -> GatewayHome:
+    """A gateway whose upstream `web` is tests/upstreams/fetch_server.py behind the proxy with `network`."""
+    return gateway_with(
         make_gateway,
         {"fetch-server": f"#!{sys.executable}\n" + FETCH_SERVER.read_text()},
         {
             "tools": {"allowlist": ["web__fetch"]},
             "sandbox": {"allowed_paths": ["bin"]},
             "upstreams": {
-                "web": {
-                    "command": ["bin/fetch-server"],
-                    "tools": ["fetch"],
-                    "timeout_s": 60,
-                    "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
-                }
+                "web": {"command": ["bin/fetch-server"], "tools": ["fetch"], "timeout_s": 60, "network": network}
             },
+            **more,
         },
     )
+
+
+def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothing_else(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    gw = fetch_upstream(make_gateway, {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}}, {})
     session = open_session(gw, capabilities=FORM_ELICITATION)
     session.responder = allow_once
     token = gw.token("alice")
@@ -319,6 +320,66 @@ def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothin
         assert kinds.index("NET_CONNECT") < kinds.index("UPSTREAM_CALL")
         [event] = [e for e in events if e["event_type"] == "NET_CONNECT"]
         assert event["detail"]["decision"] == decision
+
+
+def test_an_upstream_servers_ask_host_goes_to_the_person_of_the_call_in_flight_and_its_own_traffic_is_refused(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    network = {"ask": [f"*.ask.test:{port}"], "resolve": {f"{h}.ask.test": "127.0.0.1" for h in ("a", "b", "c")}}
+    gw = fetch_upstream(make_gateway, network, {"consent": {"timeout_s": 5}})
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    token = gw.token("alice")
+    asked: list[str] = []
+
+    def person(host_answer: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        def respond(message: dict[str, Any]) -> dict[str, Any]:
+            text = message["params"]["message"]
+            asked.append(text)
+            decision = host_answer if "network:" in text else "allow_once"  # the call's own question: allowed
+            return {"action": "accept", "content": {"decision": decision}}
+
+        return respond
+
+    def call(host: str, **more: object) -> dict[str, Any]:
+        response = session.call_tool("web__fetch", {"url": f"http://{host}:{port}/", **more}, token, timeout=120)
+        return dict(json.loads(response["result"]["content"][0]["text"]), run_id=run_id_of(response))
+
+    def run_id_of(response: dict[str, Any]) -> str:
+        return str(response["result"]["_meta"]["mcp-write-gateway/run_id"])
+
+    session.responder = person("allow_once")
+    allowed = call("a.ask.test")
+    assert (allowed["status"], allowed["body"]) == (200, BODY.decode())
+    assert any("network:a.ask.test" in a and "wants to connect to a.ask.test" in a for a in asked)
+    [question] = [e for e in gw.all_events() if e["tool_name"] == "network:a.ask.test"]
+    assert (question["user"], question["detail"]["decision"], question["detail"]["for_run"]) == (
+        "alice", "ALLOW_ONCE", allowed["run_id"],
+    )  # fmt: skip
+
+    session.responder = person("deny_always")
+    denied = call("b.ask.test")
+    assert denied["status"] == 403 and "refused by a person" in denied["body"]
+    assert "upstreams.web.network" in denied["body"]
+
+    asked.clear()
+    session.responder = person("allow_once")
+    later = call("c.ask.test", later=True)  # returns at once; the server fetches a second later, in no call
+    time.sleep(3)
+    after = call("a.ask.test")  # allowed once before: asked again, and answered
+    assert after["status"] == 200
+    assert not any("network:c.ask.test" in a for a in asked)  # nobody was asked about the server's own traffic
+    records = [
+        e["detail"]
+        for run_id in (later["run_id"], after["run_id"])
+        for e in gw.events_of(run_id)
+        if e["event_type"] == "NET_CONNECT"
+    ]
+    [background] = [r for r in records if r["host"] == "c.ask.test"]
+    assert (background["decision"], background["reason"], background["address"]) == (
+        "refused", "needs_a_person", None,
+    )  # fmt: skip
+    assert gw.chain_ok()
 
 
 # --- a hostile run -------------------------------------------------------------------------------------
