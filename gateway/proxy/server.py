@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 CHUNK = 1024 * 1024
 HIGH_WATER = 1024 * 1024
 """Bytes queued for a peer before the proxy waits for it to read."""
+RELAY_WAKE_S = 10.0
+"""How long a cancelled connection waits for its woken relay thread (it returns within one poll)."""
 SPLICE_FROM = 64 * 1024
 """A body (or the rest of it) this long or longer is relayed by splice; a shorter one is copied, cheaper than
 handing it to a thread."""
@@ -697,16 +699,21 @@ async def _relay(proxy: _Proxy, conn: _Connection, main: Direction, side: Direct
         if not future.done():
             future.cancel()
             relay.wake()
-            concurrent.futures.wait((future,))
-        relay.close()
+            _, stuck = concurrent.futures.wait((future,), timeout=RELAY_WAKE_S)
+            if stuck:  # never seen: every call the thread makes is non-blocking
+                log.error(
+                    "proxy: a relay thread for %s:%s did not wake within %s s", conn.host, conn.port, RELAY_WAKE_S
+                )
         for way in (main, side):
             if way is not None:
                 if way.up:
                     conn.up += way.moved
                 else:
                     conn.down += way.moved
-        for sock in {id(s): s for way in (main, side) if way is not None for s in (way.source, way.sink)}.values():
-            sock.close()
+        if future.done():  # else the descriptors stay with the thread rather than be reused under it
+            relay.close()
+            for sock in {id(s): s for way in (main, side) if way is not None for s in (way.source, way.sink)}.values():
+                sock.close()
     if ended is Ended.BYTE_CAP:
         raise _Ended(RefusedFor.BYTE_CAP)
     if ended is Ended.IDLE:
