@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
+from gateway import db
 from gateway.clock import SystemClock
 from gateway.consent.actions import Actor, decide_question
 from gateway.consent.stage import Decision
 from gateway.consent.store import Channel
+from tests.gateway.test_console_routes import PASSWORDS, password_hash, running_app, session_csrf, signed_in
 from tests.harness import FORM_ELICITATION, ConsentDesk, GatewayHome, StdioSession, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
@@ -277,6 +280,47 @@ def test_an_ask_host_waits_for_a_person_allow_once_then_deny_always_then_a_cance
     cancelled = session.call_tool("fetch", {"url": url.replace("a.ask", "b.ask")}, token, timeout=120)
     assert fetched(cancelled)["status"] == 403
     assert asking.chain_ok()
+
+
+def test_a_host_question_waiting_for_a_person_is_live_in_the_console_and_decided_there(
+    asking: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    """While the run waits on its connection, the console (the real app, on the same database) lists the host's
+    question on its Approvals page and /api/questions, and an ADMIN's answer there lets the connection through."""
+    asking.users.add("ada", "ADMIN", ("default",))
+    with asking.engine.begin() as connection:
+        connection.execute(
+            update(db.users).where(db.users.c.name == "ada").values(password_hash=password_hash(PASSWORDS["ada"]))
+        )
+    desk = ConsentDesk.on(asking.engine, SystemClock())
+    session = open_session(asking)  # no elicitation capability: the questions wait in the database
+    url = f"http://a.ask.test:{origin.server_address[1]}/"
+    request_id = session.send_call("fetch", {"url": url}, asking.token("alice"))
+    with running_app(asking) as app:
+        ada = signed_in(app, "ada")
+        csrf = session_csrf(ada)
+        answered: dict[str, str] = {}
+        deadline = time.monotonic() + 90
+        while "network" not in answered:
+            assert time.monotonic() < deadline, "the host's question never showed"
+            listed = ada.get("/api/questions").json()["ids"]
+            for question in desk.consent_store.fetch_pending(desk.clock.now()):
+                if question.id not in listed or question.id in answered.values():
+                    continue
+                kind = "network" if question.tool_name == "network:a.ask.test" else "tool"
+                if kind == "network":
+                    page = ada.get("/approvals").text
+                    assert "a.ask.test" in page and "wants to connect to a.ask.test" in page
+                decided = ada.post(
+                    f"/approvals/{question.id}", data={"decision": "ALLOW_ONCE", "csrf": csrf}, follow_redirects=False
+                )
+                assert decided.headers["location"] == "/approvals?m=decided&d=ALLOW_ONCE"
+                answered[kind] = question.id
+            time.sleep(0.05)
+    response = session.wait_response(request_id, timeout=90)
+    assert fetched(response) == {"status": 200, "body": BODY.decode()}
+    [event] = net_events(asking, response)
+    assert (event["detail"]["decision"], event["detail"]["host"]) == ("allowed", "a.ask.test")
 
 
 # --- an upstream server behind the proxy ------------------------------------------------------------
