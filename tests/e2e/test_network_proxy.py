@@ -8,6 +8,7 @@ through `resolve`; every other address is refused by rule before anything is dia
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.server
 import json
 import queue
@@ -46,6 +47,14 @@ except OSError as exc:
     print(json.dumps({{"status": None, "body": type(exc).__name__ + ": " + str(exc)}}))
 """
 BODY = b"served on the host's loopback"
+BIG = bytes(range(256)) * (4 * 4096)  # 4 MiB: relayed by splice (decision 97)
+DIGEST = f"""\
+#!{sys.executable}
+import hashlib, json, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=60) as response:
+    body = response.read()
+print(json.dumps({{"status": response.status, "bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}}))
+"""
 
 
 class Origin(http.server.BaseHTTPRequestHandler):
@@ -54,10 +63,11 @@ class Origin(http.server.BaseHTTPRequestHandler):
             if isinstance(self.server, OriginServer):
                 self.server.slow_asked.set()
             time.sleep(60)
+        body = BIG if self.path == "/big" else BODY
         self.send_response(200)
-        self.send_header("Content-Length", str(len(BODY)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(BODY)
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -110,12 +120,13 @@ def gateway_with(make_gateway: GatewayFactory, programs: dict[str, str], policy:
 @pytest.fixture
 def proxied(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
     port = origin.server_address[1]
-    tools = {"fetch": tool(["bin/fetch", "{url}"])}
+    tools = {"fetch": tool(["bin/fetch", "{url}"]), "digest": tool(["bin/digest", "{url}"])}
     if shutil.which("curl"):
         tools["curl"] = tool(["curl", "-sS", "-i", "--max-time", "20", "{url}"])
+        tools["tunnel"] = tool(["curl", "-sS", "-p", "--max-time", "60", "-o", "/dev/null", "-D", "-", "{url}"])
     return gateway_with(
         make_gateway,
-        {"fetch": FETCH},
+        {"fetch": FETCH, "digest": DIGEST},
         {
             "tools": {"allowlist": list(tools), "declared": tools},
             "sandbox": {
@@ -155,6 +166,27 @@ def fetched(response: dict[str, Any]) -> dict[str, Any]:
 def net_events(gw: GatewayHome, response: dict[str, Any]) -> list[dict[str, Any]]:
     run_id = response["result"]["structuredContent"]["run_id"]
     return [e for e in gw.events_of(run_id) if e["event_type"] == "NET_CONNECT"]
+
+
+@pytest.mark.parametrize("way", ["digest", "tunnel"], ids=["urllib plainly", "curl through CONNECT"])
+def test_a_large_download_inside_a_run_is_relayed_whole_and_counted_once(
+    way: str, proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    if way == "tunnel" and shutil.which("curl") is None:
+        pytest.skip("needs curl")
+    host = "origin.test" if way == "digest" else "api.example.test"
+    with session_of(proxied, open_session) as call:
+        response = call(way, f"http://{host}:{origin.server_address[1]}/big")
+    if way == "digest":
+        assert fetched(response) == {"status": 200, "bytes": len(BIG), "sha256": hashlib.sha256(BIG).hexdigest()}
+    else:
+        assert not response["result"].get("isError")  # curl exits 18 on a body cut short
+        assert f"Content-Length: {len(BIG)}" in response["result"]["content"][0]["text"]
+    [event] = net_events(proxied, response)
+    assert (event["detail"]["method"], event["detail"]["decision"], event["detail"]["reason"]) == (
+        "GET" if way == "digest" else "CONNECT", "allowed", None,
+    )  # fmt: skip
+    assert len(BIG) < event["detail"]["bytes_down"] < len(BIG) + 1024  # the body and a head, counted exactly once
 
 
 def test_an_allowed_host_is_fetched_by_urllib_inside_a_run_and_recorded(
