@@ -752,10 +752,12 @@ class Pipeline:
     def _host_questions(
         self, admitted: Admitted, trail: CallTrail, asker: ConsentChannel, progress: CallProgress
     ) -> HostQuestions | None:
-        """Who the run's proxy asks about a host an `ask` rule names (decision 90): a person, through the call's
-        channel; None for an upstream's tool (its server's proxy outlives the call: such a host is refused)."""
-        egress = self.s.policy.sandbox.egress
-        if admitted.spec.origin is not None or egress is None or not egress.ask:
+        """Who the run's proxy asks about a host an `ask` rule names (decisions 90, 97): a person, through the
+        call's channel; for an upstream's tool, its server's proxy asks it while this call is the one in flight."""
+        origin = admitted.spec.origin
+        upstream = None if origin is None else self.s.policy.upstreams.get(origin.upstream)
+        egress = self.s.policy.sandbox.egress if origin is None else None if upstream is None else upstream.egress
+        if egress is None or not egress.ask:
             return None
         return HostQuestions(
             stage=self.s.consent,
@@ -765,7 +767,7 @@ class Pipeline:
             workspace=admitted.scope.workspace or "",
             server_id=self.s.server_id,
             tool_name=admitted.spec.name,
-            key="sandbox.network",
+            key="sandbox.network" if origin is None else f"upstreams.{origin.upstream}.network",
             new_id=self.s.new_run_id,
             progress=progress,
         )

@@ -5,13 +5,15 @@ connection waits for the answer. The question goes through the consent stage lik
 decision for (user, workspace, `network:<host>`, the host and port) answers at once, then this session's
 allow, then a person on the call's channel (the client's dialog, or the approver and the console). Allow
 always is kept for `consent.expiry_days.high` (a host is the open world); deny once or no answer is a 403.
-Within one run a host and port is asked about once: later connections get the same answer.
+Within one run a host and port is asked about once: later connections get the same answer. An upstream
+server's proxy asks through `CallsInFlight`: the person of the call in flight, if exactly one is (decision 97).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -20,6 +22,7 @@ from gateway.canonical import args_hash, canonical_json
 from gateway.consent.stage import ConsentChannel, ConsentRequest, ConsentStage, RoundTrip
 from gateway.errors import ConsentDeniedError
 from gateway.progress import NO_PROGRESS, CallProgress
+from gateway.proxy import Asker, NobodyToAsk
 
 HOST_TOOL_PREFIX = "network:"
 _STORED_NAME_MAX = 128
@@ -89,3 +92,58 @@ class HostQuestions:
         except ConsentDeniedError:
             return False
         return True
+
+
+@dataclass(slots=True)
+class _InFlight:
+    ask: Asker
+    ended: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass(slots=True)
+class CallsInFlight:
+    """An upstream server's proxy's `ask` (decision 97): its server outlives every call, so a host an `ask` rule
+    names is put to the person of the one call in flight, through that call's `HostQuestions` (its channel, its
+    grants per user, workspace and host), while that call lasts. Outside any call (the server's own background
+    traffic), or with several calls in flight (the connection cannot be told apart), nobody is asked: refused."""
+
+    _calls: list[_InFlight] = field(default_factory=list)
+
+    @contextlib.asynccontextmanager
+    async def during(self, ask: Asker | None) -> AsyncIterator[None]:
+        """The call's asker in flight while the block runs; a question still open when it ends is refused."""
+        if ask is None:
+            yield
+            return
+        call = _InFlight(ask)
+        self._calls.append(call)
+        try:
+            yield
+        finally:
+            self._calls.remove(call)
+            call.ended.set()
+
+    async def __call__(self, host: str, port: int, rule: str) -> bool:
+        if not self._calls:
+            raise NobodyToAsk("no call is in flight (the server's own traffic): no person to ask")
+        if len(self._calls) > 1:
+            raise NobodyToAsk(
+                "several calls are in flight, and the connection cannot be told to be one's: no person to ask"
+            )
+        call = self._calls[0]
+        answers: list[bool] = []
+        async with anyio.create_task_group() as group:
+
+            async def put() -> None:
+                answers.append(await call.ask(host, port, rule))
+                group.cancel_scope.cancel()
+
+            async def until_the_call_ends() -> None:
+                await call.ended.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(put)
+            group.start_soon(until_the_call_ends)
+        if not answers:
+            raise NobodyToAsk("the call whose person was asked ended before an answer")
+        return answers[0]

@@ -14,12 +14,15 @@ head's size, idle time. Each connection ends as one `NetConnect` handed to `reco
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -43,6 +46,7 @@ from gateway.proxy.http import (
     response_framing,
 )
 from gateway.proxy.sni import MAX_HELLO, HelloState, read_hello
+from gateway.proxy.splice import Budget, Direction, Ended, Relay, can_splice
 from gateway.rules.egress import Address, EgressRules, Verdict, address_of, decide, read_host, refusal_for_address
 
 log = logging.getLogger(__name__)
@@ -50,6 +54,11 @@ log = logging.getLogger(__name__)
 CHUNK = 1024 * 1024
 HIGH_WATER = 1024 * 1024
 """Bytes queued for a peer before the proxy waits for it to read."""
+RELAY_WAKE_S = 10.0
+"""How long a cancelled connection waits for its woken relay thread (it returns within one poll)."""
+SPLICE_FROM = 64 * 1024
+"""A body (or the rest of it) this long or longer is relayed by splice; a shorter one is copied, cheaper than
+handing it to a thread."""
 UPSTREAM_BUFFER = 1024 * 1024
 """An origin's stream buffer: large reads for a download (a response head is still held to MAX_HEAD)."""
 
@@ -148,7 +157,17 @@ class ConnectionLog:
 Resolver = Callable[[str, int], Awaitable[list[Address]]]
 Dialer = Callable[[Address, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 Asker = Callable[[str, int, str], Awaitable[bool]]
-"""A person decides on a host an `ask` rule names: (host, port, rule) -> allowed. Waits as long as it takes."""
+"""A person decides on a host an `ask` rule names: (host, port, rule) -> allowed. Waits as long as it takes;
+raises NobodyToAsk when no person can be asked about this connection."""
+
+
+class NobodyToAsk(Exception):
+    """No person can be asked about this connection (an upstream server's traffic outside any call): `why`, for
+    the refusal to say."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 async def resolve_host(host: str, port: int) -> list[Address]:
@@ -187,8 +206,10 @@ class _Totals:
     """One run's use of the proxy, over all its connections."""
 
     limits: ProxyLimits
-    up: int = 0
-    down: int = 0
+    budget: Budget
+    """Bytes each way, shared with the relay threads (gateway/proxy/splice.py)."""
+    relays: ThreadPoolExecutor
+    """Two threads per open connection at most (a request's body and its response's): reused, never queued."""
     open: int = 0
     accepted: int = 0
     over_cap: int = 0
@@ -217,14 +238,11 @@ class _Connection:
         self.last = time.monotonic()
 
     def count(self, n: int, *, up: bool) -> None:
-        t = self.totals
-        if (t.up if up else t.down) + n > t.limits.max_bytes:
+        if not self.totals.budget.add(n, up=up):
             raise _Ended(RefusedFor.BYTE_CAP)
         if up:
-            t.up += n
             self.up += n
         else:
-            t.down += n
             self.down += n
         self.moved()
 
@@ -291,6 +309,7 @@ class _Proxy:
     resolve: Resolver
     dial: Dialer
     totals: _Totals
+    splice: bool
 
 
 async def serve_proxy(
@@ -303,10 +322,23 @@ async def serve_proxy(
     ask: Asker | None = None,
     resolve: Resolver = resolve_host,
     dial: Dialer = dial,
+    splice: bool = True,
 ) -> None:
     """Serve `listener` until cancelled, then close it and every connection. `record` is called once per
-    connection as it ends, on the loop's thread (it must not block); past `max_connections`, once for all."""
-    proxy = _Proxy(rules, limits, key, record, ask, resolve, dial, _Totals(limits))
+    connection as it ends, on the loop's thread (it must not block); past `max_connections`, once for all.
+    `splice=False` copies every body through the streams (the bench's and the tests' other path)."""
+    relays = ThreadPoolExecutor(max_workers=2 * limits.max_open, thread_name_prefix="proxy-relay")
+    proxy = _Proxy(
+        rules,
+        limits,
+        key,
+        record,
+        ask,
+        resolve,
+        dial,
+        _Totals(limits, Budget(limits.max_bytes), relays),
+        splice and can_splice(),
+    )
     loop = asyncio.get_running_loop()
     listener.setblocking(False)
     try:
@@ -322,6 +354,7 @@ async def serve_proxy(
                 group.start_soon(_serve_one, proxy, client)
     finally:
         listener.close()
+        relays.shutdown(wait=False)  # every relay was woken and waited for by its connection's task
         if proxy.totals.over_cap:
             record(
                 NetConnect(
@@ -486,17 +519,15 @@ async def _admit(proxy: _Proxy, conn: _Connection, target: Target) -> list[Addre
             f" to let it through, add '{host}' to {key}.allow (policy.yaml)",
         )
     if decision.verdict is Verdict.ASK:
+        nobody = f"mcp-gateway proxy: {where} needs a person's decision (the rule '{decision.rule}' in {key}), and"
+        instead = f": refused; to let it through without asking, add '{host}' to {key}.allow (policy.yaml)"
         if proxy.ask is None:
-            raise _Refused(
-                403,
-                RefusedFor.NEEDS_A_PERSON,
-                f"mcp-gateway proxy: {where} needs a person's decision (the rule '{decision.rule}' in {key}),"
-                f" and asking a person about a host is not built yet: refused; to let it through without"
-                f" asking, add '{host}' to {key}.allow (policy.yaml)",
-            )
+            raise _Refused(403, RefusedFor.NEEDS_A_PERSON, f"{nobody} no person can be asked here{instead}")
         conn.waiting = True
         try:
             allowed = await proxy.ask(host, port, decision.rule or "")
+        except NobodyToAsk as exc:
+            raise _Refused(403, RefusedFor.NEEDS_A_PERSON, f"{nobody} {exc.why}{instead}") from None
         finally:
             conn.waiting = False
             conn.moved()
@@ -578,9 +609,117 @@ async def _tunnel(
     try:
         if first:
             await conn.write(up_writer, first, up=True)
+        if first and proxy.splice:
+            await _relay_both(proxy, conn, (reader, writer), (up_reader, up_writer))
+            return
         await _alongside(_copy(conn, up_reader, writer, up=False), _copy_up(conn, reader, up_writer, target, not first))
     finally:
         _abort(up_writer.transport)
+
+
+async def _relay_both(
+    proxy: _Proxy,
+    conn: _Connection,
+    client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    origin: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    """A checked tunnel's bytes both ways by splice: the origin's close ends it, the client's is passed on."""
+    down = await _way_out(conn, origin, client[1], up=False, length=None)
+    if down is None:
+        return
+    up = await _way_out(conn, client, origin[1], up=True, length=None)
+    await _relay(proxy, conn, down, up)
+
+
+async def _way_out(
+    conn: _Connection,
+    source: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    sink: asyncio.StreamWriter,
+    *,
+    up: bool,
+    length: int | None,
+) -> Direction | None:
+    """The stream `source` taken over for a relay to `sink`: its transport stops reading, what its reader
+    holds is sent on first (never past `length`), `sink`'s queue is flushed; None when nothing is left to
+    relay (the length reached, or the source's end already read and passed on)."""
+    reader, writer = source
+    transport = writer.transport
+    if not isinstance(transport, asyncio.ReadTransport):
+        raise TypeError("a stream's transport reads")  # asyncio's socket transports do both
+    transport.pause_reading()
+    held = _take_buffered(reader)
+    if length is not None:
+        held = held[:length]
+    if held:
+        await conn.write(sink, held, up=up)
+    left = None if length is None else length - len(held)
+    if left == 0:
+        return None
+    if reader.at_eof():
+        if length is None:
+            with contextlib.suppress(OSError):
+                if sink.can_write_eof():
+                    sink.write_eof()
+        return None
+    await _flushed(sink)
+    return Direction(_dup(writer), _dup(sink), up=up, length=left)
+
+
+def _take_buffered(reader: asyncio.StreamReader) -> bytes:
+    """What `reader` holds, taken without waiting. asyncio has no public call for it (read() waits when the
+    buffer is empty); its transport must already have stopped reading, so nothing is added meanwhile."""
+    buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
+    held = bytes(buffer)
+    buffer.clear()
+    return held
+
+
+async def _flushed(writer: asyncio.StreamWriter) -> None:
+    """Every byte queued on `writer` sent, so that a splice to its socket comes after them."""
+    writer.transport.set_write_buffer_limits(high=0)
+    await writer.drain()
+    if writer.transport.get_write_buffer_size():
+        raise ConnectionResetError("the queue was not flushed")
+
+
+def _dup(writer: asyncio.StreamWriter) -> socket.socket:
+    """The stream's socket for a relay thread: a duplicate, so that closing the stream (the idle watchdog, the
+    run's end) never frees a descriptor number the thread still uses."""
+    return socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
+
+
+async def _relay(proxy: _Proxy, conn: _Connection, main: Direction, side: Direction | None = None) -> None:
+    """`main` (and `side`) relayed by a worker thread; cancelled, the thread is woken and waited for (it polls
+    non-blocking sockets, so it returns within one poll), never left behind."""
+    relay = Relay(proxy.totals.budget, proxy.limits.idle_s, main, side, on_moved=conn.moved)
+    future = proxy.totals.relays.submit(relay.run)
+    try:
+        ended = await asyncio.wrap_future(future)
+    finally:
+        if not future.done():
+            future.cancel()
+            relay.wake()
+            _, stuck = concurrent.futures.wait((future,), timeout=RELAY_WAKE_S)
+            if stuck:  # never seen: every call the thread makes is non-blocking
+                log.error(
+                    "proxy: a relay thread for %s:%s did not wake within %s s", conn.host, conn.port, RELAY_WAKE_S
+                )
+        for way in (main, side):
+            if way is not None:
+                if way.up:
+                    conn.up += way.moved
+                else:
+                    conn.down += way.moved
+        if future.done():  # else the descriptors stay with the thread rather than be reused under it
+            relay.close()
+            for sock in {id(s): s for way in (main, side) if way is not None for s in (way.source, way.sink)}.values():
+                sock.close()
+    if ended is Ended.BYTE_CAP:
+        raise _Ended(RefusedFor.BYTE_CAP)
+    if ended is Ended.IDLE:
+        conn.idled = True
+    elif ended is Ended.GONE:
+        raise ConnectionResetError("a peer went away during the relay")
 
 
 async def _alongside(main: Coroutine[Any, Any, None], side: Coroutine[Any, Any, None]) -> None:
@@ -671,22 +810,31 @@ async def _forward(
     try:
         await conn.write(up_writer, forwarded_request(head, target), up=True)
         await _alongside(
-            _relay_response(conn, up_reader, writer, head.start[0]), _copy_body(conn, reader, up_writer, framing)
+            _relay_response(proxy, conn, (up_reader, up_writer), writer, head.start[0]),
+            _copy_body(proxy, conn, (reader, writer), up_writer, framing),
         )
     finally:
         _abort(up_writer.transport)
 
 
 async def _copy_body(
+    proxy: _Proxy,
     conn: _Connection,
-    reader: asyncio.StreamReader,
+    source: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     writer: asyncio.StreamWriter,
     framing: int | None,
     *,
     up: bool = True,
 ) -> None:
-    """A body copied by its own framing (a length, or chunked parsed to its last chunk) and never past it."""
+    """A body copied by its own framing (a length, or chunked parsed to its last chunk) and never past it; a
+    long one (or one that ends at the sender's close) relayed by splice."""
+    reader = source[0]
     bad = RefusedFor.BAD_REQUEST if up else RefusedFor.BAD_RESPONSE
+    if proxy.splice and (framing == UNTIL_CLOSE or (framing is not None and framing >= SPLICE_FROM)):
+        way = await _way_out(conn, source, writer, up=up, length=None if framing == UNTIL_CLOSE else framing)
+        if way is not None:
+            await _relay(proxy, conn, way)
+        return
     if framing == UNTIL_CLOSE:
         await _copy(conn, reader, writer, up=up)
         return
@@ -734,10 +882,15 @@ async def _bounded_line(conn: _Connection, reader: asyncio.StreamReader, bad: Re
 
 
 async def _relay_response(
-    conn: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: bytes
+    proxy: _Proxy,
+    conn: _Connection,
+    origin: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    writer: asyncio.StreamWriter,
+    method: bytes,
 ) -> None:
     """The origin's response: interim 1xx heads passed on, then the final head rewritten and its body copied by
     its own framing; what the origin sends past it is never read."""
+    reader = origin[0]
     while True:
         try:
             raw = await conn.read_line(reader, b"\r\n\r\n")
@@ -758,4 +911,4 @@ async def _relay_response(
         await conn.write(writer, out, up=False)
         if not informational:
             break
-    await _copy_body(conn, reader, writer, framing, up=False)
+    await _copy_body(proxy, conn, origin, writer, framing, up=False)

@@ -31,12 +31,13 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from gateway.consent.network import CallsInFlight
 from gateway.declarations import WORKSPACE_PLACEHOLDER
 from gateway.errors import GatewayError, InternalError, Reason
 from gateway.logs import RATE_KEY
 from gateway.policy import SandboxPolicy
 from gateway.programs import check_program_unchanged
-from gateway.proxy import ConnectionLog, ProxyLimits, proxy_starter
+from gateway.proxy import Asker, ConnectionLog, ProxyLimits, proxy_starter
 from gateway.start_failures import describe_start_failure, start_step
 from gateway.tools.base import Relay
 from gateway.tools.confined import MIB, sandbox_environment, shown
@@ -155,6 +156,8 @@ class Connection:
         """Servers started so far (tests and logs read it)."""
         self.connections = ConnectionLog()
         """The server's connections through the egress proxy as they end; each call takes those ended by its end."""
+        self.asking = CallsInFlight()
+        """Who the server's proxy asks about a host an `ask` rule names: the one call in flight's person."""
 
     def attach(self, group: anyio.abc.TaskGroup | None) -> None:
         """The task group the server lives in (None: the gateway is stopping; nothing more starts)."""
@@ -233,6 +236,7 @@ class Connection:
         timeout_s: float,
         on_progress: Callable[[str | None], None],
         relay: Relay | None = None,
+        ask_host: Asker | None = None,
     ) -> Forwarded:
         """Forward one tools/call; the caller has checked everything and the server is running (`ensure`)."""
         live = self._live
@@ -247,7 +251,7 @@ class Connection:
             self._relays.append(relay)
         try:
             # A writing server's calls take turns: what one call changed is synced alone (sandbox/server.py `sync`).
-            async with self._turns if self.writable else contextlib.nullcontext():
+            async with self._turns if self.writable else contextlib.nullcontext(), self.asking.during(ask_host):
                 forwarded = await self._forward(live, tool, arguments, timeout_s, progress)
                 if self.writable and forwarded.ended is None:
                     forwarded = await self._synced(live, forwarded)
@@ -328,7 +332,10 @@ class Connection:
         if egress is None:
             return None
         limits = ProxyLimits(max_bytes=self.place.sandbox.max_network_bytes)
-        return proxy_starter(group, egress, limits, self.connections.add, key=f"upstreams.{self.upstream.name}.network")
+        key = f"upstreams.{self.upstream.name}.network"
+        return proxy_starter(
+            group, egress, limits, self.connections.add, key=key, ask=self.asking if egress.ask else None
+        )
 
     async def _run_life(self, life: _Life) -> None:
         """Start the server, list its tools, then keep it until it ends or is stopped."""

@@ -149,6 +149,7 @@ class UpstreamTool:
                     timeout_s=request.timeout_s,
                     on_progress=moved,
                     relay=request.relay,
+                    ask_host=request.ask_host,
                 )
             finally:
                 if request.connections is not None:  # the server's connections that ended by now: this call's record

@@ -8,6 +8,7 @@ through `resolve`; every other address is refused by rule before anything is dia
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.server
 import json
 import queue
@@ -20,11 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
+from gateway import db
 from gateway.clock import SystemClock
 from gateway.consent.actions import Actor, decide_question
 from gateway.consent.stage import Decision
 from gateway.consent.store import Channel
+from tests.gateway.test_console_routes import PASSWORDS, password_hash, running_app, session_csrf, signed_in
 from tests.harness import FORM_ELICITATION, ConsentDesk, GatewayHome, StdioSession, reachable_by_everyone
 
 SessionFactory = Callable[..., StdioSession]
@@ -43,6 +47,14 @@ except OSError as exc:
     print(json.dumps({{"status": None, "body": type(exc).__name__ + ": " + str(exc)}}))
 """
 BODY = b"served on the host's loopback"
+BIG = bytes(range(256)) * (4 * 4096)  # 4 MiB: relayed by splice (decision 97)
+DIGEST = f"""\
+#!{sys.executable}
+import hashlib, json, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=60) as response:
+    body = response.read()
+print(json.dumps({{"status": response.status, "bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}}))
+"""
 
 
 class Origin(http.server.BaseHTTPRequestHandler):
@@ -51,10 +63,11 @@ class Origin(http.server.BaseHTTPRequestHandler):
             if isinstance(self.server, OriginServer):
                 self.server.slow_asked.set()
             time.sleep(60)
+        body = BIG if self.path == "/big" else BODY
         self.send_response(200)
-        self.send_header("Content-Length", str(len(BODY)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(BODY)
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -107,12 +120,13 @@ def gateway_with(make_gateway: GatewayFactory, programs: dict[str, str], policy:
 @pytest.fixture
 def proxied(make_gateway: GatewayFactory, origin: http.server.ThreadingHTTPServer) -> GatewayHome:
     port = origin.server_address[1]
-    tools = {"fetch": tool(["bin/fetch", "{url}"])}
+    tools = {"fetch": tool(["bin/fetch", "{url}"]), "digest": tool(["bin/digest", "{url}"])}
     if shutil.which("curl"):
         tools["curl"] = tool(["curl", "-sS", "-i", "--max-time", "20", "{url}"])
+        tools["tunnel"] = tool(["curl", "-sS", "-p", "--max-time", "60", "-o", "/dev/null", "-D", "-", "{url}"])
     return gateway_with(
         make_gateway,
-        {"fetch": FETCH},
+        {"fetch": FETCH, "digest": DIGEST},
         {
             "tools": {"allowlist": list(tools), "declared": tools},
             "sandbox": {
@@ -152,6 +166,27 @@ def fetched(response: dict[str, Any]) -> dict[str, Any]:
 def net_events(gw: GatewayHome, response: dict[str, Any]) -> list[dict[str, Any]]:
     run_id = response["result"]["structuredContent"]["run_id"]
     return [e for e in gw.events_of(run_id) if e["event_type"] == "NET_CONNECT"]
+
+
+@pytest.mark.parametrize("way", ["digest", "tunnel"], ids=["urllib plainly", "curl through CONNECT"])
+def test_a_large_download_inside_a_run_is_relayed_whole_and_counted_once(
+    way: str, proxied: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    if way == "tunnel" and shutil.which("curl") is None:
+        pytest.skip("needs curl")
+    host = "origin.test" if way == "digest" else "api.example.test"
+    with session_of(proxied, open_session) as call:
+        response = call(way, f"http://{host}:{origin.server_address[1]}/big")
+    if way == "digest":
+        assert fetched(response) == {"status": 200, "bytes": len(BIG), "sha256": hashlib.sha256(BIG).hexdigest()}
+    else:
+        assert not response["result"].get("isError")  # curl exits 18 on a body cut short
+        assert f"Content-Length: {len(BIG)}" in response["result"]["content"][0]["text"]
+    [event] = net_events(proxied, response)
+    assert (event["detail"]["method"], event["detail"]["decision"], event["detail"]["reason"]) == (
+        "GET" if way == "digest" else "CONNECT", "allowed", None,
+    )  # fmt: skip
+    assert len(BIG) < event["detail"]["bytes_down"] < len(BIG) + 1024  # the body and a head, counted exactly once
 
 
 def test_an_allowed_host_is_fetched_by_urllib_inside_a_run_and_recorded(
@@ -279,31 +314,73 @@ def test_an_ask_host_waits_for_a_person_allow_once_then_deny_always_then_a_cance
     assert asking.chain_ok()
 
 
+def test_a_host_question_waiting_for_a_person_is_live_in_the_console_and_decided_there(
+    asking: GatewayHome, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    """While the run waits on its connection, the console (the real app, on the same database) lists the host's
+    question on its Approvals page and /api/questions, and an ADMIN's answer there lets the connection through."""
+    asking.users.add("ada", "ADMIN", ("default",))
+    with asking.engine.begin() as connection:
+        connection.execute(
+            update(db.users).where(db.users.c.name == "ada").values(password_hash=password_hash(PASSWORDS["ada"]))
+        )
+    desk = ConsentDesk.on(asking.engine, SystemClock())
+    session = open_session(asking)  # no elicitation capability: the questions wait in the database
+    url = f"http://a.ask.test:{origin.server_address[1]}/"
+    request_id = session.send_call("fetch", {"url": url}, asking.token("alice"))
+    with running_app(asking) as app:
+        ada = signed_in(app, "ada")
+        csrf = session_csrf(ada)
+        answered: dict[str, str] = {}
+        deadline = time.monotonic() + 90
+        while "network" not in answered:
+            assert time.monotonic() < deadline, "the host's question never showed"
+            listed = ada.get("/api/questions").json()["ids"]
+            for question in desk.consent_store.fetch_pending(desk.clock.now()):
+                if question.id not in listed or question.id in answered.values():
+                    continue
+                kind = "network" if question.tool_name == "network:a.ask.test" else "tool"
+                if kind == "network":
+                    page = ada.get("/approvals").text
+                    assert "a.ask.test" in page and "wants to connect to a.ask.test" in page
+                decided = ada.post(
+                    f"/approvals/{question.id}", data={"decision": "ALLOW_ONCE", "csrf": csrf}, follow_redirects=False
+                )
+                assert decided.headers["location"] == "/approvals?m=decided&d=ALLOW_ONCE"
+                answered[kind] = question.id
+            time.sleep(0.05)
+    response = session.wait_response(request_id, timeout=90)
+    assert fetched(response) == {"status": 200, "body": BODY.decode()}
+    [event] = net_events(asking, response)
+    assert (event["detail"]["decision"], event["detail"]["host"]) == ("allowed", "a.ask.test")
+
+
 # --- an upstream server behind the proxy ------------------------------------------------------------
 
 FETCH_SERVER = Path(__file__).resolve().parents[1] / "upstreams" / "fetch_server.py"
 
 
-def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothing_else(
-    make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
-) -> None:
-    port = origin.server_address[1]
-    gw = gateway_with(
+def fetch_upstream(make_gateway: GatewayFactory, network: dict[str, Any], more: dict[str, Any]) -> GatewayHome:
+    """A gateway whose upstream `web` is tests/upstreams/fetch_server.py behind the proxy with `network`."""
+    return gateway_with(
         make_gateway,
         {"fetch-server": f"#!{sys.executable}\n" + FETCH_SERVER.read_text()},
         {
             "tools": {"allowlist": ["web__fetch"]},
             "sandbox": {"allowed_paths": ["bin"]},
             "upstreams": {
-                "web": {
-                    "command": ["bin/fetch-server"],
-                    "tools": ["fetch"],
-                    "timeout_s": 60,
-                    "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
-                }
+                "web": {"command": ["bin/fetch-server"], "tools": ["fetch"], "timeout_s": 60, "network": network}
             },
+            **more,
         },
     )
+
+
+def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothing_else(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    gw = fetch_upstream(make_gateway, {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}}, {})
     session = open_session(gw, capabilities=FORM_ELICITATION)
     session.responder = allow_once
     token = gw.token("alice")
@@ -319,6 +396,66 @@ def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothin
         assert kinds.index("NET_CONNECT") < kinds.index("UPSTREAM_CALL")
         [event] = [e for e in events if e["event_type"] == "NET_CONNECT"]
         assert event["detail"]["decision"] == decision
+
+
+def test_an_upstream_servers_ask_host_goes_to_the_person_of_the_call_in_flight_and_its_own_traffic_is_refused(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
+) -> None:
+    port = origin.server_address[1]
+    network = {"ask": [f"*.ask.test:{port}"], "resolve": {f"{h}.ask.test": "127.0.0.1" for h in ("a", "b", "c")}}
+    gw = fetch_upstream(make_gateway, network, {"consent": {"timeout_s": 5}})
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    token = gw.token("alice")
+    asked: list[str] = []
+
+    def person(host_answer: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        def respond(message: dict[str, Any]) -> dict[str, Any]:
+            text = message["params"]["message"]
+            asked.append(text)
+            decision = host_answer if "network:" in text else "allow_once"  # the call's own question: allowed
+            return {"action": "accept", "content": {"decision": decision}}
+
+        return respond
+
+    def call(host: str, **more: object) -> dict[str, Any]:
+        response = session.call_tool("web__fetch", {"url": f"http://{host}:{port}/", **more}, token, timeout=120)
+        return dict(json.loads(response["result"]["content"][0]["text"]), run_id=run_id_of(response))
+
+    def run_id_of(response: dict[str, Any]) -> str:
+        return str(response["result"]["_meta"]["mcp-write-gateway/run_id"])
+
+    session.responder = person("allow_once")
+    allowed = call("a.ask.test")
+    assert (allowed["status"], allowed["body"]) == (200, BODY.decode())
+    assert any("network:a.ask.test" in a and "wants to connect to a.ask.test" in a for a in asked)
+    [question] = [e for e in gw.all_events() if e["tool_name"] == "network:a.ask.test"]
+    assert (question["user"], question["detail"]["decision"], question["detail"]["for_run"]) == (
+        "alice", "ALLOW_ONCE", allowed["run_id"],
+    )  # fmt: skip
+
+    session.responder = person("deny_always")
+    denied = call("b.ask.test")
+    assert denied["status"] == 403 and "refused by a person" in denied["body"]
+    assert "upstreams.web.network" in denied["body"]
+
+    asked.clear()
+    session.responder = person("allow_once")
+    later = call("c.ask.test", later=True)  # returns at once; the server fetches a second later, in no call
+    time.sleep(3)
+    after = call("a.ask.test")  # allowed once before: asked again, and answered
+    assert after["status"] == 200
+    assert not any("network:c.ask.test" in a for a in asked)  # nobody was asked about the server's own traffic
+    records = [
+        e["detail"]
+        for run_id in (later["run_id"], after["run_id"])
+        for e in gw.events_of(run_id)
+        if e["event_type"] == "NET_CONNECT"
+    ]
+    [background] = [r for r in records if r["host"] == "c.ask.test"]
+    assert (background["decision"], background["reason"], background["address"]) == (
+        "refused", "needs_a_person", None,
+    )  # fmt: skip
+    assert gw.chain_ok()
 
 
 # --- a hostile run -------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import functools
 import shutil
 import socket
 import ssl
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -116,6 +118,8 @@ async def origin_and_proxy(
     limits: ProxyLimits | None = None,
     resolve: Resolver | None = None,
     ask: Callable[[str, int, str], Awaitable[bool]] | None = None,
+    *,
+    splice: bool = True,
 ) -> AsyncIterator[tuple[Origin, Proxy]]:
     origin = origin or Origin()
     server = await asyncio.start_server(origin.handle, "127.0.0.1", 0)
@@ -138,6 +142,7 @@ async def origin_and_proxy(
         dial=spying_dial,
         ask=ask,
         resolve=resolve or resolve_host,
+        splice=splice,
     )
     async with server, anyio.create_task_group() as group:
         group.start_soon(serve)
@@ -249,12 +254,13 @@ def refused(
     limits: ProxyLimits | None = None,
     resolve: Resolver | None = None,
     ask: Callable[[str, int, str], Awaitable[bool]] | None = None,
+    splice: bool = True,
 ) -> Seen:
     """One raw request through the proxy: its answer, the records, what was dialled, what the origin accepted."""
     seen = Seen()
 
     async def main() -> None:
-        async with origin_and_proxy(egress, origin, limits, resolve, ask) as (o, proxy):
+        async with origin_and_proxy(egress, origin, limits, resolve, ask, splice=splice) as (o, proxy):
             seen.answer = await exchange(proxy.port, request(o.port))
             seen.records = await proxy.ended(1)
             seen.dialled = list(proxy.dialled)
@@ -482,17 +488,21 @@ def test_a_tunnel_whose_client_waits_is_dialled_and_its_late_client_hello_still_
 # --- bounds ---------------------------------------------------------------------------------------
 
 
-def test_the_byte_cap_ends_a_download_and_is_recorded() -> None:
+@pytest.mark.parametrize("splice", [True, False], ids=["spliced", "copied"])
+def test_the_byte_cap_ends_a_download_and_is_recorded(splice: bool) -> None:
     origin = Origin(body=b"x" * (4 * 1024 * 1024))
     seen = refused(
         lambda port: rules(allow=(f"origin.test:{port}",), resolve=("origin.test",)),
         lambda port: f"GET http://origin.test:{port}/ HTTP/1.1\r\n\r\n".encode(),
         origin=origin,
         limits=ProxyLimits(max_bytes=1024 * 1024),
+        splice=splice,
     )
     assert len(seen.answer) <= 1024 * 1024
     [record] = seen.records
     assert (record.reason, record.bytes_down <= 1024 * 1024) == (RefusedFor.BYTE_CAP, True)
+    if splice:  # a splice of at most the bytes left: the cap is reached exactly, and every counted byte was sent
+        assert record.bytes_down == len(seen.answer) == 1024 * 1024
 
 
 def test_connections_past_the_caps_get_503_and_one_record_for_all() -> None:
@@ -546,14 +556,16 @@ def test_a_response_ends_at_its_own_framing_whatever_the_origin_sends_after_or_k
     assert seen.records[0].decision is Outcome.ALLOWED and seen.records[0].reason is None
 
 
-def test_a_client_slower_than_the_origin_gets_every_byte_of_the_response() -> None:
+@pytest.mark.parametrize("splice", [True, False], ids=["spliced", "copied"])
+def test_a_client_slower_than_the_origin_gets_every_byte_of_the_response(splice: bool) -> None:
     body = bytes(range(256)) * (8 * 4096)  # 8 MiB
     origin = Origin(body=body)
     got: list[bytes] = []
 
     async def main() -> None:
         egress = lambda port: rules(allow=(f"origin.test:{port}",), resolve=("origin.test",))  # noqa: E731
-        async with origin_and_proxy(egress, origin, ProxyLimits(max_bytes=64 << 20)) as (o, proxy):
+        limits = ProxyLimits(max_bytes=64 << 20)
+        async with origin_and_proxy(egress, origin, limits, splice=splice) as (o, proxy):
             reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
             writer.write(f"GET http://origin.test:{o.port}/ HTTP/1.1\r\n\r\n".encode())
             await writer.drain()
@@ -568,3 +580,154 @@ def test_a_client_slower_than_the_origin_gets_every_byte_of_the_response() -> No
     head, _, received = got[0].partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 OK")
     assert received == body
+
+
+# --- bodies relayed by splice (decision 97) ------------------------------------------------------
+
+
+@dataclass
+class Echo:
+    """A tunnel's far end that sends back every byte it gets, until the client's end; then it closes."""
+
+    port: int = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 20):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def echo_and_proxy(limits: ProxyLimits) -> AsyncIterator[tuple[Echo, Proxy]]:
+    echo = Echo()
+    server = await asyncio.start_server(echo.handle, "127.0.0.1", 0)
+    echo.port = server.sockets[0].getsockname()[1]
+    async with (
+        server,
+        origin_and_proxy(lambda _: rules(allow=(f"echo.test:{echo.port}",), resolve=("echo.test",)), limits=limits) as (
+            _,
+            proxy,
+        ),
+    ):
+        yield echo, proxy
+
+
+ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+
+def relay_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("proxy-relay") and t.is_alive()]
+
+
+@pytest.mark.parametrize("size", [5, 3 * 1024 * 1024 + 7])
+def test_a_tunnel_is_spliced_both_ways_every_byte_counted_and_the_clients_end_passed_on(size: int) -> None:
+    payload = bytes(range(251)) * (size // 251) + b"x" * (size % 251)
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        async with echo_and_proxy(ProxyLimits(max_bytes=64 << 20)) as (echo, proxy):
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(f"CONNECT echo.test:{echo.port} HTTP/1.1\r\n\r\n".encode())
+            writer.write(payload)  # not TLS: passed on once read as such
+            await writer.drain()
+            writer.write_eof()  # the echo's end follows the client's, through the relay
+            with anyio.fail_after(WAIT_S):
+                seen["answer"] = await reader.read(-1)
+            writer.close()
+            seen["records"] = await proxy.ended(1)
+
+    anyio.run(main)
+    assert seen["answer"] == ESTABLISHED + payload
+    records = seen["records"]
+    assert isinstance(records, list)
+    [record] = records
+    assert isinstance(record, NetConnect)
+    assert (record.decision, record.reason) == (Outcome.ALLOWED, None)
+    assert (record.bytes_up, record.bytes_down) == (size, len(ESTABLISHED) + size)
+
+
+def test_a_spliced_tunnel_that_goes_idle_is_closed_and_recorded_as_idle() -> None:
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        async with echo_and_proxy(ProxyLimits(max_bytes=1 << 20, idle_s=0.5)) as (echo, proxy):
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(f"CONNECT echo.test:{echo.port} HTTP/1.1\r\n\r\nping".encode())
+            await writer.drain()
+            with anyio.fail_after(WAIT_S):
+                seen["answer"] = await reader.read(-1)  # the proxy closes it: the client never does
+            writer.close()
+            seen["records"] = await proxy.ended(1)
+
+    anyio.run(main)
+    assert seen["answer"] == ESTABLISHED + b"ping"
+    records = seen["records"]
+    assert isinstance(records, list)
+    [record] = records
+    assert isinstance(record, NetConnect)
+    assert (record.reason, record.bytes_up, record.bytes_down) == (RefusedFor.IDLE, 4, len(ESTABLISHED) + 4)
+
+
+def test_the_byte_cap_ends_a_spliced_upload_exactly_at_the_cap() -> None:
+    seen: dict[str, object] = {}
+    cap = 1024 * 1024
+
+    async def main() -> None:
+        async with echo_and_proxy(ProxyLimits(max_bytes=cap)) as (echo, proxy):
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(f"CONNECT echo.test:{echo.port} HTTP/1.1\r\n\r\n".encode())
+            with contextlib.suppress(OSError):
+                writer.write(b"u" * (3 * cap))
+                await writer.drain()
+            with anyio.fail_after(WAIT_S), contextlib.suppress(OSError):
+                while await reader.read(1 << 20):
+                    pass
+            writer.close()
+            seen["records"] = await proxy.ended(1)
+
+    anyio.run(main)
+    records = seen["records"]
+    assert isinstance(records, list)
+    [record] = records
+    assert isinstance(record, NetConnect)
+    assert record.reason is RefusedFor.BYTE_CAP
+    assert record.bytes_up == cap  # every byte up to the cap, none past it
+    assert record.bytes_down <= cap
+
+
+def test_a_run_that_ends_mid_relay_leaves_no_thread_and_records_the_bytes_so_far() -> None:
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        before = relay_threads()
+        async with echo_and_proxy(ProxyLimits(max_bytes=64 << 20, idle_s=WAIT_S * 2)) as (echo, proxy):
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(f"CONNECT echo.test:{echo.port} HTTP/1.1\r\n\r\nhello".encode())
+            await writer.drain()
+            with anyio.fail_after(WAIT_S):
+                assert await reader.readexactly(len(ESTABLISHED) + 5) == ESTABLISHED + b"hello"
+            started = time.monotonic()
+        # the proxy was cancelled with the tunnel open and its relay thread waiting in poll
+        seen["took"] = time.monotonic() - started
+        seen["records"] = list(proxy.records)
+        with anyio.fail_after(WAIT_S):
+            seen["closed"] = await reader.read(-1) == b""
+        writer.close()
+        with anyio.fail_after(WAIT_S):
+            while any(t.ident not in {b.ident for b in before} for t in relay_threads()):
+                await anyio.sleep(0.01)
+
+    anyio.run(main)
+    took = seen["took"]
+    assert isinstance(took, float) and took < 5  # woken, not left to the idle bound (60 s)
+    assert seen["closed"] is True
+    records = seen["records"]
+    assert isinstance(records, list)
+    [record] = records
+    assert isinstance(record, NetConnect)
+    assert (record.decision, record.bytes_up, record.bytes_down) == (Outcome.ALLOWED, 5, len(ESTABLISHED) + 5)

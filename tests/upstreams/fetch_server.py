@@ -7,6 +7,8 @@ the body (or the error), as JSON text. The tests copy it beside the policy with 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -20,7 +22,11 @@ from mcp.server.stdio import stdio_server
 FETCH = types.Tool(
     name="fetch",
     description="Fetch a URL",
-    input_schema={"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
+    input_schema={
+        "type": "object",
+        "properties": {"url": {"type": "string"}, "later": {"type": "boolean"}},
+        "required": ["url"],
+    },
     annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=True),
 )
 
@@ -42,7 +48,17 @@ async def list_tools(
 
 
 async def call_tool(_ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
-    answer = await anyio.to_thread.run_sync(fetch, str((params.arguments or {}).get("url", "")))
+    arguments = params.arguments or {}
+    url = str(arguments.get("url", ""))
+    if arguments.get("later"):  # the server's own traffic: fetched a second after the call has ended
+
+        def later() -> None:
+            time.sleep(1)
+            fetch(url)
+
+        threading.Thread(target=later, daemon=True).start()
+        return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps({"later": url}))])
+    answer = await anyio.to_thread.run_sync(fetch, url)
     return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(answer))])
 
 
