@@ -29,7 +29,10 @@ trail is wrong, 0 with the figures otherwise (met or not).
         [--pg-url URL] [--cprofile FILE]
 
 `--cprofile FILE` runs the gateway under cProfile (its loop's thread; the figures are then the
-profiler's, not the gateway's) and writes the statistics to FILE.
+profiler's, not the gateway's) and writes the statistics to FILE. `--old DIR` adds, on each engine, a
+gateway run from another source tree (`git archive COMMIT | tar -x -C DIR`) on a state folder of its
+own, labelled `<engine>-old`, in the same rotation: a change and the tree before it side by side
+(decision 93). Both trees must share the database's schema.
 """
 
 from __future__ import annotations
@@ -227,13 +230,21 @@ def start_direct(root: Path, workspace: Path, children: list[subprocess.Popen[by
 
 
 def start_gateway(
-    root: Path, home: GatewayHome, engine: str, children: list[subprocess.Popen[bytes]], cprofile: str | None
+    root: Path,
+    home: GatewayHome,
+    engine: str,
+    children: list[subprocess.Popen[bytes]],
+    cprofile: str | None,
+    *,
+    source: Path | None = None,
 ) -> list[Side]:
-    """One `mcp-gateway serve` on `home`, and its four upstream sides."""
+    """One `mcp-gateway serve` on `home` (run from `source`'s tree when given: `--old`), and its four upstream sides."""
     token = home.token(USER, ttl_s=3600)
     argv = serve_argv(home)
     if cprofile is not None:
         argv = [argv[0], "-m", "cProfile", "-o", cprofile, *argv[1:]]
+    if source is not None:  # `python -m` imports from its working folder first; exec keeps the pid measured
+        argv = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', str(source), *argv]
     gateway = Client(f"gateway ({engine})", argv, root / f"gateway-{engine}.log", children)
     gateway.initialize()
 
@@ -361,14 +372,22 @@ def check_trails(home: GatewayHome, sides: Sequence[Side]) -> str:
 def run(root: Path, children: list[subprocess.Popen[bytes]], args: argparse.Namespace) -> None:
     engines = args.engines.split(",")
     with postgres_server(args.pg_url, root) if "postgresql" in engines else nullcontext("") as pg_base:
+        labels = [*engines, *(f"{engine}-old" for engine in engines if args.old is not None)]
         homes = {
-            engine: prepare(root / engine, new_database(pg_base) if engine == "postgresql" else None)
-            for engine in engines
+            label: prepare(root / label, new_database(pg_base) if label.startswith("postgresql") else None)
+            for label in labels
         }
         every = [
             side
-            for engine, home in homes.items()
-            for side in start_gateway(root, home, engine, children, args.cprofile)
+            for label, home in homes.items()
+            for side in start_gateway(
+                root,
+                home,
+                label,
+                children,
+                None if label.endswith("-old") else args.cprofile,
+                source=args.old if label.endswith("-old") else None,
+            )
         ]
         direct = start_direct(root, next(iter(homes.values())).workspace, children)
         sides = [side for server in ("echo", "git") for side in (*direct, *every) if side.server == server]
@@ -398,7 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cprofile", metavar="FILE", help="run the gateway under cProfile, statistics to FILE")
     parser.add_argument("--engines", default="sqlite", help="sqlite, postgresql or both, comma-separated")
     parser.add_argument("--pg-url", help="a PostgreSQL server's base URL (default: a throwaway cluster)")
+    parser.add_argument("--old", type=Path, metavar="DIR", help="also a gateway from this source tree, side by side")
     args = parser.parse_args(argv)
+    if args.old is not None and not (args.old / "gateway" / "__main__.py").is_file():
+        parser.error(f"--old {args.old}: no gateway/__main__.py there (git archive COMMIT | tar -x -C DIR)")
     if args.calls < 1 or args.warmup < 1 or args.blocks < 1:
         parser.error("--calls, --warmup and --blocks must be at least 1")
     if not args.engines or not set(args.engines.split(",")) <= {"sqlite", "postgresql"}:

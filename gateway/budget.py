@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Connection, Engine, delete, func, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, bindparam, delete, func, select, update
 
 from gateway import db
 from gateway.clock import Clock
@@ -159,11 +159,7 @@ class BudgetLedger:
             storage_errors("a budget reservation could not be settled", log=log),
             self._engine.begin() as connection,
         ):
-            connection.execute(
-                update(db.budget_charges)
-                .where(db.budget_charges.c.id == charge_id)
-                .values(elapsed_ms=max(0, elapsed_ms))
-            )
+            settle_on(connection, charge_id, elapsed_ms)
 
     def settle_unrun(self, run_id: str) -> None:
         """A call that ran nothing and will never run (its gateway died while it waited for consent):
@@ -192,6 +188,20 @@ class BudgetLedger:
         now = self._clock.now()
         with storage_errors("the budget could not be read", log=log), self._read.connect() as connection:
             return _usage_on(connection, user, limits, now)
+
+    def usage_on(self, connection: Connection, user: str, limits: BudgetPolicy) -> Usage:
+        """`usage` in the caller's open transaction (after its `settle_on`: the usage that settlement left)."""
+        return _usage_on(connection, user, limits, self._clock.now())
+
+
+_SETTLE = (
+    update(db.budget_charges).where(db.budget_charges.c.id == bindparam("charge")).values(elapsed_ms=bindparam("ms"))
+)
+
+
+def settle_on(connection: Connection, charge_id: int, elapsed_ms: int) -> None:
+    """`BudgetLedger.settle` in the caller's open transaction (with the run's execution event: gateway/pipeline.py)."""
+    connection.execute(_SETTLE, {"charge": charge_id, "ms": max(0, elapsed_ms)})
 
 
 def _in_window(user: str, limits: BudgetPolicy, now: float) -> tuple[ColumnElement[bool], ...]:

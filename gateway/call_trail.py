@@ -14,18 +14,24 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from sqlalchemy import Connection, Engine
 
 from gateway.audit import Along, AuditLog, EventDraft, EventType
 from gateway.auth import Principal
 from gateway.calls import KIND_TOOL, CardStatus, Moved, Opened, outcome_content
 from gateway.canonical import is_text
 from gateway.clock import Clock
-from gateway.errors import GatewayError
+from gateway.db.errors import storage_errors
+from gateway.errors import GatewayError, Reason
 from gateway.proxy import ConnectionLog
 from gateway.tools.outcome import ToolOutcome
+
+log = logging.getLogger("gateway.call_trail")
 
 STORED_NAME_MAX = 128
 """The audit log's tool_name column (String(128) in gateway/db/__init__.py)."""
@@ -159,6 +165,32 @@ class CallTrail:
             along = self.card(status, error, outcome)
             self.recorder.audit.append(*pending, *events, along=along)
             self.carded = self.carded or bool(along)
+        self.entry_logged = True
+
+    def log_with(
+        self, engine: Engine, status: CardStatus | None, writes: Callable[[Connection], None], *events: EventDraft
+    ) -> None:
+        """`log`, with `writes` (the run's record, its reservation's settlement) first in the same transaction: the
+        events, the card's move and those rows are committed together or not at all, in one commit where there
+        were two or three (decision 93); the card is left as it is when `status` is None. Synchronous database
+        work, as `log`."""
+        drafts = () if self.entry_logged else (self.entry_for_log(),)
+        with (
+            storage_errors(
+                "the audit log could not be written (audit_unavailable)",
+                log=log,
+                run_id=self.run_id,
+                reason=Reason.AUDIT_UNAVAILABLE,
+                detail="the audit log could not be written",
+            ),
+            engine.begin() as connection,
+        ):
+            writes(connection)
+            written = self.recorder.audit.append_within(connection, *drafts, *events)
+            along = self.card(status) if written and status is not None else ()
+            for write in along:
+                write(connection, written[-1].id)
+        self.carded = self.carded or bool(along)
         self.entry_logged = True
 
     def card(

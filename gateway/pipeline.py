@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
+from sqlalchemy import Connection
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
-from gateway.budget import Usage, reservation_ms, spent_ms
+from gateway.budget import Usage, reservation_ms, settle_on, spent_ms
 from gateway.call_trail import CallTrail, Recorder, stored_tool_name
 from gateway.calls import CardStatus
 from gateway.canonical import args_hash
@@ -82,7 +83,7 @@ from gateway.programs import check_program_unchanged
 from gateway.progress import NO_PROGRESS, CallProgress
 from gateway.proxy import ConnectionLog
 from gateway.rbac import ADMIN_ROLE, require_permission
-from gateway.runs import RunRecord, RunStatus, artifact_errors
+from gateway.runs import RunRecord, RunStatus, artifact_errors, finish_on
 from gateway.scope import (
     Caller,
     CallScope,
@@ -704,9 +705,11 @@ class Pipeline:
         return outcome
 
     def _started(self, trail: CallTrail, record: RunRecord, started: EventDraft) -> None:
-        """The run's record (with its deadline) and TOOL_STARTED (the card: running), before anything runs."""
-        self.s.runs.insert(record)
-        self.s.audit.append(started, along=trail.card(CardStatus.RUNNING))
+        """The run's record (with its deadline), TOOL_STARTED and the card's move to running, in one transaction
+        (decision 93), before anything runs."""
+        trail.log_with(
+            self.s.engine, CardStatus.RUNNING, lambda connection: self.s.runs.insert_on(connection, record), started
+        )
 
     def _finished(self, trail: CallTrail, finished: EventDraft, outcome: ToolOutcome) -> None:
         self.s.audit.append(finished, along=trail.card(CardStatus.DONE, outcome=outcome))
@@ -717,15 +720,29 @@ class Pipeline:
         executed: EventDraft,
         user: str,
         *,
+        status: str,
+        exit_code: int | None,
         reviewing: bool = False,
         connected: tuple[EventDraft, ...] = (),
     ) -> Usage:
         """NET_CONNECT for each connection through the egress proxy, then SANDBOX_EXEC (the card `reviewing` when
-        a person is to decide on the run's changes next), the reservation settled to the run's duration, and the
-        user's usage after it."""
-        self.s.audit.append(*connected, executed, along=trail.card(CardStatus.REVIEWING) if reviewing else ())
-        self._settle(trail)
-        return self.s.budget.usage(user, self.s.policy.budget)
+        a person is to decide on the run's changes next), the reservation settled to the run's duration and the
+        run's record closed with how it ended (`status`), and the user's usage after it read, in one transaction
+        (decision 93). A record a sweep had closed as abandoned stays so (`closed_by_sweep`)."""
+        charge, spent = trail.charge_id, spent_ms(trail.run_ms, trail.started_at, self.s.clock.now())
+        ended: list[bool] = []
+        usage: list[Usage] = []
+
+        def writes(connection: Connection) -> None:
+            if charge is not None:
+                settle_on(connection, charge, spent)
+            ended.append(finish_on(connection, trail.run_id, status, exit_code))
+            usage.append(self.s.budget.usage_on(connection, user, self.s.policy.budget))  # no read connection more
+
+        trail.log_with(self.s.engine, CardStatus.REVIEWING if reviewing else None, writes, *connected, executed)
+        trail.charge_id = None  # settled: committed with the event
+        trail.closed_by_sweep = not ended[0]
+        return usage[0]
 
     # --- a write tool's run --------------------------------------------------------------------
 
@@ -825,10 +842,22 @@ class Pipeline:
         # run produced (junit.xml, stdout.txt: untrusted data), so no content can hide it.
         executed = EventDraft(spec.execution_event, tool_name=spec.name, detail=run.sandbox_detail(), **common)
         written = run.written()
-        reviewing = written is not None and written.review and run.refusal() is None
+        refusal = run.refusal()
+        status = refusal.reason if refusal else run.status()
+        reviewing = written is not None and written.review and refusal is None
         usage = await in_db_thread(
-            self._ran, trail, executed, principal.name, reviewing=reviewing, connected=trail.connected()
+            self._ran,
+            trail,
+            executed,
+            principal.name,
+            status=status,
+            exit_code=run.exit_code,
+            reviewing=reviewing,
+            connected=trail.connected(),
         )
+        if trail.closed_by_sweep:
+            # Its end came so late that a sweep closed the run as abandoned, with its terminal event.
+            log.warning("run %s: ended after a sweep had closed it as abandoned; its record stays so", run_id)
         try:
             with artifact_errors(run_id):
                 run.write_evidence(
@@ -842,12 +871,6 @@ class Pipeline:
         except InternalError:
             await in_db_thread(self.s.runs.finish, run_id, RunStatus.FAILED, run.exit_code)
             raise
-        refusal = run.refusal()
-        status = refusal.reason if refusal else run.status()
-        if not await in_db_thread(self.s.runs.finish, run_id, status, run.exit_code):
-            # Its end came so late that a sweep closed the run as abandoned, with its terminal event.
-            log.warning("run %s: ended after a sweep had closed it as abandoned; its record stays so", run_id)
-            trail.closed_by_sweep = True
         if refusal is not None:
             raise refusal
         settled = (

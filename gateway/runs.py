@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, Engine, String, any_, bindparam, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, String, any_, bindparam, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from gateway import db
@@ -110,19 +110,24 @@ class RunStore:
             storage_errors("the run could not be recorded", log=log, run_id=record.run_id),
             self._engine.begin() as connection,
         ):
-            connection.execute(
-                db.runs.insert().values(
-                    run_id=record.run_id,
-                    user_name=record.user,
-                    workspace=record.workspace,
-                    tool_name=record.tool_name,
-                    created_at=record.created_at,
-                    status=record.status,
-                    exit_code=record.exit_code,
-                    deadline=record.deadline,
-                    session_id=record.session_id or self.owner,
-                )
-            )
+            self.insert_on(connection, record)
+
+    def insert_on(self, connection: Connection, record: RunRecord) -> None:
+        """`insert` in the caller's open transaction (its TOOL_STARTED's: gateway/call_trail.py `CallTrail.log_with`)."""
+        connection.execute(
+            _INSERT,
+            {
+                "run_id": record.run_id,
+                "user_name": record.user,
+                "workspace": record.workspace,
+                "tool_name": record.tool_name,
+                "created_at": record.created_at,
+                "status": record.status,
+                "exit_code": record.exit_code,
+                "deadline": record.deadline,
+                "session_id": record.session_id or self.owner,
+            },
+        )
 
     def fetch_running(self) -> list[RunRecord]:
         """Runs still `running`: gateway/recovery.py closes those whose gateway is dead, or past their deadline."""
@@ -159,12 +164,7 @@ class RunStore:
             storage_errors("the run's end could not be recorded", log=log, run_id=run_id),
             self._engine.begin() as connection,
         ):
-            changed = connection.execute(
-                update(db.runs)
-                .where(db.runs.c.run_id == run_id, db.runs.c.status != RunStatus.ABANDONED)
-                .values(status=status, exit_code=exit_code)
-            ).rowcount
-        return bool(changed)
+            return finish_on(connection, run_id, status, exit_code)
 
     def fetch(self, run_id: str) -> RunRecord | None:
         with storage_errors("runs could not be read", log=log), self._read.connect() as connection:
@@ -177,6 +177,20 @@ class RunStore:
         params = {"limit": limit, "workspaces": list(workspaces or ())}
         with storage_errors("runs could not be read", log=log), self._read.connect() as connection:
             return [_record(row) for row in connection.execute(query, params)]
+
+
+_INSERT = db.runs.insert()
+_FINISH = (
+    update(db.runs)
+    .where(db.runs.c.run_id == bindparam("id"), db.runs.c.status != RunStatus.ABANDONED)
+    .values(status=bindparam("new_status"), exit_code=bindparam("new_exit_code"))
+)
+
+
+def finish_on(connection: Connection, run_id: str, status: str, exit_code: int | None) -> bool:
+    """`RunStore.finish` in the caller's open transaction (with the run's execution event: gateway/pipeline.py)."""
+    changed = connection.execute(_FINISH, {"id": run_id, "new_status": status, "new_exit_code": exit_code}).rowcount
+    return bool(changed)
 
 
 def _in_workspaces(postgres: bool) -> ColumnElement[bool]:

@@ -22,8 +22,17 @@ from sqlalchemy import Engine, text
 from gateway.audit import AuditEvent
 from gateway.auth import ensure_keys, issue_token
 from gateway.budget import Usage
-from gateway.consent.stage import OUT_OF_BAND, Answer, ConsentChannel, Decision, InputRequired, Origin, RoundTrip
-from gateway.consent.store import Channel
+from gateway.consent.stage import (
+    OUT_OF_BAND,
+    Answer,
+    ConsentChannel,
+    Decision,
+    InputRequired,
+    Origin,
+    RoundTrip,
+    consent_profile,
+)
+from gateway.consent.store import Channel, Grant, GrantDecision
 from gateway.db import make_engine, migrate
 from gateway.errors import GatewayError, SandboxViolationError
 from gateway.pipeline import CallRequest, Pipeline, check_sandbox_ready, start_refusal, who_decided
@@ -330,3 +339,34 @@ def test_a_writing_runs_copy_that_cannot_be_made_is_its_own_reason(slug: str, re
     refused = start_refusal("r1", SandboxStartError(slug))
     assert (refused.code, refused.reason) == (-32006, reason)
     assert "fix" in refused.public_message()
+
+
+def test_a_runs_record_is_committed_with_its_tool_started_or_not_at_all(in_process: Callable[..., InProcess]) -> None:
+    """Decision 93: the run's record goes in TOOL_STARTED's transaction. TOOL_STARTED refused by the database:
+    no `running` record is left for a sweep to close, nothing ran, and the reservation is settled to nothing."""
+    gateway = in_process()
+    spec = gateway.services.tools["run_pytest"]
+    grant = Grant(
+        id=0, user="alice", workspace="default", server_id=gateway.services.server_id, tool_name="run_pytest",
+        args_hash=None, decision=GrantDecision.ALLOW, fingerprint=consent_profile(spec)[2],
+        granted_at=gateway.clock.now(), expires_at=None, granted_by="approvals:ada", channel=Channel.APPROVER,
+    )  # fmt: skip
+    gateway.services.consent_store.insert_grant(grant)
+    with gateway.services.engine.begin() as connection:
+        connection.execute(
+            text(
+                "CREATE TRIGGER lose_started BEFORE INSERT ON audit_events "
+                "WHEN NEW.event_type = 'TOOL_STARTED' BEGIN SELECT RAISE(ABORT, 'disk failure'); END"
+            )
+        )
+
+    error = gateway.refused("run_pytest", ALL_PASS, gateway.token())
+
+    assert (error.code, error.reason) == (-32603, "audit_unavailable")
+    events = gateway.events()
+    assert [e.event_type for e in events] == ["MCP_TOOL_CALL", "mcp.permission.decision"]
+    assert events[1].detail["decision"] == "ALLOW_ALWAYS"
+    with gateway.services.engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM runs")).scalar_one() == 0
+    assert not gateway.services.runs.folder(error.data["run_id"]).exists()  # nothing ran
+    assert gateway.usage() == Usage(1, 0)  # the attempt counts; no time was spent
