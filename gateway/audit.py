@@ -246,13 +246,19 @@ class AuditLog:
             _log_second_end(drafts)
         return written
 
-    def append_within(self, connection: Connection, *drafts: EventDraft) -> list[AuditEvent]:
+    def append_within(
+        self, connection: Connection, *drafts: EventDraft, along: Sequence[Along] = ()
+    ) -> list[AuditEvent]:
         """Append the drafts in the caller's open transaction, so they commit with its other writes or not at
-        all (a person's decision and its event: gateway/consent/actions.py). The caller maps storage errors."""
+        all (a person's decision and its event: gateway/consent/actions.py). The caller maps storage errors.
+
+        `along` as for `append`. On PostgreSQL it goes into `gateway_audit_append`'s one statement, which the
+        caller should make its transaction's last: the chain's lock is then held until COMMIT only, never
+        across another statement's round trip (decision 62)."""
         if self._on_server:
-            bodies, params = _server_params(iso_utc(self._clock.now()), drafts, ())
+            bodies, params = _server_params(iso_utc(self._clock.now()), drafts, along)
             return _sealed_by_server(bodies, connection.exec_driver_sql(_APPEND, params).fetchall())
-        return self._append_on(connection, drafts, ())
+        return self._append_on(connection, drafts, along)
 
     def _append_here(self, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
         """SQLite: the append in one transaction, under the file's write lock."""

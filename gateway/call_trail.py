@@ -186,10 +186,10 @@ class CallTrail:
             engine.begin() as connection,
         ):
             writes(connection)
-            written = self.recorder.audit.append_within(connection, *drafts, *events)
-            along = self.card(status) if written and status is not None else ()
-            for write in along:
-                write(connection, written[-1].id)
+            # The card goes in the append itself, the transaction's last statement: on PostgreSQL the chain's
+            # lock is held until COMMIT only, as for `log` (decision 62).
+            along = self.card(status) if status is not None else ()
+            self.recorder.audit.append_within(connection, *drafts, *events, along=along)
         self.carded = self.carded or bool(along)
         self.entry_logged = True
 
