@@ -24,10 +24,13 @@ import pytest
 from sqlalchemy import update
 
 from gateway import db
+from gateway.calls import CallStore
 from gateway.clock import SystemClock
 from gateway.consent.actions import Actor, decide_question
 from gateway.consent.stage import Decision
 from gateway.consent.store import Channel
+from tests.e2e.console_server import running_console
+from tests.e2e.test_console_limits import Stream, session_cookie
 from tests.gateway.test_console_routes import PASSWORDS, password_hash, running_app, session_csrf, signed_in
 from tests.harness import FORM_ELICITATION, ConsentDesk, GatewayHome, StdioSession, reachable_by_everyone
 
@@ -63,6 +66,8 @@ class Origin(http.server.BaseHTTPRequestHandler):
             if isinstance(self.server, OriginServer):
                 self.server.slow_asked.set()
             time.sleep(60)
+        if self.path == "/hold" and isinstance(self.server, OriginServer):  # answered once the test lets it go
+            self.server.released.wait(timeout=90)
         body = BIG if self.path == "/big" else BODY
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -79,6 +84,7 @@ class OriginServer(http.server.ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Origin)
         self.slow_asked = threading.Event()
+        self.released = threading.Event()
 
 
 @pytest.fixture
@@ -568,6 +574,79 @@ def test_a_cancelled_run_still_records_its_connections_before_its_end(
     assert events[-1]["detail"] == {"status": "cancelled"}
     assert (events[-2]["detail"]["host"], events[-2]["detail"]["decision"]) == ("origin.test", "allowed")
     assert proxied.chain_ok()
+
+
+HOLD = f"""\
+#!{sys.executable}
+import json, sys, urllib.request
+first = urllib.request.urlopen(sys.argv[1] + "/x", timeout=20).read()
+second = urllib.request.urlopen(sys.argv[1] + "/hold", timeout=90).read()
+print(json.dumps({{"first": first.decode(), "second": second.decode()}}))
+"""
+
+
+def test_a_live_runs_connections_show_on_its_card_in_the_console_while_it_runs(
+    db_url: str, make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """A run fetches once (that connection closes), then holds a second connection open until the test lets it go.
+    While it holds, the console (the real app in process for its routes, a real `mcp-gateway console` for its
+    stream) shows the first connection on the running card; after the run, each connection has exactly one
+    NET_CONNECT, between TOOL_STARTED and SANDBOX_EXEC, and the card shows both (decision 98)."""
+    port = origin.server_address[1]
+    gw = gateway_with(
+        make_gateway,
+        {"hold": HOLD},
+        {
+            "tools": {"allowlist": ["hold"], "declared": {"hold": tool(["bin/hold", "{url}"])}},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
+            },
+        },
+    )
+    gw.users.add("ada", "ADMIN", ("default",), PASSWORDS["ada"])
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    with running_console(gw) as base, running_app(gw) as app:
+        stream = Stream(base, session_cookie(base, "ada", PASSWORDS["ada"]), "?after=0")
+        try:
+            request_id = session.send_call("hold", {"url": f"http://origin.test:{port}"}, gw.token("alice"))
+            deadline = time.monotonic() + 90
+            live: dict[str, Any] | None = None
+            while live is None:
+                assert time.monotonic() < deadline, f"no live card with a connection: {stream.cards()}"
+                session.pump(0.1)  # the tool's consent question answered meanwhile
+                live = next((c for c in stream.cards() if c["status"] == "running" and c["connections"]), None)
+            assert not origin.released.is_set()  # the run holds its second connection: it is on
+            [first] = live["connections"]
+            assert (first["host"], first["port"], first["method"], first["decision"], first["reason"]) == (
+                "origin.test", port, "GET", "allowed", None,
+            )  # fmt: skip
+            assert first["bytes_down"] > len(BODY) and first["bytes_up"] > 0 and live["connections_total"] == 1
+            run_id = str(live["run_id"])
+            ada = signed_in(app, "ada")  # the route reads the same card, still running
+            routed = ada.get(f"/api/calls/{run_id}").json()["card"]
+            assert routed["status"] == "running" and routed["connections"] == [first]
+            origin.released.set()
+            response = session.wait_response(request_id, timeout=90)
+        finally:
+            origin.released.set()
+            stream.close()
+    assert json.loads(response["result"]["content"][0]["text"].splitlines()[0]) == {
+        "first": BODY.decode(), "second": BODY.decode(),
+    }  # fmt: skip
+    events = gw.events_of(run_id)
+    kinds = [e["event_type"] for e in events]
+    assert kinds.count("NET_CONNECT") == 2, kinds  # one per connection: the live one was not written again
+    assert kinds.index("TOOL_STARTED") < kinds.index("NET_CONNECT") and kinds[-3:] == [
+        "NET_CONNECT", "SANDBOX_EXEC", "TOOL_FINISHED",
+    ], kinds  # fmt: skip
+    live_event = events[kinds.index("NET_CONNECT")]
+    assert live_event["id"] <= int(live["last_event_id"])  # committed while the run was on, the card moved with it
+    assert gw.chain_ok()
+    ended = CallStore(gw.engine).fetch(run_id)
+    assert ended is not None and ended.status == "done" and ended.connections_total == 2
+    assert [c["bytes_down"] > len(BODY) for c in ended.connections] == [True, True]
 
 
 def test_policy_check_and_explain_show_what_a_run_may_reach(proxied: GatewayHome) -> None:
