@@ -261,5 +261,6 @@ async def flush_connections(trail: CallTrail, every_s: float = FLUSH_S) -> None:
             await in_db_thread(trail.log, CardStatus.RUNNING, *trail.net_connects(taken))
         except Exception:
             connections.put_back(taken)
+            log.error("run %s: %d connection(s) through the proxy could not be written", trail.run_id, len(taken))  # noqa: TRY400  (the cause is raised on)
             raise
         await anyio.sleep(every_s)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+import sqlalchemy
+from sqlalchemy import select, update
 
 from gateway import db
 from gateway.calls import CallStore
@@ -585,15 +586,10 @@ print(json.dumps({{"first": first.decode(), "second": second.decode()}}))
 """
 
 
-def test_a_live_runs_connections_show_on_its_card_in_the_console_while_it_runs(
-    db_url: str, make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
-) -> None:
-    """A run fetches once (that connection closes), then holds a second connection open until the test lets it go.
-    While it holds, the console (the real app in process for its routes, a real `mcp-gateway console` for its
-    stream) shows the first connection on the running card; after the run, each connection has exactly one
-    NET_CONNECT, between TOOL_STARTED and SANDBOX_EXEC, and the card shows both (decision 98)."""
+def holding(make_gateway: GatewayFactory, origin: OriginServer) -> GatewayHome:
+    """A gateway whose tool `hold` fetches /x from the origin, then /hold (held until the test releases it)."""
     port = origin.server_address[1]
-    gw = gateway_with(
+    return gateway_with(
         make_gateway,
         {"hold": HOLD},
         {
@@ -604,6 +600,17 @@ def test_a_live_runs_connections_show_on_its_card_in_the_console_while_it_runs(
             },
         },
     )
+
+
+def test_a_live_runs_connections_show_on_its_card_in_the_console_while_it_runs(
+    db_url: str, make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """A run fetches once (that connection closes), then holds a second connection open until the test lets it go.
+    While it holds, the console (the real app in process for its routes, a real `mcp-gateway console` for its
+    stream) shows the first connection on the running card; after the run, each connection has exactly one
+    NET_CONNECT, between TOOL_STARTED and SANDBOX_EXEC, and the card shows both (decision 98)."""
+    port = origin.server_address[1]
+    gw = holding(make_gateway, origin)
     gw.users.add("ada", "ADMIN", ("default",), PASSWORDS["ada"])
     session = open_session(gw, capabilities=FORM_ELICITATION)
     session.responder = allow_once
@@ -647,6 +654,40 @@ def test_a_live_runs_connections_show_on_its_card_in_the_console_while_it_runs(
     ended = CallStore(gw.engine).fetch(run_id)
     assert ended is not None and ended.status == "done" and ended.connections_total == 2
     assert [c["bytes_down"] > len(BODY) for c in ended.connections] == [True, True]
+
+
+def test_a_connection_the_audit_log_refuses_while_the_run_is_on_ends_the_run_at_once_with_audit_unavailable(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """The live write of a connection fails (the log refuses NET_CONNECT): the run is killed while it still holds
+    its second connection, the call answers -32603 audit_unavailable at once, never hangs, and its record is
+    closed as failed (decision 98: the same handling as the trail's other writes)."""
+    gw = holding(make_gateway, origin)
+    with gw.engine.begin() as connection:
+        connection.execute(
+            sqlalchemy.text(
+                "CREATE TRIGGER lose_connections BEFORE INSERT ON audit_events "
+                "WHEN NEW.event_type = 'NET_CONNECT' BEGIN SELECT RAISE(ABORT, 'disk failure'); END"
+            )
+        )
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    started = time.monotonic()
+    try:
+        response = session.call_tool(
+            "hold", {"url": f"http://origin.test:{origin.server_address[1]}"}, gw.token("alice"), timeout=80
+        )
+    finally:
+        origin.released.set()
+    assert time.monotonic() - started < 80  # the held connection would have lasted 90 s
+    assert (response["error"]["code"], response["error"]["data"]["reason"]) == (-32603, "audit_unavailable")
+    run_id = response["error"]["data"]["run_id"]
+    kinds = [e["event_type"] for e in gw.events_of(run_id)]
+    assert "TOOL_STARTED" in kinds and "NET_CONNECT" not in kinds and "SANDBOX_EXEC" not in kinds, kinds
+    with gw.engine.connect() as connection:
+        status = connection.execute(select(db.runs.c.status).where(db.runs.c.run_id == run_id)).scalar_one()
+    assert status == "failed"
+    assert gw.chain_ok()
 
 
 def test_policy_check_and_explain_show_what_a_run_may_reach(proxied: GatewayHome) -> None:
