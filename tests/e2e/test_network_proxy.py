@@ -405,6 +405,42 @@ def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothin
         assert event["detail"]["decision"] == decision
 
 
+def test_an_upstream_calls_ended_connection_is_on_its_card_while_the_call_is_in_flight(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """The server fetches once (that connection ends), then holds a second fetch: while the call is in flight, its
+    card in the console (the real app's route) shows the first connection; after it, one NET_CONNECT each, before
+    UPSTREAM_CALL (decision 98)."""
+    port = origin.server_address[1]
+    gw = fetch_upstream(make_gateway, {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}}, {})
+    gw.users.add("ada", "ADMIN", ("default",), PASSWORDS["ada"])
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    url = f"http://origin.test:{port}"
+    request_id = session.send_call("web__fetch", {"url": url + "/x", "then": url + "/hold"}, gw.token("alice"))
+    try:
+        with running_app(gw) as app:
+            ada = signed_in(app, "ada")
+            deadline = time.monotonic() + 90
+            live: list[Any] = []
+            while not live:
+                assert time.monotonic() < deadline, "the call's connection never showed on its card"
+                session.pump(0.1)
+                cards = ada.get("/api/calls").json()["cards"]
+                live = [c for c in cards if c["tool_name"] == "web__fetch" and c["connections"]]
+            [card] = live
+            assert card["status"] == "running" and not origin.released.is_set()
+            assert [(c["host"], c["decision"]) for c in card["connections"]] == [("origin.test", "allowed")]
+    finally:
+        origin.released.set()
+    response = session.wait_response(request_id, timeout=90)
+    answer = json.loads(response["result"]["content"][0]["text"])
+    assert answer["first"]["status"] == 200 and answer["then"]["status"] == 200
+    kinds = [e["event_type"] for e in gw.events_of(card["run_id"])]
+    assert kinds.count("NET_CONNECT") == 2 and kinds[-3:] == ["NET_CONNECT", "UPSTREAM_CALL", "TOOL_FINISHED"], kinds
+    assert gw.chain_ok()
+
+
 def test_an_upstream_servers_ask_host_goes_to_the_person_of_the_call_in_flight_and_its_own_traffic_is_refused(
     make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
 ) -> None:
