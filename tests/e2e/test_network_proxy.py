@@ -692,6 +692,38 @@ def test_a_live_runs_connections_show_on_its_card_in_the_console_while_it_runs(
     assert [c["bytes_down"] > len(BODY) for c in ended.connections] == [True, True]
 
 
+def test_a_run_cancelled_after_a_live_write_records_each_connection_once_before_its_end(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """The first connection is written while the run is on; the call is cancelled while the second is held: the
+    writer ends with the run, the cut connection is written with the terminal event, one NET_CONNECT each."""
+    gw = holding(make_gateway, origin)
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    url = f"http://origin.test:{origin.server_address[1]}"
+    request_id = session.send_call("hold", {"url": url}, gw.token("alice"))
+    deadline = time.monotonic() + 90
+    try:
+        written: list[dict[str, Any]] = []
+        while not written:  # the first connection's NET_CONNECT, committed while the run holds the second
+            assert time.monotonic() < deadline, "no connection was written while the run was on"
+            session.pump(0.1)
+            written = [e for e in gw.all_events() if e["event_type"] == "NET_CONNECT"]
+        run_id = written[0]["run_id"]
+        session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
+        while "TOOL_FINISHED" not in [e["event_type"] for e in gw.events_of(run_id)]:
+            assert time.monotonic() < deadline, "the cancelled call left no end"
+            session.pump(0.1)
+    finally:
+        origin.released.set()
+    events = gw.events_of(run_id)
+    kinds = [e["event_type"] for e in events]
+    assert kinds[-3:] == ["NET_CONNECT", "NET_CONNECT", "TOOL_FINISHED"], kinds
+    assert kinds.count("NET_CONNECT") == 2 and events[-1]["detail"] == {"status": "cancelled"}
+    assert [e["detail"]["bytes_down"] > len(BODY) for e in events[-3:-1]] == [True, False]  # the held one was cut
+    assert gw.chain_ok()
+
+
 def test_a_connection_the_audit_log_refuses_while_the_run_is_on_ends_the_run_at_once_with_audit_unavailable(
     make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
 ) -> None:
