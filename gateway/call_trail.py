@@ -7,7 +7,8 @@ something must follow it in the log (a refusal, a reservation, a run, a person a
 call refused early costs one commit. Every write of the trail goes with the call's card
 (gateway/calls.py) in the same transaction: the card's first row with the entry event, its move
 with each later event. A call from nobody known gets no card: it belongs to no workspace (the
-audit log keeps it).
+audit log keeps it). While a run is on, its connections through the egress proxy are written as they
+end, at most once a second, with the card's move (`flush_connections`; decision 98).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from sqlalchemy import Connection, Engine
 
 from gateway.audit import Along, AuditLog, EventDraft, EventType
@@ -27,12 +29,15 @@ from gateway.calls import KIND_TOOL, CardStatus, Moved, Opened, outcome_content
 from gateway.canonical import is_text
 from gateway.clock import Clock
 from gateway.db.errors import storage_errors
+from gateway.db.threads import in_db_thread
 from gateway.errors import GatewayError, Reason
-from gateway.proxy import ConnectionLog
+from gateway.proxy import ConnectionLog, NetConnect
 from gateway.tools.outcome import ToolOutcome
 
 log = logging.getLogger("gateway.call_trail")
 
+FLUSH_S = 1.0
+"""A live run's ended connections are written at most this often (decision 98)."""
 STORED_NAME_MAX = 128
 """The audit log's tool_name column (String(128) in gateway/db/__init__.py)."""
 
@@ -130,9 +135,12 @@ class CallTrail:
         )
 
     def connected(self) -> tuple[EventDraft, ...]:
-        """NET_CONNECT for each connection through the run's proxy not yet written, taken: written once, before the
-        run's execution event or, when the call fails or is cancelled, its terminal event."""
-        records = self.connections.drain() if self.connections is not None else ()
+        """NET_CONNECT for each connection through the run's proxy not yet written, taken: written once, while the
+        run is on (`flush_connections`) or with the run's execution event or, when the call fails or is cancelled,
+        its terminal event."""
+        return self.net_connects(self.connections.drain() if self.connections is not None else ())
+
+    def net_connects(self, records: tuple[NetConnect, ...]) -> tuple[EventDraft, ...]:
         return tuple(self.terminal(EventType.NET_CONNECT, None, r.detail()) for r in records)
 
     def refusal(self, exc: GatewayError) -> EventDraft:
@@ -234,3 +242,25 @@ class CallTrail:
         if status is None:  # a card already written, left as it is (returned above; for the type checker)
             return ()
         return (Moved(card, status, now, self.workspace, code, reason, message, result),)
+
+
+async def flush_connections(trail: CallTrail, every_s: float = FLUSH_S) -> None:
+    """While the run is on, until cancelled: NET_CONNECT for each of its connections that ended since the last write,
+    with the card's move (still running, its `last_event_id` the console's cursor), in one transaction, at most
+    once every `every_s`; nothing is written while nothing ends (decision 98). The write is shielded (a database
+    thread's), so cancelling this never leaves a write behind that could land after the run's end. A write that
+    fails raises (StorageUnavailableError, audit_unavailable) with its records put back: the call's end writes
+    them, and the caller ends the run."""
+    connections = trail.connections
+    if connections is None:
+        return
+    while True:
+        await connections.arrived()
+        taken = connections.drain()
+        try:
+            await in_db_thread(trail.log, CardStatus.RUNNING, *trail.net_connects(taken))
+        except Exception:
+            connections.put_back(taken)
+            log.error("run %s: %d connection(s) through the proxy could not be written", trail.run_id, len(taken))  # noqa: TRY400  (the cause is raised on)
+            raise
+        await anyio.sleep(every_s)

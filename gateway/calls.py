@@ -19,10 +19,17 @@ arguments are stored redacted as everywhere (gateway/consent/text.py `redacted`)
 MCP content blocks; either, past `STORED_CHARS`, is cut loudly (length and sha256 kept).
 `last_event_id`, the id of the audit event of the row's last change, only grows: it is the cursor
 the console's live view polls.
+
+A card read for the console carries its run's connections through the egress proxy: the NET_CONNECT
+events of the call (the run of its last event: a continued card's retry), the newest `CONNECTIONS_SHOWN`
+of them and how many there are. A live run writes them as they end, at most once a second, each with
+the card's move (gateway/call_trail.py `flush_connections`; decision 98), so they reach the console's
+stream while the run is on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -32,11 +39,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine, bindparam, func, select, update
 
 from gateway import db
+from gateway.audit import EventType
 from gateway.canonical import canonical_json, sha256_hex
 from gateway.consent.text import redacted
 from gateway.tools.outcome import ToolOutcome
 from gateway.visible import storable
 
+CONNECTIONS_SHOWN = 50
+"""At most this many of a card's connections (the newest) are read for the console; `connections_total` counts all."""
+CONNECTION_FIELDS = ("host", "port", "method", "decision", "reason", "bytes_up", "bytes_down", "duration_ms", "count")
+"""What a card shows of a NET_CONNECT's detail (docs/audit.md)."""
 STORED_CHARS = 262_144
 """At most this much of a card's arguments or of its result text is stored; the rest is named, not kept."""
 KIND_TOOL = "tool"
@@ -73,6 +85,9 @@ class Card:
     message: str | None
     result: list[dict[str, Any]] | None
     last_event_id: int
+    connections: tuple[dict[str, Any], ...] = ()
+    """The run's connections through the egress proxy so far, oldest first (the newest CONNECTIONS_SHOWN of them)."""
+    connections_total: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in Card.__slots__}
@@ -256,7 +271,7 @@ class CallStore:
         if workspaces is not None:
             query = query.where(t.c.workspace.in_(list(workspaces)))
         with self._read.connect() as connection:
-            return [_card(row._mapping) for row in connection.execute(query)]
+            return _with_connections(connection, [_card(row._mapping) for row in connection.execute(query)])
 
     def fetch_head(self) -> int:
         """The newest change's cursor (0 when there is no card): where a live view starts."""
@@ -271,7 +286,7 @@ class CallStore:
         if workspaces is not None:
             query = query.where(t.c.workspace.in_(list(workspaces)))
         with self._read.connect() as connection:
-            return [_card(row._mapping) for row in connection.execute(query)]
+            return _with_connections(connection, [_card(row._mapping) for row in connection.execute(query)])
 
     def fetch_page(self, query: CallQuery, workspaces: Collection[str] | None) -> tuple[list[Card], int | None]:
         """One page of the cards `query` asks for, newest change first, and the cursor of the page after it
@@ -294,14 +309,68 @@ class CallStore:
         select_page = select(t).where(*conditions).order_by(t.c.last_event_id.desc()).limit(limit + 1)
         with self._read.connect() as connection:
             cards = [_card(row._mapping) for row in connection.execute(select_page)]
-        more = len(cards) > limit
-        return cards[:limit], cards[limit - 1].last_event_id if more else None
+            more = len(cards) > limit
+            cards = _with_connections(connection, cards[:limit])
+        return cards, cards[limit - 1].last_event_id if more else None
 
     def fetch(self, run_id: str) -> Card | None:
         t = db.tool_calls
         with self._read.connect() as connection:
             row = connection.execute(select(t).where(t.c.run_id == run_id)).first()
-        return None if row is None else _card(row._mapping)
+            return None if row is None else _with_connections(connection, [_card(row._mapping)])[0]
+
+
+def _with_connections(connection: Connection, cards: list[Card]) -> list[Card]:
+    """`cards` with their runs' connections (NET_CONNECT events), in two reads whatever their number: the run id
+    of each card's last event (a continued card's events are its retry's), then the newest CONNECTIONS_SHOWN
+    connections of each of those runs and their count."""
+    tools = [card for card in cards if card.kind == KIND_TOOL]
+    if not tools:
+        return cards
+    a = db.audit_events
+    last_ids = [card.last_event_id for card in tools]
+    run_of = dict(connection.execute(select(a.c.id, a.c.run_id).where(a.c.id.in_(last_ids))).all())
+    runs = {run for run in run_of.values() if run is not None}
+    if not runs:
+        return cards
+    numbered = (
+        select(
+            a.c.run_id,
+            a.c.id,
+            a.c.detail,
+            func.row_number().over(partition_by=a.c.run_id, order_by=a.c.id.desc()).label("n"),
+            func.count().over(partition_by=a.c.run_id).label("total"),
+        )
+        .where(a.c.event_type == EventType.NET_CONNECT, a.c.run_id.in_(sorted(runs)))
+        .subquery()
+    )
+    shown: dict[str, list[dict[str, Any]]] = {}
+    totals: dict[str, int] = {}
+    rows = connection.execute(
+        select(numbered.c.run_id, numbered.c.detail, numbered.c.total)
+        .where(numbered.c.n <= CONNECTIONS_SHOWN)
+        .order_by(numbered.c.id)
+    )
+    for run, detail, total in rows:
+        shown.setdefault(run, []).append(_connection(detail))
+        totals[run] = int(total)
+    return [
+        dataclasses.replace(card, connections=tuple(shown[run]), connections_total=totals[run])
+        if card.kind == KIND_TOOL and (run := run_of.get(card.last_event_id)) in shown
+        else card
+        for card in cards
+    ]
+
+
+def _connection(detail: str) -> dict[str, Any]:
+    """What a card shows of one NET_CONNECT: its CONNECTION_FIELDS, nothing else of the detail."""
+    try:
+        read = json.loads(detail)
+    except ValueError:
+        read = None
+    if not isinstance(read, dict):
+        return {"host": "(unreadable)"}
+    return {name: read.get(name) for name in CONNECTION_FIELDS}
 
 
 def _card(m: Any) -> Card:

@@ -49,7 +49,7 @@ from sqlalchemy import Connection
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
 from gateway.budget import Usage, reservation_ms, settle_on, spent_ms
-from gateway.call_trail import CallTrail, Recorder, stored_tool_name
+from gateway.call_trail import CallTrail, Recorder, flush_connections, stored_tool_name
 from gateway.calls import CardStatus
 from gateway.canonical import args_hash
 from gateway.consent.changes_view import changes_prompt
@@ -94,7 +94,7 @@ from gateway.scope import (
 )
 from gateway.services import Services
 from gateway.start_failures import describe_start_failure, describe_view_failure, start_step
-from gateway.tools.base import ExecutionRequest, Governance, Relay, ToolSpec, Written
+from gateway.tools.base import Execute, ExecutionRequest, Governance, Relay, ToolRun, ToolSpec, Written
 from gateway.tools.changes import (
     REVIEW_PROMPT_CHARS,
     apply_beneath,
@@ -829,7 +829,7 @@ class Pipeline:
         )
         try:
             with artifact_errors(run_id):
-                run = await spec.execute(request)
+                run = await self._executed(spec.execute, request, trail)
         except GatewayError:  # -32603, or a tool's own refusal before it spawned anything: nothing ran
             await in_db_thread(self.s.runs.finish, run_id, RunStatus.FAILED, None)
             raise
@@ -894,6 +894,33 @@ class Pipeline:
         if not trail.closed_by_sweep:
             await in_db_thread(self._finished, trail, finished, outcome)
         return outcome
+
+    @staticmethod
+    async def _executed(execute: Execute, request: ExecutionRequest, trail: CallTrail) -> ToolRun:
+        """`execute(request)`, the run's connections written as they end beside it (decision 98). A write that
+        fails ends the run (cancelled: the runner kills it) and is raised, as any other write of the trail; the
+        writer ends with the run, its last write (shielded) committed first."""
+        ran: list[ToolRun] = []
+        raised: list[Exception] = []
+        async with anyio.create_task_group() as group:
+
+            async def flushing() -> None:
+                try:
+                    await flush_connections(trail)
+                except Exception as exc:
+                    raised.append(exc)
+                    group.cancel_scope.cancel()
+
+            group.start_soon(flushing)
+            try:
+                ran.append(await execute(request))
+            except Exception as exc:  # raised after the group, as itself: never wrapped in a group
+                raised.append(exc)
+            finally:
+                group.cancel_scope.cancel()
+        if raised:
+            raise raised[0]
+        return ran[0]
 
     async def _changes(
         self,

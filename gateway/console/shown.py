@@ -58,4 +58,5 @@ def shown_card(card: Card) -> dict[str, Any]:
             whole[name] = shown(whole[name])
     whole["arguments"] = shown_json(card.arguments)
     whole["result"] = None if card.result is None else shown_json(card.result)
+    whole["connections"] = shown_json(list(card.connections))  # a host is the run's text: escaped as any
     return whole

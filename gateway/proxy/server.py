@@ -141,17 +141,33 @@ class NetConnect:
 
 @dataclass(slots=True)
 class ConnectionLog:
-    """One call's connections through the proxy as they end, for the pipeline to write as NET_CONNECT events."""
+    """One call's connections through the proxy as they end, for the pipeline to write as NET_CONNECT events
+    (while the run is on, at most once a second: gateway/live_connections.py; decision 98). Used on the event
+    loop's thread only."""
 
     records: list[NetConnect] = field(default_factory=list)
+    _arrived: anyio.Event | None = None
 
     def add(self, record: NetConnect) -> None:
         self.records.append(record)
+        if self._arrived is not None:
+            self._arrived.set()
 
     def drain(self) -> tuple[NetConnect, ...]:
         """The records so far, taken: each is written once."""
         taken, self.records = tuple(self.records), []
         return taken
+
+    def put_back(self, taken: tuple[NetConnect, ...]) -> None:
+        """Records taken by `drain` that could not be written, first again: the call's end writes them."""
+        self.records[:0] = taken
+
+    async def arrived(self) -> None:
+        """Return once a record is here (at once if one already is)."""
+        while not self.records:
+            if self._arrived is None or self._arrived.is_set():
+                self._arrived = anyio.Event()  # shared by every waiter until a record comes
+            await self._arrived.wait()
 
 
 Resolver = Callable[[str, int], Awaitable[list[Address]]]

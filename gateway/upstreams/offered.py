@@ -20,6 +20,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from gateway.audit import EventType
 from gateway.canonical import canonical_json
 from gateway.consent.stage import DECLARATION_META_KEY
@@ -31,6 +33,7 @@ from gateway.errors import (
     ToolTimeoutError,
 )
 from gateway.programs import check_program_unchanged
+from gateway.proxy import ConnectionLog
 from gateway.runs import RunStatus
 from gateway.tools.base import ExecutionRequest, Governance, Origin, ToolSpec, Trust, Written
 from gateway.tools.changes import changes_detail
@@ -141,21 +144,45 @@ class UpstreamTool:
             last = f": {said[-1]}" if said else ""
             return f"Calling {self.upstream.offered_name(self.pinned.tool)} on upstream {self.upstream.name}{last}"
 
-        async with request.progress.waiting(describe):
+        forwarded: list[Forwarded] = []
+        raised: list[Exception] = []
+        async with request.progress.waiting(describe), anyio.create_task_group() as group:
+            if request.connections is not None:  # the server's connections as they end: this call's record, live
+                group.start_soon(_passed_on, connection.connections, request.connections)
             try:
-                forwarded = await connection.call(
-                    self.pinned.tool,
-                    request.arguments,
-                    timeout_s=request.timeout_s,
-                    on_progress=moved,
-                    relay=request.relay,
-                    ask_host=request.ask_host,
+                forwarded.append(
+                    await connection.call(
+                        self.pinned.tool,
+                        request.arguments,
+                        timeout_s=request.timeout_s,
+                        on_progress=moved,
+                        relay=request.relay,
+                        ask_host=request.ask_host,
+                    )
                 )
+            except Exception as exc:  # raised after the group, as itself: never wrapped in a group
+                raised.append(exc)
             finally:
-                if request.connections is not None:  # the server's connections that ended by now: this call's record
-                    for record in connection.connections.drain():
-                        request.connections.add(record)
-        return UpstreamRun.of(self.upstream, self.pinned.tool, request, forwarded)
+                group.cancel_scope.cancel()
+                if request.connections is not None:  # those that ended by now, to the last
+                    _pass_on(connection.connections, request.connections)
+        if raised:
+            raise raised[0]
+        return UpstreamRun.of(self.upstream, self.pinned.tool, request, forwarded[0])
+
+
+def _pass_on(server: ConnectionLog, call: ConnectionLog) -> None:
+    for record in server.drain():
+        call.add(record)
+
+
+async def _passed_on(server: ConnectionLog, call: ConnectionLog) -> None:
+    """Until cancelled: each connection of the server that ends while the call is in flight goes to the call's log
+    at once (the call's trail writes it while the call is on: decision 98). The server's proxy cannot tell which
+    call made a connection: one that ends while the call is in flight is the call's (decision 97)."""
+    while True:
+        await server.arrived()
+        _pass_on(server, call)
 
 
 def result_document(result: types.CallToolResult) -> dict[str, Any]:

@@ -13,7 +13,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import BrowserContext, ConsoleMessage, Page, expect
 
-from gateway.calls import CardStatus
+from gateway.audit import AuditLog, EventDraft, EventType
+from gateway.calls import CardStatus, Moved, Opened
+from gateway.clock import SystemClock
 from tests.e2e.console_server import CHROMIUM, signed_in_browser
 from tests.gateway.test_console_calls_list import CARDS, add_cards
 from tests.harness import GatewayHome
@@ -128,6 +130,36 @@ def test_the_newest_page_streams_only_the_cards_its_filters_pass(gw: GatewayHome
     add_cards(gw, [("live-fs", "ada", "default", "fs__read_file", CardStatus.ERROR, -32603, "upstream_unavailable")])
     expect(page.locator("article.card[data-run='live-fs'] .outcome")).to_have_text("-32603 upstream_unavailable")
     assert shown_runs(page) == ["live-fs", "c05"], "the run_pytest card did not pass the filter"
+    page.close()
+
+
+def test_a_running_cards_connections_come_live_and_are_drawn_escaped(gw: GatewayHome, ada: BrowserContext) -> None:
+    """A running card's page; a connection's NET_CONNECT is written with the card's move (as a live run's writer does,
+    decision 98): the page's stream draws it under Connections, open while running, its host escaped."""
+    log = AuditLog(gw.engine, SystemClock())
+    now = SystemClock().now()
+    opened_card = Opened("net-1", "ada", "default", "mcp-write-gateway", "fetch", {}, CardStatus.RUNNING, now)
+    entry = EventDraft(EventType.MCP_TOOL_CALL, run_id="net-1", user="ada", workspace="default")
+    log.append(entry, along=[opened_card])
+    page, refused = opened(ada, "/calls/net-1")
+    expect(page.locator("article.card[data-run='net-1'] details.connections")).to_have_count(0)
+    detail = {
+        "host": "origin.test", "port": 8443, "method": "CONNECT", "decision": "allowed", "rule": "allow: origin.test",
+        "reason": None, "address": "127.0.0.1", "bytes_up": 1200, "bytes_down": 34567, "duration_ms": 12, "count": 1,
+    }  # fmt: skip
+    hostile = {**detail, "host": "evil\u202etset.example", "decision": "refused", "reason": "no_rule", "address": None}
+    for connection in (detail, hostile):
+        event = EventDraft(EventType.NET_CONNECT, run_id="net-1", user="ada", workspace="default", detail=connection)
+        log.append(event, along=[Moved("net-1", CardStatus.RUNNING, now)])
+    links = page.locator("article.card[data-run='net-1'] details.connections")
+    expect(links.locator("li.connection")).to_have_count(2)
+    expect(links).to_have_attribute("open", "")
+    expect(links.locator("summary")).to_have_text("Connections (2)")
+    expect(links.locator("li.connection.allowed")).to_contain_text("origin.test:8443 CONNECT · allowed")
+    expect(links.locator("li.connection.allowed")).to_contain_text("34,567 B")
+    expect(links.locator("li.connection.refused")).to_contain_text("evil\\u202etset.example:8443")
+    expect(links.locator("li.connection.refused")).to_contain_text("refused (no_rule)")
+    assert refused == [], refused
     page.close()
 
 

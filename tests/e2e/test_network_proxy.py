@@ -21,13 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+import sqlalchemy
+from sqlalchemy import select, update
 
 from gateway import db
+from gateway.calls import CallStore
 from gateway.clock import SystemClock
 from gateway.consent.actions import Actor, decide_question
 from gateway.consent.stage import Decision
 from gateway.consent.store import Channel
+from tests.e2e.console_server import running_console
+from tests.e2e.test_console_limits import Stream, session_cookie
 from tests.gateway.test_console_routes import PASSWORDS, password_hash, running_app, session_csrf, signed_in
 from tests.harness import FORM_ELICITATION, ConsentDesk, GatewayHome, StdioSession, reachable_by_everyone
 
@@ -63,6 +67,8 @@ class Origin(http.server.BaseHTTPRequestHandler):
             if isinstance(self.server, OriginServer):
                 self.server.slow_asked.set()
             time.sleep(60)
+        if self.path == "/hold" and isinstance(self.server, OriginServer):  # answered once the test lets it go
+            self.server.released.wait(timeout=90)
         body = BIG if self.path == "/big" else BODY
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -79,6 +85,7 @@ class OriginServer(http.server.ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Origin)
         self.slow_asked = threading.Event()
+        self.released = threading.Event()
 
 
 @pytest.fixture
@@ -398,6 +405,42 @@ def test_an_upstream_server_reaches_an_allowed_host_through_its_proxy_and_nothin
         assert event["detail"]["decision"] == decision
 
 
+def test_an_upstream_calls_ended_connection_is_on_its_card_while_the_call_is_in_flight(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """The server fetches once (that connection ends), then holds a second fetch: while the call is in flight, its
+    card in the console (the real app's route) shows the first connection; after it, one NET_CONNECT each, before
+    UPSTREAM_CALL (decision 98)."""
+    port = origin.server_address[1]
+    gw = fetch_upstream(make_gateway, {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}}, {})
+    gw.users.add("ada", "ADMIN", ("default",), PASSWORDS["ada"])
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    url = f"http://origin.test:{port}"
+    request_id = session.send_call("web__fetch", {"url": url + "/x", "then": url + "/hold"}, gw.token("alice"))
+    try:
+        with running_app(gw) as app:
+            ada = signed_in(app, "ada")
+            deadline = time.monotonic() + 90
+            live: list[Any] = []
+            while not live:
+                assert time.monotonic() < deadline, "the call's connection never showed on its card"
+                session.pump(0.1)
+                cards = ada.get("/api/calls").json()["cards"]
+                live = [c for c in cards if c["tool_name"] == "web__fetch" and c["connections"]]
+            [card] = live
+            assert card["status"] == "running" and not origin.released.is_set()
+            assert [(c["host"], c["decision"]) for c in card["connections"]] == [("origin.test", "allowed")]
+    finally:
+        origin.released.set()
+    response = session.wait_response(request_id, timeout=90)
+    answer = json.loads(response["result"]["content"][0]["text"])
+    assert answer["first"]["status"] == 200 and answer["then"]["status"] == 200
+    kinds = [e["event_type"] for e in gw.events_of(card["run_id"])]
+    assert kinds.count("NET_CONNECT") == 2 and kinds[-3:] == ["NET_CONNECT", "UPSTREAM_CALL", "TOOL_FINISHED"], kinds
+    assert gw.chain_ok()
+
+
 def test_an_upstream_servers_ask_host_goes_to_the_person_of_the_call_in_flight_and_its_own_traffic_is_refused(
     make_gateway: GatewayFactory, open_session: SessionFactory, origin: http.server.ThreadingHTTPServer
 ) -> None:
@@ -568,6 +611,151 @@ def test_a_cancelled_run_still_records_its_connections_before_its_end(
     assert events[-1]["detail"] == {"status": "cancelled"}
     assert (events[-2]["detail"]["host"], events[-2]["detail"]["decision"]) == ("origin.test", "allowed")
     assert proxied.chain_ok()
+
+
+HOLD = f"""\
+#!{sys.executable}
+import json, sys, urllib.request
+first = urllib.request.urlopen(sys.argv[1] + "/x", timeout=20).read()
+second = urllib.request.urlopen(sys.argv[1] + "/hold", timeout=90).read()
+print(json.dumps({{"first": first.decode(), "second": second.decode()}}))
+"""
+
+
+def holding(make_gateway: GatewayFactory, origin: OriginServer) -> GatewayHome:
+    """A gateway whose tool `hold` fetches /x from the origin, then /hold (held until the test releases it)."""
+    port = origin.server_address[1]
+    return gateway_with(
+        make_gateway,
+        {"hold": HOLD},
+        {
+            "tools": {"allowlist": ["hold"], "declared": {"hold": tool(["bin/hold", "{url}"])}},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
+            },
+        },
+    )
+
+
+def test_a_live_runs_connections_show_on_its_card_in_the_console_while_it_runs(
+    db_url: str, make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """A run fetches once (that connection closes), then holds a second connection open until the test lets it go.
+    While it holds, the console (the real app in process for its routes, a real `mcp-gateway console` for its
+    stream) shows the first connection on the running card; after the run, each connection has exactly one
+    NET_CONNECT, between TOOL_STARTED and SANDBOX_EXEC, and the card shows both (decision 98)."""
+    port = origin.server_address[1]
+    gw = holding(make_gateway, origin)
+    gw.users.add("ada", "ADMIN", ("default",), PASSWORDS["ada"])
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    with running_console(gw) as base, running_app(gw) as app:
+        stream = Stream(base, session_cookie(base, "ada", PASSWORDS["ada"]), "?after=0")
+        try:
+            request_id = session.send_call("hold", {"url": f"http://origin.test:{port}"}, gw.token("alice"))
+            deadline = time.monotonic() + 90
+            live: dict[str, Any] | None = None
+            while live is None:
+                assert time.monotonic() < deadline, f"no live card with a connection: {stream.cards()}"
+                session.pump(0.1)  # the tool's consent question answered meanwhile
+                live = next((c for c in stream.cards() if c["status"] == "running" and c["connections"]), None)
+            assert not origin.released.is_set()  # the run holds its second connection: it is on
+            [first] = live["connections"]
+            assert (first["host"], first["port"], first["method"], first["decision"], first["reason"]) == (
+                "origin.test", port, "GET", "allowed", None,
+            )  # fmt: skip
+            assert first["bytes_down"] > len(BODY) and first["bytes_up"] > 0 and live["connections_total"] == 1
+            run_id = str(live["run_id"])
+            ada = signed_in(app, "ada")  # the route reads the same card, still running
+            routed = ada.get(f"/api/calls/{run_id}").json()["card"]
+            assert routed["status"] == "running" and routed["connections"] == [first]
+            origin.released.set()
+            response = session.wait_response(request_id, timeout=90)
+        finally:
+            origin.released.set()
+            stream.close()
+    assert json.loads(response["result"]["content"][0]["text"].splitlines()[0]) == {
+        "first": BODY.decode(), "second": BODY.decode(),
+    }  # fmt: skip
+    events = gw.events_of(run_id)
+    kinds = [e["event_type"] for e in events]
+    assert kinds.count("NET_CONNECT") == 2, kinds  # one per connection: the live one was not written again
+    assert kinds.index("TOOL_STARTED") < kinds.index("NET_CONNECT") and kinds[-3:] == [
+        "NET_CONNECT", "SANDBOX_EXEC", "TOOL_FINISHED",
+    ], kinds  # fmt: skip
+    live_event = events[kinds.index("NET_CONNECT")]
+    assert live_event["id"] <= int(live["last_event_id"])  # committed while the run was on, the card moved with it
+    assert gw.chain_ok()
+    ended = CallStore(gw.engine).fetch(run_id)
+    assert ended is not None and ended.status == "done" and ended.connections_total == 2
+    assert [c["bytes_down"] > len(BODY) for c in ended.connections] == [True, True]
+
+
+def test_a_run_cancelled_after_a_live_write_records_each_connection_once_before_its_end(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """The first connection is written while the run is on; the call is cancelled while the second is held: the
+    writer ends with the run, the cut connection is written with the terminal event, one NET_CONNECT each."""
+    gw = holding(make_gateway, origin)
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    url = f"http://origin.test:{origin.server_address[1]}"
+    request_id = session.send_call("hold", {"url": url}, gw.token("alice"))
+    deadline = time.monotonic() + 90
+    try:
+        written: list[dict[str, Any]] = []
+        while not written:  # the first connection's NET_CONNECT, committed while the run holds the second
+            assert time.monotonic() < deadline, "no connection was written while the run was on"
+            session.pump(0.1)
+            written = [e for e in gw.all_events() if e["event_type"] == "NET_CONNECT"]
+        run_id = written[0]["run_id"]
+        session.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": request_id}})
+        while "TOOL_FINISHED" not in [e["event_type"] for e in gw.events_of(run_id)]:
+            assert time.monotonic() < deadline, "the cancelled call left no end"
+            session.pump(0.1)
+    finally:
+        origin.released.set()
+    events = gw.events_of(run_id)
+    kinds = [e["event_type"] for e in events]
+    assert kinds[-3:] == ["NET_CONNECT", "NET_CONNECT", "TOOL_FINISHED"], kinds
+    assert kinds.count("NET_CONNECT") == 2 and events[-1]["detail"] == {"status": "cancelled"}
+    assert [e["detail"]["bytes_down"] > len(BODY) for e in events[-3:-1]] == [True, False]  # the held one was cut
+    assert gw.chain_ok()
+
+
+def test_a_connection_the_audit_log_refuses_while_the_run_is_on_ends_the_run_at_once_with_audit_unavailable(
+    make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """The live write of a connection fails (the log refuses NET_CONNECT): the run is killed while it still holds
+    its second connection, the call answers -32603 audit_unavailable at once, never hangs, and its record is
+    closed as failed (decision 98: the same handling as the trail's other writes)."""
+    gw = holding(make_gateway, origin)
+    with gw.engine.begin() as connection:
+        connection.execute(
+            sqlalchemy.text(
+                "CREATE TRIGGER lose_connections BEFORE INSERT ON audit_events "
+                "WHEN NEW.event_type = 'NET_CONNECT' BEGIN SELECT RAISE(ABORT, 'disk failure'); END"
+            )
+        )
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    started = time.monotonic()
+    try:
+        response = session.call_tool(
+            "hold", {"url": f"http://origin.test:{origin.server_address[1]}"}, gw.token("alice"), timeout=80
+        )
+    finally:
+        origin.released.set()
+    assert time.monotonic() - started < 80  # the held connection would have lasted 90 s
+    assert (response["error"]["code"], response["error"]["data"]["reason"]) == (-32603, "audit_unavailable")
+    run_id = response["error"]["data"]["run_id"]
+    kinds = [e["event_type"] for e in gw.events_of(run_id)]
+    assert "TOOL_STARTED" in kinds and "NET_CONNECT" not in kinds and "SANDBOX_EXEC" not in kinds, kinds
+    with gw.engine.connect() as connection:
+        status = connection.execute(select(db.runs.c.status).where(db.runs.c.run_id == run_id)).scalar_one()
+    assert status == "failed"
+    assert gw.chain_ok()
 
 
 def test_policy_check_and_explain_show_what_a_run_may_reach(proxied: GatewayHome) -> None:

@@ -1,7 +1,7 @@
 """An upstream MCP server for the network tests (docs/policy.md, "Network by domain"): one tool, `fetch`, urllib as any client.
 
 urllib reads HTTP_PROXY from the environment the sandbox gives a proxied server; the answer is the status and
-the body (or the error), as JSON text. The tests copy it beside the policy with their interpreter on its `#!` line.
+the body (or the error), as JSON text; with `then`, a second URL fetched once the first has ended, both answers. The tests copy it beside the policy with their interpreter on its `#!` line.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ FETCH = types.Tool(
     description="Fetch a URL",
     input_schema={
         "type": "object",
-        "properties": {"url": {"type": "string"}, "later": {"type": "boolean"}},
+        "properties": {"url": {"type": "string"}, "later": {"type": "boolean"}, "then": {"type": "string"}},
         "required": ["url"],
     },
     annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=True),
@@ -59,6 +59,8 @@ async def call_tool(_ctx: ServerRequestContext[Any], params: types.CallToolReque
         threading.Thread(target=later, daemon=True).start()
         return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps({"later": url}))])
     answer = await anyio.to_thread.run_sync(fetch, url)
+    if arguments.get("then"):  # a second fetch after the first ended, in the same call
+        answer = {"first": answer, "then": await anyio.to_thread.run_sync(fetch, str(arguments["then"]))}
     return types.CallToolResult(content=[types.TextContent(type="text", text=json.dumps(answer))])
 
 

@@ -201,6 +201,33 @@
     return node("details", { class: "result", open: card.status === "done" }, node("summary", {}, words.result), ...parts);
   }
 
+  // The run's connections through the egress proxy (docs/console.md, "Connections"): each as it closed, host and
+  // port, method, decision and why, bytes each way; they come while the run is on (decision 98).
+  function connectionsSection(card) {
+    const list = card.connections || [];
+    if (!list.length) return null;
+    const total = Number(card.connections_total) || list.length;
+    const parts = [];
+    if (total > list.length) {
+      parts.push(node("p", { class: "note" },
+        words.connections_newest.replace("{shown}", list.length).replace("{count}", total)));
+    }
+    const items = list.map((c) => {
+      const where = c.host === null || c.host === undefined ? "-" : c.host + (c.port ? ":" + c.port : "");
+      const decided = c.decision === "allowed" ? words.connection_allowed : words.connection_refused;
+      const many = c.count > 1 ? " · " + words.connection_many.replace("{count}", c.count) : "";
+      return node("li", { class: "connection " + (c.decision === "allowed" ? "allowed" : "refused") },
+        node("code", {}, where), " " + (c.method || "") + " · ",
+        node("strong", {}, decided + (c.reason ? " (" + c.reason + ")" : "")),
+        " · \u2191 " + Number(c.bytes_up || 0).toLocaleString() + " B \u2193 " + Number(c.bytes_down || 0).toLocaleString() +
+        " B · " + words.connection_closed + " · " + Number(c.duration_ms || 0) + " ms" + many);
+    });
+    parts.push(node("ul", { class: "connections" }, ...items));
+    if (card.status === "running") parts.push(node("p", { class: "note" }, words.connections_live));
+    return node("details", { class: "connections", open: card.status === "running" },
+      node("summary", {}, words.connections.replace("{count}", total)), ...parts);
+  }
+
   function cardElement(card) {
     const badge = node("span", { class: "badge", role: "status", "aria-live": "polite", "aria-atomic": "true" },
       node("span", { class: "dot", "aria-hidden": "true" }), node("span", { class: "label" }, ""));
@@ -243,6 +270,10 @@
       outcome.textContent = words.outcome_code.replace("{code}", card.code).replace("{reason}", card.reason || "?");
       outcome.hidden = false;
     }
+    const oldLinks = entry.element.querySelector("details.connections");
+    const links = connectionsSection(card);
+    if (oldLinks && links) { links.open = oldLinks.open; oldLinks.replaceWith(links); }
+    else if (links) entry.element.querySelector("details.args").after(links);
     const old = entry.element.querySelector("details.result");
     const fresh = resultSection(card);
     if (old && fresh) { fresh.open = old.open || card.status === "done"; old.replaceWith(fresh); }
