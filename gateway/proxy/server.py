@@ -456,6 +456,8 @@ def _record(proxy: _Proxy, conn: _Connection, outcome: Outcome, reason: RefusedF
     """The connection's NetConnect, once, if it asked for anything or moved a byte."""
     if not conn.recorded and (conn.method is not None or conn.up or conn.down):
         conn.recorded = True
+        if conn.idled and conn.address:
+            outcome = Outcome.ALLOWED  # let through and dialled: the idle watchdog ended it, no rule refused it
         proxy.record(conn.record(outcome, RefusedFor.IDLE if conn.idled else reason))
 
 

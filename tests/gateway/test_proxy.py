@@ -603,13 +603,15 @@ class Echo:
 
 
 @contextlib.asynccontextmanager
-async def echo_and_proxy(limits: ProxyLimits) -> AsyncIterator[tuple[Echo, Proxy]]:
+async def echo_and_proxy(limits: ProxyLimits, *, splice: bool = True) -> AsyncIterator[tuple[Echo, Proxy]]:
     echo = Echo()
     server = await asyncio.start_server(echo.handle, "127.0.0.1", 0)
     echo.port = server.sockets[0].getsockname()[1]
     async with (
         server,
-        origin_and_proxy(lambda _: rules(allow=(f"echo.test:{echo.port}",), resolve=("echo.test",)), limits=limits) as (
+        origin_and_proxy(
+            lambda _: rules(allow=(f"echo.test:{echo.port}",), resolve=("echo.test",)), limits=limits, splice=splice
+        ) as (
             _,
             proxy,
         ),
@@ -651,11 +653,12 @@ def test_a_tunnel_is_spliced_both_ways_every_byte_counted_and_the_clients_end_pa
     assert (record.bytes_up, record.bytes_down) == (size, len(ESTABLISHED) + size)
 
 
-def test_a_spliced_tunnel_that_goes_idle_is_closed_and_recorded_as_idle() -> None:
+@pytest.mark.parametrize("splice", [True, False], ids=["spliced", "copied"])
+def test_a_tunnel_that_goes_idle_is_closed_and_recorded_as_allowed_and_idle(splice: bool) -> None:
     seen: dict[str, object] = {}
 
     async def main() -> None:
-        async with echo_and_proxy(ProxyLimits(max_bytes=1 << 20, idle_s=0.5)) as (echo, proxy):
+        async with echo_and_proxy(ProxyLimits(max_bytes=1 << 20, idle_s=0.5), splice=splice) as (echo, proxy):
             reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
             writer.write(f"CONNECT echo.test:{echo.port} HTTP/1.1\r\n\r\nping".encode())
             await writer.drain()
@@ -671,6 +674,7 @@ def test_a_spliced_tunnel_that_goes_idle_is_closed_and_recorded_as_idle() -> Non
     [record] = records
     assert isinstance(record, NetConnect)
     assert (record.reason, record.bytes_up, record.bytes_down) == (RefusedFor.IDLE, 4, len(ESTABLISHED) + 4)
+    assert record.decision is Outcome.ALLOWED and record.address is not None  # let through; idle ended it
 
 
 def test_the_byte_cap_ends_a_spliced_upload_exactly_at_the_cap() -> None:
