@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, func, or_, select, update
 
 from gateway import db
 from gateway.audit import EventType
@@ -323,15 +323,20 @@ class CallStore:
 def _with_connections(connection: Connection, cards: list[Card]) -> list[Card]:
     """`cards` with their runs' connections (NET_CONNECT events), in two reads whatever their number: the run id
     of each card's last event (a continued card's events are its retry's), then the newest CONNECTIONS_SHOWN
-    connections of each of those runs and their count."""
+    connections of each of those runs and their count, up to the card's last event: a connection committed after
+    the card's row was read waits for the card's next move, so a card never shows more than its cursor says
+    (the live stream sends the card again when `last_event_id` moves)."""
     tools = [card for card in cards if card.kind == KIND_TOOL]
     if not tools:
         return cards
     a = db.audit_events
     last_ids = [card.last_event_id for card in tools]
     run_of = dict(connection.execute(select(a.c.id, a.c.run_id).where(a.c.id.in_(last_ids))).all())
-    runs = {run for run in run_of.values() if run is not None}
-    if not runs:
+    bounds: dict[str, int] = {}
+    for event_id, run in run_of.items():
+        if run is not None:
+            bounds[run] = max(bounds.get(run, 0), int(event_id))
+    if not bounds:
         return cards
     numbered = (
         select(
@@ -341,7 +346,10 @@ def _with_connections(connection: Connection, cards: list[Card]) -> list[Card]:
             func.row_number().over(partition_by=a.c.run_id, order_by=a.c.id.desc()).label("n"),
             func.count().over(partition_by=a.c.run_id).label("total"),
         )
-        .where(a.c.event_type == EventType.NET_CONNECT, a.c.run_id.in_(sorted(runs)))
+        .where(
+            a.c.event_type == EventType.NET_CONNECT,
+            or_(*(and_(a.c.run_id == run, a.c.id <= bound) for run, bound in sorted(bounds.items()))),
+        )
         .subquery()
     )
     shown: dict[str, list[dict[str, Any]]] = {}

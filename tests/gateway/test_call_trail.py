@@ -66,3 +66,22 @@ def test_ended_connections_are_written_at_most_once_a_period_with_the_cards_move
     assert card is not None and card.status == CardStatus.RUNNING and card.last_event_id == events[-1].id
     assert [c["host"] for c in card.connections] == ["a.test", "b.test", "c.test"] and card.connections_total == 3
     assert audit.verify().ok
+
+
+def test_a_card_shows_no_connection_newer_than_its_own_last_event(engine: Engine) -> None:
+    """A card read between a NET_CONNECT's commit and the card's move (the console's stream reads the row, then the
+    connections) shows only what its cursor covers: the newer connection waits for the card's next move."""
+    audit = AuditLog(engine, SystemClock())
+    entry = EventDraft(EventType.MCP_TOOL_CALL, run_id="run-2", tool_name="fetch", args_hash="0" * 64)
+    trail = CallTrail(Recorder(audit, SystemClock(), "srv", None), entry, {"url": "https://a.test/"})
+    trail.principal = Principal("alice", "USER", ("default",), None, "jti")
+    trail.workspace = "default"
+    trail.log(CardStatus.RUNNING)
+    trail.log(CardStatus.RUNNING, *trail.net_connects((record("a.test"),)))  # written with the card's move
+    audit.append(*trail.net_connects((record("b.test"),)))  # committed, the card not moved yet
+    card = CallStore(engine).fetch("run-2")
+    assert card is not None
+    assert [c["host"] for c in card.connections] == ["a.test"] and card.connections_total == 1
+    trail.log(CardStatus.RUNNING, *trail.net_connects((record("c.test"),)))  # the card's next move brings it
+    moved = CallStore(engine).fetch("run-2")
+    assert moved is not None and [c["host"] for c in moved.connections] == ["a.test", "b.test", "c.test"]
