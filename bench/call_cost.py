@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,8 @@ from tests.harness import FORM_ELICITATION, SAMPLE_PROJECT, deep_merge, reachabl
 from tests.pg_cluster import drop_database, new_database, server_programs  # noqa: E402
 
 BEFORE = "4934e5f"
+FLOOR = "floor"
+"""bench/floor_server.py on each engine, its database made by this tree's `init` (decision 100)."""
 ROWS = ("refused", "cpu", "startup", "spawn", "fleet", "suite")
 AIM_RATIO = 1.5
 AIM_INITIALIZE_MS = 500.0
@@ -254,8 +256,20 @@ class Cpu:
 
 
 @dataclass
+class Floor:
+    """A refused-call figure, ms, of bench/floor_server.py beside the bare SDK's and the gateway's (decision 100).
+    CPU figures count the database's backends on PostgreSQL."""
+
+    row: str
+    bare: float
+    floor: float
+    gateway: float
+
+
+@dataclass
 class Results:
     rows: list[Row] = field(default_factory=list)
+    floor: list[Floor] = field(default_factory=list)
     cpu: list[Cpu] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     """One line per check passed; a failed check raises BenchError."""
@@ -290,6 +304,23 @@ def table(results: Results) -> list[str]:
         lines.append("")
         lines.append("where an aim is missed, the floor under it (measured in this run):")
         lines += [f"- {row.name}: {floor}" for row in missed for floor in row.floors]
+    return lines
+
+
+def floor_table(results: Results) -> list[str]:
+    header = ("row", "bare SDK", "floor", "floor/bare", "gateway", "gateway/bare", "gateway/floor", "gateway - floor")
+    lines = [
+        "the floor under a refused call (bench/floor_server.py: the bare SDK server, the caller read, the refusal's",
+        "events and card committed, one thread hop; decision 100), measured in the same rounds:",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for f in results.floor:
+        cells = (
+            f.row, f"{f.bare:.3f} ms", f"{f.floor:.3f} ms", f"{f.floor / f.bare:.2f}x", f"{f.gateway:.3f} ms",
+            f"{f.gateway / f.bare:.2f}x", f"{f.gateway / f.floor:.2f}x", f"{f.gateway - f.floor:+.3f} ms",
+        )  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -357,7 +388,7 @@ def refused_calls(
             tree, root / f"refused-{tree.name}-{engine}", None if url is None else fresh_database(url), [("vic", "VIEWER")], {}
         )
         for engine, url in engines.items()
-        for tree in trees
+        for tree in [*trees, Tree(FLOOR, REPO)]
     }  # fmt: skip
     pg_base = engines.get("postgresql")
     admin = sqlalchemy.create_engine(pg_base, poolclass=NullPool) if pg_base else None
@@ -369,8 +400,9 @@ def refused_calls(
         sides.append(TimedSide("bare SDK server", bare, "", None))
         for (tree_name, engine), home in homes.items():
             label = f"{tree_name}, {engine}"
+            argv = stdio_refusals.floor_argv(home.url) if tree_name == FLOOR else home.argv("serve")
             client = stdio_refusals.RawClient(
-                label, home.argv("serve"), root / f"serve-{tree_name}-{engine}.log", children,
+                label, argv, root / f"serve-{tree_name}-{engine}.log", children,
                 cwd=home.tree.path, env=home.tree.env(),
             )  # fmt: skip
             sides.append(TimedSide(label, client, home.tokens["vic"], home))
@@ -415,24 +447,47 @@ def refused_calls(
     if admin is not None:
         admin.dispose()
 
+    refused_rows(trees, engines, sides, results, rows)
+
+
+def refused_rows(
+    trees: Sequence[Tree], engines: Iterable[str], sides: Sequence[TimedSide], results: Results, rows: set[str]
+) -> None:
+    """The refused-call and CPU rows of the sides just measured, and the floor's beside them."""
     bare = stdio_refusals.Figures.of(sides[0].samples)
     bare_cpu = results.cpu[-len(sides)].gateway
     by_label = {side.label: side for side in sides}
     cpu_by_label = {c.side: c for c in results.cpu[-len(sides) :]}
     for engine in engines:
         figures = {t.name: stdio_refusals.Figures.of(by_label[f"{t.name}, {engine}"].samples).p50_ms for t in trees}
+        floor = stdio_refusals.Figures.of(by_label[f"{FLOOR}, {engine}"].samples).p50_ms
         cpus = {t.name: cpu_by_label[f"{t.name}, {engine}"].gateway for t in trees}
+        floor_cpu = cpu_by_label[f"{FLOOR}, {engine}"]
+        database = {t.name: cpu_by_label[f"{t.name}, {engine}"].database or 0.0 for t in trees}
         if "refused" in rows:
             results.rows.append(
                 ratio_row(f"refused call p50, {engine}", "ms", figures, bare.p50_ms, anchor_name="bare SDK", aim=AIM_RATIO, floors=
-                          [f"the bare SDK server's p50 {bare.p50_ms:.3f} ms is the round trip every server pays"])
+                          [f"the bare SDK server's p50 {bare.p50_ms:.3f} ms is the round trip every server pays",
+                           above_floor("p50", figures["after"], floor, bare.p50_ms)])
             )  # fmt: skip
+            results.floor.append(Floor(f"refused call p50, {engine}", bare.p50_ms, floor, figures["after"]))
         if "cpu" in rows:
+            total = cpus["after"] + database["after"]
+            floor_total = floor_cpu.gateway + (floor_cpu.database or 0.0)
             results.rows.append(
                 ratio_row(f"server CPU per refused call, {engine}", "ms", cpus, bare_cpu, anchor_name="bare SDK", aim=AIM_RATIO, floors=
                           [f"the bare SDK server's CPU per call {bare_cpu:.3f} ms (the SDK's own parse, dispatch, "
-                           "validation and write of one call)"])
+                           "validation and write of one call)",
+                           above_floor("CPU (the database's backends included)", total, floor_total, bare_cpu)])
             )  # fmt: skip
+            results.floor.append(Floor(f"server CPU per refused call, {engine}", bare_cpu, floor_total, total))
+
+
+def above_floor(what: str, gateway: float, floor: float, bare: float) -> str:
+    return (
+        f"the floor server's {what} is {floor:.3f} ms, {floor / bare:.2f}x bare (decision 100): the gateway stands "
+        f"{gateway - floor:+.3f} ms, {gateway / floor:.2f}x, above it"
+    )
 
 
 def ratio_row(
@@ -944,6 +999,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"took {time.monotonic() - started:.0f} s; load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
     print()
     print("\n".join(table(results)))
+    if results.floor:
+        print()
+        print("\n".join(floor_table(results)))
     if args.json is not None:
         machine = {"cpus": len(os.sched_getaffinity(0)), "load_start": load_start, "load_end": load}
         saved = {"before": args.before, "machine": machine, "sizes": asdict(sizes), **asdict(results)}

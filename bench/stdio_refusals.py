@@ -110,6 +110,11 @@ def serve_argv(home: GatewayHome) -> list[str]:
     ]
 
 
+def floor_argv(url: str) -> list[str]:
+    """bench/floor_server.py on a database `mcp-gateway init` made: the refusal's floor (decision 100)."""
+    return [sys.executable, str(REPO / "bench" / "floor_server.py"), "--db", url]
+
+
 # --- the raw client ---------------------------------------------------------------------------
 
 
@@ -318,7 +323,7 @@ def print_table(sides: Sequence[Side], calls: int, warmup: int, blocks: int) -> 
             f"{f.p50_ms - base.p50_ms:>9.3f}{server:>8.3f}{database:>7.3f}{(server + database) / base_cpu:>9.2f}x"
         )
     print(
-        "(the bare server answers every call; the gateways refuse a VIEWER's run_pytest with -32003; cpu ms: the"
+        "(the bare server answers every call; the gateways and the floor refuse a VIEWER's run_pytest with -32003; cpu ms: the"
         " server process's user + system CPU per call, db ms: PostgreSQL's, both in cpu/bare)"
     )
     print()
@@ -434,6 +439,7 @@ def run(
     engines: Sequence[str],
     baseline: Path | None,
     pg_base: str | None,
+    floor: bool = True,
 ) -> None:
     clients: list[RawClient] = []
     homes: list[GatewayHome] = []
@@ -453,6 +459,10 @@ def run(
             home, token = engine_home(root / f"{name}-{engine}", engine, pg_base, None if tree == REPO else tree)
             homes.append(home)
             sides.append(start(f"{name}, {engine}", serve_argv(home), token, home, engine=engine, tree=tree))
+        if floor:
+            home, token = engine_home(root / f"floor-{engine}", engine, pg_base, None)
+            homes.append(home)
+            sides.append(start(f"floor, {engine}", floor_argv(home.url), token, home, engine=engine, tree=REPO))
     sides[0].params = sides[1].params  # the bare server gets the very same request bytes
     try:
         for side in sides:
@@ -483,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--baseline", type=Path, help="a tree of another commit to run beside this one")
     parser.add_argument("--pg-url", help="a PostgreSQL server to use instead of a throwaway cluster")
+    parser.add_argument("--no-floor", action="store_true", help="leave out bench/floor_server.py on each engine")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.warmup < 0 or args.blocks < 1:
         parser.error("--calls and --blocks must be at least 1, --warmup at least 0")
@@ -509,6 +520,7 @@ def _run_in_temp(children: list[subprocess.Popen[bytes]], args: argparse.Namespa
         run(
             Path(tmp), children, calls=args.calls, warmup=args.warmup, blocks=args.blocks,
             engines=args.engines, baseline=None if args.baseline is None else args.baseline.resolve(), pg_base=pg_base,
+            floor=not args.no_floor,
         )  # fmt: skip
 
 
