@@ -20,7 +20,6 @@ from enum import StrEnum
 from typing import Any, Protocol, cast
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import NoResultFound
 
 from gateway import db
@@ -176,6 +175,9 @@ class Along(Protocol):
     def server_side(self) -> dict[str, Any]:
         """The same write as `gateway_audit_append` (PostgreSQL) takes it: JSON, its `op` first."""
 
+    def on_sqlite(self, cursor: Any, event_id: int) -> None:
+        """The same write on the sqlite3 cursor of the append's transaction (decision 100)."""
+
 
 # Built once: the append runs on every call, and statement construction is a visible cost.
 _LOCK_HEAD = select(db.audit_head.c.last_id, db.audit_head.c.last_hash).where(db.audit_head.c.id == 1).with_for_update()
@@ -186,31 +188,12 @@ _MOVE_HEAD = (
     .where(db.audit_head.c.id == 1)
     .values(last_id=bindparam("new_id"), last_hash=bindparam("new_hash"))
 )
-_SQLITE = sqlite.dialect(paramstyle="named")
-
-
-@dataclass(frozen=True, slots=True)
-class _DriverStatement:
-    """A Core statement compiled once for sqlite3 (named parameters), with its constant binds (`id = 1`)."""
-
-    sql: str
-    constants: Mapping[str, Any]
-
-    @classmethod
-    def of(cls, statement: Any) -> _DriverStatement:
-        compiled = statement.compile(dialect=_SQLITE)
-        return cls(str(compiled), {k: v for k, v in compiled.params.items() if v is not None})
-
-    def bind(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.constants, **params}
-
-
 # SQLite's append runs on the driver's cursor of the transaction's own connection (decision 92): the same
 # statements, in the same transaction, without SQLAlchemy's per-execute work (half the append's CPU).
-_SQLITE_LOCK_HEAD = _DriverStatement.of(_LOCK_HEAD)
-_SQLITE_INSERT_EVENT = _DriverStatement.of(_INSERT_EVENT)
-_SQLITE_INSERT_END = _DriverStatement.of(_INSERT_END)
-_SQLITE_MOVE_HEAD = _DriverStatement.of(_MOVE_HEAD)
+_SQLITE_LOCK_HEAD = db.SqliteStatement.of(_LOCK_HEAD)
+_SQLITE_INSERT_EVENT = db.SqliteStatement.of(_INSERT_EVENT)
+_SQLITE_INSERT_END = db.SqliteStatement.of(_INSERT_END)
+_SQLITE_MOVE_HEAD = db.SqliteStatement.of(_MOVE_HEAD)
 _APPEND = (
     "SELECT o_id, o_prev_hash, o_hash FROM gateway_audit_append(%(ts)s, %(types)s::text[], %(run_ids)s::text[], "
     "%(users)s::text[], %(workspaces)s::text[], %(tool_names)s::text[], %(args_hashes)s::text[], "
@@ -261,9 +244,10 @@ class AuditLog:
         return self._append_on(connection, drafts, along)
 
     def _append_here(self, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
-        """SQLite: the append in one transaction, under the file's write lock."""
-        with self._engine.begin() as connection:
-            return self._append_on(connection, drafts, along)
+        """SQLite: the append in one transaction, under the file's write lock, on the driver's cursor: the
+        events, their ends, the head and `along` (decision 100)."""
+        with db.sqlite_write_cursor(self._engine) as cursor:
+            return self._append_by_driver(cursor, drafts, along)
 
     def _append_on(
         self, connection: Connection, drafts: Sequence[EventDraft], along: Sequence[Along]
@@ -273,14 +257,17 @@ class AuditLog:
         cursor = cast(Any, connection.connection.driver_connection).cursor()
         try:
             with db.sqlite_driver_errors():
-                inserted = self._insert_by_driver(cursor, drafts)
+                return self._append_by_driver(cursor, drafts, along)
         finally:
             cursor.close()
+
+    def _append_by_driver(self, cursor: Any, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
+        inserted = self._insert_by_driver(cursor, drafts)
         if inserted is None:
             return []
         written, last_id = inserted
         for write in along:
-            write(connection, last_id)
+            write.on_sqlite(cursor, last_id)
         return written
 
     def _append_by_core(
@@ -441,7 +428,7 @@ def _ends_of(drafts: Sequence[EventDraft]) -> list[tuple[str, str]]:
 _FIND_END_CORE = select(db.call_ends.c.event_id).where(
     db.call_ends.c.run_id == bindparam("run_id"), db.call_ends.c.kind == bindparam("kind")
 )
-_FIND_END = _DriverStatement.of(_FIND_END_CORE)
+_FIND_END = db.SqliteStatement.of(_FIND_END_CORE)
 """Built once, one primary-key look-up per end: a tuple IN list was compiled anew at every append."""
 
 

@@ -12,6 +12,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
@@ -36,6 +37,7 @@ from sqlalchemy import (
     make_url,
     text,
 )
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, DisconnectionError, SQLAlchemyError
 
@@ -442,19 +444,67 @@ def sqlite_read_cursor(engine: Engine) -> Iterator[Any]:
     file guard checks the file first, as before any transaction (decision 45), and the connection goes
     back to the pool afterwards, as from any `connect()`; a driver error comes out as SQLAlchemy's
     DBAPIError (`sqlite_driver_errors`)."""
+    with _guarded_driver(engine) as driver:
+        cursor = driver.cursor()
+        try:
+            yield cursor
+        finally:
+            cursor.close()
+
+
+@contextmanager
+def sqlite_write_cursor(engine: Engine) -> Iterator[Any]:
+    """SQLite: a sqlite3 cursor in a write transaction of its own on one of the pool's connections, committed
+    when the block ends and rolled back when it raises: the file guard's checks first (decision 45), then
+    BEGIN IMMEDIATE, as `engine.begin()` makes them, without SQLAlchemy's transaction and per-statement work
+    (a refused call's whole append and card, decision 100). A driver error comes out as SQLAlchemy's DBAPIError
+    (`sqlite_driver_errors`); the connection goes back to the pool afterwards."""
+    with _guarded_driver(engine) as driver:
+        driver.execute("BEGIN IMMEDIATE")
+        committed = False
+        cursor = driver.cursor()
+        try:
+            yield cursor
+            driver.commit()
+            committed = True
+        finally:
+            cursor.close()
+            if not committed:  # the block raised (or the commit did): nothing of it stays
+                driver.rollback()
+
+
+@contextmanager
+def _guarded_driver(engine: Engine) -> Iterator[Any]:
+    """The sqlite3 connection of one of the pool's, once the file guard passed it, its errors SQLAlchemy's."""
     with sqlite_driver_errors():
         fairy = engine.raw_connection()
         try:
             guard = guard_of(engine)
             if guard is not None:
                 guard.on_begin(fairy)
-            cursor = cast(Any, fairy.driver_connection).cursor()
-            try:
-                yield cursor
-            finally:
-                cursor.close()
+            yield fairy.driver_connection
         finally:
             fairy.close()
+
+
+@dataclass(frozen=True, slots=True)
+class SqliteStatement:
+    """A Core statement compiled once for sqlite3 (named parameters), with its constant binds (`id = 1`): a
+    statement run at every call on the driver's cursor (decision 92)."""
+
+    sql: str
+    constants: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, statement: Any) -> SqliteStatement:
+        compiled = statement.compile(dialect=_SQLITE_NAMED)
+        return cls(str(compiled), {k: v for k, v in compiled.params.items() if v is not None})
+
+    def bind(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.constants, **params}
+
+
+_SQLITE_NAMED = sqlite_dialect.dialect(paramstyle="named")
 
 
 def separate_engine(engine: Engine) -> Engine:

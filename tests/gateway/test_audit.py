@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from gateway.audit import GENESIS, AuditLog, ChainHead, ChainReport, EventDraft, EventType, chain_hash, verify_chain
+from gateway.calls import CardStatus, Moved, Opened
 from gateway.clock import iso_utc
 from gateway.db import GENESIS_HASH, make_engine
 from gateway.errors import InternalError
@@ -192,6 +193,24 @@ def test_append_fails_closed_when_the_log_cannot_be_written(tmp_path: Path, cloc
         unmigrated.dispose()
     assert caught.value.reason == "audit_unavailable"
     assert caught.value.code == -32603
+
+
+def test_a_card_is_committed_with_its_events_or_neither_is(engine: Engine, clock: FakeClock) -> None:
+    # On SQLite the events and the card share the driver's cursor of one transaction (decision 100): a card that
+    # cannot be written (its run already has one) takes the events back with it, on either engine.
+    audit = AuditLog(engine, clock)
+    entry, refusal = DRAFTS[0], dataclasses.replace(DRAFTS[4], run_id="r1", user="alice")
+    card = Opened("r1", "alice", None, "gw", "run_pytest", {"test_path": "t"}, CardStatus.ERROR, T0, code=-32004)
+    written = audit.append(entry, refusal, along=[card])
+    with pytest.raises(InternalError) as caught:
+        audit.append(dataclasses.replace(entry, run_id="r3"), along=[card])
+    assert caught.value.reason == "audit_unavailable"
+    moved = audit.append(DRAFTS[2], along=[Moved("r1", CardStatus.DONE, T0 + 1, message="moved")])
+    assert [e.id for e in written + moved] == [1, 2, 3]
+    assert verify(audit).ok and audit.head().last_id == 3
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT run_id, status, code, message, last_event_id FROM tool_calls")).all()
+    assert [tuple(row) for row in rows] == [("r1", "done", -32004, "moved", 3)]
 
 
 # --- tampering -----------------------------------------------------------------------------
