@@ -481,8 +481,25 @@ def _unsealed(event_id: int, ts: str, draft: EventDraft, prev_hash: str = "") ->
 
 
 def _seal(event_id: int, ts: str, draft: EventDraft, prev_hash: str) -> AuditEvent:
-    unsealed = _unsealed(event_id, ts, draft, prev_hash)
-    return AuditEvent(**{**_fields(unsealed), "hash": chain_hash(prev_hash, unsealed.body())})
+    """The event, its hash taken over its body: built once, as `body()` would give it (decision 100)."""
+    event_type, detail = str(draft.event_type), dict(draft.detail)
+    body = {
+        "id": event_id,
+        "ts": ts,
+        "event_type": event_type,
+        "run_id": draft.run_id,
+        "user": draft.user,
+        "workspace": draft.workspace,
+        "tool_name": draft.tool_name,
+        "args_hash": draft.args_hash,
+        "code": draft.code,
+        "detail": detail,
+    }
+    hashed = chain_hash(prev_hash, body)
+    return AuditEvent(
+        event_id, ts, event_type, draft.run_id, draft.user, draft.workspace, draft.tool_name, draft.args_hash,
+        draft.code, detail, prev_hash, hashed,
+    )  # fmt: skip
 
 
 _ID = "id"
@@ -524,10 +541,20 @@ def _fields(event: AuditEvent) -> dict[str, Any]:
 
 
 def _to_row(event: AuditEvent) -> dict[str, Any]:
-    row = _fields(event)
-    row["user_name"] = row.pop("user")
-    row["detail"] = canonical_json(row["detail"])
-    return row
+    return {
+        "id": event.id,
+        "ts": event.ts,
+        "event_type": event.event_type,
+        "run_id": event.run_id,
+        "user_name": event.user,
+        "workspace": event.workspace,
+        "tool_name": event.tool_name,
+        "args_hash": event.args_hash,
+        "code": event.code,
+        "detail": canonical_json(event.detail),
+        "prev_hash": event.prev_hash,
+        "hash": event.hash,
+    }
 
 
 def _from_row(row: Any) -> AuditEvent:
