@@ -71,6 +71,8 @@ from tests.pg_cluster import drop_database, new_database, server_programs  # noq
 BEFORE = "4934e5f"
 FLOOR = "floor"
 """bench/floor_server.py on each engine, its database made by this tree's `init` (decision 100)."""
+FLOOR_ONE_TRIP = "floor, one trip"
+"""The same on PostgreSQL with `--one-trip`: the caller's read and the append in one statement."""
 ROWS = ("refused", "cpu", "startup", "spawn", "fleet", "suite")
 AIM_RATIO = 1.5
 AIM_INITIALIZE_MS = 500.0
@@ -388,7 +390,7 @@ def refused_calls(
             tree, root / f"refused-{tree.name}-{engine}", None if url is None else fresh_database(url), [("vic", "VIEWER")], {}
         )
         for engine, url in engines.items()
-        for tree in [*trees, Tree(FLOOR, REPO)]
+        for tree in [*trees, Tree(FLOOR, REPO), *([Tree(FLOOR_ONE_TRIP, REPO)] if engine == "postgresql" else [])]
     }  # fmt: skip
     pg_base = engines.get("postgresql")
     admin = sqlalchemy.create_engine(pg_base, poolclass=NullPool) if pg_base else None
@@ -400,7 +402,9 @@ def refused_calls(
         sides.append(TimedSide("bare SDK server", bare, "", None))
         for (tree_name, engine), home in homes.items():
             label = f"{tree_name}, {engine}"
-            argv = stdio_refusals.floor_argv(home.url) if tree_name == FLOOR else home.argv("serve")
+            one_trip = tree_name == FLOOR_ONE_TRIP
+            floor = tree_name in {FLOOR, FLOOR_ONE_TRIP}
+            argv = stdio_refusals.floor_argv(home.url, one_trip=one_trip) if floor else home.argv("serve")
             client = stdio_refusals.RawClient(
                 label, argv, root / f"serve-{tree_name}-{engine}.log", children,
                 cwd=home.tree.path, env=home.tree.env(),
@@ -460,9 +464,12 @@ def refused_rows(
     cpu_by_label = {c.side: c for c in results.cpu[-len(sides) :]}
     for engine in engines:
         figures = {t.name: stdio_refusals.Figures.of(by_label[f"{t.name}, {engine}"].samples).p50_ms for t in trees}
-        floor = stdio_refusals.Figures.of(by_label[f"{FLOOR}, {engine}"].samples).p50_ms
+        variants = [name for name in (FLOOR, FLOOR_ONE_TRIP) if f"{name}, {engine}" in by_label]
+        floors = {name: stdio_refusals.Figures.of(by_label[f"{name}, {engine}"].samples).p50_ms for name in variants}
+        floor_cpus = {name: cpu_by_label[f"{name}, {engine}"] for name in variants}
+        floor_totals = {name: c.gateway + (c.database or 0.0) for name, c in floor_cpus.items()}
+        floor, floor_total = min(floors.values()), min(floor_totals.values())  # the lowest floor measured
         cpus = {t.name: cpu_by_label[f"{t.name}, {engine}"].gateway for t in trees}
-        floor_cpu = cpu_by_label[f"{FLOOR}, {engine}"]
         database = {t.name: cpu_by_label[f"{t.name}, {engine}"].database or 0.0 for t in trees}
         if "refused" in rows:
             results.rows.append(
@@ -470,17 +477,25 @@ def refused_rows(
                           [f"the bare SDK server's p50 {bare.p50_ms:.3f} ms is the round trip every server pays",
                            above_floor("p50", figures["after"], floor, bare.p50_ms)])
             )  # fmt: skip
-            results.floor.append(Floor(f"refused call p50, {engine}", bare.p50_ms, floor, figures["after"]))
+            for name, value in floors.items():
+                results.floor.append(
+                    Floor(f"refused call p50, {engine}{_variant(name)}", bare.p50_ms, value, figures["after"])
+                )
         if "cpu" in rows:
             total = cpus["after"] + database["after"]
-            floor_total = floor_cpu.gateway + (floor_cpu.database or 0.0)
             results.rows.append(
                 ratio_row(f"server CPU per refused call, {engine}", "ms", cpus, bare_cpu, anchor_name="bare SDK", aim=AIM_RATIO, floors=
                           [f"the bare SDK server's CPU per call {bare_cpu:.3f} ms (the SDK's own parse, dispatch, "
                            "validation and write of one call)",
                            above_floor("CPU (the database's backends included)", total, floor_total, bare_cpu)])
             )  # fmt: skip
-            results.floor.append(Floor(f"server CPU per refused call, {engine}", bare_cpu, floor_total, total))
+            for name, value in floor_totals.items():
+                row = f"server CPU per refused call, {engine}{_variant(name)}"
+                results.floor.append(Floor(row, bare_cpu, value, total))
+
+
+def _variant(floor: str) -> str:
+    return " (one trip)" if floor == FLOOR_ONE_TRIP else ""
 
 
 def above_floor(what: str, gateway: float, floor: float, bare: float) -> str:

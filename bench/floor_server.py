@@ -78,6 +78,35 @@ _CARD = (
     "arguments, status, code, reason, message, result, last_event_id, session_id) "
     "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,NULL)"
 )
+_REFUSE = (
+    "SELECT o_role, o_refused FROM floor_refuse(%s, %s, %s::text[], %s, %s, %s::text[], %s::text[], %s::text[], "
+    "%s::text[], %s::text[], %s::text[], %s::integer[], %s::text[], %s::bytea[], %s::bytea[], %s::jsonb)"
+)
+_FLOOR_REFUSE = """
+CREATE OR REPLACE FUNCTION floor_refuse(
+    p_jti text, p_user text, p_allowed text[], p_permission text, p_ts text, p_types text[], p_run_ids text[],
+    p_users text[], p_workspaces text[], p_tool_names text[], p_args_hashes text[], p_codes integer[],
+    p_details text[], p_heads bytea[], p_tails bytea[], p_cards jsonb
+) RETURNS TABLE (o_role text, o_refused boolean) LANGUAGE plpgsql AS $refuse$
+DECLARE
+    v_disabled boolean;
+    v_revoked double precision;
+BEGIN
+    SELECT u.role, u.disabled, (SELECT t.revoked_at FROM tokens AS t WHERE t.jti = p_jti)
+        INTO o_role, v_disabled, v_revoked FROM users AS u WHERE u.name = p_user;
+    o_refused := FOUND AND NOT v_disabled AND v_revoked IS NULL AND NOT (o_role = ANY (p_allowed));
+    IF o_refused THEN
+        PERFORM gateway_audit_append(p_ts, p_types, p_run_ids, p_users, p_workspaces, p_tool_names, p_args_hashes,
+            p_codes, p_details, p_heads, p_tails, jsonb_build_array(p_cards->0 || jsonb_build_object('message',
+            'Permission denied: role ' || o_role || ' lacks ' || p_permission)));
+    ELSIF v_disabled OR v_revoked IS NOT NULL THEN
+        o_role := NULL;
+    END IF;
+    RETURN NEXT;
+END
+$refuse$
+"""
+"""The caller's row and the append in one statement (`--one-trip`): this floor's own function, in its database."""
 _APPEND = (
     "SELECT o_id FROM gateway_audit_append(%s, %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], "
     "%s::text[], %s::integer[], %s::text[], %s::bytea[], %s::bytea[], %s::jsonb)"
@@ -143,14 +172,17 @@ class Hop:
 class Store:
     """The caller's row and the refusal's trail, on one engine."""
 
-    def __init__(self, url: str, allowed_roles: frozenset[str]) -> None:
+    def __init__(self, url: str, allowed_roles: frozenset[str], *, one_trip: bool = False) -> None:
         self.allowed = allowed_roles
+        self.one_trip = one_trip
         self.claims: dict[str, tuple[str, str, float]] = {}
         parts = urlsplit(url)
         self.postgres = parts.scheme.startswith("postgresql")
         if self.postgres:
             conninfo = url.replace("postgresql+psycopg://", "postgresql://", 1)
             self.pg = psycopg.connect(conninfo, autocommit=True)
+            if one_trip:
+                self.pg.execute(_FLOOR_REFUSE)
             self.caller_sql = _CALLER.format(p="%s")
         else:
             synchronous = parse_qs(parts.query).get("synchronous", ["normal"])[0]
@@ -177,7 +209,9 @@ class Store:
             raise Refusal(AUTH_REQUIRED, "token_expired", "the token has expired", run_id)
         ts = iso(now)
         hashed = hashlib.sha256(canonical(dict(arguments)).encode()).hexdigest()
-        if self.postgres:
+        if self.postgres and self.one_trip:
+            role = self._refuse_in_one_trip(jti, Call(run_id, sub, "", ts, now, hashed, canonical(dict(arguments))))
+        elif self.postgres:
             row = self.pg.execute(self.caller_sql, (jti, sub)).fetchone()
             role = self._decide(row, run_id)
             self._append_on_server(Call(run_id, sub, role, ts, now, hashed, canonical(dict(arguments))))
@@ -227,28 +261,40 @@ class Store:
         cursor.execute("UPDATE audit_head SET last_id = ?, last_hash = ? WHERE id = 1", (last_id, prev))
 
     def _append_on_server(self, call: Call) -> None:
-        """The server seals each event: the canonical JSON of its body is sent cut around the id's digits."""
-        run_id, user, ts, hashed, now = call.run_id, call.user, call.ts, call.args_hash, call.now
-        events = _events()
-        heads, tails = [], []
-        for event_type, code, detail in events:
-            before = canonical({"args_hash": hashed, "code": code, "detail": detail, "event_type": event_type})
-            after = canonical({"run_id": run_id, "tool_name": _TOOL.name, "ts": ts, "user": user, "workspace": None})
-            heads.append(before[:-1] + ',"id":')
-            tails.append("," + after[1:])
-        card = {
-            "op": "open", "run_id": run_id, "kind": "tool", "created_at": now, "updated_at": now, "user_name": user,
-            "workspace": None, "server_id": SERVER_ID, "tool_name": _TOOL.name, "arguments": call.arguments,
-            "status": "error", "code": PERMISSION_DENIED, "reason": "missing_permission", "message": _message(call.role),
-            "result": None, "session_id": None,
-        }  # fmt: skip
-        self.pg.execute(
-            _APPEND,
-            (ts, _array([e[0] for e in events]), _array([run_id, run_id]), _array([user, user]), "{NULL,NULL}",
-             _array([_TOOL.name, _TOOL.name]), _array([hashed, hashed]), _array([e[1] for e in events]),
-             _array([canonical(e[2]) for e in events]), _bytea_array(heads), _bytea_array(tails),
-             json.dumps([card], ensure_ascii=False)),
-        ).fetchall()  # fmt: skip
+        self.pg.execute(_APPEND, _append_params(call, _message(call.role))).fetchall()
+
+    def _refuse_in_one_trip(self, jti: str, call: Call) -> str:
+        """PostgreSQL, `--one-trip`: the caller's row read and, when the role is refused, the append, in one
+        statement (`floor_refuse`, which this server adds to its database); the role, or Refusal."""
+        params = (jti, call.user, _array(sorted(self.allowed)), PERMISSION, *_append_params(call, None))
+        role, refused = self.pg.execute(_REFUSE, params).fetchone() or (None, False)
+        if not refused:
+            self._decide(None if role is None else (role, False, None), call.run_id)
+        return str(role)
+
+
+def _append_params(call: Call, message: str | None) -> tuple[Any, ...]:
+    """`gateway_audit_append`'s parameters for the two events and the card (its message None: the server's)."""
+    run_id, user, ts, hashed, now = call.run_id, call.user, call.ts, call.args_hash, call.now
+    events = _events()
+    heads, tails = [], []
+    for event_type, code, detail in events:
+        before = canonical({"args_hash": hashed, "code": code, "detail": detail, "event_type": event_type})
+        after = canonical({"run_id": run_id, "tool_name": _TOOL.name, "ts": ts, "user": user, "workspace": None})
+        heads.append(before[:-1] + ',"id":')
+        tails.append("," + after[1:])
+    card = {
+        "op": "open", "run_id": run_id, "kind": "tool", "created_at": now, "updated_at": now, "user_name": user,
+        "workspace": None, "server_id": SERVER_ID, "tool_name": _TOOL.name, "arguments": call.arguments,
+        "status": "error", "code": PERMISSION_DENIED, "reason": "missing_permission", "message": message,
+        "result": None, "session_id": None,
+    }  # fmt: skip
+    return (
+        ts, _array([e[0] for e in events]), _array([run_id, run_id]), _array([user, user]), "{NULL,NULL}",
+        _array([_TOOL.name, _TOOL.name]), _array([hashed, hashed]), _array([e[1] for e in events]),
+        _array([canonical(e[2]) for e in events]), _bytea_array(heads), _bytea_array(tails),
+        json.dumps([card], ensure_ascii=False),
+    )  # fmt: skip
 
 
 def _events() -> list[tuple[str, int | None, dict[str, Any]]]:
@@ -311,9 +357,12 @@ async def serve(store: Store) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--db", required=True, help="the database URL of a state folder `mcp-gateway init` made")
+    parser.add_argument(
+        "--one-trip", action="store_true", help="PostgreSQL: the caller's read and the append in one statement"
+    )
     parser.add_argument("--allowed-roles", default="ADMIN,USER", help="roles with the permission (never refused)")
     args = parser.parse_args()
-    store = Store(args.db, frozenset(role for role in args.allowed_roles.split(",") if role))
+    store = Store(args.db, frozenset(role for role in args.allowed_roles.split(",") if role), one_trip=args.one_trip)
     anyio.run(serve, store)
 
 

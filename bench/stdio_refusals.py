@@ -110,9 +110,10 @@ def serve_argv(home: GatewayHome) -> list[str]:
     ]
 
 
-def floor_argv(url: str) -> list[str]:
-    """bench/floor_server.py on a database `mcp-gateway init` made: the refusal's floor (decision 100)."""
-    return [sys.executable, str(REPO / "bench" / "floor_server.py"), "--db", url]
+def floor_argv(url: str, *, one_trip: bool = False) -> list[str]:
+    """bench/floor_server.py on a database `mcp-gateway init` made: the refusal's floor (decision 100); with
+    `one_trip` (PostgreSQL), the caller's read and the append in one statement."""
+    return [sys.executable, str(REPO / "bench" / "floor_server.py"), "--db", url, *(["--one-trip"] if one_trip else [])]
 
 
 # --- the raw client ---------------------------------------------------------------------------
@@ -459,10 +460,12 @@ def run(
             home, token = engine_home(root / f"{name}-{engine}", engine, pg_base, None if tree == REPO else tree)
             homes.append(home)
             sides.append(start(f"{name}, {engine}", serve_argv(home), token, home, engine=engine, tree=tree))
-        if floor:
-            home, token = engine_home(root / f"floor-{engine}", engine, pg_base, None)
+        for one_trip in [False, True] if floor and engine == "postgresql" else [False] if floor else []:
+            name = "floor, one trip" if one_trip else "floor"
+            home, token = engine_home(root / f"{name.replace(', ', '-')}-{engine}", engine, pg_base, None)
             homes.append(home)
-            sides.append(start(f"floor, {engine}", floor_argv(home.url), token, home, engine=engine, tree=REPO))
+            argv = floor_argv(home.url, one_trip=one_trip)
+            sides.append(start(f"{name}, {engine}", argv, token, home, engine=engine, tree=REPO))
     sides[0].params = sides[1].params  # the bare server gets the very same request bytes
     try:
         for side in sides:
