@@ -245,7 +245,11 @@ class AuditLog:
 
     def _append_here(self, drafts: Sequence[EventDraft], along: Sequence[Along]) -> list[AuditEvent]:
         """SQLite: the append in one transaction, under the file's write lock, on the driver's cursor: the
-        events, their ends, the head and `along` (decision 100)."""
+        events, their ends, the head and `along` (decision 100). PostgreSQL without `gateway_audit_append`
+        (before migration 0008): through SQLAlchemy, the head locked FOR UPDATE."""
+        if self._engine.dialect.name != "sqlite":
+            with self._engine.begin() as connection:
+                return self._append_by_core(connection, drafts, along)
         with db.sqlite_write_cursor(self._engine) as cursor:
             return self._append_by_driver(cursor, drafts, along)
 
