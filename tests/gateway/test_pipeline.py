@@ -19,6 +19,7 @@ import pytest
 import yaml
 from sqlalchemy import Engine, text
 
+from gateway import pipeline as pipeline_module
 from gateway.audit import AuditEvent
 from gateway.auth import ensure_keys, issue_token
 from gateway.budget import Usage
@@ -262,6 +263,35 @@ def test_each_refusing_stage_leaves_its_terminal_event(in_process: Callable[...,
             "policy",
             "consent_mode_deny",
         )
+
+
+ADMISSION_REFUSALS = [
+    "no token", "garbage token", "expired token", "revoked token", "role without the permission",
+    "path outside the workspace", "invalid arguments",
+]  # fmt: skip
+"""Refused before any stage that waits on the event loop: admission is all of their call."""
+
+
+@pytest.mark.parametrize("case", [REFUSALS[name] for name in ADMISSION_REFUSALS], ids=ADMISSION_REFUSALS)
+def test_a_call_refused_at_admission_takes_one_database_hop(
+    in_process: Callable[..., InProcess], case: Refusal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its checks and its refusal's trail share one hop to a database thread (decisions 63, 100): the real
+    # hop, counted on the way.
+    gateway = in_process(case.overrides, case.host)
+    hops: list[str] = []
+    real = pipeline_module.in_db_thread
+
+    async def counted(work: Callable[..., Any], *args: Any) -> Any:
+        hops.append(getattr(work, "__name__", repr(work)))
+        return await real(work, *args)
+
+    monkeypatch.setattr(pipeline_module, "in_db_thread", counted)
+    error = gateway.refused(case.tool, case.arguments, _token(gateway, case.token))
+
+    assert (error.code, error.reason) == (case.code, case.reason)
+    assert hops == ["_admitted"]
+    assert tuple(e.event_type for e in gateway.events()) == case.events
 
 
 def test_an_input_required_round_releases_its_reservation(in_process: Callable[..., InProcess]) -> None:
