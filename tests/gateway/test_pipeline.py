@@ -35,6 +35,7 @@ from gateway.consent.stage import (
 )
 from gateway.consent.store import Channel, Grant, GrantDecision
 from gateway.db import make_engine, migrate
+from gateway.db.threads import in_db_thread
 from gateway.errors import GatewayError, SandboxViolationError
 from gateway.pipeline import CallRequest, Pipeline, check_sandbox_ready, start_refusal, who_decided
 from gateway.policy import parse_policy
@@ -280,7 +281,7 @@ def test_a_call_refused_at_admission_takes_one_database_hop(
     # hop, counted on the way.
     gateway = in_process(case.overrides, case.host)
     hops: list[str] = []
-    real = pipeline_module.in_db_thread
+    real = in_db_thread
 
     async def counted(work: Callable[..., Any], *args: Any) -> Any:
         hops.append(getattr(work, "__name__", repr(work)))
