@@ -595,10 +595,23 @@ quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": su
 async def bare():
     subprocess.run(TRIVIAL, cwd=cwd, env=env, check=True, **quiet)
 
+async def floor():
+    # The PID namespace alone (decision 95): a preexec_fn that makes it and forks the run's two
+    # supervisors, nothing else; only the tree after decision 95 has RunSupervisor, so imported here.
+    from sandbox.backends import pidns
+    supervisor = pidns.RunSupervisor(timeout_s=30, status_fd=-1)
+    def preexec():
+        supervisor.enter()
+        supervisor.fork()
+    process = subprocess.Popen(TRIVIAL, cwd=cwd, env=env, start_new_session=True, preexec_fn=preexec, **quiet)
+    if process.wait() != 0:
+        raise SystemExit("the floor's spawn failed")
+
 sides = {
     "bare": bare,
     "native": confined(root, cwd, out, limits),
     "bubblewrap": confined(root, cwd, out, dataclasses.replace(limits, backend="bubblewrap")),
+    "floor": floor,
 }
 
 def cpu_ns():
@@ -647,14 +660,17 @@ class SpawnWorker:
 def spawn(trees: Sequence[Tree], root: Path, sizes: Sizes, results: Results) -> None:
     """The trivial spawn in each tree's worker, rounds interleaved over trees and sides."""
     kinds = ("bare", "native", "bubblewrap")
+    after = trees[-1].name
     workers = [SpawnWorker(tree, root / f"spawn-{tree.name}") for tree in trees]
-    samples: dict[tuple[str, str], list[int]] = {(t.name, k): [] for t in trees for k in kinds}
-    cpu: dict[tuple[str, str], list[int]] = {(t.name, k): [] for t in trees for k in kinds}
+    samples: dict[tuple[str, str], list[int]] = {(t.name, k): [] for t in trees for k in (*kinds, "floor")}
+    cpu: dict[tuple[str, str], list[int]] = {(t.name, k): [] for t in trees for k in (*kinds, "floor")}
     try:
         for round_no in range(2 + sizes.spawn_rounds):  # two warm-up rounds
-            shift = round_no % len(kinds)
             for worker in workers if round_no % 2 == 0 else reversed(workers):
-                for kind in [*kinds[shift:], *kinds[:shift]]:
+                # The floor only in the tree after: the PID namespace alone, in the same worker and rounds.
+                own = (*kinds, "floor") if worker.tree.name == after else kinds
+                shift = round_no % len(own)
+                for kind in [*own[shift:], *own[:shift]]:
                     elapsed, spent = worker.once(kind)
                     if round_no >= 2:
                         samples[(worker.tree.name, kind)].append(elapsed)
@@ -662,7 +678,7 @@ def spawn(trees: Sequence[Tree], root: Path, sizes: Sizes, results: Results) -> 
     finally:
         for worker in workers:
             worker.close()
-    after = trees[-1].name
+    floor_ms = p50(samples[(after, "floor")]) / 1e6
     for backend in kinds[1:]:
         figures = {t.name: p50(samples[(t.name, backend)]) / 1e6 for t in trees}
         bare = {t.name: p50(samples[(t.name, "bare")]) / 1e6 for t in trees}
@@ -673,12 +689,15 @@ def spawn(trees: Sequence[Tree], root: Path, sizes: Sizes, results: Results) -> 
         row.ratio_after = figures[after] / bare[after]
         row.met = row.ratio_after <= AIM_SPAWN_RATIO
         row.floors = [
-            f"bare subprocess.run {bare[after]:.1f} ms ({p50(cpu[(after, 'bare')]) / 1e6:.1f} ms of CPU); "
-            "bench/sandbox_cost.py splits the rest by layer"
+            f"the PID namespace alone (a preexec_fn that makes it and forks the run's two supervisors, no other "
+            f"layer, decision 95) {floor_ms:.1f} ms, {floor_ms / bare[after]:.2f}x bare subprocess.run "
+            f"{bare[after]:.1f} ms in the same worker and rounds ({p50(cpu[(after, 'floor')]) / 1e6:.1f} and "
+            f"{p50(cpu[(after, 'bare')]) / 1e6:.1f} ms of CPU); every layer but that one costs "
+            f"{figures[after] - floor_ms:.1f} ms; bench/sandbox_cost.py splits the rest by layer"
         ]
         results.rows.append(row)
     for tree in trees:
-        for kind in kinds:
+        for kind in (*kinds, "floor") if tree.name == after else kinds:
             results.cpu.append(Cpu("trivial spawn", f"{tree.name}, {kind}", p50(cpu[(tree.name, kind)]) / 1e6,
                                    None, 0.0, "the spawning process and what it reaped"))  # fmt: skip
     results.checks.append(f"spawn: {sizes.spawn_rounds + 2} rounds, every run exited 0 with its layers")

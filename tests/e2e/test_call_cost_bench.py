@@ -90,6 +90,12 @@ def test_the_call_cost_bench_prints_every_row_against_its_anchor_and_passes_its_
     assert sides[0] == ("refused call", "bare SDK server"), sides
     for engine in chosen:
         assert ("refused call", f"after, {engine}") in sides, sides
+    if root:  # the spawn's floor, the PID namespace alone, is measured in the same worker and rounds
+        assert ("trivial spawn", "after, floor") in sides, sides
+        spawn_floors = [
+            floor for row in measured if row["name"].startswith("sandboxed spawn") for floor in row["floors"]
+        ]
+        assert all("the PID namespace alone" in floor for floor in spawn_floors), spawn_floors
     checks = results["checks"]
     for engine in chosen:
         assert any(line.startswith(f"refused calls, after, {engine}:") and "no token" in line for line in checks)
