@@ -12,7 +12,10 @@
     bare's and the p50 and p10-p90 of the ratio within each round (a busy machine moves whole rounds),
     then the CPU time of each run, the gateway's and its waited children's (bubblewrap's left out: its
     own init reaps the tool), which other work on the machine moves less than the wall clock.
-(b) the pieces: the copy of the 2,000 files into a view (p50 of 10), and, for 1, 4 and 16 MiB of
+(b) the pieces beside their floors (decision 101), 10 interleaved rounds: the gateway's copy of the project into a
+    view against `cp -a` and `tar | tar` of it into the same kind of tmpfs; reading back a copy `ruff format`
+    changed against one bare `scandir` + `lstat` walk of it; then the floor of any copy-based review,
+    bare + read-only's start + C copy + bare walk, from (a)'s p50s of the same run. For 1, 4 and 16 MiB of
     changed files (64 KiB each), reading the change set plus rendering the patch, per changed MiB;
     and, for comparison with the rejected overlayfs, the time to make (not mount) an overlay over
     the project with its upper on a tmpfs.
@@ -262,18 +265,33 @@ async def run_all(folder: Path, rounds: int, files: int, blocks: int = 1, *, roo
     )
     print(f"  files in each review's change set: {sorted(set(changed))}", flush=True)
     if not rootless:
-        pieces(folder, pinned)
+        walls = {name: p50_ms(sides[name]) for name in ("bare", "read-only native", "review native")}
+        cpus = {name: p50_ms(cpu[name]) for name in walls}
+        pieces(folder, pinned, walls, cpus)
     return 0
 
 
-def pieces(folder: Path, pinned: Pinned) -> None:
-    copies = []
-    for _ in range(10):
-        with WorkspaceView(1 << 30, 100_000) as view:
-            started = time.perf_counter()
-            copy_workspace(pinned.fd, view.mount_fd, Owner(0, 0), max_entries=100_000, max_bytes=1 << 30)
-            copies.append(time.perf_counter() - started)
-    print(f"(b) the copy of the project into a view: p50 {p50_ms(copies):.1f} ms")
+def pieces(folder: Path, pinned: Pinned, walls: dict[str, float], cpus: dict[str, float]) -> None:
+    """(b): the review's pieces beside their floors, in interleaved rounds, then the floor of any copy-based review
+    from (a)'s p50s (`walls`, `cpus`: bare, read-only native and review native), in wall and in CPU time."""
+    floors = copy_floors(folder / "project", pinned)
+    print(
+        "(b) the pieces beside their floors, p50 of 10 interleaved rounds, wall (CPU of this process and its children):"
+    )
+    for name, (wall, used) in floors.items():
+        print(f"    {name:<44}{p50_ms(wall):>7.1f} ms ({p50_ms(used):.1f} ms CPU)")
+    cheapest = min(("cp -a", "tar -cf - | tar -xpf -"), key=lambda name: p50_ms(floors[name][0]))
+    walk = floors["bare walk of the copy (scandir + lstat)"]
+    for what, sides, index in (("wall", walls, 0), ("CPU", cpus, 1)):
+        bare, start = sides["bare"], sides["read-only native"] - sides["bare"]
+        c_copy, bare_read = p50_ms(floors[cheapest][index]), p50_ms(walk[index])
+        floor = bare + start + c_copy + bare_read
+        review = sides["review native"]
+        print(
+            f"    floor ({what}): bare {bare:.1f} + read-only's start {start:.1f} + C copy ({cheapest}) {c_copy:.1f}"
+            f" + bare walk {bare_read:.1f} = {floor:.1f} ms, {floor / bare:.2f}x bare; review {review:.1f} ms"
+            f" ({review / bare:.2f}x), {review - floor:+.1f} ms above it"
+        )
     for mib in (1, 4, 16):
         with WorkspaceView(1 << 30, 100_000) as view:
             originals = copy_workspace(pinned.fd, view.mount_fd, Owner(0, 0), max_entries=100_000, max_bytes=1 << 30)
@@ -299,6 +317,65 @@ def pieces(folder: Path, pinned: Pinned) -> None:
     print(
         f"    overlayfs made over the project (rejected): {overlay_ms(folder, pinned):.2f} ms (p50 of 10, not mounted)"
     )
+
+
+def copy_floors(project: Path, pinned: Pinned) -> dict[str, tuple[list[float], list[float]]]:
+    """The gateway's copy against the cheapest copies C tools make of the same tree into the same kind of tmpfs
+    (a WorkspaceView, root's: `cp -a` and a tar pipe keep owners, modes and times, as the copy does), and reading
+    back a copy ruff changed against one bare scandir + lstat walk of it, in interleaved rounds."""
+    found: dict[str, tuple[list[float], list[float]]] = {}
+    owner = Owner(ROOTLESS_UID, ROOTLESS_UID)  # given away, as to a run's pool uid
+
+    def note(name: str, started: float, used: float) -> None:
+        wall, cpu = found.setdefault(name, ([], []))
+        wall.append(time.perf_counter() - started)
+        cpu.append(cpu_s() - used)
+
+    def into(view: WorkspaceView) -> str:
+        return f"/proc/{os.getpid()}/fd/{view.mount_fd}"
+
+    for _ in range(10):
+        with WorkspaceView(1 << 30, 100_000) as view:
+            started, used = time.perf_counter(), cpu_s()
+            originals = copy_workspace(pinned.fd, view.mount_fd, owner, max_entries=100_000, max_bytes=1 << 30)
+            note("the gateway's copy (copy_workspace)", started, used)
+            subprocess.run([*ARGV[:-1], into(view)], capture_output=True, check=True)  # ruff's 200 changes
+            view.freeze()
+            started, used = time.perf_counter(), cpu_s()
+            changes = read_changes(view.mount_fd, originals, RULES, pinned.fd, run_owner=owner)
+            note(f"reading the set back ({len(changes.changes)} files changed)", started, used)
+            root = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=view.mount_fd)
+            try:
+                started, used = time.perf_counter(), cpu_s()
+                bare_walk(root)
+                note("bare walk of the copy (scandir + lstat)", started, used)
+            finally:
+                os.close(root)
+        with WorkspaceView(1 << 30, 100_000) as view:
+            started, used = time.perf_counter(), cpu_s()
+            subprocess.run(["cp", "-a", "--", f"{project}/.", f"{into(view)}/"], check=True)
+            note("cp -a", started, used)
+        with WorkspaceView(1 << 30, 100_000) as view:
+            started, used = time.perf_counter(), cpu_s()
+            pipe = f"tar -C {project} -cf - . | tar -C {into(view)} -xpf -"
+            subprocess.run(["sh", "-c", pipe], check=True)
+            note("tar -cf - | tar -xpf -", started, used)
+    return found
+
+
+def bare_walk(folder: int) -> int:
+    """One lstat per entry beneath `folder`, nothing else: the floor of reading a copy back."""
+    count = 0
+    for entry in os.scandir(folder):
+        os.stat(entry.name, dir_fd=folder, follow_symlinks=False)
+        count += 1
+        if entry.is_dir(follow_symlinks=False):
+            inner = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+            try:
+                count += bare_walk(inner)
+            finally:
+                os.close(inner)
+    return count
 
 
 def overlay_ms(folder: Path, pinned: Pinned) -> float:
