@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -104,6 +104,8 @@ class RefusedFor(StrEnum):
     BYTE_CAP = "byte_cap"
     CONNECTION_CAP = "connection_cap"
     IDLE = "idle"
+    RUN_ABANDONED = "run_abandoned"
+    """Open when its gateway died: the sweep that closed the run recorded it, bytes as last shown (decision 102)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,8 @@ class NetConnect:
     duration_ms: int
     count: int = 1
     """More than 1 only for the connections refused past `max_connections`, recorded together."""
+    number: int | None = None
+    """The connection's number in its run's `ConnectionLog` while it was open (decision 102); not in the event."""
 
     def detail(self) -> dict[str, Any]:
         return {
@@ -141,17 +145,31 @@ class NetConnect:
 
 @dataclass(slots=True)
 class ConnectionLog:
-    """One call's connections through the proxy as they end, for the pipeline to write as NET_CONNECT events
-    (while the run is on, at most once a second: gateway/live_connections.py; decision 98). Used on the event
-    loop's thread only."""
+    """One call's connections through the proxy: those that ended, for the pipeline to write as NET_CONNECT
+    events (while the run is on, at most once a second: gateway/call_trail.py `flush_connections`; decision 98),
+    and those dialled and still open, with their bytes so far, for its card (decision 102). A connection is in
+    one or the other, never both: `add` takes it out of `open`. Used on the event loop's thread only."""
 
     records: list[NetConnect] = field(default_factory=list)
+    open: dict[int, OpenConnection] = field(default_factory=dict)
+    """The connections let through and dialled that have not ended, by number (at most the run's open cap)."""
+    opened_total: int = 0
     _arrived: anyio.Event | None = None
 
     def add(self, record: NetConnect) -> None:
+        if record.number is not None:
+            self.open.pop(record.number, None)
         self.records.append(record)
         if self._arrived is not None:
             self._arrived.set()
+
+    def opened(self, connection: OpenConnection) -> int:
+        """`connection` dialled: open until its record comes; its number in this log."""
+        self.opened_total += 1
+        self.open[self.opened_total] = connection
+        if self._arrived is not None:
+            self._arrived.set()
+        return self.opened_total
 
     def drain(self) -> tuple[NetConnect, ...]:
         """The records so far, taken: each is written once."""
@@ -167,6 +185,13 @@ class ConnectionLog:
         while not self.records:
             if self._arrived is None or self._arrived.is_set():
                 self._arrived = anyio.Event()  # shared by every waiter until a record comes
+            await self._arrived.wait()
+
+    async def busy(self) -> None:
+        """Return once a record is here or a connection is open (at once if either already is)."""
+        while not self.records and not self.open:
+            if self._arrived is None or self._arrived.is_set():
+                self._arrived = anyio.Event()
             await self._arrived.wait()
 
 
@@ -231,6 +256,22 @@ class _Totals:
     over_cap: int = 0
 
 
+class OpenConnection(Protocol):
+    """What a card shows of a connection still open (decision 102): read on the event loop's thread."""
+
+    host: str | None
+    port: int | None
+    method: str | None
+    rule: str | None
+    address: str | None
+    started: float
+    """When it was accepted (time.monotonic)."""
+
+    def so_far(self) -> tuple[int, int]:
+        """Its bytes up and down so far, those a relay thread is moving included."""
+        ...
+
+
 @dataclass(slots=True)
 class _Connection:
     totals: _Totals
@@ -249,6 +290,19 @@ class _Connection:
     recorded: bool = False
     waiting: bool = False
     """A person is deciding on the host: the connection waits, however long (the run's time limit bounds it)."""
+    number: int | None = None
+    """Its number in the run's ConnectionLog once dialled (`_Proxy.opened`); None: nobody is told it is open."""
+    relaying: list[Direction] = field(default_factory=list)
+    """The directions a relay thread is moving now: their bytes are added to up and down when it returns."""
+
+    def so_far(self) -> tuple[int, int]:
+        up, down = self.up, self.down
+        for way in self.relaying:
+            if way.up:
+                up += way.moved
+            else:
+                down += way.moved
+        return up, down
 
     def moved(self) -> None:
         self.last = time.monotonic()
@@ -311,6 +365,7 @@ class _Connection:
             bytes_up=self.up,
             bytes_down=self.down,
             duration_ms=int((time.monotonic() - self.started) * 1000),
+            number=self.number,
         )
 
 
@@ -326,6 +381,7 @@ class _Proxy:
     dial: Dialer
     totals: _Totals
     splice: bool
+    opened: Callable[[OpenConnection], int] | None
 
 
 async def serve_proxy(
@@ -339,10 +395,13 @@ async def serve_proxy(
     resolve: Resolver = resolve_host,
     dial: Dialer = dial,
     splice: bool = True,
+    opened: Callable[[OpenConnection], int] | None = None,
 ) -> None:
     """Serve `listener` until cancelled, then close it and every connection. `record` is called once per
     connection as it ends, on the loop's thread (it must not block); past `max_connections`, once for all.
-    `splice=False` copies every body through the streams (the bench's and the tests' other path)."""
+    `opened` (ConnectionLog.opened), when given, is told of each connection once it is dialled, before its
+    record, which then carries the number it returned. `splice=False` copies every body through the streams
+    (the bench's and the tests' other path)."""
     relays = ThreadPoolExecutor(max_workers=2 * limits.max_open, thread_name_prefix="proxy-relay")
     proxy = _Proxy(
         rules,
@@ -354,6 +413,7 @@ async def serve_proxy(
         dial,
         _Totals(limits, Budget(limits.max_bytes), relays),
         splice and can_splice(),
+        opened,
     )
     loop = asyncio.get_running_loop()
     listener.setblocking(False)
@@ -388,11 +448,14 @@ def proxy_starter(
     *,
     key: str,
     ask: Asker | None = None,
+    opened: Callable[[OpenConnection], int] | None = None,
 ) -> Callable[[socket.socket], None]:
     """The sandbox's `on_proxy`: the run's listener served in `group` (cancel the group when the run or server ends)."""
 
     def start(listener: socket.socket) -> None:
-        group.start_soon(functools.partial(serve_proxy, listener, rules, limits, record, key=key, ask=ask))
+        group.start_soon(
+            functools.partial(serve_proxy, listener, rules, limits, record, key=key, ask=ask, opened=opened)
+        )
 
     return start
 
@@ -600,6 +663,8 @@ async def _dial(
         conn.address = str(address)
         conn.moved()
         conn.watching(opened[1])
+        if proxy.opened is not None and conn.number is None:
+            conn.number = proxy.opened(conn)
         return opened
     raise _Refused(502, RefusedFor.CONNECT_FAILED, f"mcp-gateway proxy: {conn.host}:{port} did not accept a connection")
 
@@ -711,6 +776,8 @@ async def _relay(proxy: _Proxy, conn: _Connection, main: Direction, side: Direct
     non-blocking sockets, so it returns within one poll), never left behind."""
     relay = Relay(proxy.totals.budget, proxy.limits.idle_s, main, side, on_moved=conn.moved)
     future = proxy.totals.relays.submit(relay.run)
+    ways = [way for way in (main, side) if way is not None]
+    conn.relaying.extend(ways)
     try:
         ended = await asyncio.wrap_future(future)
     finally:
@@ -722,12 +789,12 @@ async def _relay(proxy: _Proxy, conn: _Connection, main: Direction, side: Direct
                 log.error(
                     "proxy: a relay thread for %s:%s did not wake within %s s", conn.host, conn.port, RELAY_WAKE_S
                 )
-        for way in (main, side):
-            if way is not None:
-                if way.up:
-                    conn.up += way.moved
-                else:
-                    conn.down += way.moved
+        for way in ways:
+            conn.relaying.remove(way)
+            if way.up:
+                conn.up += way.moved
+            else:
+                conn.down += way.moved
         if future.done():  # else the descriptors stay with the thread rather than be reused under it
             relay.close()
             for sock in {id(s): s for way in (main, side) if way is not None for s in (way.source, way.sink)}.values():
