@@ -11,8 +11,10 @@ import contextlib
 import hashlib
 import http.server
 import json
+import os
 import queue
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -32,6 +34,7 @@ from gateway.consent.stage import Decision
 from gateway.consent.store import Channel
 from tests.e2e.console_server import running_console
 from tests.e2e.test_console_limits import Stream, session_cookie
+from tests.e2e.test_dead_gateway_calls import SWEEPING
 from tests.gateway.test_console_routes import PASSWORDS, password_hash, running_app, session_csrf, signed_in
 from tests.harness import FORM_ELICITATION, ConsentDesk, GatewayHome, StdioSession, reachable_by_everyone
 
@@ -936,3 +939,47 @@ def test_a_connection_still_open_shows_on_the_running_card_with_its_bytes_so_far
     assert gw.chain_ok()
     ended = CallStore(gw.engine).fetch(run_id)
     assert ended is not None and ended.status == "done" and [c["open"] for c in ended.connections] == [False]
+
+
+def test_a_connection_open_when_its_gateway_is_killed_stays_on_the_card_until_the_sweep_logs_it_once(
+    db_url: str, make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """The gateway is killed (`kill -9`) while its run holds a download open: the card still shows the connection
+    open with its bytes so far; the next sweep (another gateway's) closes the run and writes that connection's one
+    NET_CONNECT (`run_abandoned`, the bytes its card last showed) before the run's end, and deletes its row."""
+    gw = dripping(make_gateway, origin)
+    runner = open_session(gw, env=SWEEPING, capabilities=FORM_ELICITATION)
+    runner.responder = allow_once
+    half = len(DRIP) // 2
+    try:
+        runner.send_call("drip", {"url": f"http://origin.test:{origin.server_address[1]}"}, gw.token("alice"))
+        deadline = time.monotonic() + 90
+        rows: list[dict[str, Any]] = []
+        while not (rows and rows[0]["bytes_down"] >= half):
+            assert time.monotonic() < deadline, "the held connection never got its row"
+            runner.pump(0.1)
+            rows = open_rows(gw)
+        [row] = rows
+        run_id = str(row["run_id"])
+        os.kill(runner.process.pid, signal.SIGKILL)
+        runner.process.wait(timeout=10)
+        card = CallStore(gw.engine).fetch(run_id)  # the dead gateway's card still shows it, as last written
+        assert card is not None and card.status == "running"
+        assert [(c["open"], c["bytes_down"]) for c in card.connections] == [(True, row["bytes_down"])]
+        survivor = open_session(gw, env=SWEEPING)  # the one gateway left to sweep, started once the card was seen
+        while (card := CallStore(gw.engine).fetch(run_id)) is not None and card.status == "running":
+            assert time.monotonic() < deadline, survivor.stderr_text()
+            time.sleep(0.1)
+    finally:
+        origin.released.set()
+    events = gw.events_of(run_id)
+    assert [e["event_type"] for e in events][-2:] == ["NET_CONNECT", "TOOL_FINISHED"], events
+    lost, finished = events[-2]["detail"], events[-1]["detail"]
+    assert finished == {"status": "abandoned", "reason": "gateway_lost"}
+    assert (lost["host"], lost["decision"], lost["reason"], lost["bytes_down"], lost["bytes_up"]) == (
+        "origin.test", "allowed", "run_abandoned", row["bytes_down"], row["bytes_up"],
+    )  # fmt: skip
+    assert [e["event_type"] for e in events].count("NET_CONNECT") == 1
+    assert open_rows(gw) == []
+    assert card is not None and [(c["open"], c["reason"]) for c in card.connections] == [(False, "run_abandoned")]
+    assert gw.chain_ok()
