@@ -47,7 +47,16 @@ from gateway.proxy.http import (
 )
 from gateway.proxy.sni import MAX_HELLO, HelloState, read_hello
 from gateway.proxy.splice import Budget, Direction, Ended, Relay, can_splice
-from gateway.rules.egress import Address, EgressRules, Verdict, address_of, decide, read_host, refusal_for_address
+from gateway.rules.egress import (
+    Address,
+    EgressRules,
+    HostDecision,
+    Verdict,
+    address_of,
+    decide,
+    read_host,
+    refusal_for_address,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,8 @@ RELAY_WAKE_S = 10.0
 SPLICE_FROM = 64 * 1024
 """A body (or the rest of it) this long or longer is relayed by splice; a shorter one is copied, cheaper than
 handing it to a thread."""
+DECISIONS_KEPT = 1024
+"""At most this many (host, port) verdicts of the rules are remembered per proxy; past it, each is decided again."""
 UPSTREAM_BUFFER = 1024 * 1024
 """An origin's stream buffer: large reads for a download (a response head is still held to MAX_HEAD)."""
 
@@ -294,6 +305,8 @@ class _Connection:
     """Its number in the run's ConnectionLog once dialled (`_Proxy.opened`); None: nobody is told it is open."""
     relaying: list[Direction] = field(default_factory=list)
     """The directions a relay thread is moving now: their bytes are added to up and down when it returns."""
+    timer: asyncio.TimerHandle | None = None
+    """The idle watchdog's next look (`watch`)."""
 
     def so_far(self) -> tuple[int, int]:
         up, down = self.up, self.down
@@ -339,19 +352,25 @@ class _Connection:
         self.transports.append(writer.transport)
         return writer
 
-    async def watch(self) -> None:
+    def watch(self) -> None:
         """Close every transport of the connection once nothing moved either way for idle_s (never while a person
-        decides on its host: `waiting`). One timer per connection, rather than one per read."""
-        while True:
-            left = self.idle_s - (time.monotonic() - self.last)
-            if self.waiting:
-                self.moved()
-            elif left <= 0:
-                self.idled = True
-                for transport in self.transports:
-                    _abort(transport)
-                return
-            await asyncio.sleep(max(left, 0.05))
+        decides on its host: `waiting`). One loop timer per connection, re-armed when it fires, rather than one per
+        read, and no task: a task's start and cancellation were two more loop iterations per connection."""
+        left = self.idle_s - (time.monotonic() - self.last)
+        if self.waiting:
+            self.moved()
+        elif left <= 0:
+            self.idled = True
+            self.timer = None
+            for transport in self.transports:
+                _abort(transport)
+            return
+        self.timer = asyncio.get_running_loop().call_later(max(left, 0.05), self.watch)
+
+    def unwatch(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def record(self, outcome: Outcome, reason: RefusedFor | None) -> NetConnect:
         return NetConnect(
@@ -382,6 +401,9 @@ class _Proxy:
     totals: _Totals
     splice: bool
     opened: Callable[[OpenConnection], int] | None
+    decisions: dict[tuple[str, int], HostDecision] = field(default_factory=dict)
+    """`decide`'s answers for this proxy's rules, which never change (at most DECISIONS_KEPT): a run asks about its
+    few hosts on every connection. Only the rules' verdict: a person's answer to `ask` is never kept here."""
 
 
 async def serve_proxy(
@@ -479,10 +501,9 @@ async def _serve_one(proxy: _Proxy, client: socket.socket) -> None:
     outcome: Outcome | None = None
     reason: RefusedFor | None = None
     writer: asyncio.StreamWriter | None = None
-    watchdog: asyncio.Future[None] | None = None
     try:
         reader, writer = await asyncio.open_connection(sock=client, limit=MAX_HEAD)
-        watchdog = asyncio.ensure_future(conn.watch())
+        conn.watch()
         conn.watching(writer)
         try:
             outcome, reason = await _serve_request(proxy, conn, reader, writer)
@@ -504,8 +525,7 @@ async def _serve_one(proxy: _Proxy, client: socket.socket) -> None:
         outcome, reason = Outcome.REFUSED, RefusedFor.BAD_REQUEST
     finally:
         proxy.totals.open -= 1
-        if watchdog is not None:
-            watchdog.cancel()
+        conn.unwatch()
         if writer is not None:
             _abort(writer.transport)
         else:
@@ -581,7 +601,11 @@ async def _read_head(conn: _Connection, reader: asyncio.StreamReader) -> Head | 
 async def _admit(proxy: _Proxy, conn: _Connection, target: Target) -> list[Address]:
     """The addresses `target` may be reached at, or _Refused: the rules, a person for `ask`, then the addresses."""
     host, port, key = target.host, target.port, proxy.key
-    decision = decide(proxy.rules, host, port)
+    decision = proxy.decisions.get((host, port))
+    if decision is None:
+        decision = decide(proxy.rules, host, port)
+        if len(proxy.decisions) < DECISIONS_KEPT:
+            proxy.decisions[host, port] = decision
     conn.rule = decision.rule
     where = f"{host}:{port}"
     if decision.verdict is Verdict.DENY:
@@ -656,7 +680,7 @@ async def _dial(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     for address in addresses:
         try:
-            with anyio.fail_after(proxy.limits.connect_s):
+            async with asyncio.timeout(proxy.limits.connect_s):  # asyncio's own: 3.4 us of CPU against anyio's 6.4
                 opened = await proxy.dial(address, port)
         except (OSError, TimeoutError):
             continue
@@ -894,10 +918,11 @@ async def _forward(
     up_reader, up_writer = await _dial(proxy, conn, addresses, target.port)
     try:
         await conn.write(up_writer, forwarded_request(head, target), up=True)
-        await _alongside(
-            _relay_response(proxy, conn, (up_reader, up_writer), writer, head.start[0]),
-            _copy_body(proxy, conn, (reader, writer), up_writer, framing),
-        )
+        answer = _relay_response(proxy, conn, (up_reader, up_writer), writer, head.start[0])
+        if framing == 0:  # no body to copy beside the answer: no second task (two loop iterations fewer)
+            await answer
+        else:
+            await _alongside(answer, _copy_body(proxy, conn, (reader, writer), up_writer, framing))
     finally:
         _abort(up_writer.transport)
 
