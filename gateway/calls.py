@@ -294,12 +294,16 @@ def take_open_rows(connection: Connection, run_id: str) -> list[tuple[OpenRow, f
     return rows
 
 
-def delete_stale_open_rows(connection: Connection) -> int:
+def delete_stale_open_rows(engine: Engine) -> int:
     """Rows of cards no longer running (a run whose call failed before its end could delete them): never shown,
-    deleted by the sweep. How many."""
+    deleted by the sweep. How many. Looked for first on a reader: the usual answer, none, takes no write lock."""
     o, t = db.open_connections, db.tool_calls
-    running = select(t.c.run_id).where(t.c.status == CardStatus.RUNNING)
-    return int(connection.execute(o.delete().where(o.c.card_id.not_in(running))).rowcount or 0)
+    stale = o.c.card_id.not_in(select(t.c.run_id).where(t.c.status == CardStatus.RUNNING))
+    with db.reader(engine).connect() as connection:
+        if connection.execute(select(o.c.card_id).where(stale).limit(1)).first() is None:
+            return 0
+    with engine.begin() as connection:
+        return int(connection.execute(o.delete().where(stale)).rowcount or 0)
 
 
 _OPEN_COLUMNS = tuple(field.name for field in dataclasses.fields(OpenRow))

@@ -225,8 +225,8 @@ def sweep_once(
 
 def _delete_stale_open_rows(services: Stores) -> bool:
     """Open-connection rows of cards that are no longer running (never shown; decision 102)."""
-    with storage_errors("stale open connections could not be deleted", log=None), services.engine.begin() as connection:
-        return bool(delete_stale_open_rows(connection))
+    with storage_errors("stale open connections could not be deleted", log=None):
+        return bool(delete_stale_open_rows(services.engine))
 
 
 def _is_dead(session: SessionRecord, now: float, here: ProcessIdentity, probe: StartTimeProbe) -> bool:

@@ -14,7 +14,15 @@ from gateway import db
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.auth import Principal
 from gateway.call_trail import CallTrail, Recorder, flush_connections, forget_open
-from gateway.calls import CallStore, Card, CardStatus
+from gateway.calls import (
+    CallStore,
+    Card,
+    CardStatus,
+    Opened,
+    OpenRow,
+    delete_stale_open_rows,
+    replace_open_connections,
+)
 from gateway.clock import SystemClock
 from gateway.proxy import ConnectionLog, NetConnect, Outcome
 
@@ -192,3 +200,21 @@ def _updated_at(engine: Engine) -> list[float]:
     o = db.open_connections
     with engine.connect() as connection:
         return [float(v) for v in connection.execute(select(o.c.updated_at)).scalars()]
+
+
+def test_the_sweep_deletes_open_rows_of_cards_no_longer_running_and_keeps_the_running_ones(engine: Engine) -> None:
+    """A call that failed before its run's end could delete its rows leaves them under a card that is not running:
+    never shown (`CallStore`), and deleted by the sweep (`delete_stale_open_rows`); a running card's stay."""
+    audit = AuditLog(engine, SystemClock())
+    now = time.time()
+    for run, status in (("live", CardStatus.RUNNING), ("failed", CardStatus.ERROR)):
+        entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run, user="alice", workspace="default", tool_name="t")
+        audit.append(entry, along=[Opened(run, "alice", "default", "srv", "t", {}, status, now)])
+        row = OpenRow(1, f"{run}.test", 443, "CONNECT", "192.0.2.1", "allow: *", 1, 2, now)
+        with engine.begin() as connection:
+            replace_open_connections(connection, run, run, [row], now)
+    failed = CallStore(engine).fetch("failed")
+    assert failed is not None and failed.connections == ()  # not running: not shown as open
+    assert delete_stale_open_rows(engine) == 1
+    assert delete_stale_open_rows(engine) == 0
+    assert [host for host, _, _ in open_rows(engine)] == ["live.test"]
