@@ -30,7 +30,7 @@ from types import MappingProxyType
 
 import anyio
 
-from gateway.proxy import ProxyLimits, serve_proxy
+from gateway.proxy import ConnectionLog, ProxyLimits, serve_proxy
 from gateway.rules.egress import EgressRules, parse_pattern
 
 CHUNK = 1024 * 1024
@@ -193,7 +193,12 @@ async def main(mb: int, rounds: int, count: int) -> None:
     direct_conn, proxied_conn = [], []
     async with anyio.create_task_group() as group:
         for way, listener in listeners.items():
-            serve = functools.partial(serve_proxy, listener, rules, limits, lambda _: None, splice=way == "splice")
+            log = (
+                ConnectionLog()
+            )  # as a run's: each connection's record, and told of it while it is open (decision 102)
+            serve = functools.partial(
+                serve_proxy, listener, rules, limits, log.add, splice=way == "splice", opened=log.opened
+            )
             group.start_soon(serve)
         for _ in range(rounds):
             for way, run in ways.items():

@@ -8,14 +8,17 @@ call refused early costs one commit. Every write of the trail goes with the call
 (gateway/calls.py) in the same transaction: the card's first row with the entry event, its move
 with each later event. A call from nobody known gets no card: it belongs to no workspace (the
 audit log keeps it). While a run is on, its connections through the egress proxy are written as they
-end, at most once a second, with the card's move (`flush_connections`; decision 98).
+end, at most once a second, with the card's move (`flush_connections`; decision 98), and those it holds
+open are shown on its card with their bytes so far, outside the audit log (decision 102).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,13 +28,13 @@ from sqlalchemy import Connection, Engine
 
 from gateway.audit import Along, AuditLog, EventDraft, EventType
 from gateway.auth import Principal
-from gateway.calls import KIND_TOOL, CardStatus, Moved, Opened, outcome_content
+from gateway.calls import KIND_TOOL, CardStatus, Moved, Opened, OpenRow, outcome_content, replace_open_connections
 from gateway.canonical import is_text
 from gateway.clock import Clock
 from gateway.db.errors import storage_errors
 from gateway.db.threads import in_db_thread
 from gateway.errors import GatewayError, Reason
-from gateway.proxy import ConnectionLog, NetConnect
+from gateway.proxy import ConnectionLog, NetConnect, OpenConnection
 from gateway.tools.outcome import ToolOutcome
 
 log = logging.getLogger("gateway.call_trail")
@@ -40,6 +43,17 @@ FLUSH_S = 1.0
 """A live run's ended connections are written at most this often (decision 98)."""
 STORED_NAME_MAX = 128
 """The audit log's tool_name column (String(128) in gateway/db/__init__.py)."""
+
+
+def _audit_errors(run_id: str) -> contextlib.AbstractContextManager[None]:
+    """A trail's write failing is the audit log failing: StorageUnavailableError, audit_unavailable."""
+    return storage_errors(
+        "the audit log could not be written (audit_unavailable)",
+        log=log,
+        run_id=run_id,
+        reason=Reason.AUDIT_UNAVAILABLE,
+        detail="the audit log could not be written",
+    )
 
 
 def stored_tool_name(name: object) -> str:
@@ -106,6 +120,13 @@ class CallTrail:
     """The refusal's terminal event is written (on the database thread that refused)."""
     connections: ConnectionLog | None = None
     """The run's connections through the egress proxy, not yet written (decision 90)."""
+    open_shown: bool = False
+    """Rows of the run's open connections are in `open_connections` (decision 102): the run's end deletes them."""
+
+    @property
+    def card_of_run(self) -> str:
+        """The card this call's writes move: its own, or its first round's (`continue_card`)."""
+        return self.card_id or self.run_id
 
     @property
     def run_id(self) -> str:
@@ -183,16 +204,7 @@ class CallTrail:
         were two or three (decision 93); the card is left as it is when `status` is None. Synchronous database
         work, as `log`."""
         drafts = () if self.entry_logged else (self.entry_for_log(),)
-        with (
-            storage_errors(
-                "the audit log could not be written (audit_unavailable)",
-                log=log,
-                run_id=self.run_id,
-                reason=Reason.AUDIT_UNAVAILABLE,
-                detail="the audit log could not be written",
-            ),
-            engine.begin() as connection,
-        ):
+        with _audit_errors(self.run_id), engine.begin() as connection:
             writes(connection)
             # The card goes in the append itself, the transaction's last statement: on PostgreSQL the chain's
             # lock is held until COMMIT only, as for `log` (decision 62).
@@ -244,23 +256,88 @@ class CallTrail:
         return (Moved(card, status, now, self.workspace, code, reason, message, result),)
 
 
-async def flush_connections(trail: CallTrail, every_s: float = FLUSH_S) -> None:
+def open_rows(connections: ConnectionLog, now: float) -> list[OpenRow]:
+    """The run's connections open now, as its card shows them (their bytes so far read off the proxy's counts)."""
+    return [_open_row(number, conn, now) for number, conn in sorted(connections.open.items())]
+
+
+def _open_row(number: int, conn: OpenConnection, now: float) -> OpenRow:
+    up, down = conn.so_far()
+    opened_at = now - max(0.0, time.monotonic() - conn.started)
+    return OpenRow(number, conn.host, conn.port, conn.method, conn.address, conn.rule, up, down, opened_at)
+
+
+async def flush_connections(trail: CallTrail, engine: Engine, every_s: float = FLUSH_S) -> None:
     """While the run is on, until cancelled: NET_CONNECT for each of its connections that ended since the last write,
     with the card's move (still running, its `last_event_id` the console's cursor), in one transaction, at most
     once every `every_s`; nothing is written while nothing ends (decision 98). The write is shielded (a database
     thread's), so cancelling this never leaves a write behind that could land after the run's end. A write that
     fails raises (StorageUnavailableError, audit_unavailable) with its records put back: the call's end writes
-    them, and the caller ends the run."""
+    them, and the caller ends the run.
+
+    The connections the run holds open are shown on its card (decision 102): once one has been open `every_s`
+    (a shorter one never gets a row), their rows are replaced with their bytes so far at each write, and
+    between writes every `every_s` while any is open, when and only when a byte moved or one opened or ended
+    (a transaction of its own, no audit event, no card move: the console's stream watches the rows). A
+    connection's row is deleted in the transaction of its NET_CONNECT; the run's end deletes what is left."""
     connections = trail.connections
     if connections is None:
         return
+    shown: dict[int, tuple[int, int]] = {}
     while True:
-        await connections.arrived()
+        await connections.busy()
+        if not connections.records and not shown:
+            with anyio.move_on_after(every_s):  # a short connection ends first and never gets a row
+                await connections.arrived()
         taken = connections.drain()
+        rows = open_rows(connections, trail.recorder.clock.now())
+        marks = {row.number: (row.bytes_up, row.bytes_down) for row in rows}
+        moved = marks != shown
         try:
-            await in_db_thread(trail.log, CardStatus.RUNNING, *trail.net_connects(taken))
+            if taken:
+                await in_db_thread(_write_ended, trail, engine, rows if moved or shown else None, taken)
+            elif moved:
+                await in_db_thread(_write_open, trail, engine, rows)
         except Exception:
             connections.put_back(taken)
             log.error("run %s: %d connection(s) through the proxy could not be written", trail.run_id, len(taken))  # noqa: TRY400  (the cause is raised on)
             raise
+        shown = marks
+        trail.open_shown = trail.open_shown or bool(marks)
         await anyio.sleep(every_s)
+
+
+def _write_ended(trail: CallTrail, engine: Engine, rows: list[OpenRow] | None, taken: tuple[NetConnect, ...]) -> None:
+    """NET_CONNECT of the connections that ended, the card's move and (`rows` not None) its open connections, in one
+    transaction: an ended connection's row goes with its event."""
+    if rows is None:
+        trail.log(CardStatus.RUNNING, *trail.net_connects(taken))
+        return
+    trail.open_shown = trail.open_shown or bool(rows)  # before the write: the run's end deletes what it left
+    now = trail.recorder.clock.now()
+    trail.log_with(
+        engine,
+        CardStatus.RUNNING,
+        lambda connection: replace_open_connections(connection, trail.card_of_run, trail.run_id, rows, now),
+        *trail.net_connects(taken),
+    )
+
+
+def _write_open(trail: CallTrail, engine: Engine, rows: list[OpenRow]) -> None:
+    """The card's open connections alone (nothing ended since the last write): no audit event, no card move."""
+    trail.open_shown = trail.open_shown or bool(rows)
+    with _audit_errors(trail.run_id), engine.begin() as connection:
+        replace_open_connections(connection, trail.card_of_run, trail.run_id, rows, trail.recorder.clock.now())
+
+
+def forget_open(trail: CallTrail) -> Callable[[Connection], None] | None:
+    """The write that deletes the run's remaining open-connection rows (its end), or None when it never had any."""
+    if not trail.open_shown:
+        return None
+    card, run = trail.card_of_run, trail.run_id
+
+    def forget(connection: Connection) -> None:
+        replace_open_connections(connection, card, run, (), 0.0)
+        trail.open_shown = False
+
+    return forget

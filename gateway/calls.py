@@ -24,7 +24,11 @@ A card read for the console carries its run's connections through the egress pro
 events of the call (the run of its last event: a continued card's retry), the newest `CONNECTIONS_SHOWN`
 of them and how many there are. A live run writes them as they end, at most once a second, each with
 the card's move (gateway/call_trail.py `flush_connections`; decision 98), so they reach the console's
-stream while the run is on.
+stream while the run is on. A running card also carries the connections its run has open now, with
+their bytes so far (`open: true`), from `open_connections` (decision 102): the live writer replaces a
+card's rows at most about once a second while bytes move (`replace_open_connections`), the transaction
+of a connection's NET_CONNECT deletes its row, and the console's stream sends a card again when its open
+rows change (`CallStore.fetch_open_marks`), outside the audit log's cursor.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from gateway.visible import storable
 CONNECTIONS_SHOWN = 50
 """At most this many of a card's connections (the newest) are read for the console; `connections_total` counts all."""
 CONNECTION_FIELDS = ("host", "port", "method", "decision", "reason", "bytes_up", "bytes_down", "duration_ms", "count")
-"""What a card shows of a NET_CONNECT's detail (docs/audit.md)."""
+"""What a card shows of a NET_CONNECT's detail (docs/audit.md); each also says whether it is `open`."""
 STORED_CHARS = 262_144
 """At most this much of a card's arguments or of its result text is stored; the rest is named, not kept."""
 KIND_TOOL = "tool"
@@ -88,6 +92,7 @@ class Card:
     connections: tuple[dict[str, Any], ...] = ()
     """The run's connections through the egress proxy so far, oldest first (the newest CONNECTIONS_SHOWN of them)."""
     connections_total: int = 0
+    """The run's connections: the ended ones (all of them) and those open now."""
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in Card.__slots__}
@@ -239,6 +244,71 @@ class Moved:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class OpenRow:
+    """A connection a live run has open now, as its card shows it (decision 102)."""
+
+    number: int
+    host: str | None
+    port: int | None
+    method: str | None
+    address: str | None
+    rule: str | None
+    bytes_up: int
+    bytes_down: int
+    opened_at: float
+
+
+_o = db.open_connections
+_DELETE_OPEN = _o.delete().where(_o.c.card_id == bindparam("card"))
+_INSERT_OPEN = _o.insert()
+
+
+def replace_open_connections(
+    connection: Connection, card_id: str, run_id: str, rows: Collection[OpenRow], now: float
+) -> None:
+    """The card's open connections set to `rows` in the caller's transaction: those that ended since (their
+    NET_CONNECT in the same transaction, or none: refused before dialling) are deleted, the others written with
+    their bytes so far."""
+    connection.execute(_DELETE_OPEN, {"card": card_id})
+    if rows:
+        connection.execute(
+            _INSERT_OPEN,
+            [
+                {"card_id": card_id, "run_id": run_id, "updated_at": now, **dataclasses.asdict(row)}
+                for row in sorted(rows, key=lambda r: r.number)
+            ],
+        )
+
+
+def take_open_rows(connection: Connection, run_id: str) -> list[tuple[OpenRow, float]]:
+    """The run's open connections as last written (each with when it was), by number, deleted in the caller's
+    transaction: the sweep that closes a dead gateway's run writes them as NET_CONNECT in it (gateway/recovery.py;
+    decision 102)."""
+    o = db.open_connections
+    columns = (*(o.c[name] for name in _OPEN_COLUMNS), o.c.updated_at)
+    query = select(*columns).where(o.c.run_id == run_id).order_by(o.c.number)
+    rows = [(OpenRow(*row[:-1]), float(row[-1])) for row in connection.execute(query)]
+    if rows:
+        connection.execute(o.delete().where(o.c.run_id == run_id))
+    return rows
+
+
+def delete_stale_open_rows(engine: Engine) -> int:
+    """Rows of cards no longer running (a run whose call failed before its end could delete them): never shown,
+    deleted by the sweep. How many. Looked for first on a reader: the usual answer, none, takes no write lock."""
+    o, t = db.open_connections, db.tool_calls
+    stale = o.c.card_id.not_in(select(t.c.run_id).where(t.c.status == CardStatus.RUNNING))
+    with db.reader(engine).connect() as connection:
+        if connection.execute(select(o.c.card_id).where(stale).limit(1)).first() is None:
+            return 0
+    with engine.begin() as connection:
+        return int(connection.execute(o.delete().where(stale)).rowcount or 0)
+
+
+_OPEN_COLUMNS = tuple(field.name for field in dataclasses.fields(OpenRow))
+
+
 PAGE_MAX = 200
 """At most this many cards in one page of the console's list (`CallQuery.limit`)."""
 UPSTREAM_SEPARATOR = "__"
@@ -330,6 +400,36 @@ class CallStore:
             row = connection.execute(select(t).where(t.c.run_id == run_id)).first()
             return None if row is None else _with_connections(connection, [_card(row._mapping)])[0]
 
+    def fetch_many(self, run_ids: Collection[str], workspaces: Collection[str] | None) -> list[Card]:
+        """The cards of `run_ids` that `workspaces` may see (None: all), oldest change first."""
+        if not run_ids:
+            return []
+        t = db.tool_calls
+        query = select(t).where(t.c.run_id.in_(sorted(run_ids))).order_by(t.c.last_event_id)
+        if workspaces is not None:
+            query = query.where(t.c.workspace.in_(list(workspaces)))
+        with self._read.connect() as connection:
+            return _with_connections(connection, [_card(row._mapping) for row in connection.execute(query)])
+
+    def fetch_open_marks(self, workspaces: Collection[str] | None) -> dict[str, tuple[tuple[int, int, int], ...]]:
+        """Per running card with open connections, what they are now ((number, bytes up, bytes down) each): the
+        live stream sends a card again when its marks change or go (decision 102). One read of a table that
+        holds at most the open cap's rows per live run."""
+        o, t = db.open_connections, db.tool_calls
+        query = (
+            select(o.c.card_id, o.c.number, o.c.bytes_up, o.c.bytes_down)
+            .select_from(o.join(t, t.c.run_id == o.c.card_id))
+            .where(t.c.status == CardStatus.RUNNING)
+            .order_by(o.c.card_id, o.c.number)
+        )
+        if workspaces is not None:
+            query = query.where(t.c.workspace.in_(list(workspaces)))
+        marks: dict[str, list[tuple[int, int, int]]] = {}
+        with self._read.connect() as connection:
+            for card_id, number, up, down in connection.execute(query):
+                marks.setdefault(card_id, []).append((int(number), int(up), int(down)))
+        return {card_id: tuple(rows) for card_id, rows in marks.items()}
+
 
 def _with_connections(connection: Connection, cards: list[Card]) -> list[Card]:
     """`cards` with their runs' connections (NET_CONNECT events), in two reads whatever their number: the run id
@@ -340,6 +440,7 @@ def _with_connections(connection: Connection, cards: list[Card]) -> list[Card]:
     tools = [card for card in cards if card.kind == KIND_TOOL]
     if not tools:
         return cards
+    cards = _with_open(connection, cards)
     a = db.audit_events
     last_ids = [card.last_event_id for card in tools]
     run_of = dict(connection.execute(select(a.c.id, a.c.run_id).where(a.c.id.in_(last_ids))).all())
@@ -374,11 +475,57 @@ def _with_connections(connection: Connection, cards: list[Card]) -> list[Card]:
         shown.setdefault(run, []).append(_connection(detail))
         totals[run] = int(total)
     return [
-        dataclasses.replace(card, connections=tuple(shown[run]), connections_total=totals[run])
+        dataclasses.replace(
+            card,
+            connections=(*shown[run], *card.connections),
+            connections_total=totals[run] + card.connections_total,
+        )
         if card.kind == KIND_TOOL and (run := run_of.get(card.last_event_id)) in shown
         else card
         for card in cards
     ]
+
+
+def _with_open(connection: Connection, cards: list[Card]) -> list[Card]:
+    """The running cards with the connections their runs have open now (decision 102), as `connections` for
+    `_with_connections` to put after the ended ones. A card that is not running shows none: a row its run's
+    end did not delete (a run that failed, or a dead gateway's before the sweep) is not shown as open."""
+    running = [card.run_id for card in cards if card.kind == KIND_TOOL and card.status == CardStatus.RUNNING]
+    if not running:
+        return cards
+    o = db.open_connections
+    query = (
+        select(o.c.card_id, *(o.c[name] for name in _OPEN_COLUMNS))
+        .where(o.c.card_id.in_(running))
+        .order_by(o.c.card_id, o.c.number)
+    )
+    opened: dict[str, list[dict[str, Any]]] = {}
+    for card_id, *values in connection.execute(query):
+        opened.setdefault(card_id, []).append(_open_connection(OpenRow(*values)))
+    if not opened:
+        return cards
+    return [
+        dataclasses.replace(card, connections=tuple(shown), connections_total=len(shown))
+        if (shown := opened.get(card.run_id)) is not None
+        else card
+        for card in cards
+    ]
+
+
+def _open_connection(row: OpenRow) -> dict[str, Any]:
+    """What a card shows of a connection still open: the fields of an ended one, `open` set, no decision's end."""
+    return {
+        "host": row.host,
+        "port": row.port,
+        "method": row.method,
+        "decision": "allowed",
+        "reason": None,
+        "bytes_up": row.bytes_up,
+        "bytes_down": row.bytes_down,
+        "duration_ms": None,
+        "count": 1,
+        "open": True,
+    }
 
 
 def _connection(detail: str) -> dict[str, Any]:
@@ -388,8 +535,8 @@ def _connection(detail: str) -> dict[str, Any]:
     except ValueError:
         read = None
     if not isinstance(read, dict):
-        return {"host": "(unreadable)"}
-    return {name: read.get(name) for name in CONNECTION_FIELDS}
+        return {"host": "(unreadable)", "open": False}
+    return {**{name: read.get(name) for name in CONNECTION_FIELDS}, "open": False}
 
 
 def _card(m: Any) -> Card:

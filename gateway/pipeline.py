@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 import anyio
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 
 from gateway.audit import EventDraft, EventType
 from gateway.auth import Principal
 from gateway.budget import Usage, reservation_ms, settle_on, spent_ms
-from gateway.call_trail import CallTrail, Recorder, flush_connections, stored_tool_name
+from gateway.call_trail import CallTrail, Recorder, flush_connections, forget_open, stored_tool_name
 from gateway.calls import CardStatus
 from gateway.canonical import args_hash
 from gateway.consent.changes_view import changes_prompt
@@ -728,18 +728,24 @@ class Pipeline:
         """NET_CONNECT for each connection through the egress proxy, then SANDBOX_EXEC (the card `reviewing` when
         a person is to decide on the run's changes next), the reservation settled to the run's duration and the
         run's record closed with how it ended (`status`), and the user's usage after it read, in one transaction
-        (decision 93). A record a sweep had closed as abandoned stays so (`closed_by_sweep`)."""
+        (decision 93). A record a sweep had closed as abandoned stays so (`closed_by_sweep`). The rows of the
+        connections the card showed open go in the same transaction, the card moved with them (decision 102)."""
         charge, spent = trail.charge_id, spent_ms(trail.run_ms, trail.started_at, self.s.clock.now())
         ended: list[bool] = []
         usage: list[Usage] = []
 
+        forget = forget_open(trail)
+
         def writes(connection: Connection) -> None:
+            if forget is not None:
+                forget(connection)
             if charge is not None:
                 settle_on(connection, charge, spent)
             ended.append(finish_on(connection, trail.run_id, status, exit_code))
             usage.append(self.s.budget.usage_on(connection, user, self.s.policy.budget))  # no read connection more
 
-        trail.log_with(self.s.engine, CardStatus.REVIEWING if reviewing else None, writes, *connected, executed)
+        status_now = CardStatus.REVIEWING if reviewing else (CardStatus.RUNNING if forget is not None else None)
+        trail.log_with(self.s.engine, status_now, writes, *connected, executed)
         trail.charge_id = None  # settled: committed with the event
         trail.closed_by_sweep = not ended[0]
         return usage[0]
@@ -829,7 +835,7 @@ class Pipeline:
         )
         try:
             with artifact_errors(run_id):
-                run = await self._executed(spec.execute, request, trail)
+                run = await self._executed(spec.execute, request, trail, self.s.engine)
         except GatewayError:  # -32603, or a tool's own refusal before it spawned anything: nothing ran
             await in_db_thread(self.s.runs.finish, run_id, RunStatus.FAILED, None)
             raise
@@ -896,7 +902,7 @@ class Pipeline:
         return outcome
 
     @staticmethod
-    async def _executed(execute: Execute, request: ExecutionRequest, trail: CallTrail) -> ToolRun:
+    async def _executed(execute: Execute, request: ExecutionRequest, trail: CallTrail, engine: Engine) -> ToolRun:
         """`execute(request)`, the run's connections written as they end beside it (decision 98). A write that
         fails ends the run (cancelled: the runner kills it) and is raised, as any other write of the trail; the
         writer ends with the run, its last write (shielded) committed first."""
@@ -906,7 +912,7 @@ class Pipeline:
 
             async def flushing() -> None:
                 try:
-                    await flush_connections(trail)
+                    await flush_connections(trail, engine)
                 except Exception as exc:
                     raised.append(exc)
                     group.cancel_scope.cancel()

@@ -46,10 +46,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway import db
 from gateway.audit import CHANGE_REVIEW, EventDraft, EventType
-from gateway.calls import CardStatus, Moved
+from gateway.calls import CardStatus, Moved, OpenRow, delete_stale_open_rows, take_open_rows
 from gateway.consent.stage import Answer, ConsentRequest, Decision, Origin, RiskTier, decision_event
 from gateway.consent.store import Channel, ConsentStore, PendingRequest, QuestionKind, QuestionStatus
-from gateway.db.errors import cause_name
+from gateway.db.errors import cause_name, storage_errors
 from gateway.db.threads import in_db_thread
 from gateway.errors import ConsentDeniedError, Reason, StorageUnavailableError
 from gateway.liveness import (
@@ -65,6 +65,7 @@ from gateway.liveness import (
     this_process,
 )
 from gateway.open_calls import OpenCall, OpenCalls
+from gateway.proxy import NetConnect, Outcome, RefusedFor
 from gateway.runs import RunRecord, RunStatus
 from gateway.services import Services, Stores
 from gateway.tick_failures import FailureStreak
@@ -216,9 +217,16 @@ def sweep_once(
             and each(partial(_close_call, services, calls, call))
         ):
             swept.calls.append(call.run_id)
+    each(partial(_delete_stale_open_rows, services))
     if failed:
         raise failed[0]
     return swept
+
+
+def _delete_stale_open_rows(services: Stores) -> bool:
+    """Open-connection rows of cards that are no longer running (never shown; decision 102)."""
+    with storage_errors("stale open connections could not be deleted", log=None):
+        return bool(delete_stale_open_rows(services.engine))
 
 
 def _is_dead(session: SessionRecord, now: float, here: ProcessIdentity, probe: StartTimeProbe) -> bool:
@@ -260,18 +268,25 @@ def close_abandoned_runs(services: Services) -> list[str]:
 def _close_run(services: Stores, run: RunRecord, reason: str, *, died: bool) -> bool:
     if not services.runs.close(run.run_id):
         return False  # its gateway finished it, or another gateway closed it, first
+    now = services.clock.now()
+    finished = EventDraft(
+        EventType.TOOL_FINISHED,
+        run_id=run.run_id,
+        user=run.user,
+        workspace=run.workspace,
+        tool_name=run.tool_name,
+        detail={"status": RunStatus.ABANDONED, "reason": reason},
+    )
+    moved = Moved(run.run_id, CardStatus.ERROR, now, reason=reason, message=_RUN_ABANDONED)
     try:
-        services.audit.append(
-            EventDraft(
-                EventType.TOOL_FINISHED,
-                run_id=run.run_id,
-                user=run.user,
-                workspace=run.workspace,
-                tool_name=run.tool_name,
-                detail={"status": RunStatus.ABANDONED, "reason": reason},
-            ),
-            along=[Moved(run.run_id, CardStatus.ERROR, services.clock.now(), reason=reason, message=_RUN_ABANDONED)],
-        )
+        # The connections its card showed open when the gateway died: one NET_CONNECT each, before the run's
+        # end, their rows deleted, in the end's transaction (decision 102).
+        with (
+            storage_errors("an abandoned run could not be closed", log=None, reason=Reason.AUDIT_UNAVAILABLE),
+            services.engine.begin() as connection,
+        ):
+            lost = [_lost_connection(run, row, seen) for row, seen in take_open_rows(connection, run.run_id)]
+            services.audit.append_within(connection, *lost, finished, along=[moved])
     except StorageUnavailableError:
         services.runs.reopen(run.run_id)
         log.error("run %s: could not record its closure (audit log unavailable); a later sweep retries", run.run_id)  # noqa: TRY400
@@ -295,6 +310,30 @@ def _close_run(services: Stores, run: RunRecord, reason: str, *, died: bool) -> 
         why,
     )
     return True
+
+
+def _lost_connection(run: RunRecord, row: OpenRow, seen: float) -> EventDraft:
+    """NET_CONNECT for a connection a dead gateway's run held open: what its card last showed of it (`seen`)."""
+    record = NetConnect(
+        host=row.host,
+        port=row.port,
+        method=row.method,
+        decision=Outcome.ALLOWED,
+        rule=row.rule,
+        reason=RefusedFor.RUN_ABANDONED,
+        address=row.address,
+        bytes_up=row.bytes_up,
+        bytes_down=row.bytes_down,
+        duration_ms=max(0, round((seen - row.opened_at) * 1000)),
+    )
+    return EventDraft(
+        EventType.NET_CONNECT,
+        run_id=run.run_id,
+        user=run.user,
+        workspace=run.workspace,
+        tool_name=run.tool_name,
+        detail=record.detail(),
+    )
 
 
 def _close_question(

@@ -265,6 +265,7 @@ class Endpoints:
                     yield {"event": "reload", "data": json.dumps({"reason": reason})}
                     return
             polls = 0
+            shown_marks: dict[str, tuple[tuple[int, int, int], ...]] = {}
             while True:
                 if await request.is_disconnected():
                     return
@@ -280,7 +281,18 @@ class Endpoints:
                     cursor = max(cursor, card.last_event_id)
                     if (only is None or card.run_id == only) and query.matches(card):
                         yield {"event": "card", "id": str(card.last_event_id), "data": json.dumps(shown_card(card))}
-                if not cards:
+                # A running card's open connections change without an audit event (decision 102): sent again when
+                # their rows do, under the stream's own cursor (a reconnect replays from it, never from before).
+                marks = await _run(self.c.calls.fetch_open_marks, who.scope)
+                moved = {card for card, mark in marks.items() if shown_marks.get(card) != mark}
+                moved |= shown_marks.keys() - marks.keys()
+                moved -= {card.run_id for card in cards}
+                shown_marks = marks
+                again = await _run(self.c.calls.fetch_many, moved, who.scope) if moved else []
+                for card in again:
+                    if (only is None or card.run_id == only) and query.matches(card):
+                        yield {"event": "card", "id": str(cursor), "data": json.dumps(shown_card(card))}
+                if not cards and not again:
                     await anyio.sleep(POLL_S)
 
         return HeldStream(events(), slot, ping=15)

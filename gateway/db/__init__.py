@@ -302,6 +302,27 @@ tool_pins = Table(
 )
 
 
+# A live run's connections still open through the egress proxy, with their bytes so far (gateway/calls.py,
+# decision 102; migration 0013). Keyed by the card they show on and the connection's number in its run; the
+# NET_CONNECT's transaction deletes the row. Outside the audit log: the chain holds one event per connection.
+open_connections = Table(
+    "open_connections",
+    metadata,
+    Column("card_id", String(64), primary_key=True),
+    Column("number", Integer, primary_key=True),
+    Column("run_id", String(64), nullable=False),
+    Column("host", Text),
+    Column("port", Integer),
+    Column("method", String(16)),
+    Column("address", Text),
+    Column("rule", Text),
+    Column("bytes_up", BigInteger, nullable=False),
+    Column("bytes_down", BigInteger, nullable=False),
+    Column("opened_at", Double, nullable=False),
+    Column("updated_at", Double, nullable=False),
+)
+
+
 SQLITE_SYNC_MODES = ("normal", "full")
 
 
@@ -549,7 +570,7 @@ def _sqlite_on_begin(connection: Any) -> None:
         connection.connection.driver_connection.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
-SCHEMA_HEAD = "0012"
+SCHEMA_HEAD = "0013"
 """The newest migration's revision; tests/gateway/test_migrations.py holds it to Alembic's head."""
 
 

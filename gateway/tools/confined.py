@@ -213,6 +213,7 @@ def _on_proxy(c: Confinement, group: TaskGroup) -> Callable[[socket.socket], Non
         record,
         key="sandbox.network",
         ask=c.ask_host,
+        opened=c.connections.opened if c.connections is not None else None,
     )
 
 

@@ -6,6 +6,7 @@ passes its filters, and a bad value in the URL is a 400 page."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
@@ -14,7 +15,7 @@ import pytest
 from playwright.sync_api import BrowserContext, ConsoleMessage, Page, expect
 
 from gateway.audit import AuditLog, EventDraft, EventType
-from gateway.calls import CardStatus, Moved, Opened
+from gateway.calls import CardStatus, Moved, Opened, OpenRow, replace_open_connections
 from gateway.clock import SystemClock
 from tests.e2e.console_server import CHROMIUM, signed_in_browser
 from tests.gateway.test_console_calls_list import CARDS, add_cards
@@ -159,6 +160,44 @@ def test_a_running_cards_connections_come_live_and_are_drawn_escaped(gw: Gateway
     expect(links.locator("li.connection.allowed")).to_contain_text("34,567 B")
     expect(links.locator("li.connection.refused")).to_contain_text("evil\\u202etset.example:8443")
     expect(links.locator("li.connection.refused")).to_contain_text("refused (no_rule)")
+    assert refused == [], refused
+    page.close()
+
+
+def test_a_connection_still_open_is_drawn_open_with_its_bytes_so_far_then_closed(
+    gw: GatewayHome, ada: BrowserContext
+) -> None:
+    """A running card's page; its run's open connection is written as the live writer writes it (decision 102): the
+    stream draws it open with its bytes so far, its host escaped, redraws it when its bytes move, and draws it
+    closed once its row goes with its NET_CONNECT and the card's move."""
+    log = AuditLog(gw.engine, SystemClock())
+    now = SystemClock().now()
+    opened_card = Opened("open-1", "ada", "default", "mcp-write-gateway", "fetch", {}, CardStatus.RUNNING, now)
+    log.append(
+        EventDraft(EventType.MCP_TOOL_CALL, run_id="open-1", user="ada", workspace="default"), along=[opened_card]
+    )
+    page, refused = opened(ada, "/calls/open-1")
+    links = page.locator("article.card[data-run='open-1'] details.connections")
+    expect(links).to_have_count(0)
+    host = "evil\u202etset.example"
+    row = OpenRow(1, host, 8443, "CONNECT", "127.0.0.1", "allow: *.example", 900, 262144, now)
+    for down in (262144, 524288):
+        with gw.engine.begin() as connection:
+            replace_open_connections(connection, "open-1", "open-1", [dataclasses.replace(row, bytes_down=down)], now)
+        expect(links.locator("li.connection.open")).to_contain_text(f"{down:,} B")
+    expect(links).to_have_attribute("open", "")
+    expect(links.locator("li.connection.open")).to_contain_text("evil\\u202etset.example:8443 CONNECT · open")
+    expect(links.locator("summary")).to_have_text("Connections (1)")
+    detail = {
+        "host": host, "port": 8443, "method": "CONNECT", "decision": "allowed", "rule": "allow: *.example",
+        "reason": None, "address": "127.0.0.1", "bytes_up": 900, "bytes_down": 600000, "duration_ms": 1500, "count": 1,
+    }  # fmt: skip
+    with gw.engine.begin() as connection:
+        replace_open_connections(connection, "open-1", "open-1", [], now)
+        event = EventDraft(EventType.NET_CONNECT, run_id="open-1", user="ada", workspace="default", detail=detail)
+        log.append_within(connection, event, along=[Moved("open-1", CardStatus.RUNNING, now)])
+    expect(links.locator("li.connection.allowed")).to_contain_text("600,000 B")
+    expect(links.locator("li.connection.open")).to_have_count(0)
     assert refused == [], refused
     page.close()
 

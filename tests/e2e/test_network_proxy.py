@@ -11,8 +11,10 @@ import contextlib
 import hashlib
 import http.server
 import json
+import os
 import queue
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -32,6 +34,7 @@ from gateway.consent.stage import Decision
 from gateway.consent.store import Channel
 from tests.e2e.console_server import running_console
 from tests.e2e.test_console_limits import Stream, session_cookie
+from tests.e2e.test_dead_gateway_calls import SWEEPING
 from tests.gateway.test_console_routes import PASSWORDS, password_hash, running_app, session_csrf, signed_in
 from tests.harness import FORM_ELICITATION, ConsentDesk, GatewayHome, StdioSession, reachable_by_everyone
 
@@ -52,6 +55,7 @@ except OSError as exc:
 """
 BODY = b"served on the host's loopback"
 BIG = bytes(range(256)) * (4 * 4096)  # 4 MiB: relayed by splice (decision 97)
+DRIP = bytes(range(256)) * 2048  # 512 KiB, its first half sent at once and the rest when the test lets it go
 DIGEST = f"""\
 #!{sys.executable}
 import hashlib, json, sys, urllib.request
@@ -69,6 +73,16 @@ class Origin(http.server.BaseHTTPRequestHandler):
             time.sleep(60)
         if self.path == "/hold" and isinstance(self.server, OriginServer):  # answered once the test lets it go
             self.server.released.wait(timeout=90)
+        if self.path == "/drip" and isinstance(self.server, OriginServer):  # half now, the rest once let go
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(DRIP)))
+            self.end_headers()
+            with contextlib.suppress(OSError):  # a run killed with its gateway reads no more
+                self.wfile.write(DRIP[: len(DRIP) // 2])
+                self.wfile.flush()
+                self.server.released.wait(timeout=90)
+                self.wfile.write(DRIP[len(DRIP) // 2 :])
+            return
         body = BIG if self.path == "/big" else BODY
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -661,15 +675,19 @@ def test_a_live_runs_connections_show_on_its_card_in_the_console_while_it_runs(
                 session.pump(0.1)  # the tool's consent question answered meanwhile
                 live = next((c for c in stream.cards() if c["status"] == "running" and c["connections"]), None)
             assert not origin.released.is_set()  # the run holds its second connection: it is on
-            [first] = live["connections"]
+            [first, *held] = live["connections"]
             assert (first["host"], first["port"], first["method"], first["decision"], first["reason"]) == (
                 "origin.test", port, "GET", "allowed", None,
             )  # fmt: skip
-            assert first["bytes_down"] > len(BODY) and first["bytes_up"] > 0 and live["connections_total"] == 1
+            assert first["bytes_down"] > len(BODY) and first["bytes_up"] > 0 and not first["open"]
+            # The held one shows as open once it has been (decision 102): nothing down yet.
+            assert [(c["open"], c["bytes_down"]) for c in held] in ([], [(True, 0)])
+            assert live["connections_total"] == 1 + len(held)
             run_id = str(live["run_id"])
             ada = signed_in(app, "ada")  # the route reads the same card, still running
             routed = ada.get(f"/api/calls/{run_id}").json()["card"]
-            assert routed["status"] == "running" and routed["connections"] == [first]
+            assert routed["status"] == "running" and routed["connections"][0] == first
+            assert [(c["open"], c["bytes_down"]) for c in routed["connections"][1:]] in ([], [(True, 0)])
             origin.released.set()
             response = session.wait_response(request_id, timeout=90)
         finally:
@@ -816,3 +834,152 @@ def test_an_ask_host_goes_to_the_approver_when_the_client_cannot_be_asked_and_no
         if e["tool_name"] == "network:b.ask.test" and e["event_type"] == "mcp.permission.decision"
     ]
     assert [(d["decision"], d["origin"]) for d in decisions] == [("DENY_ONCE", "timeout")]
+
+
+DRIPPING = f"""\
+#!{sys.executable}
+import json, sys, urllib.request
+body = urllib.request.urlopen(sys.argv[1] + "/drip", timeout=120).read()
+print(json.dumps({{"bytes": len(body)}}))
+"""
+
+
+def dripping(make_gateway: GatewayFactory, origin: OriginServer) -> GatewayHome:
+    """A gateway whose tool `drip` downloads /drip: half of it at once, the rest once the test releases it."""
+    port = origin.server_address[1]
+    return gateway_with(
+        make_gateway,
+        {"drip": DRIPPING},
+        {
+            "tools": {"allowlist": ["drip"], "declared": {"drip": tool(["bin/drip", "{url}"])}},
+            "sandbox": {
+                "allowed_paths": ["bin"],
+                "network": {"allow": [f"origin.test:{port}"], "resolve": {"origin.test": "127.0.0.1"}},
+            },
+        },
+    )
+
+
+def connections_of(card: dict[str, Any]) -> list[dict[str, Any]]:
+    shown = card["connections"]
+    assert isinstance(shown, list)
+    return shown
+
+
+def open_rows(gw: GatewayHome, run_id: str | None = None) -> list[dict[str, Any]]:
+    o = db.open_connections
+    query = select(o) if run_id is None else select(o).where(o.c.run_id == run_id)
+    with gw.engine.connect() as connection:
+        return [dict(row._mapping) for row in connection.execute(query)]
+
+
+def test_a_connection_still_open_shows_on_the_running_card_with_its_bytes_so_far_then_once_closed(
+    db_url: str, make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """A run downloads 512 KiB; the origin sends half and holds the rest. While it holds, the console (a real
+    `mcp-gateway console`'s stream, and the app's routes in process) shows the connection on the running card as
+    open, with its bytes so far, and the audit log has no NET_CONNECT for it yet; once let go, the run ends, the
+    connection has exactly one NET_CONNECT with every byte, its row is gone and the card shows it closed
+    (decision 102)."""
+    port = origin.server_address[1]
+    gw = dripping(make_gateway, origin)
+    gw.users.add("ada", "ADMIN", ("default",), PASSWORDS["ada"])
+    session = open_session(gw, capabilities=FORM_ELICITATION)
+    session.responder = allow_once
+    half = len(DRIP) // 2
+    with running_console(gw) as base, running_app(gw) as app:
+        stream = Stream(base, session_cookie(base, "ada", PASSWORDS["ada"]), "?after=0")
+        try:
+            request_id = session.send_call("drip", {"url": f"http://origin.test:{port}"}, gw.token("alice"))
+            deadline = time.monotonic() + 90
+            live: dict[str, Any] | None = None
+            while live is None:
+                assert time.monotonic() < deadline, f"no live card with an open connection: {stream.cards()}"
+                session.pump(0.1)  # the tool's consent question answered meanwhile
+                live = next(
+                    (
+                        c for c in stream.cards()
+                        if c["status"] == "running"
+                        and any(x["open"] and x["bytes_down"] >= half for x in connections_of(c))
+                    ),
+                    None,
+                )  # fmt: skip
+            assert not origin.released.is_set()  # the origin holds the rest: the connection is open
+            [shown] = connections_of(live)
+            assert (shown["host"], shown["port"], shown["method"], shown["decision"], shown["open"]) == (
+                "origin.test", port, "GET", "allowed", True,
+            )  # fmt: skip
+            assert half <= shown["bytes_down"] < len(DRIP) and shown["bytes_up"] > 0
+            assert live["connections_total"] == 1
+            run_id = str(live["run_id"])
+            assert [e["event_type"] for e in gw.events_of(run_id)].count("NET_CONNECT") == 0, "not in the log yet"
+            [row] = open_rows(gw, run_id)
+            assert (row["host"], row["port"], row["bytes_down"]) == ("origin.test", port, shown["bytes_down"])
+            ada = signed_in(app, "ada")  # the route reads the same card, still running, the connection still open
+            routed = ada.get(f"/api/calls/{run_id}").json()["card"]
+            assert routed["status"] == "running" and routed["connections"] == [shown]
+            origin.released.set()
+            response = session.wait_response(request_id, timeout=90)
+            closed = None
+            while closed is None:  # the stream sends the card again once the connection closed
+                assert time.monotonic() < deadline, f"the closed connection never reached the stream: {stream.cards()}"
+                time.sleep(0.1)
+                mine = [c for c in stream.cards() if c["run_id"] == run_id]
+                closed = next((c for c in mine if connections_of(c) and not connections_of(c)[-1]["open"]), None)
+        finally:
+            origin.released.set()
+            stream.close()
+    assert json.loads(response["result"]["content"][0]["text"].splitlines()[0]) == {"bytes": len(DRIP)}
+    events = gw.events_of(run_id)
+    nets = [e["detail"] for e in events if e["event_type"] == "NET_CONNECT"]
+    assert len(nets) == 1, events  # one per connection: its rows were never events
+    assert nets[0]["decision"] == "allowed" and len(DRIP) < nets[0]["bytes_down"] < len(DRIP) + 1024
+    assert [(c["open"], c["bytes_down"]) for c in connections_of(closed)] == [(False, nets[0]["bytes_down"])]
+    assert open_rows(gw) == []
+    assert gw.chain_ok()
+    ended = CallStore(gw.engine).fetch(run_id)
+    assert ended is not None and ended.status == "done" and [c["open"] for c in ended.connections] == [False]
+
+
+def test_a_connection_open_when_its_gateway_is_killed_stays_on_the_card_until_the_sweep_logs_it_once(
+    db_url: str, make_gateway: GatewayFactory, open_session: SessionFactory, origin: OriginServer
+) -> None:
+    """The gateway is killed (`kill -9`) while its run holds a download open: the card still shows the connection
+    open with its bytes so far; the next sweep (another gateway's) closes the run and writes that connection's one
+    NET_CONNECT (`run_abandoned`, the bytes its card last showed) before the run's end, and deletes its row."""
+    gw = dripping(make_gateway, origin)
+    runner = open_session(gw, env=SWEEPING, capabilities=FORM_ELICITATION)
+    runner.responder = allow_once
+    half = len(DRIP) // 2
+    try:
+        runner.send_call("drip", {"url": f"http://origin.test:{origin.server_address[1]}"}, gw.token("alice"))
+        deadline = time.monotonic() + 90
+        rows: list[dict[str, Any]] = []
+        while not (rows and rows[0]["bytes_down"] >= half):
+            assert time.monotonic() < deadline, "the held connection never got its row"
+            runner.pump(0.1)
+            rows = open_rows(gw)
+        [row] = rows
+        run_id = str(row["run_id"])
+        os.kill(runner.process.pid, signal.SIGKILL)
+        runner.process.wait(timeout=10)
+        card = CallStore(gw.engine).fetch(run_id)  # the dead gateway's card still shows it, as last written
+        assert card is not None and card.status == "running"
+        assert [(c["open"], c["bytes_down"]) for c in card.connections] == [(True, row["bytes_down"])]
+        survivor = open_session(gw, env=SWEEPING)  # the one gateway left to sweep, started once the card was seen
+        while (card := CallStore(gw.engine).fetch(run_id)) is not None and card.status == "running":
+            assert time.monotonic() < deadline, survivor.stderr_text()
+            time.sleep(0.1)
+    finally:
+        origin.released.set()
+    events = gw.events_of(run_id)
+    assert [e["event_type"] for e in events][-2:] == ["NET_CONNECT", "TOOL_FINISHED"], events
+    lost, finished = events[-2]["detail"], events[-1]["detail"]
+    assert finished == {"status": "abandoned", "reason": "gateway_lost"}
+    assert (lost["host"], lost["decision"], lost["reason"], lost["bytes_down"], lost["bytes_up"]) == (
+        "origin.test", "allowed", "run_abandoned", row["bytes_down"], row["bytes_up"],
+    )  # fmt: skip
+    assert [e["event_type"] for e in events].count("NET_CONNECT") == 1
+    assert open_rows(gw) == []
+    assert card is not None and [(c["open"], c["reason"]) for c in card.connections] == [(False, "run_abandoned")]
+    assert gw.chain_ok()

@@ -3,15 +3,26 @@ write per period, none while nothing ends, each connection once, the card moved 
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass, field
 
 import anyio
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
+from gateway import db
 from gateway.audit import AuditLog, EventDraft, EventType
 from gateway.auth import Principal
-from gateway.call_trail import CallTrail, Recorder, flush_connections
-from gateway.calls import CallStore, CardStatus
+from gateway.call_trail import CallTrail, Recorder, flush_connections, forget_open
+from gateway.calls import (
+    CallStore,
+    Card,
+    CardStatus,
+    Opened,
+    OpenRow,
+    delete_stale_open_rows,
+    replace_open_connections,
+)
 from gateway.clock import SystemClock
 from gateway.proxy import ConnectionLog, NetConnect, Outcome
 
@@ -39,7 +50,7 @@ def test_ended_connections_are_written_at_most_once_a_period_with_the_cards_move
 
     async def main() -> None:
         async with anyio.create_task_group() as group:
-            group.start_soon(flush_connections, trail, PERIOD_S)
+            group.start_soon(flush_connections, trail, engine, PERIOD_S)
             await anyio.sleep(0.2)  # nothing ended: nothing written
             seen.append((net_hosts(audit, "run-1"), 0))
             log.add(record("a.test"))
@@ -85,3 +96,125 @@ def test_a_card_shows_no_connection_newer_than_its_own_last_event(engine: Engine
     trail.log(CardStatus.RUNNING, *trail.net_connects((record("c.test"),)))  # the card's next move brings it
     moved = CallStore(engine).fetch("run-2")
     assert moved is not None and [c["host"] for c in moved.connections] == ["a.test", "b.test", "c.test"]
+
+
+@dataclass
+class Held:
+    """A connection the proxy holds open, as the log sees it (gateway/proxy/server.py `OpenConnection`)."""
+
+    host: str | None
+    port: int | None = 443
+    method: str | None = "CONNECT"
+    rule: str | None = "allow: example"
+    address: str | None = "192.0.2.1"
+    started: float = field(default_factory=time.monotonic)
+    up: int = 0
+    down: int = 0
+
+    def so_far(self) -> tuple[int, int]:
+        return self.up, self.down
+
+
+def open_rows(engine: Engine) -> list[tuple[str, int, int]]:
+    o = db.open_connections
+    with engine.connect() as connection:
+        return [
+            tuple(row) for row in connection.execute(select(o.c.host, o.c.bytes_down, o.c.number).order_by(o.c.number))
+        ]
+
+
+def test_open_connections_show_once_open_a_period_updated_when_bytes_move_and_leave_with_their_event(
+    engine: Engine,
+) -> None:
+    """Decision 102: a connection that ends within the period never gets a row; one held open gets one after the
+    period, rewritten only when its bytes move (no audit event, no card move), and its row is deleted in the
+    transaction of its NET_CONNECT; the run's end (`forget_open`) deletes what is left."""
+    audit = AuditLog(engine, SystemClock())
+    entry = EventDraft(EventType.MCP_TOOL_CALL, run_id="run-3", tool_name="fetch", args_hash="0" * 64)
+    trail = CallTrail(Recorder(audit, SystemClock(), "srv", None), entry, {"url": "https://a.test/"})
+    trail.principal = Principal("alice", "USER", ("default",), None, "jti")
+    trail.workspace = "default"
+    trail.log(CardStatus.RUNNING)
+    trail.connections = log = ConnectionLog()
+    store = CallStore(engine)
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(flush_connections, trail, engine, PERIOD_S)
+            short = log.opened(Held("short.test"))
+            await anyio.sleep(PERIOD_S / 5)
+            log.add(dataclasses.replace(record("short.test"), number=short))  # ended within the period
+            with anyio.fail_after(10):
+                while not net_hosts(audit, "run-3"):
+                    await anyio.sleep(0.01)
+            seen["short"] = open_rows(engine)
+            held = Held("held.test", down=100)
+            log.opened(held)
+            with anyio.fail_after(10):
+                while not open_rows(engine):
+                    await anyio.sleep(0.01)
+            seen["held"] = open_rows(engine)
+            written_at = _updated_at(engine)
+            card = store.fetch("run-3")
+            seen["card"] = card
+            events_then = len(list(audit.events(run_id="run-3")))
+            await anyio.sleep(PERIOD_S * 2.5)  # nothing moved: nothing written
+            seen["idle"] = (open_rows(engine), _updated_at(engine) == written_at)
+            held.down = 5000
+            with anyio.fail_after(10):
+                while open_rows(engine)[0][1] != 5000:
+                    await anyio.sleep(0.01)
+            seen["moved"] = len(list(audit.events(run_id="run-3"))) - events_then  # no event for a row
+            log.add(dataclasses.replace(record("held.test"), number=2, bytes_down=6000))
+            with anyio.fail_after(10):
+                while open_rows(engine):
+                    await anyio.sleep(0.01)
+            seen["ended"] = net_hosts(audit, "run-3")
+            group.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert seen["short"] == []
+    assert seen["held"] == [("held.test", 100, 2)]
+    card = seen["card"]
+    assert isinstance(card, Card) and card.status == CardStatus.RUNNING
+    assert [(c["host"], c["open"], c["bytes_down"]) for c in card.connections] == [
+        ("short.test", False, 20), ("held.test", True, 100),
+    ]  # fmt: skip
+    assert seen["idle"] == ([("held.test", 100, 2)], True)  # the row not rewritten
+    assert seen["moved"] == 0
+    assert seen["ended"] == ["short.test", "held.test"]
+    ended = store.fetch("run-3")
+    assert ended is not None and [(c["host"], c["open"]) for c in ended.connections] == [
+        ("short.test", False), ("held.test", False),
+    ]  # fmt: skip
+    forget = forget_open(trail)
+    assert trail.open_shown and forget is not None
+    with engine.begin() as connection:
+        forget(connection)
+    assert not trail.open_shown and forget_open(trail) is None
+    assert audit.verify().ok
+
+
+def _updated_at(engine: Engine) -> list[float]:
+    o = db.open_connections
+    with engine.connect() as connection:
+        return [float(v) for v in connection.execute(select(o.c.updated_at)).scalars()]
+
+
+def test_the_sweep_deletes_open_rows_of_cards_no_longer_running_and_keeps_the_running_ones(engine: Engine) -> None:
+    """A call that failed before its run's end could delete its rows leaves them under a card that is not running:
+    never shown (`CallStore`), and deleted by the sweep (`delete_stale_open_rows`); a running card's stay."""
+    audit = AuditLog(engine, SystemClock())
+    now = time.time()
+    for run, status in (("live", CardStatus.RUNNING), ("failed", CardStatus.ERROR)):
+        entry = EventDraft(EventType.MCP_TOOL_CALL, run_id=run, user="alice", workspace="default", tool_name="t")
+        audit.append(entry, along=[Opened(run, "alice", "default", "srv", "t", {}, status, now)])
+        row = OpenRow(1, f"{run}.test", 443, "CONNECT", "192.0.2.1", "allow: *", 1, 2, now)
+        with engine.begin() as connection:
+            replace_open_connections(connection, run, run, [row], now)
+    failed = CallStore(engine).fetch("failed")
+    assert failed is not None and failed.connections == ()  # not running: not shown as open
+    assert delete_stale_open_rows(engine) == 1
+    assert delete_stale_open_rows(engine) == 0
+    assert [host for host, _, _ in open_rows(engine)] == ["live.test"]

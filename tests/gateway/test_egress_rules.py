@@ -12,6 +12,7 @@ from gateway.egress_policy import Network, describe_network
 from gateway.errors import ConfigError
 from gateway.policy import parse_policy
 from gateway.policy_warnings import risky_settings
+from gateway.proxy import http
 from gateway.rules.egress import EgressRules, Verdict, decide, parse_pattern, read_host, refusal_for_address
 from gateway.tools.registry import TOOL_NAMES
 
@@ -208,3 +209,16 @@ def test_the_metadata_address_is_the_same_literal_however_it_is_written(spelling
     read = read_host(spelling)
     assert read == "169.254.169.254"
     assert decide(RULES, read, 80).rule == "deny: 169.254.169.254"
+
+
+def test_the_remembered_readings_of_hosts_are_bounded_and_read_alike() -> None:
+    """Decision 102: a host's reading and a Host header's are remembered, but only short ones (a run's hostile 64 KiB
+    header is read anew, never kept), and a remembered reading is the reading."""
+    before = http._kept_host_header.cache_info().currsize
+    long_header = b"a" * (http.HOST_KEPT + 1) + b".test"
+    assert http._host_header(long_header) == (None, 80)  # longer than a host may be: no host
+    assert http._kept_host_header.cache_info().currsize == before
+    for _ in range(2):
+        assert http._host_header(b"Example.TEST.:8080") == ("example.test", 8080)
+        assert read_host("EXAMPLE.test.") == "example.test" and read_host("x" * 256) is None
+    assert http._kept_host_header.cache_info().hits >= 1

@@ -223,3 +223,30 @@ def test_0010_records_each_cards_session_on_both_appends_and_goes_back(unmigrate
     with engine.connect() as connection:
         assert connection.execute(select(db.tool_calls.c.session_id)).scalar_one() is None, "written before 0010"
     assert AuditLog(engine, FakeClock()).verify().ok
+
+
+def test_0013_adds_open_connections_keeps_the_cards_and_goes_back(unmigrated: Engine) -> None:
+    """Decision 102: the open-connection rows are a table of their own, outside the audit log; down drops it."""
+    engine = unmigrated
+    command.upgrade(db._alembic_config(engine), "0012")
+    assert "open_connections" not in inspect(engine).get_table_names()
+    AuditLog(engine, FakeClock(1.0)).append(
+        EventDraft(EventType.MCP_TOOL_CALL, run_id="r1", user="alice", workspace="default", tool_name="run_pytest"),
+        along=[Opened("r1", "alice", "default", "s", "run_pytest", {}, CardStatus.RUNNING, 1.0)],
+    )
+
+    db.migrate(engine)
+
+    row = {
+        "card_id": "r1", "number": 1, "run_id": "r1", "host": "example.org", "port": 443, "method": "CONNECT",
+        "address": "127.0.0.1", "rule": "example.org", "bytes_up": 10, "bytes_down": 2**40, "opened_at": 1.0,
+        "updated_at": 2.0,
+    }  # fmt: skip
+    with engine.begin() as connection:
+        connection.execute(insert(db.open_connections).values(**row))
+    with engine.connect() as connection:
+        assert dict(connection.execute(select(db.open_connections)).one()._mapping) == row
+        assert connection.execute(select(db.tool_calls.c.run_id)).scalars().all() == ["r1"]
+    command.downgrade(db._alembic_config(engine), "0012")
+    assert "open_connections" not in inspect(engine).get_table_names()
+    assert "tool_calls" in inspect(engine).get_table_names()

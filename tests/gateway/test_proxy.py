@@ -24,7 +24,7 @@ from types import MappingProxyType
 import anyio
 import pytest
 
-from gateway.proxy import NetConnect, Outcome, ProxyLimits, RefusedFor, serve_proxy
+from gateway.proxy import ConnectionLog, NetConnect, Outcome, ProxyLimits, RefusedFor, serve_proxy
 from gateway.proxy.server import Resolver, dial, resolve_host
 from gateway.rules.egress import Address, EgressRules, parse_pattern
 
@@ -735,3 +735,71 @@ def test_a_run_that_ends_mid_relay_leaves_no_thread_and_records_the_bytes_so_far
     [record] = records
     assert isinstance(record, NetConnect)
     assert (record.decision, record.bytes_up, record.bytes_down) == (Outcome.ALLOWED, 5, len(ESTABLISHED) + 5)
+
+
+@pytest.mark.parametrize("splice", [True, False], ids=["spliced", "copied"])
+def test_a_dialled_connection_is_open_in_the_log_with_its_bytes_so_far_until_its_record_comes(splice: bool) -> None:
+    """Decision 102: once dialled, a connection is in `ConnectionLog.open` with its bytes so far (a splice relay's
+    counted while it moves them), and leaves it when its record comes, the record carrying its number; a host
+    refused before dialling is never open."""
+    half = 200_000
+    release = asyncio.Event()
+    seen: dict[str, object] = {}
+
+    async def origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (2 * half) + b"x" * half)
+        await writer.drain()
+        await release.wait()
+        writer.write(b"y" * half)
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(origin, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        log = ConnectionLog()
+        egress = rules(allow=(f"origin.test:{port}",), deny=("denied.test",), resolve=("origin.test", "denied.test"))
+        limits = ProxyLimits(max_bytes=1 << 24)
+        async with server, anyio.create_task_group() as group:
+            group.start_soon(
+                functools.partial(serve_proxy, listener, egress, limits, log.add, splice=splice, opened=log.opened)
+            )
+            proxy_port = listener.getsockname()[1]
+            refused = await exchange(proxy_port, f"GET http://denied.test:{port}/ HTTP/1.1\r\n\r\n".encode())
+            seen["refused"] = refused.split(b"\r\n", 1)[0]
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
+            writer.write(f"GET http://origin.test:{port}/ HTTP/1.1\r\n\r\n".encode())
+            got = b""
+            with anyio.fail_after(WAIT_S):
+                while got.count(b"x") < half:
+                    got += await reader.read(65536)
+                while not log.open or next(iter(log.open.values())).so_far()[1] < half:  # the relay's count catches up
+                    await anyio.sleep(0.01)
+            [(number, conn)] = log.open.items()
+            seen["open"] = (
+                number,
+                conn.host,
+                conn.port == port,
+                conn.method,
+                conn.so_far()[1] >= half,
+                len(log.records),
+            )
+            release.set()
+            with anyio.fail_after(WAIT_S):
+                while not reader.at_eof():
+                    got += await reader.read(65536)
+                while len(log.records) < 2:
+                    await anyio.sleep(0.01)
+            writer.close()
+            seen["after"] = (dict(log.open), [(r.host, r.number, r.bytes_down > 2 * half) for r in log.records])
+            group.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert seen["refused"] == b"HTTP/1.1 403 Forbidden"
+    # number 1: the first dialled (the refused one never was); one record so far, the refused one's
+    assert seen["open"] == (1, "origin.test", True, "GET", True, 1)
+    assert seen["after"] == ({}, [("denied.test", None, False), ("origin.test", 1, True)])

@@ -202,7 +202,8 @@
   }
 
   // The run's connections through the egress proxy (docs/console.md, "Connections"): each as it closed, host and
-  // port, method, decision and why, bytes each way; they come while the run is on (decision 98).
+  // port, method, decision and why, bytes each way; they come while the run is on (decision 98). A connection
+  // still open is marked so, with its bytes so far (decision 102).
   function connectionsSection(card) {
     const list = card.connections || [];
     if (!list.length) return null;
@@ -216,6 +217,12 @@
       const where = c.host === null || c.host === undefined ? "-" : c.host + (c.port ? ":" + c.port : "");
       const decided = c.decision === "allowed" ? words.connection_allowed : words.connection_refused;
       const many = c.count > 1 ? " · " + words.connection_many.replace("{count}", c.count) : "";
+      const bytes = " · \u2191 " + Number(c.bytes_up || 0).toLocaleString() + " B \u2193 " +
+        Number(c.bytes_down || 0).toLocaleString() + " B";
+      if (c.open === true) {
+        return node("li", { class: "connection open" },
+          node("code", {}, where), " " + (c.method || "") + " · ", node("strong", {}, words.connection_open), bytes);
+      }
       return node("li", { class: "connection " + (c.decision === "allowed" ? "allowed" : "refused") },
         node("code", {}, where), " " + (c.method || "") + " · ",
         node("strong", {}, decided + (c.reason ? " (" + c.reason + ")" : "")),
