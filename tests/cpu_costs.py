@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.pg_cluster import session_server_pids
+from tests.pg_cluster import reuse_counts, session_server_pids
 
 OPTION = "--cpu-costs"
 WORKER_KEY = "cpu_costs"
@@ -69,6 +69,13 @@ class CpuCosts:
         self.fixtures: defaultdict[str, float] = defaultdict(float)
         self.fixture_setups: Counter[str] = Counter()
         self.worker_cpu: float | None = None
+        self.databases: Counter[str] = Counter()
+        """How the PostgreSQL test databases ended (tests/pg_cluster.py, `recycle`): reused, or why dropped."""
+        self.started = time.time()
+        self.last_tests: list[float] = []
+        """When each pytest-xdist worker ended its last test, in seconds since this session started: one
+        ending well before another is a core idle at the end."""
+        self._last_test = self.started
         """The CPU of every pytest-xdist worker, as each measured it when its session ended (None without xdist)."""
         self._nested: list[float] = []
         """For each fixture being set up, the CPU its own dependencies took so far (subtracted from its cost)."""
@@ -81,6 +88,7 @@ class CpuCosts:
         finally:
             self.tests[item.nodeid] += cpu_seconds() - cpu
             self.test_walls[item.nodeid] += time.monotonic() - wall
+            self._last_test = time.time()
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> Generator[None, object, object]:
@@ -103,6 +111,8 @@ class CpuCosts:
             "fixtures": dict(self.fixtures),
             "fixture_setups": dict(self.fixture_setups),
             "process": cpu_seconds(),
+            "databases": dict(reuse_counts),
+            "last_test": self._last_test,
         }
 
     def add(self, output: Mapping[str, Any]) -> None:
@@ -116,6 +126,8 @@ class CpuCosts:
                 mine[key] += value
         self.fixture_setups.update(output["fixture_setups"])
         self.worker_cpu = (self.worker_cpu or 0.0) + output["process"]
+        self.databases.update(output["databases"])
+        self.last_tests.append(output["last_test"] - self.started)
 
 
 def costliest(costs: Mapping[str, float], top: int) -> list[tuple[str, float]]:
@@ -168,6 +180,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     server = server_cpu_seconds()
     if server is not None:
         write(f"the suite's PostgreSQL server: {server:.1f} s of CPU (not counted above: not this process's child)")
+    databases = costs.databases + reuse_counts
+    if databases:
+        write("PostgreSQL test databases: " + ", ".join(f"{count} {how}" for how, count in databases.most_common()))
+    if costs.last_tests:
+        ends = ", ".join(f"{end:.1f}" for end in sorted(costs.last_tests))
+        write(f"each worker's last test ended at (s since the session started): {ends}")
     write(f"-- the {top} costliest tests (CPU s, wall s)")
     for nodeid, cpu in costliest(costs.tests, top):
         write(f"{cpu:8.3f} {costs.test_walls[nodeid]:8.3f}  {nodeid}")

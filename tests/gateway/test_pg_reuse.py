@@ -1,0 +1,140 @@
+"""A PostgreSQL test database goes to the next test of its process only as its template was
+(tests/pg_cluster.py, `recycle`): rows emptied and the migrations' rows back, and dropped instead
+when the test changed anything else in it (schema, grants, the server's roles). On the suite's
+real server, one database at a time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import psycopg
+import pytest
+from sqlalchemy import make_url
+
+from tests import pg_cluster
+from tests.pg_cluster import Baseline, clone_database, read_baseline, recycle, suite_server
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def base() -> str:
+    """The suite's server, with no clean database of this process waiting: each test starts from a copy."""
+    url = suite_server()
+    clone_database(url)  # the template and its baseline exist from here on
+    for waiting in pg_cluster._clean.pop(url, []):
+        pg_cluster.drop_database(url, waiting)
+    return url
+
+
+def execute(url: str, *statements: str) -> None:
+    parts = make_url(url)
+    with psycopg.connect(host=parts.host, port=parts.port, user=parts.username, dbname=parts.database) as connection:
+        for statement in statements:
+            connection.execute(statement)
+
+
+def baseline(base: str) -> Baseline:
+    return pg_cluster._baselines[base]
+
+
+def as_template(base: str, url: str) -> bool:
+    """Whether the database at `url` holds what the template does (the server's roles aside: a test of
+    another worker may hold one of its own meanwhile)."""
+    return replace(read_baseline(base, url), roles="") == replace(baseline(base), roles="")
+
+
+def test_rows_a_test_wrote_are_gone_and_the_seeded_rows_back(base: str) -> None:
+    url = clone_database(base)
+    tables = baseline(base).tables
+    sequences = baseline(base).sequences
+    assert baseline(base).rows, "the migrations seed rows (the audit head, Alembic's version)"
+    assert sequences, "the template has sequences whose state must come back"
+    statements = [f"SELECT nextval('{name}') FROM generate_series(1, 7)" for name, _, _ in sequences]
+    statements += [f"DELETE FROM {table}" for table in tables]  # the seeded rows too
+    execute(url, *statements)
+    assert not as_template(base, url)
+    before = pg_cluster.reuse_counts["reused"]
+    recycle(base, url)
+    assert pg_cluster.reuse_counts["reused"] == before + 1
+    again = clone_database(base)
+    assert again != url, "renamed: a process of the last test connecting by the old name finds nothing"
+    assert as_template(base, again)
+    pg_cluster.drop_database(base, again)
+
+
+SCHEMA_CHANGES = {
+    "a column": ["ALTER TABLE {table} ADD COLUMN extra integer"],
+    "a dropped column": ["ALTER TABLE {table} ADD COLUMN extra integer", "ALTER TABLE {table} DROP COLUMN extra"],
+    "a default": ["ALTER TABLE {table} ALTER COLUMN {column} SET DEFAULT 7"],
+    "an index": ["CREATE INDEX extra_index ON {table} ({column})"],
+    "a table": ["CREATE TABLE extra (x integer)"],
+    "a dropped table": ["DROP TABLE {table} CASCADE"],
+    "a function": ["CREATE FUNCTION extra() RETURNS integer LANGUAGE sql AS 'SELECT 1'"],
+    "a trigger": [
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END'",
+        "CREATE TRIGGER refuse BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION refuse()",
+    ],
+    "a sequence's step": ["ALTER SEQUENCE {sequence} INCREMENT BY 5"],
+    "a new sequence": ["CREATE SEQUENCE extra_sequence"],
+    "a grant": ["GRANT SELECT ON {table} TO PUBLIC"],
+    "a schema": ["CREATE SCHEMA extra"],
+    "a view": ["CREATE VIEW extra AS SELECT 1 AS one"],
+    "a type": ["CREATE TYPE extra AS ENUM ('a')"],
+    "row security": ["ALTER TABLE {table} ENABLE ROW LEVEL SECURITY"],
+    "a database setting": ["ALTER DATABASE {database} SET work_mem = '8MB'"],
+    "a large object": ["SELECT lo_create(0)"],
+    "a temporary table's schema": ["CREATE TEMPORARY TABLE extra (x integer)"],
+}
+
+
+@pytest.mark.parametrize("change", SCHEMA_CHANGES)
+def test_a_database_whose_schema_a_test_changed_is_dropped_and_the_next_is_a_fresh_copy(base: str, change: str) -> None:
+    url = clone_database(base)
+    table = next(table for table in baseline(base).tables if "alembic" not in table)
+    parts = {
+        "table": table,
+        "column": "id",
+        "sequence": baseline(base).sequences[0][0],
+        "database": f'"{make_url(url).database}"',
+    }
+    execute(url, *(statement.format(**parts) for statement in SCHEMA_CHANGES[change]))
+    before = pg_cluster.reuse_counts["schema changed"]
+    recycle(base, url)
+    assert pg_cluster.reuse_counts["schema changed"] == before + 1, change
+    assert not pg_cluster._clean.get(base), "nothing of it waits for the next test"
+    fresh = clone_database(base)
+    assert as_template(base, fresh)
+    pg_cluster.drop_database(base, fresh)
+
+
+def test_a_role_a_test_left_on_the_server_is_not_let_pass(base: str) -> None:
+    url = clone_database(base)
+    role = f"gw_test_role_{make_url(url).database}"
+    execute(url, f'CREATE ROLE "{role}"')
+    try:
+        before = pg_cluster.reuse_counts["roles changed"]
+        recycle(base, url)
+        assert pg_cluster.reuse_counts["roles changed"] == before + 1
+        assert not pg_cluster._clean.get(base)
+    finally:
+        execute(base, f'DROP ROLE "{role}"')
+
+
+def test_a_connection_the_test_left_open_is_ended_and_cannot_reach_the_next_test(base: str) -> None:
+    url = clone_database(base)
+    parts = make_url(url)
+    stray = psycopg.connect(host=parts.host, port=parts.port, user=parts.username, dbname=parts.database)
+    try:
+        stray.execute("INSERT INTO alembic_version VALUES ('stray')")
+        stray.commit()
+        recycle(base, url)
+        with pytest.raises(psycopg.OperationalError):
+            stray.execute("SELECT 1")
+        with pytest.raises(psycopg.OperationalError, match="does not exist"):
+            execute(url, "SELECT 1")
+    finally:
+        stray.close()
+    again = clone_database(base)
+    assert as_template(base, again)
+    pg_cluster.drop_database(base, again)
