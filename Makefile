@@ -157,8 +157,16 @@ bytecode: $(STAMP)
 # 7:54 at the same load. On the quiet machine after every merge of that session: 4,537 tests in 1:12
 # (pytest's 72 s); `make test` 5,304 in 7:12.
 # Where the CPU goes: `$(PY) -m pytest -n 4 tests/gateway tests/sandbox --cpu-costs=30` (tests/cpu_costs.py).
+# 2026-11-28 07:45-07:55, quiet machine, after PostgreSQL test databases are reused (178 of 198, a catalog
+# fingerprint and the roles checked after each test): 4,586 tests, pytest 67-68 s with -n 4 (86 s of CPU in
+# pytest, 12 s in its PostgreSQL; each worker's last test ended at 63-65 s, so the 2 cores were busy about
+# 77% of the time: many tests wait on a watchdog, a sweep or a timeout). More workers fill those waits:
+# -n 3 75.5 s, -n 4 67.3 s, -n 6 61.4 s and 68.0 s, -n 8 66.9 s, -n 10 73-76 s (each worker collects for
+# about 3 s of CPU; one run at -n 10 had a failure, not seen again in the next). So the unit tier runs 6
+# workers. Still not under a minute: 1:01-1:08 from one run to the next.
+UNIT_WORKERS ?= 6
 unit: $(STAMP) bytecode
-	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) tests/gateway tests/sandbox
+	$(TEST_ENV) $(PY) -m pytest -n $(UNIT_WORKERS) tests/gateway tests/sandbox
 
 # Line coverage of gateway/ and sandbox/ over the whole suite (pyproject.toml, [tool.coverage.*]):
 # every Python process the tests start is measured too. The data goes to a folder every uid may
