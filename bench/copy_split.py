@@ -12,7 +12,9 @@ as the copy does. Interleaved rounds, each into a fresh view (a WorkspaceView, r
 - wall p50 of the whole copy, one process and two;
 - CPU of this process (the helper's half not counted) and the helper's own: its CPU and the time
   it waited for a CPU (`/proc/thread-self/schedstat`): on a busy machine the second CPU is not free,
-  and the wait says so.
+  and the wait says so;
+- both again with an interpreter's start (`python -I -S -c pass`) begun with each copy: the shape a
+  review's copy runs in, filled while the run's child starts on the other CPU.
 
 Not the copy itself: no caps, no racy-window hashing choice beyond `_file`'s, no failure paths. Must
 run as root (the copy gives files away as to a run's pool uid). A few seconds.
@@ -29,6 +31,7 @@ import resource
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +50,11 @@ OWNER = Owner(64076, 64076)
 """Given away as to a run's pool uid (as bench/change_set.py's copy_floors)."""
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MESSAGE = 1 << 22
+WITH_START = ", a start beside"
+BESIDE = [sys.executable, "-I", "-S", "-c", "pass"]
+"""Started as each copy of the `WITH_START` sides starts: an interpreter's start, about the CPU a run's child spends
+starting while its copy is filled (read-only's cost over bare), competing for the second CPU as the child does."""
+SIDES = ("one process", "two processes", f"one process{WITH_START}", f"two processes{WITH_START}")
 
 
 def copy_files(source_root: int, target_root: int, folders: list[str]) -> dict[str, Original]:
@@ -135,21 +143,24 @@ def main() -> int:
         make_project(folder / "project", args.files, args.blocks)
         pinned = pin(folder / "project")
         time.sleep(RACY_NS / 1e9 + 0.5)  # past the racy window: files copied by sendfile, as in a review
-        sides: dict[str, tuple[list[float], list[float]]] = {"one process": ([], []), "two processes": ([], [])}
+        sides: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in SIDES}
         helpers: list[tuple[float, float, float]] = []
         for index in range(args.rounds):
             names = list(sides)
             for name in names if index % 2 else reversed(names):
                 with WorkspaceView(1 << 30, 1_000_000) as view:
                     started, used = time.perf_counter(), cpu_s()
-                    if name == "one process":
+                    beside = subprocess.Popen(BESIDE) if name.endswith(WITH_START) else None
+                    if name.startswith("one process"):
                         made = len(
                             copy_workspace(pinned.fd, view.mount_fd, OWNER, max_entries=10**6, max_bytes=1 << 40)
                         )
                     else:
-                        made = split_copy(ours, pinned.fd, view.mount_fd, helpers)
+                        made = split_copy(ours, pinned.fd, view.mount_fd, helpers if beside is None else [])
                     sides[name][0].append(time.perf_counter() - started)
                     sides[name][1].append(cpu_s() - used)
+                    if beside is not None:
+                        beside.wait()
                 if made < args.files:
                     raise SystemExit(f"{name} copied {made} files of {args.files}")
         print(
@@ -157,7 +168,7 @@ def main() -> int:
         )
         for name, (wall, cpu) in sides.items():
             print(
-                f"  {name:<14} {statistics.median(wall) * 1000:6.1f} ms wall, this process's CPU {statistics.median(cpu) * 1000:5.1f} ms"
+                f"  {name:<32} {statistics.median(wall) * 1000:6.1f} ms wall, this process's CPU {statistics.median(cpu) * 1000:5.1f} ms"
             )
         its_wall, its_cpu, waited = (statistics.median(times[i] for times in helpers) * 1000 for i in range(3))
         print(f"  the helper's half: {its_wall:.1f} ms wall, {its_cpu:.1f} ms CPU, {waited:.1f} ms waiting for a CPU")
