@@ -12,7 +12,8 @@ as the copy does. Interleaved rounds, each into a fresh view (a WorkspaceView, r
 - wall p50 of the whole copy, one process and two;
 - CPU of this process (the helper's half not counted) and the helper's own: its CPU and the time
   it waited for a CPU (`/proc/thread-self/schedstat`): on a busy machine the second CPU is not free,
-  and the wait says so;
+  and the wait says so; each side's wall less its wait for a CPU, what an idle machine would give
+  if nothing but the CPU held it;
 - both again with an interpreter's start (`python -I -S -c pass`) begun with each copy: the shape a
   review's copy runs in, filled while the run's child starts on the other CPU.
 
@@ -95,8 +96,9 @@ def helper(end: socket.socket) -> None:
             os.close(fd)
 
 
-def split_copy(end: socket.socket, workspace: int, view: int, helpers: list[tuple[float, float, float]]) -> int:
-    """The copy split by top-level folders between this process and the helper; how many files it made."""
+def split_copy(end: socket.socket, workspace: int, view: int, helpers: list[tuple[float, float, float, float]]) -> int:
+    """The copy split by top-level folders between this process and the helper; how many files it made. Notes the
+    helper's wall, CPU and wait for a CPU, and this process's own half's wall less its wait for a CPU."""
     source = os.open(".", _DIR, dir_fd=workspace)
     target = os.open(".", _DIR, dir_fd=view)
     try:
@@ -104,9 +106,11 @@ def split_copy(end: socket.socket, workspace: int, view: int, helpers: list[tupl
         for folder in folders:
             os.mkdir(folder, 0o700, dir_fd=target)
         socket.send_fds(end, [marshal.dumps(folders[1::2])], [source, target])
+        started, waited = time.perf_counter(), queue_wait_ns()
         mine = copy_files(source, target, folders[0::2])
+        own = time.perf_counter() - started - (queue_wait_ns() - waited) / 1e9
         times, theirs = marshal.loads(end.recv(_MESSAGE))  # noqa: S302 (from its own fork)
-        helpers.append(times)
+        helpers.append((*times, own))
         for folder in folders:  # finished after their files, as the copy does
             inner = os.open(folder, _DIR, dir_fd=target)
             try:
@@ -144,7 +148,9 @@ def main() -> int:
         pinned = pin(folder / "project")
         time.sleep(RACY_NS / 1e9 + 0.5)  # past the racy window: files copied by sendfile, as in a review
         sides: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in SIDES}
-        helpers: list[tuple[float, float, float]] = []
+        helpers: list[tuple[float, float, float, float]] = []
+        unqueued: list[float] = []
+        """One process's copy, wall less its wait for a CPU."""
         for index in range(args.rounds):
             names = list(sides)
             for name in names if index % 2 else reversed(names):
@@ -152,9 +158,12 @@ def main() -> int:
                     started, used = time.perf_counter(), cpu_s()
                     beside = subprocess.Popen(BESIDE) if name.endswith(WITH_START) else None
                     if name.startswith("one process"):
+                        waited = queue_wait_ns()
                         made = len(
                             copy_workspace(pinned.fd, view.mount_fd, OWNER, max_entries=10**6, max_bytes=1 << 40)
                         )
+                        if beside is None:
+                            unqueued.append(time.perf_counter() - started - (queue_wait_ns() - waited) / 1e9)
                     else:
                         made = split_copy(ours, pinned.fd, view.mount_fd, helpers if beside is None else [])
                     sides[name][0].append(time.perf_counter() - started)
@@ -170,8 +179,13 @@ def main() -> int:
             print(
                 f"  {name:<32} {statistics.median(wall) * 1000:6.1f} ms wall, this process's CPU {statistics.median(cpu) * 1000:5.1f} ms"
             )
-        its_wall, its_cpu, waited = (statistics.median(times[i] for times in helpers) * 1000 for i in range(3))
-        print(f"  the helper's half: {its_wall:.1f} ms wall, {its_cpu:.1f} ms CPU, {waited:.1f} ms waiting for a CPU")
+        its_wall, its_cpu, its_wait, own = (statistics.median(times[i] for times in helpers) * 1000 for i in range(4))
+        print(f"  the helper's half: {its_wall:.1f} ms wall, {its_cpu:.1f} ms CPU, {its_wait:.1f} ms waiting for a CPU")
+        print(
+            f"  wall less the wait for a CPU (an idle machine's, if nothing else held them): one process"
+            f" {statistics.median(unqueued) * 1000:.1f} ms; two, this process's half {own:.1f} ms, the helper's"
+            f" {its_wall - its_wait:.1f} ms"
+        )
     finally:
         ours.send(b"")
         ours.close()
