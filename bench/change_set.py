@@ -18,7 +18,8 @@
     bare + read-only's start + C copy + bare walk, from (a)'s p50s of the same run. For 1, 4 and 16 MiB of
     changed files (64 KiB each), reading the change set plus rendering the patch, per changed MiB;
     and, for comparison with the rejected overlayfs, the time to make (not mount) an overlay over
-    the project with its upper on a tmpfs.
+    the project with its upper on a tmpfs; and what two threads of one process make of a copy's
+    system calls (40,000 fstat calls on one thread and split over two, decision 104).
 
 (c) (a) again as an ordinary uid (`--rootless-uid`, setpriv): a rootless gateway's runs, where the
     run's child makes the copy's tmpfs and the gateway fills it.
@@ -44,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -317,6 +319,12 @@ def pieces(folder: Path, pinned: Pinned, walls: dict[str, float], cpus: dict[str
     print(
         f"    overlayfs made over the project (rejected): {overlay_ms(folder, pinned):.2f} ms (p50 of 10, not mounted)"
     )
+    handoff = gil_handoff(pinned.fd)
+    print(
+        f"    {HANDOFF_CALLS:,} fstat calls (a copy's calls, decision 104), wall (CPU) p50 of 10: one thread"
+        f" {p50_ms(handoff[1][0]):.1f} ms ({p50_ms(handoff[1][1]):.1f}), split over two threads"
+        f" {p50_ms(handoff[2][0]):.1f} ms ({p50_ms(handoff[2][1]):.1f})"
+    )
 
 
 def copy_floors(project: Path, pinned: Pinned) -> dict[str, tuple[list[float], list[float]]]:
@@ -360,6 +368,32 @@ def copy_floors(project: Path, pinned: Pinned) -> dict[str, tuple[list[float], l
             pipe = f"tar -C {project} -cf - . | tar -C {into(view)} -xpf -"
             subprocess.run(["sh", "-c", pipe], check=True)
             note("tar -cf - | tar -xpf -", started, used)
+    return found
+
+
+HANDOFF_CALLS = 40_000
+"""About the system calls of the bench project's copy (2,000 files, 10 a file, twice): what two threads of one
+process make of them (decision 104: each call hands the GIL to the other thread and takes it back)."""
+
+
+def gil_handoff(fd: int) -> dict[int, tuple[list[float], list[float]]]:
+    """HANDOFF_CALLS `os.fstat` calls on one thread, and split over two, in interleaved rounds: wall and CPU."""
+
+    def calls(count: int) -> None:
+        for _ in range(count):
+            os.fstat(fd)
+
+    found: dict[int, tuple[list[float], list[float]]] = {1: ([], []), 2: ([], [])}
+    for _ in range(10):
+        for threads in (1, 2):
+            started, used = time.perf_counter(), cpu_s()
+            workers = [threading.Thread(target=calls, args=(HANDOFF_CALLS // threads,)) for _ in range(threads)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            found[threads][0].append(time.perf_counter() - started)
+            found[threads][1].append(cpu_s() - used)
     return found
 
 

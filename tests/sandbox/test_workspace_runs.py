@@ -437,6 +437,42 @@ def test_a_rootless_run_leaves_hashes_to_identity_and_a_rewrite_during_it_is_a_c
         assert (folder / "ws" / "b.txt").read_bytes() == b"bravo 2\n"
 
 
+SEES_ITS_MOUNT = """
+import json, os
+here = os.getcwd()
+try:  # bubblewrap's run reads it; Landlock keeps a native run out of /proc/self/mountinfo
+    mounts = [line.split() for line in open("/proc/self/mountinfo")]
+except PermissionError:
+    mounts = None
+at = [m for m in mounts or () if m[4] == here]
+size = os.statvfs(".")
+print(json.dumps({"types": [m[m.index("-") + 1] for m in at], "options": [m[5].split(",") for m in at],
+                  "read": mounts is not None, "own_device": os.stat(".").st_dev != os.stat("..").st_dev,
+                  "bytes": size.f_blocks * size.f_frsize, "files": size.f_files, "names": sorted(os.listdir("."))}))
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rootless_copy_is_mounted_once_on_top_filled_and_capped_before_the_run(backend: Backend) -> None:
+    """The rootless child mounts its copy's tmpfs only once the gateway has filled it (decision 104 kept that
+    order): the run sees one tmpfs at the workspace's path, on top of the read-only workspace, writable, nosuid
+    and nodev, already filled and already capped to what it holds plus the headroom (the cap comes with the
+    word to go)."""
+    with users_project({"a.py": "x = 1\n", "pkg/b.py": "y = 2\n"}, ROOTLESS_UID) as folder:
+        seen = as_user(SEES_ITS_MOUNT, folder, backend)
+        assert seen["rootless"] is True and seen["exit_code"] == 0, seen
+        mount = json.loads(seen["stdout"].splitlines()[-1])
+        assert mount["own_device"] is True, "a mount of its own over the workspace"
+        if backend == "bubblewrap" or mount["read"]:
+            assert mount["types"][-1] == "tmpfs" and mount["types"].count("tmpfs") == 1, "one copy, on top"
+            assert {"rw", "nosuid", "nodev"} <= set(mount["options"][-1]), mount
+            assert all("ro" in options for options in mount["options"][:-1]), "beneath it, the read-only workspace"
+        assert mount["names"] == ["a.py", "pkg"]
+        rules = ChangeRules()
+        assert mount["bytes"] < rules.max_copy_bytes, "capped after the fill, before the run"
+        assert mount["files"] < rules.max_files + 200, "capped after the fill, before the run"
+
+
 def test_a_rootless_workspace_too_large_to_copy_runs_nothing() -> None:
     with users_project({f"f{i}": "x" for i in range(20)}, ROOTLESS_UID) as folder:
         marker = folder / "outside" / "ran"
