@@ -127,43 +127,26 @@ TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 bytecode: $(STAMP)
 	$(PY) -m compileall -q gateway sandbox >/dev/null
 
-# The unit tests of the gateway and the sandbox (the aim: under a minute, not met yet): no stdio sessions
-# (tests/e2e), no hostile suites (tests/adversarial). Run `make test` before you push. In parallel as
-# `make test` is. 2026-11-27 on 2 quiet cores: 4,120 tests in 1:40 (pytest) and about 156 s of CPU
-# (user+sys, workers and the suite's PostgreSQL included); 3,685 tests took 1:14 before the upstream
-# servers' and the change review's tests came. 2026-11-28, on the shared machine (load 3-13): after the
-# tables became Core (no ORM at start-up, decision 48), short commands and `serve` forked from a helper
-# with the gateway imported (tests/forked_gateway.py, decision 76) and the console route tests' hashes
-# at 1,000 PBKDF2 rounds: 4,123 tests, 92 s of CPU in pytest and 17 s in its PostgreSQL (110 s; 126 s
-# with the first change alone, -n 2), 2:13 at load 4 (on 2 quiet cores 110 s of CPU would be about 55 s
-# plus the serial tail). Measured on 2 quiet cores after every merge of 2026-11-28: 4,493 tests in 1:40-1:42;
-# `make test` 5,244 tests in 7:15-7:47 (the aim of 9:00 met). Of what is left, the PostgreSQL server's share is mostly
-# `CREATE DATABASE ... TEMPLATE` and its drop (25-70 ms of server CPU each, one per PostgreSQL test; a
-# TRUNCATE of the tables costs 5 ms, but tests that alter the schema would then need a check of it),
-# and each xdist worker collects for about 2.5 s of CPU.
-# 2026-11-28, later: each pytest process then sat 30 s at its session's end, waiting for its fork helper
-# (tests/forked_gateway.py) to see its socket close: a close under the reader thread's recv never reached
-# it, so every worker waited out the helper's 30 s deadline, 30 s of the 1:40 (a timeline of each worker's
-# tests: its last test to its session's end went from 30.0 s to 0.1-0.3 s once the socket is shut down
-# first; tests/gateway/test_fork_helper.py). After it, on the shared machine at load 10-13 (not a quiet
-# figure: wall 3:17 there): 4,494 tests, 99.3 s of CPU in pytest (its 4 workers 88.2 s, of which about
-# 3 s each to start and collect; the controller 5.7 s; initdb the rest) and 12.2 s in its PostgreSQL.
-# On 2 quiet cores that is about 1:10 (1:40 less the 30 s; to be measured), not yet under a minute: the
-# rest is CPU (about 111 s on 2 cores), spread thin (4,494 tests at about 17 ms each; no fixture costs
-# more than 1 s in all), the PostgreSQL server's share (CREATE DATABASE ... TEMPLATE and DROP per test)
-# the largest single item left.
-# Measured after the merges of 2026-11-28 04:30 UTC at load 3 (one other session's tests beside it): 4,533
-# tests in 1:23 (1:21 of user CPU, 16 s of system), against 1:40-1:42 before the fix; `make test` 5,294 in
-# 7:54 at the same load. On the quiet machine after every merge of that session: 4,537 tests in 1:12
-# (pytest's 72 s); `make test` 5,304 in 7:12.
-# Where the CPU goes: `$(PY) -m pytest -n 4 tests/gateway tests/sandbox --cpu-costs=30` (tests/cpu_costs.py).
-# 2026-11-28 07:45-07:55, quiet machine, after PostgreSQL test databases are reused (178 of 198, a catalog
-# fingerprint and the roles checked after each test): 4,586 tests, pytest 67-68 s with -n 4 (86 s of CPU in
-# pytest, 12 s in its PostgreSQL; each worker's last test ended at 63-65 s, so the 2 cores were busy about
-# 77% of the time: many tests wait on a watchdog, a sweep or a timeout). More workers fill those waits:
-# -n 3 75.5 s, -n 4 67.3 s, -n 6 61.4 s and 68.0 s, -n 8 66.9 s, -n 10 73-76 s (each worker collects for
-# about 3 s of CPU; one run at -n 10 had a failure, not seen again in the next). So the unit tier runs 6
-# workers. Still not under a minute: 1:01-1:08 from one run to the next.
+# The unit tests of the gateway and the sandbox (the aim: under a minute on 2 quiet cores): no stdio sessions
+# (tests/e2e), no hostile suites (tests/adversarial). Run `make test` before you push. In parallel as `make
+# test` is, with 6 workers: many tests wait on a watchdog, a sweep or a timeout, and more workers fill those
+# waits (on the quiet machine before decision 103: -n 3 75.5 s, -n 4 67.3 s, -n 6 61.4-68.0 s, -n 8 66.9 s,
+# -n 10 73-76 s, each worker's start costing about 2.5 s of CPU). Where the time goes: `$(PY) -m pytest -n 6
+# tests/gateway tests/sandbox --cpu-costs=30` (tests/cpu_costs.py: the costliest tests, fixtures and modules,
+# the tests that wait longest, when each worker began and ended, the tail). The history: git log and
+# decisions 76 and 103.
+# 2026-11-28 10:35-10:45 UTC, on the shared machine (load 2.4-7.7, this run's own 6 workers included), after
+# decision 103: `make unit` 3 times, 4,587 tests, pytest 83.5, 75.0 and 77.5 s (the make target 86.2, 77.3
+# and 79.9 s), user+sys 98.8, 98.8 and 106.0 s, the suite's PostgreSQL 14-20 s more. Interleaved with the tree
+# before decision 103 in the same hour (4 pairs, load 4-6): pytest 77.1/71.0, 75.9/67.7, 73.1/68.6 and
+# 73.0/72.6 s (before/after), user+sys about 106-112 s before, 97-106 s after. What decision 103 cut: the
+# collector off until collection ends, then frozen (each worker's start and end), no DROP DATABASE on the
+# suite's own cluster at each worker's end, the slowest modules first (the workers' last tests within 0.2-0.6
+# s of each other, where they were 1.1-5.3 s apart). 6 workers still beat 5 (interleaved, load 4-6: -n 5 75.9
+# and 74.8 s, -n 6 73.9 and 72.0 s). Not yet measured on the quiet machine, where it stood at
+# 65.2-65.5 s. Of what is left: each worker's start (about 2.3 s of CPU: the conftests, the MCP SDK,
+# collecting 4,587 tests; 6-7 s of wall before the first test), the suite's PostgreSQL server (14-20 s of
+# CPU) and deleting its folder at the end (1-2 s, about 20,000 files).
 UNIT_WORKERS ?= 6
 unit: $(STAMP) bytecode
 	$(TEST_ENV) $(PY) -m pytest -n $(UNIT_WORKERS) tests/gateway tests/sandbox

@@ -76,6 +76,11 @@ class CpuCosts:
         """When each pytest-xdist worker ended its last test, in seconds since this session started: one
         ending well before another is a core idle at the end."""
         self._last_test = self.started
+        self._first_test: float | None = None
+        self.spans: dict[str, tuple[float, float]] = {}
+        """When each test began and ended (time.time()), to list the tail: what ran while a worker sat idle."""
+        self.first_tests: list[float] = []
+        """When each pytest-xdist worker began its first test: its start-up and collection before it."""
         """The CPU of every pytest-xdist worker, as each measured it when its session ended (None without xdist)."""
         self._nested: list[float] = []
         """For each fixture being set up, the CPU its own dependencies took so far (subtracted from its cost)."""
@@ -83,12 +88,15 @@ class CpuCosts:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, object, object]:
         cpu, wall = cpu_seconds(), time.monotonic()
+        if self._first_test is None:
+            self._first_test = time.time()
         try:
             return (yield)
         finally:
             self.tests[item.nodeid] += cpu_seconds() - cpu
             self.test_walls[item.nodeid] += time.monotonic() - wall
             self._last_test = time.time()
+            self.spans[item.nodeid] = (self._last_test - (time.monotonic() - wall), self._last_test)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> Generator[None, object, object]:
@@ -113,6 +121,8 @@ class CpuCosts:
             "process": cpu_seconds(),
             "databases": dict(reuse_counts),
             "last_test": self._last_test,
+            "first_test": self._first_test or self._last_test,
+            "spans": self.spans,
         }
 
     def add(self, output: Mapping[str, Any]) -> None:
@@ -128,6 +138,10 @@ class CpuCosts:
         self.worker_cpu = (self.worker_cpu or 0.0) + output["process"]
         self.databases.update(output["databases"])
         self.last_tests.append(output["last_test"] - self.started)
+        self.first_tests.append(output["first_test"] - self.started)
+        self.spans.update(
+            {nodeid: (start - self.started, end - self.started) for nodeid, (start, end) in output["spans"].items()}
+        )
 
 
 def costliest(costs: Mapping[str, float], top: int) -> list[tuple[str, float]]:
@@ -172,7 +186,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_sep("=", "CPU costs (user+sys, self + waited-for children)")
     in_tests = sum(costs.tests.values())
     workers = costs.worker_cpu
-    write(f"tests: {len(costs.tests)}, {in_tests:.1f} s of CPU in their protocols")
+    walls = sum(costs.test_walls.values())
+    write(f"tests: {len(costs.tests)}, {in_tests:.1f} s of CPU in their protocols, {walls:.1f} s of wall in all")
     if workers is not None:
         write(f"workers: {workers:.1f} s of CPU in all (collection, imports and set-up of the session included)")
     own = resource.getrusage(resource.RUSAGE_SELF)
@@ -183,12 +198,25 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     databases = costs.databases + reuse_counts
     if databases:
         write("PostgreSQL test databases: " + ", ".join(f"{count} {how}" for how, count in databases.most_common()))
+    if costs.first_tests:
+        starts = ", ".join(f"{start:.1f}" for start in sorted(costs.first_tests))
+        write(f"each worker's first test began at (s since the session started): {starts}")
     if costs.last_tests:
         ends = ", ".join(f"{end:.1f}" for end in sorted(costs.last_tests))
         write(f"each worker's last test ended at (s since the session started): {ends}")
+    if costs.last_tests and costs.spans:
+        first_idle = min(costs.last_tests)
+        tail = sorted((span, nodeid) for nodeid, span in costs.spans.items() if span[1] > first_idle)
+        write(f"-- the tail: the tests still running once a worker had no more ({len(tail)}; began, ended s)")
+        for (start, end), nodeid in tail[-top:]:
+            write(f"{start:8.1f} {end:8.1f}  {nodeid}")
     write(f"-- the {top} costliest tests (CPU s, wall s)")
     for nodeid, cpu in costliest(costs.tests, top):
         write(f"{cpu:8.3f} {costs.test_walls[nodeid]:8.3f}  {nodeid}")
+    waits = {nodeid: costs.test_walls[nodeid] - cpu for nodeid, cpu in costs.tests.items()}
+    write(f"-- the {top} tests that wait the longest (wall less CPU s, wall s): a core free for another worker")
+    for nodeid, wait in costliest(waits, top):
+        write(f"{wait:8.3f} {costs.test_walls[nodeid]:8.3f}  {nodeid}")
     write(f"-- the {top} costliest fixtures (CPU s of their own set-ups, set-ups, ms each)")
     for name, cpu in costliest(costs.fixtures, top):
         setups = costs.fixture_setups[name]
@@ -202,3 +230,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     write(f"-- the {top} costliest modules (CPU s, tests, ms each)")
     for module, cpu in costliest(by_module, top):
         write(f"{cpu:8.3f} {counts[module]:6d} {1000 * cpu / counts[module]:8.1f}  {module}")
+    module_walls: defaultdict[str, float] = defaultdict(float)
+    for nodeid, wall in costs.test_walls.items():
+        module_walls[nodeid.split("::", 1)[0]] += wall
+    write(f"-- the {top} longest modules in wall time (wall s, CPU s, tests)")
+    for module, wall in costliest(module_walls, top):
+        write(f"{wall:8.3f} {by_module[module]:8.3f} {counts[module]:6d}  {module}")

@@ -152,3 +152,29 @@ def test_cpu_costs_lists_the_costliest_tests_a_waited_for_childs_cpu_included_an
     assert (setups, name) == ("2", "warm"), done.stdout
     assert ("workers:" in done.stdout) == ("-n" in spread), done.stdout
     assert "3 passed" in done.stdout
+
+
+STALE_ORDER = """
+import tests.conftest
+
+tests.conftest.SLOW_FIRST = (*tests.conftest.SLOW_FIRST, "tests/gateway/test_renamed_away.py")
+"""
+
+
+def test_the_slowest_modules_go_first_each_whole_and_a_stale_name_stops_the_run(tmp_path: Path) -> None:
+    """tests/conftest.py, `SLOW_FIRST` (decision 103): the listed modules before every other, in the list's order."""
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider"]
+    argv += ["tests/gateway/test_canonical.py", "tests/sandbox/test_pidns.py", "tests/gateway/test_visible.py"]
+    env = os.environ | {"MCP_GATEWAY_TEST_PG": "off"}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=scaled(120), check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    modules = [line.split("::", 1)[0] for line in done.stdout.splitlines() if "::" in line]
+    order = [module for index, module in enumerate(modules) if index == 0 or modules[index - 1] != module]
+    assert order == ["tests/gateway/test_visible.py", "tests/sandbox/test_pidns.py", "tests/gateway/test_canonical.py"]
+
+    (tmp_path / "conftest.py").write_text(STALE_ORDER)
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    done = run_pytest(tmp_path, ["-p", "no:xdist"])
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    assert "SLOW_FIRST: tests/gateway/test_renamed_away.py is no file; rename or remove it" in done.stderr
+    assert "INTERNALERROR" not in done.stdout + done.stderr
