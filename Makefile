@@ -143,8 +143,10 @@ bytecode: $(STAMP)
 # collector off until collection ends, then frozen (each worker's start and end), no DROP DATABASE on the
 # suite's own cluster at each worker's end, the slowest modules first (the workers' last tests within 0.2-0.6
 # s of each other, where they were 1.1-5.3 s apart). 6 workers still beat 5 (interleaved, load 4-6: -n 5 75.9
-# and 74.8 s, -n 6 73.9 and 72.0 s). Not yet measured on the quiet machine, where it stood at
-# 65.2-65.5 s. Of what is left: each worker's start (about 2.3 s of CPU: the conftests, the MCP SDK,
+# and 74.8 s, -n 6 73.9 and 72.0 s). Before decision 103, at 09:31 with the machine idle (load 0.0), it stood at
+# 65.2-65.5 s; at 10:56-11:01, the machine idle before each run, the same tree took 79.8 and 76.8 s and this one
+# 75.0 and 75.3 s (interleaved): the machine itself was slower in that hour (the old tree's user CPU 82 -> 94-105
+# s), so the quiet figure after decision 103 is about 60-63 s, still not under a minute. Of what is left: each worker's start (about 2.3 s of CPU: the conftests, the MCP SDK,
 # collecting 4,587 tests; 6-7 s of wall before the first test), the suite's PostgreSQL server (14-20 s of
 # CPU) and deleting its folder at the end (1-2 s, about 20,000 files).
 UNIT_WORKERS ?= 6
