@@ -82,8 +82,10 @@ print(made)
 """
 
 # A fork bomb bounded by its shape: 4 levels of 4 children, 341 processes at most, each sleeping.
+# Says when its interpreter is up: under an emulated CPU on a busy host that alone can take seconds.
 BOMB = """
 import os, time
+print("started", flush=True)
 for depth in range(4):
     forked = 0
     for _ in range(4):
@@ -124,6 +126,10 @@ def runs() -> V2Root:
     return found.root
 
 
+SPAWNED: list[subprocess.Popen[str]] = []
+"""The children a test started, reaped when its group goes, whether the test passed or failed."""
+
+
 @pytest.fixture
 def group(runs: V2Root, request: pytest.FixtureRequest) -> Iterator[RunCgroup2]:
     made = RunCgroup2(runs, f"test-{request.node.name[:40]}", 64 * MIB, 16)
@@ -131,11 +137,16 @@ def group(runs: V2Root, request: pytest.FixtureRequest) -> Iterator[RunCgroup2]:
         yield made
     finally:
         made.kill_all()
+        while SPAWNED:
+            child = SPAWNED.pop()
+            if child.poll() is None:
+                child.kill()  # the test's own child, outside the group only if joining it failed
+            child.communicate(timeout=60)
         made.close()
 
 
 def spawn(group: RunCgroup2, code: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    child = subprocess.Popen(
         [sys.executable, "-I", "-c", code],
         preexec_fn=group.join,  # noqa: PLW1509  (pytest is single-threaded here)
         cwd="/",
@@ -145,6 +156,8 @@ def spawn(group: RunCgroup2, code: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+    SPAWNED.append(child)
+    return child
 
 
 def test_discovery_finds_every_control_and_says_nothing_is_missing(runs: V2Root) -> None:
@@ -229,7 +242,9 @@ def test_the_process_limit_refuses_forks_and_counts_them(group: RunCgroup2) -> N
 
 def test_a_fork_bomb_stops_at_the_limit_and_dies_whole(group: RunCgroup2) -> None:
     child = spawn(group, BOMB)
-    deadline = time.monotonic() + 10
+    assert child.stdout is not None
+    assert child.stdout.readline() == "started\n", "the bomb's interpreter did not start"
+    deadline = time.monotonic() + 30  # from the bomb's start; the wait ends at the first fork refused
     while group.usage().forks_refused == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     members = group.members()
