@@ -146,7 +146,8 @@ bytecode: $(STAMP)
 # and 74.8 s, -n 6 73.9 and 72.0 s). Before decision 103, at 09:31 with the machine idle (load 0.0), it stood at
 # 65.2-65.5 s; at 10:56-11:01, the machine idle before each run, the same tree took 79.8 and 76.8 s and this one
 # 75.0 and 75.3 s (interleaved): the machine itself was slower in that hour (the old tree's user CPU 82 -> 94-105
-# s), so the quiet figure after decision 103 is about 60-63 s, still not under a minute. Of what is left: each worker's start (about 2.3 s of CPU: the conftests, the MCP SDK,
+# s). At 11:35 (load 0.1 before the first run): this tree 68.1 and 66.5 s, the old one 69.6 and 73.7 s
+# (interleaved). Still not under a minute. Of what is left: each worker's start (about 2.3 s of CPU: the conftests, the MCP SDK,
 # collecting 4,587 tests; 6-7 s of wall before the first test), the suite's PostgreSQL server (14-20 s of
 # CPU) and deleting its folder at the end (1-2 s, about 20,000 files).
 UNIT_WORKERS ?= 6
