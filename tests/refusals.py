@@ -19,6 +19,7 @@ import jwt
 
 from gateway.auth import load_keyring
 from gateway.calls import CallStore
+from gateway.consent.store import ConsentStore
 from tests.harness import FORM_ELICITATION, MODERN, GatewayHome, modern_meta, without_acts
 
 RUN = ("run_pytest", {"test_path": "tests"})
@@ -249,3 +250,12 @@ DENIALS = [
     ("decline", {"action": "decline"}, "DENY_ONCE", "consent_denied"),
     ("cancel", {"action": "cancel"}, "DENY_ONCE", "consent_denied"),
 ]
+
+
+def past_its_deadline(gateway: GatewayHome, question_id: str) -> None:
+    """Wait until the question's `expires_at` (consent.timeout_s after it was asked) is behind the wall clock by
+    a margin: a retry sent after this comes after the timeout, as one sent after a fixed sleep did."""
+    question = ConsentStore(gateway.engine).fetch_request(question_id)
+    assert question is not None, f"no question {question_id}"
+    while (left := question.expires_at + 0.1 - time.time()) > 0:
+        time.sleep(left)

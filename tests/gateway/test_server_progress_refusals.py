@@ -38,6 +38,7 @@ from tests.refusals import (
     call,
     new_user,
     params_of,
+    past_its_deadline,
     round_trip,
     same_with_and_without,
     trail_of,
@@ -156,7 +157,7 @@ def test_a_consent_timeout_is_the_same_with_progress_on(
         def late(user: str, progress: str | None) -> dict[str, Any]:
             params = params_of(gateway, user, progress, era=MODERN, envelope=False)
             first = call(modern, params)
-            time.sleep(1.5)  # past the policy's consent.timeout_s: the point of the row
+            past_its_deadline(gateway, first["result"]["requestState"])  # past consent.timeout_s: the point of the row
             retry = dict(
                 params, inputResponses={"consent": accept("allow_once")}, requestState=first["result"]["requestState"]
             )
