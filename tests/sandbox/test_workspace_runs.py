@@ -326,7 +326,10 @@ if os.fork() == 0:
                 f.write(str(i))
             i += 1
     os._exit(0)
-time.sleep(0.5)
+for _ in range(3000):  # the command ends once the writer has begun (30 s at most): it goes on writing
+    if os.path.exists("late0.txt"):
+        break
+    time.sleep(0.01)
 """
 
 
