@@ -36,7 +36,16 @@ from enum import StrEnum
 
 from sandbox.beneath import open_beneath
 from sandbox.git_data import HEAD_HOLDERS, is_git_data
-from sandbox.workspace_copy import MAX_DEPTH, PERMISSION_BITS, Kind, Original, Originals, Owner, hash_if_unchanged
+from sandbox.workspace_copy import (
+    MAX_DEPTH,
+    PERMISSION_BITS,
+    RACY_NS,
+    Kind,
+    Original,
+    Originals,
+    Owner,
+    hash_if_unchanged,
+)
 
 MIB = 1024 * 1024
 DEFAULT_MAX_FILES = 1000
@@ -101,10 +110,15 @@ class ChangeRules:
     beneath a `.git` folder the workspace had at its root as a real folder, only what the policy's list leaves,
     each file's content and mode checked. An upstream server's sync (a git server commits, decision 83); a declared
     tool's run keeps False."""
+    racy_ns: int = RACY_NS
+    """The copy's racy window (sandbox/workspace_copy.py `RACY_NS`). No policy key sets it; a test shortens it to
+    copy the files it made a moment before as past the window, where it would otherwise wait two seconds."""
 
     def __post_init__(self) -> None:
         if self.max_files < 1 or self.max_bytes < 0 or self.max_copy_files < 1 or self.max_copy_bytes < 0:
             raise ValueError("max_change_files and the copy's files must be at least 1, the bytes not negative")
+        if self.racy_ns < 0:
+            raise ValueError("the copy's racy window is not negative")
         for entry in self.protected:
             if not _parts(entry) or entry.startswith("/") or ".." in _parts(entry):
                 raise ValueError(f"a protected path is relative, inside the workspace: {entry!r}")

@@ -228,7 +228,12 @@ def _fill(
 ) -> tuple[Originals, tuple[int, int]]:
     """Copy the workspace into the tmpfs at `mount_fd`; what it holds then, plus the headroom (size, inodes)."""
     originals = copy_workspace(
-        workspace.fd, mount_fd, owner, max_entries=writes.max_copy_files, max_bytes=writes.max_copy_bytes
+        workspace.fd,
+        mount_fd,
+        owner,
+        max_entries=writes.max_copy_files,
+        max_bytes=writes.max_copy_bytes,
+        racy_ns=writes.racy_ns,
     )
     root = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=mount_fd)
     try:

@@ -12,6 +12,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ import jwt
 
 from gateway.auth import load_keyring
 from gateway.calls import CallStore
+from gateway.consent.store import ConsentStore
 from tests.harness import FORM_ELICITATION, MODERN, GatewayHome, modern_meta, without_acts
 
 RUN = ("run_pytest", {"test_path": "tests"})
@@ -205,13 +207,23 @@ def same_with_and_without(
     code: int,
     reason: str,
     *logs: Callable[[], str],
+    at_once: bool = False,
 ) -> Seen:
     """`refuse(user, progress)` twice, a user of its own each time: the same refusal, `code` and `reason`;
-    no traceback in any of `logs` (what the gateway logged: its stderr, or the test's captured log)."""
+    no traceback in any of `logs` (what the gateway logged: its stderr, or the test's captured log).
+    `at_once`: the two calls side by side, each in a thread of its own (`refuse` must allow that: a session's
+    requests do), for a row that waits out a timeout in each call: the same two calls, in the time of one."""
     outcomes = {}
-    for progress in (None, PROGRESS):
-        user = new_user(gateway)
-        outcomes[progress] = seen(gateway, refuse(user, progress), user)
+    if at_once:
+        users = {progress: new_user(gateway) for progress in (None, PROGRESS)}
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            answers = {progress: pool.submit(refuse, user, progress) for progress, user in users.items()}
+            for progress, user in users.items():
+                outcomes[progress] = seen(gateway, answers[progress].result(), user)
+    else:
+        for progress in (None, PROGRESS):
+            user = new_user(gateway)
+            outcomes[progress] = seen(gateway, refuse(user, progress), user)
     without, with_token = outcomes[None], outcomes[PROGRESS]
     assert (without.answer["code"], without.answer["data"]["reason"]) == (code, reason), without
     assert with_token.answer == without.answer, "the answer changed with a progressToken"
@@ -249,3 +261,12 @@ DENIALS = [
     ("decline", {"action": "decline"}, "DENY_ONCE", "consent_denied"),
     ("cancel", {"action": "cancel"}, "DENY_ONCE", "consent_denied"),
 ]
+
+
+def past_its_deadline(gateway: GatewayHome, question_id: str) -> None:
+    """Wait until the question's `expires_at` (consent.timeout_s after it was asked) is behind the wall clock by
+    a margin: a retry sent after this comes after the timeout, as one sent after a fixed sleep did."""
+    question = ConsentStore(gateway.engine).fetch_request(question_id)
+    assert question is not None, f"no question {question_id}"
+    while (left := question.expires_at + 0.1 - time.time()) > 0:
+        time.sleep(left)

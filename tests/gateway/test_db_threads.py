@@ -228,7 +228,8 @@ def test_work_no_thread_takes_within_the_bound_is_refused_and_never_runs(start_w
             await anyio.sleep(0.1)  # every thread has its held work
             for index in range(DB_THREADS, 3 * DB_THREADS):
                 group.start_soon(call, index, queued)
-            await anyio.sleep(start_wait_s + 0.5)
+            while len(outcomes) < 2 * DB_THREADS:  # every queued call answered (refused, or not) while held
+                await anyio.sleep(0.01)
             release.set()
 
     anyio.run(main)

@@ -19,6 +19,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -38,6 +39,7 @@ from tests.refusals import (
     call,
     new_user,
     params_of,
+    past_its_deadline,
     round_trip,
     same_with_and_without,
     trail_of,
@@ -139,16 +141,19 @@ def test_the_consoles_deny_is_the_same_with_progress_on(
 def test_a_consent_timeout_is_the_same_with_progress_on(
     make_gateway: Callable[..., GatewayHome], open_memory: SessionFactory, logged: Callable[[], str], where: str
 ) -> None:
-    """Each row waits out the timeout twice (with and without progress): one test each, so they run side by side."""
+    """Each row waits out the timeout twice (with and without progress), the two calls side by side (`at_once`):
+    one test each, so the rows run side by side too."""
     gateway = make_gateway({"consent": {"timeout_s": 1}})
     if where == "dialog":
         silent = open_memory(gateway, elicitation=True)  # declares elicitation, never answers it (no responder)
-        found = same_with_and_without(gateway, called(silent, gateway, LEGACY, {}), -32008, "consent_timeout", logged)
+        refuse = called(silent, gateway, LEGACY, {})
+        found = same_with_and_without(gateway, refuse, -32008, "consent_timeout", logged, at_once=True)
         assert_decision(found, "DENY_ONCE", "timeout", "elicitation")
     elif where.startswith("approver"):  # nobody at the approver
         era = LEGACY if where == "approver-legacy" else MODERN
         session = open_memory(gateway, version=era)
-        found = same_with_and_without(gateway, called(session, gateway, era, {}), -32008, "consent_timeout", logged)
+        refuse = called(session, gateway, era, {})
+        found = same_with_and_without(gateway, refuse, -32008, "consent_timeout", logged, at_once=True)
         assert_decision(found, "DENY_ONCE", "timeout", "approver")
     else:  # A 2026-07-28 retry that brings its answer after the timeout.
         modern = open_memory(gateway, elicitation=True, version=MODERN)
@@ -156,13 +161,13 @@ def test_a_consent_timeout_is_the_same_with_progress_on(
         def late(user: str, progress: str | None) -> dict[str, Any]:
             params = params_of(gateway, user, progress, era=MODERN, envelope=False)
             first = call(modern, params)
-            time.sleep(1.5)  # past the policy's consent.timeout_s: the point of the row
+            past_its_deadline(gateway, first["result"]["requestState"])  # past consent.timeout_s: the point of the row
             retry = dict(
                 params, inputResponses={"consent": accept("allow_once")}, requestState=first["result"]["requestState"]
             )
             return call(modern, retry)
 
-        found = same_with_and_without(gateway, late, -32008, "consent_timeout", logged)
+        found = same_with_and_without(gateway, late, -32008, "consent_timeout", logged, at_once=True)
         assert_decision(found, "DENY_ONCE", "timeout", "elicitation")
 
 
@@ -219,11 +224,11 @@ def test_a_database_that_fails_is_the_same_with_progress_on(
 PROMPT_RULES = {"enabled": True, "deny": [], "ask": ["Bash(git push:*)"], "allow": []}
 
 
-def _asked_and_denied(
-    gateway: GatewayHome, open_memory: SessionFactory, logged: Callable[[], str], decide: bool, progress: str | None
-) -> Seen:
+def _asked(
+    gateway: GatewayHome, open_memory: SessionFactory, progress: str | None
+) -> tuple[str, Future[dict[str, Any]]]:
     """check_permission as Claude Code sends it (the token in MCP_GATEWAY_TOKEN, none in params), asked of a
-    person: answered Deny once through the console's path (`decide`), else left to the consent timeout."""
+    person: its user (a new one) and the call, in flight."""
     user = new_user(gateway)
     session = open_memory(gateway, environ={"MCP_GATEWAY_TOKEN": gateway.token(user)})
     params: dict[str, Any] = {
@@ -232,9 +237,11 @@ def _asked_and_denied(
     }
     if progress is not None:
         params["_meta"] = {"progressToken": progress}
-    answer = session.request_soon("tools/call", params, 120)
-    if decide:
-        decide_when_asked(gateway, user, Decision.DENY_ONCE)
+    return user, session.request_soon("tools/call", params, 120)
+
+
+def _denied(gateway: GatewayHome, logged: Callable[[], str], user: str, answer: Future[dict[str, Any]]) -> Seen:
+    """The call's answer, trail and card, once it is answered."""
     response = answer.result()
     assert "Traceback" not in logged(), logged()
     result = response["result"]
@@ -249,9 +256,19 @@ def _asked_and_denied(
 def test_a_permission_prompt_denied_is_the_same_with_progress_on(
     make_gateway: Callable[..., GatewayHome], open_memory: SessionFactory, logged: Callable[[], str], decide: bool
 ) -> None:
+    """Asked of a person, answered Deny once through the console's path (`decide`, one call at a time), else left
+    to the consent timeout (both calls in flight at once: the same two calls, in the time of one)."""
     gateway = make_gateway({"permission_prompt": PROMPT_RULES, "consent": {"timeout_s": 60 if decide else 1}})
-    without = _asked_and_denied(gateway, open_memory, logged, decide, None)
-    with_token = _asked_and_denied(gateway, open_memory, logged, decide, PROGRESS)
+    found: list[Seen] = []
+    if decide:
+        for progress in (None, PROGRESS):
+            user, answer = _asked(gateway, open_memory, progress)
+            decide_when_asked(gateway, user, Decision.DENY_ONCE)
+            found.append(_denied(gateway, logged, user, answer))
+    else:
+        asked = [_asked(gateway, open_memory, progress) for progress in (None, PROGRESS)]
+        found = [_denied(gateway, logged, user, answer) for user, answer in asked]
+    without, with_token = found
     assert with_token == without
     text = without.answer["content"][0]["text"]
     assert '"behavior":"deny"' in text and ("a person denied" in text if decide else "no person answered" in text)

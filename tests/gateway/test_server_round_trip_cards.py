@@ -6,13 +6,13 @@ tests/e2e/test_round_trip_cards.py (real stdio).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from tests.e2e.test_round_trip_cards import accept, asked, cards, modern
 from tests.harness import MODERN, GatewayHome
 from tests.memory_session import MemorySession
 from tests.pg_cluster import on_both_engines
+from tests.refusals import past_its_deadline
 
 pytestmark = on_both_engines  # PostgreSQL writes the cards in its own function (migration 0008)
 SessionFactory = Callable[..., MemorySession]
@@ -48,7 +48,7 @@ def test_an_answer_after_the_timeout_ends_the_one_card_as_a_timeout(
     gateway.add_user("alice")
     session = modern_session(open_memory, gateway)
     state = asked(session, gateway)
-    time.sleep(1.5)
+    past_its_deadline(gateway, state)
     refused = modern(session, gateway, accept("allow_once"), state)
     assert refused["error"]["data"]["reason"] == "consent_timeout", refused
     (card,) = cards(gateway)

@@ -6,11 +6,13 @@ the copy's tmpfs in its own user namespace and the gateway fills it. Prints the 
 Usage: python rootless_writes_child.py CODE WORKSPACE SCRATCH BACKEND [MAX_COPY_FILES]
 
 With REWRITE_ON_OUTPUT set to a file of the workspace, that file is rewritten when the run first
-prints (its copy made by then): the same size, other bytes, its times set back (decision 82).
+prints (its copy made by then): the same size, other bytes, its times set back (decision 82). With
+COPY_RACY_NS set, the copy's racy window is that many nanoseconds (ChangeRules.racy_ns), not RACY_NS.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -40,6 +42,8 @@ def main() -> None:
         backend="native" if backend == "native" else "bubblewrap",
     )
     rules = ChangeRules(max_copy_files=int(sys.argv[5])) if len(sys.argv) > 5 else ChangeRules()
+    if racy_ns := os.environ.get("COPY_RACY_NS"):
+        rules = dataclasses.replace(rules, racy_ns=int(racy_ns))
     pinned = pin(workspace)
     outcome: dict[str, object] = {"rootless": probe_host().rootless}
     rewrite = os.environ.get("REWRITE_ON_OUTPUT")

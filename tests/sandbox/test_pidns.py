@@ -265,11 +265,17 @@ def test_the_watchdog_ends_a_run_whose_gateway_is_stuck(backend: Backend) -> Non
                     [PYTHON, "-I", "-c", code], folder, run_limits, folder / "out", folder / "err", scratch=scratch
                 )
 
+            began = time.monotonic()  # the watchdog starts later than this: it cannot end the run before
             group.start_soon(run_it)
             with anyio.fail_after(10):
                 while len(marked(marker)) < 3:
                     await anyio.sleep(0.05)
-            time.sleep(timeout_s + pidns.WATCHDOG_GRACE_S + 1)  # the point: the loop is stuck
+            # The point: the loop is stuck (blocking sleeps, never an await) from here on, for as long as before
+            # at most; it looks for the run's processes only once the watchdog's deadline can have passed.
+            stuck_until = time.monotonic() + timeout_s + pidns.WATCHDOG_GRACE_S + 1
+            time.sleep(max(0.0, began + timeout_s + pidns.WATCHDOG_GRACE_S - time.monotonic()))
+            while marked(marker) and time.monotonic() < stuck_until:
+                time.sleep(0.05)
             seen["alive"] = marked(marker)
         result = seen["result"]
         assert isinstance(result, RunResult)
@@ -279,6 +285,16 @@ def test_the_watchdog_ends_a_run_whose_gateway_is_stuck(backend: Backend) -> Non
         result = anyio.run(main, folder)
     assert seen["alive"] == [], "the run outlived its time limit while the gateway was stuck"
     assert result.killed_by is KilledBy.TIMEOUT
+
+
+def ended_child_pending(others: set[int]) -> bool:
+    """Whether a child of this process that is not in `others` is still running (a zombie has ended)."""
+    running = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.pid not in others and child.status() != psutil.STATUS_ZOMBIE:
+                running.append(child.pid)
+    return bool(running)
 
 
 @requires_root
@@ -302,9 +318,16 @@ def test_a_run_that_ended_by_itself_past_its_limit_while_the_gateway_was_stuck_i
                     scratch=scratch,
                 )
 
+            others = {child.pid for child in psutil.Process().children()}
             group.start_soon(run_it)
             await anyio.sleep(0.2)
-            time.sleep(2.2)  # the loop is stuck past the limit: the command ends by itself meanwhile
+            # The loop is stuck (blocking sleeps, never an await) past the limit, 2.2 s at most, while the
+            # command ends by itself; it stays stuck until the run's outer supervisor, this process's child,
+            # has exited too (a zombie nobody reaped yet), so the gateway finds the run ended on its own.
+            stuck_until = time.monotonic() + 2.2
+            time.sleep(1.5)  # the command's own sleep: nothing can end before
+            while ended_child_pending(others) and time.monotonic() < stuck_until:
+                time.sleep(0.05)
 
     with shared_dir() as folder:
         anyio.run(main, folder)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ import pytest
 from sandbox import Limits, RunResult, run_unsafe_unconfined
 from sandbox.errors import SandboxStartError
 from sandbox.runner import KilledBy
+from tests.deadlines import scaled
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,18 +94,25 @@ def test_cancellation_kills_the_run(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
 
     async def cancel_soon() -> None:
-        with anyio.move_on_after(1):
-            await run_unsafe_unconfined(
-                [
-                    sys.executable,
-                    "-c",
-                    f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)",
-                ],
-                tmp_path,
-                limits(),
-                tmp_path / "out.txt",
-                tmp_path / "err.txt",
+        async with anyio.create_task_group() as group:
+            group.start_soon(
+                functools.partial(
+                    run_unsafe_unconfined,
+                    [
+                        sys.executable,
+                        "-c",
+                        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)",
+                    ],
+                    tmp_path,
+                    limits(),
+                    tmp_path / "out.txt",
+                    tmp_path / "err.txt",
+                )
             )
+            with anyio.fail_after(scaled(30)):  # cancelled once the run is under way: its pid is written
+                while not (pid_file.exists() and pid_file.read_text()):
+                    await anyio.sleep(0.01)
+            group.cancel_scope.cancel()
 
     anyio.run(cancel_soon)
     assert not _alive(int(pid_file.read_text()))

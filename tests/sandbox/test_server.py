@@ -27,6 +27,7 @@ from sandbox.layers import Layer
 from sandbox.limits import BACKENDS, Backend
 from sandbox.pinned import Pinned
 from sandbox.server import ConfinedServer, ServerSpec, start_server
+from tests.deadlines import scaled
 from tests.harness import REPO
 from tests.sandbox.confined_child import DAEMONIZE, project, requires_root, users_project
 from tests.sandbox.server_child import LINE_SERVER, PYTHON, Talk, server_limits
@@ -610,11 +611,14 @@ def test_a_cancelled_context_leaves_nothing_even_while_a_send_is_stuck() -> None
 
         async def main() -> list[int]:
             started: list[int] = []
-            with anyio.move_on_after(3):
+            with anyio.CancelScope(deadline=anyio.current_time() + scaled(30)) as scope:  # bounds the start-up too
                 async with serving(folder, ws, "native") as (server, talk):
                     await talk.ask(f"exec({DAEMONIZE!r}.replace('print(', 'answer = ('))")
                     started = family(server.pid)
                     await server.stdin.send(json.dumps("import time; time.sleep(3600)").encode() + b"\n")
+                    # 4 MiB into a pipe of 64 KiB that nobody reads blocks within microseconds: the context is
+                    # cancelled a second later, long after the send is stuck.
+                    scope.deadline = anyio.current_time() + 1
                     await server.stdin.send(b"x" * (1 << 22))  # blocks: nobody reads
             return started
 

@@ -120,7 +120,9 @@ def test_a_daemon_of_a_rootless_run_does_not_outlive_it(folder: Path) -> None:
         "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
         "        open(os.environ['TMPDIR'] + '/alive', 'w').write(str(os.getpid())); time.sleep(60)\n"
         "    os._exit(0)\n"
-        "time.sleep(0.5)\n"
+        "for _ in range(3000):  # the daemon is up (its file made) before the command ends: 30 s at most\n"
+        "    if os.path.exists(os.environ['TMPDIR'] + '/alive'):\n        break\n"
+        "    time.sleep(0.01)\n"
     )
     marker = f"mcp-userns-daemon-{os.getpid()}"
     outcome = rootless_run(folder, f"# {marker}\n" + code)

@@ -30,6 +30,18 @@ from tests.sandbox.confined_child import PYTHON, project, requires_root, users_p
 pytestmark = requires_root
 
 
+SHORT_RACY_NS = 100_000_000
+"""The copy's racy window (ChangeRules.racy_ns) in the tests of a file rewritten during the run: 0.1 s, ten
+jiffies and more of the coarse clock that stamps ctime on the filesystems whose identity the copy trusts. Files
+made 0.3 s before the copy are past it, as they were made 2.2 s before it with RACY_NS (2 s)."""
+
+
+def test_the_copys_racy_window_is_racy_ns_unless_a_test_shortens_it() -> None:
+    assert ChangeRules().racy_ns == RACY_NS == 2_000_000_000
+    with pytest.raises(ValueError, match="racy window"):
+        ChangeRules(racy_ns=-1)
+
+
 def run(
     folder: Path, ws: Pinned, code: str, backend: Backend = "native", rules: ChangeRules | None = None, **over: Any
 ) -> RunResult:
@@ -178,7 +190,7 @@ def test_a_file_rewritten_in_the_workspace_during_the_run_with_its_size_and_time
     times set back), gets none, and nothing applies."""
     files = {"a.txt": "alpha 1\n", "b.txt": "bravo 2\n"}
     with project(files) as (folder, ws):
-        time.sleep(RACY_NS / 1e9 + 0.2)
+        time.sleep(SHORT_RACY_NS / 1e9 + 0.2)
         rewritten: list[bytes] = []
 
         def rewrite(_: bytes) -> None:  # the run printed: its copy was made
@@ -189,7 +201,7 @@ def test_a_file_rewritten_in_the_workspace_during_the_run_with_its_size_and_time
                 os.utime(ws.path / "a.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
                 rewritten.append(b"ALPHA 1\n")
 
-        result = run(folder, ws, STARTED_THEN_EDITS, backend, on_stdout=rewrite)
+        result = run(folder, ws, STARTED_THEN_EDITS, backend, ChangeRules(racy_ns=SHORT_RACY_NS), on_stdout=rewrite)
         assert result.exit_code == 0 and rewritten, outcome(folder, result)
         assert result.changes is not None
         changes = {change.path: change for change in result.changes.changes}
@@ -314,7 +326,10 @@ if os.fork() == 0:
                 f.write(str(i))
             i += 1
     os._exit(0)
-time.sleep(0.5)
+for _ in range(3000):  # the command ends once the writer has begun (30 s at most): it goes on writing
+    if os.path.exists("late0.txt"):
+        break
+    time.sleep(0.01)
 """
 
 
@@ -387,14 +402,19 @@ print(os.getcwd(), i)
 """
 
 
-def as_user(code: str, folder: Path, backend: Backend, *extra: str, rewrite: str | None = None) -> dict[str, Any]:
-    """`rewrite`: a workspace file the script rewrites (same size, times set back) when the run first prints."""
+def as_user(
+    code: str, folder: Path, backend: Backend, *extra: str, rewrite: str | None = None, racy_ns: int | None = None
+) -> dict[str, Any]:
+    """`rewrite`: a workspace file the script rewrites (same size, times set back) when the run first prints;
+    `racy_ns`: the copy's racy window (ChangeRules.racy_ns), RACY_NS when None."""
     child = str(REPO / "tests" / "sandbox" / "rootless_writes_child.py")
     command = ["setpriv", f"--reuid={ROOTLESS_UID}", f"--regid={ROOTLESS_UID}", "--clear-groups", "--"]
     argv = [*command, sys.executable, child, code, str(folder / "ws"), str(folder / "scratch"), backend, *extra]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
     if rewrite is not None:
         env["REWRITE_ON_OUTPUT"] = rewrite
+    if racy_ns is not None:
+        env["COPY_RACY_NS"] = str(racy_ns)
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
     assert done.returncode == 0, done.stderr
     outcome: dict[str, Any] = json.loads(done.stdout)
@@ -427,8 +447,8 @@ def test_a_rootless_run_leaves_hashes_to_identity_and_a_rewrite_during_it_is_a_c
     """The rootless copy (filled by the gateway's thread) is the same copy (decision 82): past the racy window
     the untouched file's sha256_before is true, the one rewritten meanwhile has none, nothing applies."""
     with users_project({"a.txt": "alpha 1\n", "b.txt": "bravo 2\n"}, ROOTLESS_UID) as folder:
-        time.sleep(RACY_NS / 1e9 + 0.2)
-        seen = as_user(STARTED_THEN_EDITS, folder, backend, rewrite="a.txt")
+        time.sleep(SHORT_RACY_NS / 1e9 + 0.2)
+        seen = as_user(STARTED_THEN_EDITS, folder, backend, rewrite="a.txt", racy_ns=SHORT_RACY_NS)
         assert seen["rootless"] is True and seen["exit_code"] == 0, seen
         assert seen["rewritten"] == ["a.txt"]
         assert seen["sha256_before"] == {"a.txt": None, "b.txt": hashlib.sha256(b"bravo 2\n").hexdigest()}

@@ -26,6 +26,7 @@ import pytest
 
 from gateway.rules.permissions import RuleSet, judge
 from gateway.rules.shell.code_builtins import CODE_BUILTINS, CODE_VARIABLES
+from tests.deadlines import scaled
 
 DENY_TOUCH = RuleSet.parse(["Bash(touch:*)"], [], ["Bash"])
 ALLOW_ALL = RuleSet.parse([], [], ["Bash"])
@@ -124,10 +125,10 @@ def _interactive(folder: Path, env: dict[str, str], lines: list[str], keys: str)
         os.chdir(folder)
         os.execve("/bin/bash", ["bash", "--norc", "--noprofile", "-i"], env)  # noqa: S606  (a fixed argv, no shell)
     try:
-        _drain(fd, 0.5)
+        _prompted(fd)
         for line in lines:
             os.write(fd, line.encode() + b"\n")
-            _drain(fd, 0.3)
+            _prompted(fd)  # the line was read and run: bash prompts for the next
         os.write(fd, keys.encode())
         deadline = time.monotonic() + 10
         while not (folder / "m").exists() and time.monotonic() < deadline:
@@ -136,6 +137,24 @@ def _interactive(folder: Path, env: dict[str, str], lines: list[str], keys: str)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         os.close(fd)
+
+
+PROMPT = re.compile(rb"bash-[0-9.]+[$#] $")
+"""bash's own prompt without a startup file (`\\s-\\v\\$ `), last in what it wrote: it waits for a line."""
+
+
+def _prompted(fd: int) -> None:
+    """Read what bash writes until it ends with its prompt, within a deadline that only bounds a failure (then the
+    test goes on as it did after a fixed wait, and the check that the code ran decides)."""
+    written = b""
+    deadline = time.monotonic() + scaled(10)
+    while not PROMPT.search(written) and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.05)
+        if ready:
+            try:
+                written += os.read(fd, 4096)
+            except OSError:
+                return
 
 
 def _drain(fd: int, seconds: float) -> None:
