@@ -5,7 +5,9 @@ real server, one database at a time."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -158,3 +160,25 @@ def test_a_connection_the_test_left_open_is_ended_and_cannot_reach_the_next_test
     again = clone_database(base)
     assert as_template(base, again)
     pg_cluster.drop_database(base, again)
+
+
+@pytest.mark.parametrize(
+    ("folder", "room", "in_memory"),
+    [("/dev/shm", 1, True), ("/dev/shm", 1 << 60, False), ("/nonexistent-shm", 1, False)],
+    ids=["memory with room", "memory without room", "no memory folder"],
+)
+def test_a_clusters_folder_is_in_memory_only_where_there_is_room(
+    monkeypatch: pytest.MonkeyPatch, folder: str, room: int, in_memory: bool
+) -> None:
+    if in_memory and not Path(folder).is_dir():
+        pytest.skip(f"no {folder} here")
+    monkeypatch.setattr(pg_cluster, "MEMORY_FOLDER", Path(folder))
+    monkeypatch.setattr(pg_cluster, "MEMORY_ROOM", room)
+    made = pg_cluster.data_folder("mcp-gw-pg-test-")
+    try:
+        assert made.is_dir()
+        assert made.name.startswith("mcp-gw-pg-test-")
+        assert (made.parent == Path(folder)) is in_memory
+        assert in_memory or made.parent == Path(tempfile.gettempdir())
+    finally:
+        made.rmdir()
