@@ -38,6 +38,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -150,6 +151,42 @@ def _start_in_background(programs: Path, data: Path, port: int, outcome: Path) -
     written.rename(outcome)
 
 
+_REAPER = """
+import os, shutil, subprocess, sys
+pg_ctl, data, outcome, user = sys.argv[1:]
+sys.stdin.buffer.read()
+if os.path.exists(os.path.join(data, "data", "postmaster.pid")):
+    subprocess.run([pg_ctl, "-D", os.path.join(data, "data"), "-m", "immediate", "stop"], user=user or None,
+                   capture_output=True, timeout=60, check=False)
+shutil.rmtree(data, ignore_errors=True)
+shutil.rmtree(outcome, ignore_errors=True)
+"""
+_reapers: list[subprocess.Popen[bytes]] = []
+"""The processes that stop and delete this session's cluster if the session dies without doing it (`start_reaper`)."""
+
+
+def start_reaper(programs: Path, data: Path, outcome_folder: Path) -> subprocess.Popen[bytes]:
+    """A process that waits for the end of its standard input, then stops the cluster in `data` (if its server
+    runs) and deletes `data` and `outcome_folder`: when this process is killed (SIGKILL, or SIGTERM, which pytest
+    does not catch), the kernel closes the pipe and the cluster goes with it, where it stayed running with its
+    folder (in memory, `data_folder`). In a session of its own, so a signal to the run's process group does
+    not end it first. On an orderly end `pytest_unconfigure` stops and deletes the cluster itself, then closes
+    the pipe and waits for the reaper, which finds nothing left."""
+    user = "postgres" if os.geteuid() == 0 else ""
+    argv = [sys.executable, "-I", "-c", _REAPER, str(programs / "pg_ctl"), str(data), str(outcome_folder), user]
+    reaper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    _reapers.append(reaper)
+    return reaper
+
+
+def _end_reapers() -> None:
+    while _reapers:
+        reaper = _reapers.pop()
+        if reaper.stdin is not None:
+            reaper.stdin.close()
+        reaper.wait(timeout=scaled(START_S) + 10)
+
+
 def start_failure() -> str | None:
     """Why the session's cluster failed to start, or None once it answers (after waiting for its start,
     `OUTCOME_VARIABLE`); None at once for a server named by hand."""
@@ -230,6 +267,7 @@ def pytest_configure(config: pytest.Config) -> None:
     data = data_folder("mcp-gw-pg-")
     port = _free_port()
     outcome = Path(tempfile.mkdtemp(prefix="mcp-gw-pg-outcome-")) / "outcome"
+    start_reaper(programs, data, outcome.parent)
     os.environ[URL_VARIABLE] = cluster_url(port)
     os.environ[OUTCOME_VARIABLE] = str(outcome)
     _outcome_folders.append(outcome.parent)
@@ -263,11 +301,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(data, ignore_errors=True)
     while _outcome_folders:
         shutil.rmtree(_outcome_folders.pop(), ignore_errors=True)
+    _end_reapers()
 
 
 def session_server_pids() -> set[int]:
-    """The pids of the servers this session started (each postmaster's: its own processes are its children)."""
-    pids = set()
+    """The pids of the servers this session started (each postmaster's: its own processes are its children), and
+    of the reaper that stops them if the session dies (`start_reaper`)."""
+    pids = {reaper.pid for reaper in _reapers if reaper.poll() is None}
     for _, data, _ in _started:
         try:
             pids.add(int((data / "data" / "postmaster.pid").read_text().split()[0]))
