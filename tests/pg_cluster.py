@@ -91,7 +91,7 @@ def data_folder(prefix: str) -> Path:
     """A new folder for a cluster's files: in /dev/shm (tmpfs) when it is there with MEMORY_ROOM free, else in
     the temporary folder. On the disk, deleting the suite's cluster at the end (about 11,000-20,000 files) took
     1-10 s of the run's wall time depending on the disk's other load; in memory about 0.1 s. A container's
-    /dev/shm is often 64 MiB: the cluster then stays on the disk."""
+    /dev/shm is often 64 MiB: the cluster then stays on the disk (decision 107)."""
     try:
         room = os.statvfs(MEMORY_FOLDER)
     except OSError:
@@ -171,7 +171,7 @@ def start_reaper(programs: Path, data: Path, outcome_folder: Path) -> subprocess
     does not catch), the kernel closes the pipe and the cluster goes with it, where it stayed running with its
     folder (in memory, `data_folder`). In a session of its own, so a signal to the run's process group does
     not end it first. On an orderly end `pytest_unconfigure` stops and deletes the cluster itself, then closes
-    the pipe and waits for the reaper, which finds nothing left."""
+    the pipe and waits for the reaper, which finds nothing left (decision 107)."""
     user = "postgres" if os.geteuid() == 0 else ""
     argv = [sys.executable, "-I", "-c", _REAPER, str(programs / "pg_ctl"), str(data), str(outcome_folder), user]
     reaper = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
@@ -560,7 +560,8 @@ def _tables_to_empty(connection: psycopg.Connection[tuple[Any, ...]], baseline: 
     empties a referenced table only with them).
 
     Read once every session of the test has ended (`recycle` ends them, and the server has no prepared
-    transactions: max_prepared_transactions is 0), so a table found empty holds no row of the test's."""
+    transactions: max_prepared_transactions is 0), so a table found empty holds no row of the test's
+    (decision 107)."""
     seeded = dict(baseline.rows)
     plain = [table for table in baseline.tables if table not in seeded]
     stale = {table for table, data in seeded.items() if _copied_out(connection, table) != data}
