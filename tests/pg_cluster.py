@@ -179,6 +179,23 @@ def start_reaper(programs: Path, data: Path, outcome_folder: Path) -> subprocess
     return reaper
 
 
+_inherited_reapers: list[subprocess.Popen[bytes]] = []
+"""The reapers of the process this one was forked from: kept, never waited for (not this process's children)."""
+
+
+def _forget_reapers() -> None:
+    """In a process forked from the one that started the reapers (a forked worker): its copy of each reaper's
+    pipe is closed, so that only the controller's end keeps a reaper waiting."""
+    while _reapers:
+        reaper = _reapers.pop()
+        if reaper.stdin is not None:
+            reaper.stdin.close()
+        _inherited_reapers.append(reaper)
+
+
+os.register_at_fork(after_in_child=_forget_reapers)
+
+
 def _end_reapers() -> None:
     while _reapers:
         reaper = _reapers.pop()
