@@ -6,7 +6,6 @@ import multiprocessing
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select
@@ -18,6 +17,7 @@ from gateway.db import make_engine, migrate
 from gateway.errors import BudgetExceededError
 from gateway.policy import BudgetPolicy
 from gateway.users import UserStore
+from tests.budget_racer import reserve_in_another_process
 from tests.fakes import T0, FakeClock
 
 LIMITS = BudgetPolicy(window_s=100, attempts_total=3, elapsed_ms_total=1000)
@@ -405,23 +405,6 @@ def test_a_reservation_that_waited_for_the_lock_is_stamped_after_the_wait(engine
     assert refused.value.retry_after_s == 1, "room appears when the charge leaves the window, never later"
 
 
-def _reserve_in_another_process(url: str, index: int, barrier: Any, results: Any) -> None:
-    """One gateway process: its own engine, its own ledger, the same SQLite file."""
-    engine = make_engine(url)
-    ledger = BudgetLedger(engine, SystemClock())
-    limits = BudgetPolicy(window_s=3600, attempts_total=1000, elapsed_ms_total=2000)
-    barrier.wait(timeout=60)
-    try:
-        ledger.reserve("alice", f"run{index}", limits, 3000)
-        results.put("reserved")
-    except BudgetExceededError as exc:
-        results.put(exc.reason)
-    except Exception as exc:
-        results.put(f"unexpected {type(exc).__name__}")
-    finally:
-        engine.dispose()
-
-
 def test_reservations_from_racing_processes_admit_one_3s_run_into_a_2s_budget(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/race.db"
     engine = make_engine(url)
@@ -432,7 +415,7 @@ def test_reservations_from_racing_processes_admit_one_3s_run_into_a_2s_budget(tm
     barrier = context.Barrier(processes_n)
     results = context.Queue()
     processes = [
-        context.Process(target=_reserve_in_another_process, args=(url, i, barrier, results)) for i in range(processes_n)
+        context.Process(target=reserve_in_another_process, args=(url, i, barrier, results)) for i in range(processes_n)
     ]
     for process in processes:
         process.start()

@@ -5,7 +5,9 @@ real server, one database at a time."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -59,6 +61,26 @@ def test_rows_a_test_wrote_are_gone_and_the_seeded_rows_back(base: str) -> None:
     assert pg_cluster.reuse_counts["reused"] == before + 1
     again = clone_database(base)
     assert again != url, "renamed: a process of the last test connecting by the old name finds nothing"
+    assert as_template(base, again)
+    pg_cluster.drop_database(base, again)
+
+
+def test_rows_in_a_referenced_table_alone_are_gone_and_a_seeded_row_rewritten_as_it_was_stays(base: str) -> None:
+    """`recycle` empties only the tables holding rows, and a seeded one only when its rows are not the template's
+    byte for byte: a table referencing an emptied one goes with it (TRUNCATE refuses to empty it alone)."""
+    url = clone_database(base)
+    assert ("public.users", "public.user_workspaces") in baseline(base).references
+    execute(
+        url,
+        "INSERT INTO users (name, role, disabled, created_at) VALUES ('left', 'admin', false, 0)",
+        "UPDATE alembic_version SET version_num = version_num",
+    )
+    assert not as_template(base, url)
+    before = pg_cluster.reuse_counts["reused"]
+    recycle(base, url)
+    assert pg_cluster.reuse_counts["reused"] == before + 1
+    again = clone_database(base)
+    assert again != url
     assert as_template(base, again)
     pg_cluster.drop_database(base, again)
 
@@ -138,3 +160,25 @@ def test_a_connection_the_test_left_open_is_ended_and_cannot_reach_the_next_test
     again = clone_database(base)
     assert as_template(base, again)
     pg_cluster.drop_database(base, again)
+
+
+@pytest.mark.parametrize(
+    ("folder", "room", "in_memory"),
+    [("/dev/shm", 1, True), ("/dev/shm", 1 << 60, False), ("/nonexistent-shm", 1, False)],
+    ids=["memory with room", "memory without room", "no memory folder"],
+)
+def test_a_clusters_folder_is_in_memory_only_where_there_is_room(
+    monkeypatch: pytest.MonkeyPatch, folder: str, room: int, in_memory: bool
+) -> None:
+    if in_memory and not Path(folder).is_dir():
+        pytest.skip(f"no {folder} here")
+    monkeypatch.setattr(pg_cluster, "MEMORY_FOLDER", Path(folder))
+    monkeypatch.setattr(pg_cluster, "MEMORY_ROOM", room)
+    made = pg_cluster.data_folder("mcp-gw-pg-test-")
+    try:
+        assert made.is_dir()
+        assert made.name.startswith("mcp-gw-pg-test-")
+        assert (made.parent == Path(folder)) is in_memory
+        assert in_memory or made.parent == Path(tempfile.gettempdir())
+    finally:
+        made.rmdir()

@@ -8,6 +8,7 @@ file of options to its argparse, wherever it stands.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -240,10 +241,17 @@ WORKSPACE_FILES = {
 
 
 def measured(tmp_path: Path, argv: list[str]) -> tuple[subprocess.CompletedProcess[str], bool]:
-    """Run the installed pytest on a small workspace; True when the options file was applied."""
+    """Run the installed pytest on a small workspace; True when the options file was applied.
+
+    Without the plugins installed beside it (xdist, timeout: PYTEST_DISABLE_PLUGIN_AUTOLOAD): pytest's own
+    parser reads the command line and its @files, which is what is measured, and each run costs 0.2 s of CPU
+    where loading the plugins made it 0.38 s (3 runs each)."""
     pwned = tmp_path / "pwned.xml"
     pwned.unlink(missing_ok=True)
-    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    environment = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    result = subprocess.run(
+        argv, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=60, check=False
+    )
     return result, pwned.exists()
 
 
