@@ -165,8 +165,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, on the controller
 def pytest_testnodedown(node: Any, error: object) -> None:
-    costs = node.config.pluginmanager.get_plugin("cpu_costs")
-    output = getattr(node, "workeroutput", {}).get(WORKER_KEY)
+    pytest_forked_worker_down(node.config, getattr(node, "workeroutput", {}))
+
+
+@pytest.hookimpl(optionalhook=True)  # tests/forked_workers.py's, on the parent
+def pytest_forked_worker_down(config: pytest.Config, workeroutput: Mapping[str, Any]) -> None:
+    costs = config.pluginmanager.get_plugin("cpu_costs")
+    output = workeroutput.get(WORKER_KEY)
     if costs is not None and output is not None:
         costs.add(output)
 
