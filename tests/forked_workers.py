@@ -58,7 +58,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from _pytest.junitxml import LogXML
@@ -163,8 +163,8 @@ class _Worker:
     """The indexes handed to it and not yet finished (`pytest_runtest_logfinish`), in order."""
     running: int | None = None
     """The index of the test it began (`logstart`) and has not finished."""
-    reported: bool = False
-    """Whether a report of `running` was logged already (a death after it is its teardown's)."""
+    phases: set[str] = field(default_factory=set)
+    """The phases of `running` reported so far: a death after its call is its teardown's."""
     buffer: bytearray = field(default_factory=bytearray)
     done: bool = False
     """It sent its `workeroutput`: it ended its session."""
@@ -296,12 +296,13 @@ class _Parent:
             with contextlib.suppress(OSError):  # a worker that died meanwhile: `ended` requeues it
                 _send(worker.sock, ("unit", unit))
         elif kind == "logstart":
-            worker.running, worker.reported = message[1], False
+            worker.running = message[1]
+            worker.phases.clear()
             item = self.items[message[1]]
             hook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         elif kind == "report":
-            worker.reported = True
             report = hook.pytest_report_from_serializable(config=self.config, data=message[1])
+            worker.phases.add(report.when)
             hook.pytest_runtest_logreport(report=report)
         elif kind == "logfinish":
             item = self.items[message[1]]
@@ -348,7 +349,8 @@ class _Parent:
         if worker.done and status == 0:
             return
         if worker.running is not None:
-            self.fail(worker.running, f"{worker.name} {how} while running this test", worker.reported)
+            phase: Literal["call", "teardown"] = "teardown" if "call" in worker.phases else "call"
+            self.fail(worker.running, f"{worker.name} {how} while running this test", phase, started=True)
             with contextlib.suppress(ValueError):
                 worker.sent.remove(worker.running)
         rest = list(worker.sent)
@@ -366,13 +368,16 @@ class _Parent:
         elif not self.workers:
             while self.queue:
                 for index in self.queue.popleft():
-                    self.fail(index, f"not run: {4 * self.count} forked workers died in this run", False)
+                    self.fail(
+                        index, f"not run: {4 * self.count} forked workers died in this run", "call", started=False
+                    )
 
-    def fail(self, index: int, why: str, after_a_report: bool) -> None:
-        """Log a failed report of the test at `index` (its worker died), as a run of it would have."""
+    def fail(self, index: int, why: str, phase: Literal["call", "teardown"], *, started: bool) -> None:
+        """Log a failed report of `phase` of the test at `index` (its worker died), as a run of it would have;
+        `started`: its `logstart` was logged already."""
         item = self.items[index]
         hook = self.config.hook
-        if not after_a_report:
+        if not started:
             hook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         now = time.time()
         report = pytest.TestReport(
@@ -381,7 +386,7 @@ class _Parent:
             dict.fromkeys(item.keywords, 1),
             "failed",
             why,
-            "teardown" if after_a_report else "call",
+            phase,
             start=now,
             stop=now,
         )
@@ -495,12 +500,21 @@ def _forget_parents_state() -> None:
     pg_cluster._starting.clear()  # joined before the fork (`_check_forkable`)
 
 
+class _WriterOnly:
+    """A worker's stand-in for the terminal reporter: its hooks gone (the parent reports), its writer kept for
+    the few that write on their own as a process ends (pytest-timeout's stack dump before its hard kill)."""
+
+    def __init__(self, writer: object) -> None:
+        self._tw = writer
+
+
 def _quiet(config: pytest.Config) -> None:
     """The worker prints nothing: no terminal reporter, no JUnit XML of its own, a capture of its own."""
     manager = config.pluginmanager
     reporter = manager.get_plugin("terminalreporter")
     if reporter is not None:
         manager.unregister(reporter)
+        manager.register(_WriterOnly(reporter._tw), "terminalreporter")
     for plugin in manager.get_plugins():
         if isinstance(plugin, LogXML):
             manager.unregister(plugin)
