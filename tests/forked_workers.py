@@ -103,6 +103,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{OPTION}={count}: give a number of workers, or 0 for none")
     if count and (config.getoption("numprocesses", None) or config.getoption("dist", "no") != "no"):
         raise pytest.UsageError(f"{OPTION} and pytest-xdist's -n/--dist spread the same tests: give one of them")
+    if count and config.getoption("usepdb", False):
+        raise pytest.UsageError(f"--pdb needs the terminal in the test's own process: run it with {OPTION}=0")
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if count and reporter is not None:
         reporter.showfspath = False  # tests of many modules arrive interleaved: a dot each, as pytest-xdist shows
@@ -221,6 +223,8 @@ class _Parent:
         self.selector = selectors.DefaultSelector()
         self.numbers = iter(range(1, 1 << 30))
         self.errors: list[str] = []
+        self.stopping = False
+        """Interrupted: no worker is forked any more, in place of one that ends."""
 
     def run(self) -> None:
         _check_forkable()
@@ -360,7 +364,7 @@ class _Parent:
             self.errors.append(f"{worker.name} {how} after its last test")
         if rest:
             self.queue.appendleft(rest)
-        if self.session.shouldfail or self.session.shouldstop or not self.queue:
+        if self.stopping or self.session.shouldfail or self.session.shouldstop or not self.queue:
             return
         if self.restarts_left > 0:
             self.restarts_left -= 1
@@ -404,6 +408,7 @@ class _Parent:
 
     def interrupt(self) -> None:
         """Ctrl-C or SIGTERM: one SIGINT to each worker, whose reports are logged until it ends (`STOP_S`)."""
+        self.stopping = True
         for pid in self.workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGINT)

@@ -392,11 +392,12 @@ def test_a_failure_under_x_stops_the_forked_run(tmp_path: Path) -> None:
     assert int(passed.group(1)) < 10, done.stdout  # the tests running then end; no new one starts
 
 
-def test_forks_beside_xdist_or_below_zero_is_a_usage_error(tmp_path: Path) -> None:
+def test_forks_beside_xdist_below_zero_or_with_pdb_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "test_clean.py").write_text(CLEAN)
     for spread, why in (
         (["-n", "2", "--forks", "2"], "--forks and pytest-xdist's -n/--dist spread the same tests: give one of them"),
         ([*ONE_PROCESS, "--forks", "-1"], "--forks=-1: give a number of workers, or 0 for none"),
+        ([*FORKS, "--pdb"], "--pdb needs the terminal in the test's own process: run it with --forks=0"),
     ):
         done = run_pytest(tmp_path, spread)
         assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
