@@ -126,7 +126,7 @@ def _receive(sock: socket.socket) -> tuple[Any, ...] | None:
     body = _read_exactly(sock, _HEADER.unpack(header)[0])
     if body is None:
         return None
-    message: tuple[Any, ...] = pickle.loads(body)  # noqa: S301  # written by this suite's own worker
+    message: tuple[Any, ...] = pickle.loads(body)  # noqa: S301  # written by this suite's own parent
     return message
 
 
@@ -218,7 +218,8 @@ class _Parent:
         self.items = session.items
         self.queue: deque[list[int]] = deque(units(self.items))
         self.count = min(count, len(self.queue))
-        self.restarts_left = 4 * count
+        self.restarts = 4 * count
+        self.restarts_left = self.restarts
         self.workers: dict[int, _Worker] = {}
         self.selector = selectors.DefaultSelector()
         self.numbers = iter(range(1, 1 << 30))
@@ -251,13 +252,21 @@ class _Parent:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # the worker: never returns
-            ours.close()
-            _worker_main(self.session, theirs, number, self.count, [w.sock for w in self.workers.values()])
+            self.forget_in_worker(ours)
+            _worker_main(self.session, theirs, number, self.count)
         theirs.close()
         worker = _Worker(number, pid, ours, os.pidfd_open(pid))
         self.workers[pid] = worker
         self.selector.register(ours, selectors.EVENT_READ, ("socket", worker))
         self.selector.register(worker.pidfd, selectors.EVENT_READ, ("exit", worker))
+
+    def forget_in_worker(self, ours: socket.socket) -> None:
+        """In a new worker: close the parent's ends (its selector, the other workers' sockets and pidfds)."""
+        ours.close()
+        self.selector.close()
+        for worker in self.workers.values():
+            worker.sock.close()
+            os.close(worker.pidfd)
 
     def step(self) -> None:
         for key, _ in self.selector.select():
@@ -372,9 +381,7 @@ class _Parent:
         elif not self.workers:
             while self.queue:
                 for index in self.queue.popleft():
-                    self.fail(
-                        index, f"not run: {4 * self.count} forked workers died in this run", "call", started=False
-                    )
+                    self.fail(index, f"not run: {self.restarts} forked workers died in this run", "call", started=False)
 
     def fail(self, index: int, why: str, phase: Literal["call", "teardown"], *, started: bool) -> None:
         """Log a failed report of `phase` of the test at `index` (its worker died), as a run of it would have;
@@ -532,15 +539,12 @@ def _quiet(config: pytest.Config) -> None:
         capture.suspend_global_capture()
 
 
-def _worker_main(
-    session: pytest.Session, sock: socket.socket, number: int, count: int, others: list[socket.socket]
-) -> None:
+def _worker_main(session: pytest.Session, sock: socket.socket, number: int, count: int) -> None:
+    """A worker's life: its own process group, its units (`_work`), its exit handlers, `os._exit`."""
     status = 1
     try:
         os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the parent, which passes it on once
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        for other in others:
-            other.close()
         config = session.config
         config.workerinput = {"workerid": f"fork{number}", "workercount": count}  # type: ignore[attr-defined]
         config.workeroutput = {}  # type: ignore[attr-defined]
