@@ -279,11 +279,12 @@ class _Parent:
                 self.ended(worker)
 
     def read(self, worker: _Worker) -> bool:
-        """Handle what `worker` sent; False at the end of its stream."""
+        """Handle what `worker` sent; False when nothing more is there now (the stream's end, or a process of one of
+        its tests that inherited its socket holding it open)."""
         try:
             chunk = worker.sock.recv(1 << 16, socket.MSG_DONTWAIT)
         except BlockingIOError:
-            return True
+            return False
         except OSError:
             chunk = b""
         worker.buffer += chunk
@@ -353,8 +354,9 @@ class _Parent:
         while self.read(worker):
             pass
         _, status = os.waitpid(worker.pid, 0)
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(worker.pidfd)
+        for fileobj in (worker.pidfd, worker.sock):  # its socket may still be open: a test's child holds it
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(fileobj)
         os.close(worker.pidfd)
         worker.sock.close()
         del self.workers[worker.pid]

@@ -334,6 +334,12 @@ def test_killed():
 def test_exits():
     os._exit(3)
 
+def test_killed_while_a_child_holds_its_socket():
+    if os.fork() == 0:
+        time.sleep(2)
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
 @pytest.mark.timeout(1, method="thread")
 def test_hangs_past_its_timeout():
     time.sleep(60)
@@ -344,18 +350,20 @@ def test_after():
 
 
 def test_a_worker_that_dies_fails_its_test_naming_how_and_its_units_rest_runs_on_a_new_fork(tmp_path: Path) -> None:
-    """A serial group (tests/rootless/) in which three tests end their worker: a signal, os._exit, pytest-timeout's
-    hard kill. Each fails, named with how its worker ended; the group's other tests still run, on new forks."""
+    """A serial group (tests/rootless/) in which four tests end their worker: a signal (once with a child of the
+    test's still holding the worker's socket open), os._exit, pytest-timeout's hard kill. Each fails, named with
+    how its worker ended; the group's other tests still run, on new forks."""
     (tmp_path / "tests" / "rootless").mkdir(parents=True)
     (tmp_path / "tests" / "rootless" / "test_crashing.py").write_text(CRASHING)
     (tmp_path / "test_other.py").write_text("def test_elsewhere():\n    pass\n")
     done = run_pytest(tmp_path, [*FORKS, "-rA"])
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
     output = done.stdout
-    assert "3 failed, 3 passed" in output.splitlines()[-1], output
+    assert "4 failed, 3 passed" in output.splitlines()[-1], output
     for name, how in (
         ("test_killed", "was killed by SIGKILL"),
         ("test_exits", "exited with status 3"),
+        ("test_killed_while_a_child_holds_its_socket", "was killed by SIGKILL"),
         ("test_hangs_past_its_timeout", "exited with status 1"),  # pytest-timeout's os._exit(1)
     ):
         assert re.search(rf"_ {name} _+\nforked worker \d+ \(pid \d+\) {how} while running this test\n", output), output
