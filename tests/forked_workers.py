@@ -63,7 +63,7 @@ from typing import Any, Literal
 import pytest
 from _pytest.junitxml import LogXML
 
-from tests import pg_cluster
+from tests import forked_gateway, pg_cluster, sqlite_template
 from tests.conftest import serial_group
 from tests.deadlines import scaled
 
@@ -201,6 +201,20 @@ def _check_forkable() -> None:
         raise pytest.UsageError(
             f"{OPTION}: threads {threads} run in the pytest process before the fork; a forked worker would "
             f"inherit the locks they hold. Stop them at collection's end, or run with {OPTION}=0"
+        )
+    made = [
+        name
+        for name, state in (
+            ("a PostgreSQL template (tests/pg_cluster.py)", pg_cluster._templates),
+            ("a PostgreSQL admin connection (tests/pg_cluster.py)", pg_cluster._admins),
+            ("a SQLite template (tests/sqlite_template.py)", sqlite_template._template),
+            ("a gateway fork helper (tests/forked_gateway.py)", forked_gateway._helpers),
+        )
+        if state
+    ]
+    if made:  # each worker would use, and at its end delete or stop, the parent's own
+        raise pytest.UsageError(
+            f"{OPTION}: the pytest process made {', '.join(made)} before the fork: make it in a fixture"
         )
     sockets = _open_sockets()
     if sockets:

@@ -425,14 +425,25 @@ kept = socket.socketpair()
 """
 
 
+TEMPLATE_AT_COLLECTION = """
+from tests.sqlite_template import template_file
+
+template_file()
+"""
+
+
 @pytest.mark.parametrize(
     ("conftest", "why"),
     [
         (THREAD_AT_COLLECTION, "threads ['collection-thread'] run in the pytest process before the fork"),
         (SOCKET_AT_COLLECTION, "sockets are open in the pytest process before the fork"),
+        (TEMPLATE_AT_COLLECTION, "made a SQLite template (tests/sqlite_template.py) before the fork"),
     ],
+    ids=["thread", "socket", "template"],
 )
-def test_no_fork_while_a_thread_runs_or_a_socket_is_open(tmp_path: Path, conftest: str, why: str) -> None:
+def test_no_fork_while_a_thread_runs_a_socket_is_open_or_a_template_is_made(
+    tmp_path: Path, conftest: str, why: str
+) -> None:
     (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "test_clean.py").write_text(CLEAN)
     done = run_pytest(tmp_path, FORKS)
