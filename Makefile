@@ -133,9 +133,9 @@ bytecode: $(STAMP)
 # (tests/e2e), no hostile suites (tests/adversarial). Run `make test` before you push. One pytest process
 # collects them, then forks UNIT_WORKERS workers that share what it collected and start at once
 # (tests/forked_workers.py); more workers than cores, since many tests wait on a watchdog, a sweep or a timeout.
-# Where the time goes: `$(PY) -m pytest -p no:xdist --forks 6 tests/gateway tests/sandbox --cpu-costs=30`
+# Where the time goes: `$(PY) -m pytest -p no:xdist --forks 5 tests/gateway tests/sandbox --cpu-costs=30`
 # (tests/cpu_costs.py). What was measured and rejected: decisions 103 and 105, and git log.
-UNIT_WORKERS ?= 6
+UNIT_WORKERS ?= 5
 unit: $(STAMP) bytecode
 	$(TEST_ENV) $(PY) -m pytest -p no:xdist --forks $(UNIT_WORKERS) tests/gateway tests/sandbox
 

@@ -32,13 +32,16 @@ What each part does:
   the parent logs what they report, waits for them (`STOP_S`, then SIGKILL) and ends as pytest does when
   interrupted: the leftover check still runs.
 
-The fork is refused (a usage error saying why) while another thread runs or a socket is open in the
-parent: a thread is gone in the child with whatever lock it held (the PostgreSQL start's thread is joined
-first, tests/pg_cluster.py), and a socket, event loop or database engine would be shared by every worker.
-Per-process state a fork copies: pg_cluster's cluster (stopped and deleted only by the parent: a worker
-forgets it, `_forget_parents_state`), its templates and admin connections (empty in the parent: it runs
-no test), tests/forked_gateway.py's helper (one per pid), `random`'s state (reseeded by Python at each
-fork), pytest's base temporary folder (made by the parent before the fork, so a worker does not empty it).
+The fork is refused (a usage error saying why) while another thread runs, a socket is open, or the parent
+made a database template, an admin connection or a fork helper (`_check_forkable`): a thread is gone in the
+child with whatever lock it held (the PostgreSQL start's thread is joined first, tests/pg_cluster.py), a
+socket, event loop or database engine would be shared by every worker, and a template deleted by the first
+worker to end. Per-process state a fork copies: pg_cluster's cluster (stopped and deleted only by the parent:
+a worker forgets it, `_forget_parents_state`), the templates, admin connections and fork helper a worker makes
+on first use (its own: tests/pg_cluster.py, tests/sqlite_template.py, tests/forked_gateway.py), `random`'s
+state (reseeded by Python at each fork), pytest's base temporary folder (made by the parent before the fork,
+so a worker does not empty it), the exit handlers (logging's, weakref's finalizers, coverage's: a worker runs
+them, as a process ending normally would).
 """
 
 from __future__ import annotations
@@ -382,11 +385,11 @@ class _Parent:
             self.fail(worker.running, f"{worker.name} {how} while running this test", phase, started=True)
             with contextlib.suppress(ValueError):
                 worker.sent.remove(worker.running)
-        rest = list(worker.sent)
-        if not rest and not worker.done:
-            self.errors.append(f"{worker.name} {how} between tests")
         elif worker.done:
             self.errors.append(f"{worker.name} {how} after its last test")
+        else:
+            self.errors.append(f"{worker.name} {how} between tests")
+        rest = list(worker.sent)
         if rest:
             self.queue.appendleft(rest)
         if self.stopping or self.session.shouldfail or self.session.shouldstop or not self.queue:
