@@ -104,9 +104,11 @@ $(UPSTREAM_NPM)/node_modules/.package-lock.json: $(UPSTREAM_NPM)/package.json $(
 upstream-servers: $(UPSTREAM_NPM)/node_modules/.package-lock.json
 
 
-# The suite in parallel (pytest-xdist): most tests wait on subprocesses, sessions and sandboxed
-# runs, so there are more workers than cores; the tests that share a resource go whole to one
-# worker (tests/conftest.py, SERIAL_GROUPS). TEST_WORKERS=0 runs it in this one process.
+# The suite in parallel, in workers forked after one collection (tests/forked_workers.py, decision 105): most
+# tests wait on subprocesses, sessions and sandboxed runs, so there are more workers than cores; the tests that
+# share a resource go whole to one worker (tests/conftest.py, SERIAL_GROUPS). TEST_WORKERS=0 runs it in this one
+# process. The whole suite with 4 forks, 2026-11-28 at load 5-10 (other engineers' runs): 5,363 passed, 11:07,
+# user+sys 735 s, the workers' last tests within 0.8 s of each other.
 # Its cost, 2026-11-28, measured in three parts on the shared machine (load 3-7), user+sys of every
 # process the run waited for plus the suite's PostgreSQL: tests/gateway and tests/sandbox 110 s (-n 4),
 # tests/e2e 348 s (-n 4, 387 tests, 5:48), tests/rootless, tests/hosts and tests/adversarial 150 s
@@ -116,7 +118,7 @@ upstream-servers: $(UPSTREAM_NPM)/node_modules/.package-lock.json
 # about 5 minutes of CPU-bound wall time plus the serial tail (the guest's group): not measured whole.
 TEST_WORKERS ?= 4
 test: lint system-deps ts-client upstream-servers bytecode
-	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS)
+	$(TEST_ENV) $(PY) -m pytest -p no:xdist --forks $(TEST_WORKERS)
 
 # The suite starts several hundred gateways from this checkout, some as other uids that cannot
 # write here. Some hosts set PYTHONDONTWRITEBYTECODE (Python's Docker images do): then each of
@@ -128,31 +130,14 @@ bytecode: $(STAMP)
 	$(PY) -m compileall -q gateway sandbox >/dev/null
 
 # The unit tests of the gateway and the sandbox (the aim: under a minute on 2 quiet cores): no stdio sessions
-# (tests/e2e), no hostile suites (tests/adversarial). Run `make test` before you push. In parallel as `make
-# test` is, with 6 workers: many tests wait on a watchdog, a sweep or a timeout, and more workers fill those
-# waits (on the quiet machine before decision 103: -n 3 75.5 s, -n 4 67.3 s, -n 6 61.4-68.0 s, -n 8 66.9 s,
-# -n 10 73-76 s, each worker's start costing about 2.5 s of CPU). Where the time goes: `$(PY) -m pytest -n 6
-# tests/gateway tests/sandbox --cpu-costs=30` (tests/cpu_costs.py: the costliest tests, fixtures and modules,
-# the tests that wait longest, when each worker began and ended, the tail). The history: git log and
-# decisions 76 and 103.
-# 2026-11-28 10:35-10:45 UTC, on the shared machine (load 2.4-7.7, this run's own 6 workers included), after
-# decision 103: `make unit` 3 times, 4,587 tests, pytest 83.5, 75.0 and 77.5 s (the make target 86.2, 77.3
-# and 79.9 s), user+sys 98.8, 98.8 and 106.0 s, the suite's PostgreSQL 14-20 s more. Interleaved with the tree
-# before decision 103 in the same hour (4 pairs, load 4-6): pytest 77.1/71.0, 75.9/67.7, 73.1/68.6 and
-# 73.0/72.6 s (before/after), user+sys about 106-112 s before, 97-106 s after. What decision 103 cut: the
-# collector off until collection ends, then frozen (each worker's start and end), no DROP DATABASE on the
-# suite's own cluster at each worker's end, the slowest modules first (the workers' last tests within 0.2-0.6
-# s of each other, where they were 1.1-5.3 s apart). 6 workers still beat 5 (interleaved, load 4-6: -n 5 75.9
-# and 74.8 s, -n 6 73.9 and 72.0 s). Before decision 103, at 09:31 with the machine idle (load 0.0), it stood at
-# 65.2-65.5 s; at 10:56-11:01, the machine idle before each run, the same tree took 79.8 and 76.8 s and this one
-# 75.0 and 75.3 s (interleaved): the machine itself was slower in that hour (the old tree's user CPU 82 -> 94-105
-# s). At 11:35 (load 0.1 before the first run): this tree 68.1 and 66.5 s, the old one 69.6 and 73.7 s
-# (interleaved). Still not under a minute. Of what is left: each worker's start (about 2.3 s of CPU: the conftests, the MCP SDK,
-# collecting 4,587 tests; 6-7 s of wall before the first test), the suite's PostgreSQL server (14-20 s of
-# CPU) and deleting its folder at the end (1-2 s, about 20,000 files).
-UNIT_WORKERS ?= 6
+# (tests/e2e), no hostile suites (tests/adversarial). Run `make test` before you push. One pytest process
+# collects them, then forks UNIT_WORKERS workers that share what it collected and start at once
+# (tests/forked_workers.py); more workers than cores, since many tests wait on a watchdog, a sweep or a timeout.
+# Where the time goes: `$(PY) -m pytest -p no:xdist --forks 5 tests/gateway tests/sandbox --cpu-costs=30`
+# (tests/cpu_costs.py). What was measured and rejected: decisions 103 and 105, and git log.
+UNIT_WORKERS ?= 5
 unit: $(STAMP) bytecode
-	$(TEST_ENV) $(PY) -m pytest -n $(UNIT_WORKERS) tests/gateway tests/sandbox
+	$(TEST_ENV) $(PY) -m pytest -p no:xdist --forks $(UNIT_WORKERS) tests/gateway tests/sandbox
 
 # Line coverage of gateway/ and sandbox/ over the whole suite (pyproject.toml, [tool.coverage.*]):
 # every Python process the tests start is measured too. The data goes to a folder every uid may
@@ -161,7 +146,7 @@ COVERAGE_DATA := build/coverage
 coverage: $(STAMP) system-deps ts-client upstream-servers bytecode
 	rm -rf $(COVERAGE_DATA) && mkdir -p $(COVERAGE_DATA) && chmod 1777 $(COVERAGE_DATA)
 	export COVERAGE_FILE=$(CURDIR)/$(COVERAGE_DATA)/data; \
-	  $(TEST_ENV) $(PY) -m coverage run -m pytest -n $(TEST_WORKERS); status=$$?; \
+	  $(TEST_ENV) $(PY) -m coverage run -m pytest -p no:xdist --forks $(TEST_WORKERS); status=$$?; \
 	  $(PY) -m coverage combine -q && \
 	  for part in gateway sandbox; do printf '%s/: %s%%\n' $$part "$$($(PY) -m coverage report --include="$$part/*" --format=total)"; done && \
 	  printf 'both: %s%%\n' "$$($(PY) -m coverage report --format=total)" && \

@@ -19,6 +19,7 @@ pytest_plugins = (
     "tests.pg_cluster",  # a throwaway PostgreSQL for the `postgres` tests, when one can run
     "tests.leftover_processes",  # the session's last check: no process the suite started is left running
     "tests.cpu_costs",  # `--cpu-costs=N`: the N costliest tests and fixtures, in CPU
+    "tests.forked_workers",  # `--forks N`: workers forked after one collection (`make unit`)
 )
 
 SERIAL_GROUPS = {

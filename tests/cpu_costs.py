@@ -6,8 +6,9 @@ running it (RUSAGE_SELF) plus that of every child it waited for (RUSAGE_CHILDREN
 CLIs and sandboxed runs it started, and their own waited-for children), across its whole
 protocol (setup, call, teardown). A fixture's cost is its setup alone, without the fixtures it
 asked for (listed on their own), summed over every test that set it up. Costs are measured in
-each pytest-xdist worker and summed by the controller, which prints them at the end with the
-CPU of the whole run's workers (collection and imports included) and of the PostgreSQL server
+each worker (pytest-xdist's, or tests/forked_workers.py's) and summed by the controller, which prints them at
+the end with the CPU of the whole run's workers (an xdist worker's imports and collection included; a forked
+worker's from its fork: the parent's collection is in "this process") and of the PostgreSQL server
 the session started, which no rusage of the suite's counts. Off by default: nothing is measured
 without the option.
 
@@ -165,8 +166,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, on the controller
 def pytest_testnodedown(node: Any, error: object) -> None:
-    costs = node.config.pluginmanager.get_plugin("cpu_costs")
-    output = getattr(node, "workeroutput", {}).get(WORKER_KEY)
+    pytest_forked_worker_down(node.config, getattr(node, "workeroutput", {}))
+
+
+@pytest.hookimpl(optionalhook=True)  # tests/forked_workers.py's, on the parent
+def pytest_forked_worker_down(config: pytest.Config, workeroutput: Mapping[str, Any]) -> None:
+    costs = config.pluginmanager.get_plugin("cpu_costs")
+    output = workeroutput.get(WORKER_KEY)
     if costs is not None and output is not None:
         costs.add(output)
 
@@ -189,7 +195,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     walls = sum(costs.test_walls.values())
     write(f"tests: {len(costs.tests)}, {in_tests:.1f} s of CPU in their protocols, {walls:.1f} s of wall in all")
     if workers is not None:
-        write(f"workers: {workers:.1f} s of CPU in all (collection, imports and set-up of the session included)")
+        write(f"workers: {workers:.1f} s of CPU in all (an xdist worker's imports and collection included)")
     own = resource.getrusage(resource.RUSAGE_SELF)
     write(f"this process: {cpu_seconds():.1f} s of CPU, {own.ru_utime + own.ru_stime:.1f} s of it its own")
     server = server_cpu_seconds()

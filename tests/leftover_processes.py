@@ -1,10 +1,10 @@
 """No test leaves a process behind: the session's last check (a pytest plugin, tests/conftest.py).
 
-The controller (the one pytest process of a run, or pytest-xdist's controller) puts a token of
-this run in its environment (RUN_VARIABLE), before the workers start, and every process the
-suite starts inherits it: the workers, the gateways, the consoles, the approvers in their
-terminals, Node.js, Chromium, QEMU. When the session ends (every fixture torn down, every worker
-gone), the controller looks for what the run started and is still alive:
+The controller (the one pytest process of a run, pytest-xdist's controller, or the parent of the
+workers tests/forked_workers.py forks) puts a token of this run in its environment (RUN_VARIABLE),
+before the workers start, and every process the suite starts inherits it: the workers, the gateways,
+the consoles, the approvers in their terminals, Node.js, Chromium, QEMU. When the session ends (every
+fixture torn down, every worker gone), the controller looks for what the run started and is still alive:
 
 - a process whose environment carries the token, and every descendant of one;
 - a descendant of the controller itself;
