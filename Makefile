@@ -107,15 +107,9 @@ upstream-servers: $(UPSTREAM_NPM)/node_modules/.package-lock.json
 # The suite in parallel, in workers forked after one collection (tests/forked_workers.py, decision 105): most
 # tests wait on subprocesses, sessions and sandboxed runs, so there are more workers than cores; the tests that
 # share a resource go whole to one worker (tests/conftest.py, SERIAL_GROUPS). TEST_WORKERS=0 runs it in this one
-# process. The whole suite with 4 forks, 2026-11-28 at load 5-10 (other engineers' runs): 5,363 passed, 11:07,
-# user+sys 735 s, the workers' last tests within 0.8 s of each other.
-# Its cost, 2026-11-28, measured in three parts on the shared machine (load 3-7), user+sys of every
-# process the run waited for plus the suite's PostgreSQL: tests/gateway and tests/sandbox 110 s (-n 4),
-# tests/e2e 348 s (-n 4, 387 tests, 5:48), tests/rootless, tests/hosts and tests/adversarial 150 s
-# (-n 2, 218 tests, 3:34): about 610 s of CPU, where the runs of 2026-11-27 spent about 1,440 s (unit
-# 156 s, the rest 1,288 s). Most of the cut: the gateways and commands the tests start fork from a
-# helper with the gateway imported (tests/forked_gateway.py, decision 76). On 2 quiet cores that is
-# about 5 minutes of CPU-bound wall time plus the serial tail (the guest's group): not measured whole.
+# process. 2026-11-28 13:17 UTC, load 0.3 at the start, nothing else running: 5,385 passed in 7:13 (the make
+# target 7:15, user+sys 665 s), where 6 pytest-xdist workers took 7:22 the day before. The gateways and commands
+# the tests start fork from a helper with the gateway imported (tests/forked_gateway.py, decision 76).
 TEST_WORKERS ?= 4
 test: lint system-deps ts-client upstream-servers bytecode
 	$(TEST_ENV) $(PY) -m pytest -p no:xdist --forks $(TEST_WORKERS)

@@ -564,6 +564,10 @@ def _worker_main(session: pytest.Session, sock: socket.socket, number: int, coun
     try:
         os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the parent, which passes it on once
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # The parent's SIGINT is its request to stop, whatever the run was started with: a background job of a
+        # shell without job control (`cmd &` in a script, a CI step) starts with SIGINT ignored, and a worker
+        # that ignored it was killed after `STOP_S` without tearing its fixtures down.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         config = session.config
         config.workerinput = {"workerid": f"fork{number}", "workercount": count}  # type: ignore[attr-defined]
         config.workeroutput = {}  # type: ignore[attr-defined]
