@@ -395,9 +395,11 @@ def test_a_failure_under_x_stops_the_forked_run(tmp_path: Path) -> None:
     assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout + done.stderr
     summary = done.stdout.splitlines()[-1]
     assert "stopping after 1 failures" in done.stdout, done.stdout
-    passed = re.search(r"1 failed, (\d+) passed", summary)
+    # The tests running then end; no new one starts. On a busy machine the other worker may not have begun
+    # one yet when the failure arrives: then none passed.
+    passed = re.search(r"1 failed(?:, (\d+) passed)? in ", summary)
     assert passed is not None, done.stdout
-    assert int(passed.group(1)) < 10, done.stdout  # the tests running then end; no new one starts
+    assert int(passed.group(1) or 0) < 10, done.stdout
 
 
 def test_forks_beside_xdist_below_zero_or_with_pdb_is_a_usage_error(tmp_path: Path) -> None:
