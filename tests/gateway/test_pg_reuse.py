@@ -6,6 +6,7 @@ real server, one database at a time."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,19 +15,21 @@ import pytest
 from sqlalchemy import make_url
 
 from tests import pg_cluster
-from tests.pg_cluster import Baseline, clone_database, read_baseline, recycle, suite_server
+from tests.pg_cluster import Baseline, clone_database, read_baseline, recycle, suite_server, template_database
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def base() -> str:
-    """The suite's server, with no clean database of this process waiting: each test starts from a copy."""
+def base() -> Iterator[str]:
+    """The suite's server, with no clean database of this process waiting: each test starts from a copy.
+    Those waiting are set aside meanwhile and handed back to the process's next tests afterwards (where
+    dropping them cost a DROP DATABASE here and a copy for a later test)."""
     url = suite_server()
-    clone_database(url)  # the template and its baseline exist from here on
-    for waiting in pg_cluster._clean.pop(url, []):
-        pg_cluster.drop_database(url, waiting)
-    return url
+    template_database(url)  # the template and its baseline exist from here on
+    waiting = pg_cluster._clean.pop(url, [])
+    yield url
+    pg_cluster._clean.setdefault(url, []).extend(waiting)
 
 
 def execute(url: str, *statements: str) -> None:
