@@ -121,7 +121,8 @@ def _glyphs(text: str) -> str:
 def _escaped(match: re.Match[str]) -> str:
     run = match.group("marks")
     if run is None:
-        return _escape_all(match.group())
+        hidden = match.group()
+        return escape(hidden) if len(hidden) == 1 else _escape_all(hidden)  # one: the codec's set-up costs more
     kept = "".join(ch if prints(ch) else escape(ch) for ch in run[:MAX_MARKS])
     return kept + "".join(escape(ch) for ch in run[MAX_MARKS:])
 
