@@ -137,7 +137,7 @@ def _escape_all(run: str) -> str:
     Python's unicode_escape codec does it in C, ten times faster than one `escape` call each (a
     hostile text may be a megabyte of them). It writes `escape`'s own spelling for every character
     from U+0100, and since `run` holds neither U+0020-U+007E nor the backslash (they print), every
-    backslash it writes starts an escape: only the shorter spellings below U+0100 are rewritten."""
+    backslash it writes starts an escape: only the shorter spellings below U+0100 are rewritten (decision 110)."""
     escaped = run.encode("unicode_escape").decode("ascii")
     for theirs, ours in _CODEC_SPELLINGS:
         escaped = escaped.replace(theirs, ours)
