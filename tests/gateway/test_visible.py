@@ -46,11 +46,13 @@ def test_every_code_point_is_shown_as_itself_only_if_it_visibly_prints() -> None
         for cp, (ch, kind, keep) in enumerate(zip(chars, kinds, kept, strict=True))
     ]
     shown = visible("".join(ch + "|" if kind == "M" else ch for ch, kind in zip(chars, kinds, strict=True)))
-    if shown != "".join(parts):
+    expected = "".join(parts)
+    if shown != expected:  # the first code point shown otherwise, by name
         at = 0
         for cp, part in enumerate(parts):
             assert shown[at : at + len(part)] == part, f"U+{cp:04X}: {shown[at : at + 20]!r}"
             at += len(part)
+    assert shown == expected, "nothing after the last code point"
 
 
 @pytest.mark.parametrize(
