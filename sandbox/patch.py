@@ -75,8 +75,8 @@ left once the lines both share at their start and end are set aside. difflib's c
 and more (1,000 files of 199 popular lines: 0.7 us of CPU a cell on this machine); past the budget a file is
 shown whole, its earlier content as removed and its new as added."""
 _CHUNK_CHARS = 1 << 20
-_LOOKED_AT = re.compile(r"[^\t\n\x20-\x7e]")
-"""Anything but a tab, a newline and printable ASCII: a chunk without it is shown as it is."""
+_SHOWN_AS_IS = b"\t\n" + bytes(range(0x20, 0x7F))
+"""A tab, a newline and printable ASCII: a chunk of nothing else is shown as it is (`_as_is`)."""
 _MIRRORED = {"insert": "delete", "delete": "insert"}
 
 
@@ -184,7 +184,7 @@ def _whole(sign: str, text: str) -> tuple[list[str], bool]:
         end = len(text) if cut < 0 else cut + 1
         body = text[start:end].removesuffix("\n")
         start = end
-        if not _LOOKED_AT.search(body):
+        if _as_is(body):
             pieces.append(sign + body.replace("\n", "\n" + sign))
             continue
         raw = body.split("\n")
@@ -194,6 +194,12 @@ def _whole(sign: str, text: str) -> tuple[list[str], bool]:
     if text and not text.endswith("\n"):
         pieces.append("\\ No newline at end of file")
     return pieces, escaped
+
+
+def _as_is(body: str) -> bool:
+    """Whether `body` holds only `_SHOWN_AS_IS`: what is left once bytes.translate deletes them, in C, three
+    times faster than a search for anything else (1.1 against 3.1-3.7 ms a MiB)."""
+    return body.isascii() and not body.encode("ascii").translate(None, _SHOWN_AS_IS)
 
 
 class _Mirrored(difflib.SequenceMatcher[str]):

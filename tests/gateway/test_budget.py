@@ -17,7 +17,7 @@ from gateway.db import make_engine, migrate
 from gateway.errors import BudgetExceededError
 from gateway.policy import BudgetPolicy
 from gateway.users import UserStore
-from tests.budget_racer import reserve_in_another_process
+from tests.budget_racer import race
 from tests.fakes import T0, FakeClock
 
 LIMITS = BudgetPolicy(window_s=100, attempts_total=3, elapsed_ms_total=1000)
@@ -410,18 +410,13 @@ def test_reservations_from_racing_processes_admit_one_3s_run_into_a_2s_budget(tm
     engine = make_engine(url)
     migrate(engine)
     UserStore(engine, SystemClock()).add("alice", "USER", ("default",))
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("spawn")  # never a fork of pytest's process: its threads and connections
     processes_n = 6
-    barrier = context.Barrier(processes_n)
     results = context.Queue()
-    processes = [
-        context.Process(target=reserve_in_another_process, args=(url, i, barrier, results)) for i in range(processes_n)
-    ]
-    for process in processes:
-        process.start()
-    outcomes = sorted(results.get(timeout=120) for _ in processes)
-    for process in processes:
-        process.join(timeout=30)
+    racers = context.Process(target=race, args=(url, processes_n, results))  # forks the six (tests/budget_racer.py)
+    racers.start()
+    outcomes = sorted(results.get(timeout=120) for _ in range(processes_n))
+    racers.join(timeout=30)
 
     assert outcomes == ["elapsed_exhausted"] * (processes_n - 1) + ["reserved"]
     assert BudgetLedger(engine, SystemClock()).usage("alice", BudgetPolicy()) == Usage(1, 3000)

@@ -501,6 +501,17 @@ def test_control_and_bidi_characters_in_a_text_file_are_shown_escaped_and_said(t
     assert next(c for c in changes.changes if c.path == "trojan.py").content == trojan.encode(), "applied exact"
 
 
+@pytest.mark.parametrize("control", ["\x1b[2J", "\x7f", "\r", "\x08"])
+def test_a_control_character_in_an_ascii_file_shown_whole_is_escaped_and_said(control: str) -> None:
+    """A file shown whole is passed a chunk at once when it holds only printable ASCII, tabs and newlines
+    (sandbox/patch.py `_as_is`): one control character in otherwise plain ASCII is still seen."""
+    text = f"a\n\tb {control}c\n"
+    added = Change("y.py", Action.ADDED, Kind.FILE, None, "2", None, len(text), None, 0o644, text.encode())
+    patch = render_patch(ChangeSet((added,), ()))
+    assert control not in patch and f"+\tb {shown(control)}c\n" in patch
+    assert "# this file holds control or bidi characters" in patch
+
+
 def test_hunk_headers_stand_alone_and_a_missing_last_newline_is_said_once() -> None:
     change = Change("x.py", Action.MODIFIED, Kind.FILE, "1", "2", 5, 5, 0o644, 0o644, b"a\nb\nd", b"a\nb\nc")
     assert render_patch(ChangeSet((change,), ())).splitlines() == [
