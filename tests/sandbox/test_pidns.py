@@ -46,7 +46,8 @@ SLEEPING_DAEMON = daemons(False)
 """For the tests that wait out a watchdog's deadline: a spinner there would burn a core up to the deadline (3-5 s)
 and prove nothing the sleeper does not. The namespace's end takes a running process as it takes a sleeping one (a
 spinner's end is `test_daemons_die_with_the_run_and_its_end_comes_back_as_it_was`), and in a run RLIMIT_CPU (the
-timeout plus one second) would end a spinner before the watchdog's deadline (the timeout plus its grace)."""
+timeout plus one second) ends a spinner with a core of its own before the watchdog's deadline (the timeout plus its
+grace): it is the limit, not the watchdog, that a spinner there would see."""
 
 
 def limits(backend: Backend = "native", timeout_s: float = 20) -> Limits:
