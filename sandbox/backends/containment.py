@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-
-import psutil
+from typing import TYPE_CHECKING
 
 from sandbox.backends.identity import MIN_RUN_UID
+
+if TYPE_CHECKING:
+    import psutil
 
 MAX_ROUNDS = 50
 _FIRST_PAUSE_S = 0.001
@@ -34,6 +36,8 @@ def sweep(uid: int, *, max_rounds: int = MAX_ROUNDS) -> list[int]:
     """
     if uid < MIN_RUN_UID:
         raise ValueError("refusing to sweep a system uid (< 1000)")
+    import psutil  # noqa: PLC0415  (loaded at the first sweep, see owned_by)
+
     killed: list[int] = []
     pause = _FIRST_PAUSE_S
     for _ in range(max_rounds):
@@ -52,6 +56,10 @@ def sweep(uid: int, *, max_rounds: int = MAX_ROUNDS) -> list[int]:
 
 def owned_by(uid: int) -> list[psutil.Process]:
     """Live (non-zombie) processes with `uid` as real, effective or saved uid."""
+    # psutil loads at the first sweep, not with the sandbox: about 10 ms of CPU at every start of a gateway,
+    # which may never sweep (a run with a cgroup, or a rootless one, does not; decision 109).
+    import psutil  # noqa: PLC0415
+
     found: list[psutil.Process] = []
     for proc in psutil.process_iter(["uids", "status"]):
         uids = proc.info["uids"]

@@ -32,8 +32,6 @@ from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from sandbox.errors import SandboxStartError
 
 DEFAULT_POOL = range(61000, 62000)
@@ -77,13 +75,33 @@ def has_account(uid: int) -> bool:
 
 
 def live_uids() -> set[int]:
-    """Every real, effective or saved uid of a live process."""
+    """Every real, effective or saved uid of a live process (a zombie's too: the `Uid:` line of each
+    /proc/<pid>/status). Read here rather than by psutil's `process_iter`, which takes about twice the
+    CPU for the same lines: the pool scans once a run (decision 109)."""
     owners: set[int] = set()
-    for proc in psutil.process_iter(["uids"]):
-        uids = proc.info["uids"]
-        if uids is not None:
-            owners.update(uids)
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            owners.update(_uids_of(name))
     return owners
+
+
+def _uids_of(pid: str) -> tuple[int, ...]:
+    """The real, effective and saved uid of `pid`; none when it is gone or unreadable (as psutil skips it)."""
+    try:
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    try:
+        status = os.read(fd, 4096)  # `Uid:` comes within the first few hundred bytes, after the short name
+    except OSError:
+        return ()
+    finally:
+        os.close(fd)
+    start = status.find(b"\nUid:")
+    if start < 0:
+        return ()
+    end = status.find(b"\n", start + 1)
+    return tuple(int(field) for field in status[start + len(b"\nUid:") : end].split()[:3])
 
 
 def default_lock_dir() -> Path:
@@ -127,7 +145,7 @@ class UidPool:
         with self._lock:
             if self._reserve is None:
                 # A run is going: a failure here is not its failure. The next acquire scans again, and says so.
-                with contextlib.suppress(SandboxStartError, OSError, psutil.Error):
+                with contextlib.suppress(SandboxStartError, OSError):
                     self._reserve = self._take()
 
     def _take(self) -> RunIdentity:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import resource
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -254,17 +253,35 @@ def test_a_uid_set_aside_stays_locked_until_a_run_of_this_gateway_takes_it(tmp_p
     assert other_gateway.acquire().uid == reserved.uid
 
 
+# As root, one process whose real, effective or saved uid alone (argv[1]) is the busy one, named with a forged
+# `Uid:` line (a run's process may rename itself: the kernel escapes the newline, so the scan reads the true one).
+HOLDS_ONE_UID = """
+import os, sys, time
+with open("/proc/self/comm", "w") as comm:
+    comm.write("\\nUid:\\t0\\t0\\t0")
+uid = int(sys.argv[2])
+os.setresuid(*(uid if field == sys.argv[1] else 0 for field in ("real", "effective", "saved")))
+print(flush=True)
+time.sleep(30)
+"""
+
+
 @requires_root
-def test_a_uid_with_a_live_process_is_never_set_aside(tmp_path: Path) -> None:
+@pytest.mark.parametrize("field", ["real", "effective", "saved"])
+def test_a_uid_with_a_live_process_is_never_set_aside(tmp_path: Path, field: str) -> None:
     busy = 62970
-    sleeper = subprocess.Popen(["setpriv", f"--reuid={busy}", f"--regid={busy}", "--clear-groups", "sleep", "30"])
+    sleeper = subprocess.Popen(
+        ["/usr/bin/python3", "-I", "-c", HOLDS_ONE_UID, field, str(busy)], stdout=subprocess.PIPE
+    )
     try:
-        deadline = time.monotonic() + 10
-        while busy not in identity.live_uids() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert sleeper.stdout is not None
+        assert sleeper.stdout.readline() == b"\n", "the sleeper is up, its uid set"
+        assert busy in identity.live_uids()
         pool = UidPool(range(busy, busy + 2), lock_dir=tmp_path)
         pool.refill()
         assert pool.acquire().uid == busy + 1
     finally:
         sleeper.kill()
         sleeper.wait()
+        if sleeper.stdout is not None:
+            sleeper.stdout.close()

@@ -21,10 +21,13 @@ from sandbox.limits import BACKENDS, Backend
 from sandbox.runner import KilledBy
 from tests.sandbox.confined_child import PYTHON, leased_identity, requires_root, shared_dir
 
-# A setsid daemon that sleeps (RLIMIT_CPU never fires) and one that spins, then the command sleeps on.
-DAEMONS = """
+
+def daemons(*spins: bool) -> str:
+    """A command that starts one setsid daemon per entry (True: it spins; False: it sleeps, RLIMIT_CPU never fires),
+    says "started" and sleeps on."""
+    return f"""
 import os, sys, time
-for spin in (False, True):
+for spin in {spins!r}:
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
@@ -36,6 +39,15 @@ for spin in (False, True):
 print("started", flush=True)
 time.sleep(600)
 """
+
+
+DAEMONS = daemons(False, True)
+SLEEPING_DAEMON = daemons(False)
+"""For the tests that wait out a watchdog's deadline: a spinner there would burn a core up to the deadline (3-5 s)
+and prove nothing the sleeper does not. The namespace's end takes a running process as it takes a sleeping one (a
+spinner's end is `test_daemons_die_with_the_run_and_its_end_comes_back_as_it_was`), and in a run RLIMIT_CPU (the
+timeout plus one second) ends a spinner with a core of its own before the watchdog's deadline (the timeout plus its
+grace): it is the limit, not the watchdog, that a spinner there would see."""
 
 
 def limits(backend: Backend = "native", timeout_s: float = 20) -> Limits:
@@ -70,7 +82,8 @@ def processes_of(uid: int) -> list[psutil.Process]:
 
 
 def spawn_supervised(supervisor: pidns.RunSupervisor, who: RunIdentity) -> subprocess.Popen[bytes]:
-    """DAEMONS under `supervisor`, dropped to `who`, in the order the runner's preexec_fn takes; its first line read."""
+    """SLEEPING_DAEMON under `supervisor`, dropped to `who`, in the order the runner's preexec_fn takes; its first
+    line read."""
 
     def preexec() -> None:
         supervisor.enter()
@@ -80,7 +93,7 @@ def spawn_supervised(supervisor: pidns.RunSupervisor, who: RunIdentity) -> subpr
         supervisor.fork()
 
     process = subprocess.Popen(
-        [PYTHON, "-I", "-c", DAEMONS],
+        [PYTHON, "-I", "-c", SLEEPING_DAEMON],
         preexec_fn=preexec,  # noqa: PLW1509  (pytest is single-threaded here)
         stdout=subprocess.PIPE,
         start_new_session=True,
@@ -248,7 +261,7 @@ def marked(marker: str) -> list[int]:
 def test_the_watchdog_ends_a_run_whose_gateway_is_stuck(backend: Backend) -> None:
     """The gateway's event loop blocks (a database lock, say): its timer cannot fire, the watchdog's does."""
     marker = f"mcp-stuck-{os.getpid()}-{backend}"
-    code = f"# {marker}\n" + DAEMONS
+    code = f"# {marker}\n" + SLEEPING_DAEMON
     seen: dict[str, object] = {}
 
     async def main(folder: Path) -> RunResult:
@@ -268,7 +281,7 @@ def test_the_watchdog_ends_a_run_whose_gateway_is_stuck(backend: Backend) -> Non
             began = time.monotonic()  # the watchdog starts later than this: it cannot end the run before
             group.start_soon(run_it)
             with anyio.fail_after(10):
-                while len(marked(marker)) < 3:
+                while len(marked(marker)) < 2:  # the command and its daemon
                     await anyio.sleep(0.05)
             # The point: the loop is stuck (blocking sleeps, never an await) from here on, for as long as before
             # at most; it looks for the run's processes only once the watchdog's deadline can have passed.

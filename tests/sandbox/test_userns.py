@@ -21,6 +21,7 @@ import pytest
 
 from sandbox.backends import landlock
 from sandbox.backends.userns import UserNamespace, probe_entry
+from sandbox.limits import SUPERVISOR_PROCESSES
 from tests.harness import REPO, enterable_by_everyone
 from tests.sandbox.confined_child import requires_root
 
@@ -96,7 +97,8 @@ def test_a_rootless_run_is_the_users_uid_in_its_own_namespaces_with_its_scratch_
 
 
 def test_the_process_limit_counts_the_runs_processes_not_the_users_others(folder: Path) -> None:
-    # 40 processes of the same uid outside the run, a limit of 12 inside: the run still forks, and stops at its limit.
+    # As many processes of the same uid outside the run as its whole limit (12 and its two supervisors): were they
+    # counted, its first fork would be refused (made 0). The run still forks, and stops at its limit.
     code = (
         "import os, time\n"
         "made = 0\n"
@@ -106,7 +108,7 @@ def test_the_process_limit_counts_the_runs_processes_not_the_users_others(folder
         "    made += 1\n"
         "print(made)\n"
     )
-    with sleepers(40):
+    with sleepers(12 + SUPERVISOR_PROCESSES["native"]):
         outcome = rootless_run(folder, code, processes=12)
     made = int(outcome["stdout"])
     # 12 for the suite plus the two supervisors: the command itself and 11 children at most.
