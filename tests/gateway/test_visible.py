@@ -149,9 +149,9 @@ def test_escaping_a_long_text_takes_milliseconds() -> None:
     take a second (character by character it took 0.9 s; with one pattern about 30 ms)."""
     visible("warm")
     text = "ação ✓ 日本語 😀 passed\n" * 48_000  # 1 MiB: four cards' worth
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU, not wall: a busy machine (load 15) took 2.45 s of wall
     assert visible(text, lines=True) == text
-    assert time.perf_counter() - started < 2.0  # coarse, for a busy machine: character by character, 3.6 s idle
+    assert time.thread_time() - started < 2.0  # character by character, 3.6 s
 
 
 def test_prints_is_the_rule_for_one_character() -> None:
