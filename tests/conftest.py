@@ -33,6 +33,7 @@ SERIAL_GROUPS = {
     "tests/e2e/test_console.py": "console",  # one Chromium and one console for the module (its screenshots too)
     "tests/e2e/test_fleet.py": "fleet",  # one fleet of 16 gateways per engine for the module: starting one is most of its time
     "tests/e2e/test_database_saturation.py": "saturation",  # 100 calls behind a held lock, timed: one engine at a time
+    "tests/gateway/test_layers.py": "layers",  # the import graph, parsed once a process (0.3 s of CPU), read by five tests
 }
 """The tests that share one resource with each other, by where they are: `make test` runs the
 suite in parallel (pytest-xdist), and each group goes whole to one worker, in order, while every
