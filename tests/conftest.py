@@ -55,7 +55,6 @@ SLOW_FIRST = (
     "tests/sandbox/test_leftovers.py",  # 3.2 s: the sweep while folders vanish
     "tests/sandbox/test_server.py",  # 3.1 s: a server living past its timeout
     "tests/gateway/test_server_progress_refusals.py",  # 3.1 s: consent timeouts
-    "tests/gateway/test_cli_start_up.py",  # 3.0 s: fresh interpreters
     "tests/gateway/test_budget.py",  # 2.8 s: racing processes
     "tests/gateway/test_server_permission_bounds.py",  # 2.8 s
     "tests/sandbox/test_workspace_runs.py",  # 2.6 s: sandboxed runs
