@@ -194,7 +194,7 @@ def _helper_main() -> list[str] | None:
     import gateway.cli
 
     with gateway.cli.imports_without_gc():  # as `main` imports them
-        for name in PRELOADED:
+        for name in PRELOADED if sys.argv[2:] != ["bare"] else ():
             __import__(name)
     _commands_modules.extend(sorted(sys.modules))
     _send(sock, {"ready": True})
@@ -205,10 +205,11 @@ def _helper_main() -> list[str] | None:
 
 
 class _Helper:
-    def __init__(self) -> None:
+    def __init__(self, *, bare: bool = False) -> None:
+        """bare: nothing imported ahead (a test of the helper itself); each child then imports what it runs."""
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.forked_gateway", str(theirs.fileno())],
+            [sys.executable, "-m", "tests.forked_gateway", str(theirs.fileno()), *(["bare"] if bare else [])],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             cwd=REPO,
