@@ -367,7 +367,9 @@ def test_a_worker_that_dies_fails_its_test_naming_how_and_its_units_rest_runs_on
         ("test_hangs_past_its_timeout", "exited with status 1"),  # pytest-timeout's os._exit(1)
     ):
         assert re.search(rf"_ {name} _+\nforked worker \d+ \(pid \d+\) {how} while running this test\n", output), output
-        assert re.search(rf"FAILED \S*tests/rootless/test_crashing.py::{name}( - .*)?\n", output), output  # as wide as COLUMNS
+        assert re.search(rf"FAILED \S*tests/rootless/test_crashing.py::{name}( - .*)?\n", output), (
+            output
+        )  # as wide as COLUMNS
     assert "Timeout" in output, output  # pytest-timeout's stack dump, from the worker it ends
     for name in ("test_before", "test_after"):
         assert re.search(rf"PASSED \S*tests/rootless/test_crashing.py::{name}\n", output), output
