@@ -33,6 +33,7 @@ SERIAL_GROUPS = {
     "tests/e2e/test_console.py": "console",  # one Chromium and one console for the module (its screenshots too)
     "tests/e2e/test_fleet.py": "fleet",  # one fleet of 16 gateways per engine for the module: starting one is most of its time
     "tests/e2e/test_database_saturation.py": "saturation",  # 100 calls behind a held lock, timed: one engine at a time
+    "tests/gateway/test_layers.py": "layers",  # the import graph, parsed once a process (0.3 s of CPU), read by five tests
 }
 """The tests that share one resource with each other, by where they are: `make test` runs the
 suite in parallel (pytest-xdist), and each group goes whole to one worker, in order, while every
@@ -54,7 +55,6 @@ SLOW_FIRST = (
     "tests/sandbox/test_leftovers.py",  # 3.2 s: the sweep while folders vanish
     "tests/sandbox/test_server.py",  # 3.1 s: a server living past its timeout
     "tests/gateway/test_server_progress_refusals.py",  # 3.1 s: consent timeouts
-    "tests/gateway/test_cli_start_up.py",  # 3.0 s: fresh interpreters
     "tests/gateway/test_budget.py",  # 2.8 s: racing processes
     "tests/gateway/test_server_permission_bounds.py",  # 2.8 s
     "tests/sandbox/test_workspace_runs.py",  # 2.6 s: sandboxed runs

@@ -19,6 +19,10 @@ What only a real start shows keeps `python -m gateway` (see docs/decisions/0076-
 tests/e2e/test_cli.py and tests/e2e/test_smoke.py compare forked and started answers. With
 MCP_GATEWAY_TEST_FORK=off every command starts `python -m gateway`.
 
+The helper also answers what it holds (`loaded_modules`): the modules of a new interpreter after a short
+command's imports, and after `serve`'s too; tests/gateway/test_cli_start_up.py reads them there, where an
+interpreter of its own imported the same again (1.2 s of CPU).
+
 The helper is single-threaded (a fork copies only the calling thread: it checks before each one),
 reaps its children as they end, and exits when its pytest process closes the socket or dies
 (PR_SET_PDEATHSIG), killing the children still running.
@@ -132,6 +136,11 @@ def _serve(sock: socket.socket) -> list[str] | None:
             request = lines.read()
             if request is None:
                 return None
+            if request.get("modules"):
+                import gateway.server  # as before the first serve, if none came yet
+
+                _send(sock, {"modules": {"commands": _commands_modules, "serve": sorted(sys.modules)}})
+                continue
             fds = lines.fds[:3]
             del lines.fds[:3]
             if request.get("serve"):
@@ -174,6 +183,8 @@ def _serve(sock: socket.socket) -> list[str] | None:
 
 
 _helper_pid: list[int] = []
+_commands_modules: list[str] = []
+"""What the helper held once it had imported what every command imports (`PRELOADED`), before anything else."""
 
 
 def _helper_main() -> list[str] | None:
@@ -183,8 +194,9 @@ def _helper_main() -> list[str] | None:
     import gateway.cli
 
     with gateway.cli.imports_without_gc():  # as `main` imports them
-        for name in PRELOADED:
+        for name in PRELOADED if sys.argv[2:] != ["bare"] else ():
             __import__(name)
+    _commands_modules.extend(sorted(sys.modules))
     _send(sock, {"ready": True})
     return _serve(sock)
 
@@ -193,10 +205,11 @@ def _helper_main() -> list[str] | None:
 
 
 class _Helper:
-    def __init__(self) -> None:
+    def __init__(self, *, bare: bool = False) -> None:
+        """bare: nothing imported ahead (a test of the helper itself); each child then imports what it runs."""
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.forked_gateway", str(theirs.fileno())],
+            [sys.executable, "-m", "tests.forked_gateway", str(theirs.fileno()), *(["bare"] if bare else [])],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             cwd=REPO,
@@ -209,7 +222,8 @@ class _Helper:
             self.close()
             raise RuntimeError(f"the gateway fork helper did not start: {ready!r}")
         self.lock = threading.Lock()
-        """Held from a request's sending to its pid's arrival: the next `pid` message is that request's."""
+        """Held from a request's sending to its answer's arrival: the next `pid`, `error` or `modules` message is
+        that request's."""
         self.started: list[dict[str, Any] | None] = []
         self.started_ready = threading.Condition()
         self.ended: dict[int, int] = {}
@@ -223,7 +237,7 @@ class _Helper:
                 message = lines.read()
             except OSError:
                 message = None
-            if message is None or "pid" in message or "error" in message:
+            if message is None or "pid" in message or "error" in message or "modules" in message:
                 with self.started_ready:
                     self.started.append(message)
                     self.started_ready.notify_all()
@@ -236,17 +250,28 @@ class _Helper:
                     self.ended[message["ended"]] = message["returncode"]
                     self.ended_ready.notify_all()
 
-    def fork(self, request: Mapping[str, Any], fds: Sequence[int]) -> int:
+    def _ask(self, request: Mapping[str, Any], fds: Sequence[int] = ()) -> dict[str, Any] | None:
+        """Send `request`; the helper's answer to it (None if the helper ended)."""
         with self.lock:
             _send(self.sock, request, fds)
             with self.started_ready:
                 while not self.started:
                     self.started_ready.wait()
-                answer = self.started.pop(0)
+                return self.started.pop(0)
+
+    def fork(self, request: Mapping[str, Any], fds: Sequence[int]) -> int:
+        answer = self._ask(request, fds)
         if answer is None or "pid" not in answer:
             raise RuntimeError(f"the gateway fork helper did not run {request['argv']!r}: {answer!r}")
         pid: int = answer["pid"]
         return pid
+
+    def modules(self) -> dict[str, list[str]]:
+        answer = self._ask({"modules": True})
+        if answer is None or "modules" not in answer:
+            raise RuntimeError(f"the gateway fork helper did not say what it holds: {answer!r}")
+        modules: dict[str, list[str]] = answer["modules"]
+        return modules
 
     def returncode(self, pid: int, timeout: float | None) -> int | None:
         """The child's exit status once it ended, waiting up to `timeout` s (None: as long as it takes)."""
@@ -289,6 +314,13 @@ def _helper() -> _Helper | None:
             return None  # PR_SET_PDEATHSIG would stop the helper when this thread ends
         _helpers[pid] = _Helper()
     return _helpers[pid]
+
+
+def loaded_modules() -> dict[str, list[str]] | None:
+    """The names in `sys.modules` of this process's helper, a new interpreter, once it had imported what every
+    command imports ("commands"), and then `gateway.server` ("serve"); None where forks are off."""
+    helper = _helper()
+    return None if helper is None else helper.modules()
 
 
 def stop_helper() -> None:

@@ -239,9 +239,12 @@ class PinStore:
                 _lock_upstream(connection, upstream)
                 rows = _rows(connection, upstream)
                 _check_room(upstream, rows, listed)
+                firsts = [_first_sight(upstream, name, seen, now) for name, seen in listed.items() if name not in rows]
+                if firsts:  # one statement for them all: a server's first listing is up to MAX_LISTED_TOOLS
+                    connection.execute(insert(db.tool_pins), firsts)
                 for name, seen in listed.items():
-                    event = _apply(connection, upstream, name, seen, row=rows.get(name), now=now)
-                    if event is not None:
+                    row = rows.get(name)
+                    if row is not None and (event := _apply(connection, upstream, name, seen, row=row, now=now)):
                         drafts.append(event)
                 if drafts:  # committed with the rows that withhold the tools, or not at all
                     self._audit.append_within(connection, *drafts)
@@ -335,26 +338,27 @@ def _at(upstream: str, tool: str) -> Any:
     return update(db.tool_pins).where(db.tool_pins.c.upstream == upstream, db.tool_pins.c.tool == tool)
 
 
-def _apply(
-    connection: Connection, upstream: str, name: str, seen: _Seen, *, row: RowMapping | None, now: float
-) -> EventDraft | None:
-    """Bring one tool's row up to what the server listed; the event to write, if this was a change."""
+def _first_sight(upstream: str, name: str, seen: _Seen, now: float) -> dict[str, Any]:
+    """The row of a tool seen for the first time: pinned, or refused when its definition cannot be pinned."""
     stored = None if seen.refused is not None else canonical_json(seen.definition)
-    if row is None:
-        connection.execute(
-            insert(db.tool_pins).values(
-                upstream=upstream,
-                tool=name,
-                state=(PinState.PINNED if stored is not None else PinState.REFUSED).value,
-                pinned=stored,
-                pinned_sha256=seen.digest if stored is not None else None,
-                seen_sha256=None if stored is not None else seen.digest,
-                reason=seen.refused,
-                first_seen_at=now,
-                pinned_at=now if stored is not None else None,
-            )
-        )
-        return None
+    return {
+        "upstream": upstream,
+        "tool": name,
+        "state": (PinState.PINNED if stored is not None else PinState.REFUSED).value,
+        "pinned": stored,
+        "pinned_sha256": seen.digest if stored is not None else None,
+        "seen_sha256": None if stored is not None else seen.digest,
+        "reason": seen.refused,
+        "first_seen_at": now,
+        "pinned_at": now if stored is not None else None,
+    }
+
+
+def _apply(
+    connection: Connection, upstream: str, name: str, seen: _Seen, *, row: RowMapping, now: float
+) -> EventDraft | None:
+    """Bring a known tool's row up to what the server listed; the event to write, if this was a change."""
+    stored = None if seen.refused is not None else canonical_json(seen.definition)
     pinned_sha256 = row["pinned_sha256"]
     if seen.digest == pinned_sha256:
         if row["state"] != PinState.PINNED:  # back to what was accepted: offered as pinned again

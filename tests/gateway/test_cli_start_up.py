@@ -14,6 +14,7 @@ import pytest
 
 from gateway.cli import COMMAND_MODULES, imports_without_gc, main
 from gateway.default_policy import SHIPPED_POLICY
+from tests import forked_gateway
 
 
 @pytest.fixture(autouse=True)
@@ -62,19 +63,25 @@ def test_each_long_running_commands_module_imports(command: str) -> None:
 
 @pytest.fixture(scope="module")
 def fresh_imports() -> dict[str, list[str]]:
-    """What a new interpreter holds after importing the short commands' modules ("short": the MCP SDK's, if
-    any), then `serve`'s too ("every": sqlalchemy.orm's, if any). One interpreter for both tests: each import
-    is read once, where two interpreters imported the same CLI modules (1.7 s of CPU in all)."""
-    code = (
-        "import json, sys, gateway.cli.commands, gateway.cli.consent, gateway.pipeline, gateway.services\n"
-        "short = sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types'})\n"
-        "import gateway.server\n"
-        "every = sorted(m for m in sys.modules if 'sqlalchemy.orm' in m)\n"
-        "print(json.dumps({'short': short, 'every': every}))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    loaded: dict[str, list[str]] = json.loads(done.stdout)
-    return loaded
+    """What a new interpreter holds after importing what every command imports ("short": the MCP SDK's, if
+    any), then `serve`'s too ("every": sqlalchemy.orm's, if any). The suite's fork helper is that interpreter
+    (tests/forked_gateway.py), started by this process for the commands it forks: asking it costs nothing,
+    where an interpreter of this fixture's own imported the same again (1.2 s of CPU). With forks off, that
+    interpreter."""
+    loaded = forked_gateway.loaded_modules()
+    if loaded is None:
+        code = (
+            f"import json, sys, {', '.join(forked_gateway.PRELOADED)}\n"
+            "commands = sorted(sys.modules)\n"
+            "import gateway.server\n"
+            "print(json.dumps({'commands': commands, 'serve': sorted(sys.modules)}))"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        loaded = json.loads(done.stdout)
+    return {
+        "short": sorted({name.split(".")[0] for name in loaded["commands"]} & {"mcp", "mcp_types"}),
+        "every": sorted(name for name in loaded["serve"] if "sqlalchemy.orm" in name),
+    }
 
 
 def test_a_short_command_never_loads_the_mcp_sdk(fresh_imports: dict[str, list[str]]) -> None:

@@ -26,6 +26,15 @@ OUTSIDE = re.compile(
     """,
     re.IGNORECASE | re.VERBOSE,
 )
+WORDS = ("spec", "issue", "item", "acceptance", "research", "seed", "shared/")
+"""A word that each of OUTSIDE's alternatives holds: a file or line without any is not searched (the pattern
+over every line of the repository took 0.3 s of CPU, with the words first 0.1 s). A new alternative
+needs its word here; the pattern's test runs its examples through `points_outside`, which looks for them."""
+
+
+def points_outside(text: str) -> bool:
+    folded = text.casefold()  # as IGNORECASE matches: the long s (U+017F) is an s to the pattern too
+    return any(word in folded for word in WORDS) and OUTSIDE.search(text) is not None
 
 
 def checked_files() -> list[Path]:
@@ -50,10 +59,13 @@ def relative(path: Path) -> str:
 def citations(path: Path) -> list[str]:
     """`file:line: text` for each line of `path` that points outside the repository."""
     text = path.read_text(encoding="utf-8", errors="replace")
+    folded = text.casefold()
+    if not any(word in folded for word in WORDS):
+        return []
     return [
         f"{relative(path)}:{number}: {line.strip()}"
         for number, line in enumerate(text.splitlines(), 1)
-        if OUTSIDE.search(line)
+        if points_outside(line)
     ]
 
 
@@ -80,8 +92,8 @@ def test_the_pattern_finds_each_kind_of_outside_pointer_and_leaves_the_repositor
         "FUZZ_SEED",
         "an outside review's cases",
     ]
-    assert [text for text in outside if not OUTSIDE.search(text)] == []
-    assert [text for text in inside if OUTSIDE.search(text)] == []
+    assert [text for text in outside if not points_outside(text)] == []
+    assert [text for text in inside if points_outside(text)] == []
 
 
 def test_no_file_cites_material_outside_the_repository() -> None:
