@@ -11,11 +11,18 @@ exists so that a mistake of tree-sitter's fails toward deny or ask.
 
 from __future__ import annotations
 
+import re
+
 from gateway.rules.shell.words import SimpleCommand, Word, WordBuilder, decode_ansi_c
 
 _METACHARACTERS = " \t\n;&|()<>"
 _REDIRECTIONS = ("&>>", "<<<", "<<-", "&>", ">>", ">|", ">&", "<&", "<>", "<<", "<", ">")
 _SPECIAL_PARAMETERS = "@*#?$!-0123456789"
+_PLAIN = re.compile(r"[^\\'\"$`<>&;|() \t\n#]+")
+"""A run of characters that are plain word characters wherever they stand (`#` only after a word's start:
+left to the loop)."""
+_PLAIN_QUOTED = re.compile(r"[^\\\"$`]+")
+"""A run of characters that are plain in double quotes."""
 
 
 def lex(text: str) -> tuple[list[SimpleCommand], list[str]]:
@@ -43,7 +50,11 @@ class _Lexer:
         s, n = self.s, len(self.s)
         while self.i < n:
             c = s[self.i]
-            if c == "\\":
+            plain = _PLAIN.match(s, self.i)
+            if plain is not None:  # most of a command: added as one run, not character by character
+                self.word.add(plain.group(), quoted=False)
+                self.i = plain.end()
+            elif c == "\\":
                 if s.startswith("\\\n", self.i):
                     self.i += 2
                 else:
@@ -101,7 +112,11 @@ class _Lexer:
             c = s[i]
             if closing is not None and c == closing:
                 return i + 1
-            if c == "\\" and i + 1 < n:
+            plain = _PLAIN_QUOTED.match(s, i)
+            if plain is not None:
+                word.add(plain.group(), quoted=True)
+                i = plain.end()
+            elif c == "\\" and i + 1 < n:
                 nxt = s[i + 1]
                 if nxt == "\n":
                     pass

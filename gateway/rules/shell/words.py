@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 Char = tuple[str, bool]
 """A character of a word and whether it was quoted (quoted characters are never special).
@@ -77,8 +78,12 @@ def literal_word(text: str) -> Word:
 
 
 def word_of(chars: tuple[Char, ...]) -> Word:
-    text = "".join(ch for ch, _ in chars)
-    globbing = EXPANSION not in chars and any(ch in "*?[" and not q for ch, q in chars)
+    text = "".join(map(itemgetter(0), chars))
+    globbing = (
+        ("*" in text or "?" in text or "[" in text)  # most words hold none: skip the per-character look
+        and EXPANSION not in chars
+        and any(ch in "*?[" and not q for ch, q in chars)
+    )
     return Word(text, chars, _glob(chars) if globbing else None)
 
 
@@ -90,7 +95,7 @@ class WordBuilder:
     started: bool = False
 
     def add(self, text: str, *, quoted: bool) -> None:
-        self.chars.extend((ch, quoted) for ch in text)
+        self.chars.extend(zip(text, itertools.repeat(quoted)))
         self.started = True
 
     def add_unknown(self) -> None:
@@ -111,6 +116,8 @@ def expand_braces(chars: tuple[Char, ...]) -> list[tuple[Char, ...]]:
     out: list[tuple[Char, ...]] = []
     if len(chars) > MAX_BRACE_CHARS and any(c == ("{", False) for c in chars):
         raise Unreadable(f"a word of more than {MAX_BRACE_CHARS} characters holds braces to expand")
+    if ("{", False) not in chars or (",", False) not in chars:
+        return [chars]  # nothing to expand (the usual word): skip the one-pass look below
     pending = [chars]
     while pending and len(out) + len(pending) <= _MAX_BRACE_WORDS:
         word = pending.pop(0)
