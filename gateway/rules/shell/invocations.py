@@ -18,6 +18,7 @@ never allowed by a rule. Reading is bounded (the MAX_ values below): past a boun
 from __future__ import annotations
 
 import fnmatch
+import operator
 import re
 import time
 from collections.abc import Sequence
@@ -261,4 +262,9 @@ def _output(command: SimpleCommand) -> list[str]:
 
 
 def _key(invocation: Invocation) -> tuple[object, ...]:
-    return (invocation.path.text, *((w.text, w.known, w.pattern is not None) for w in invocation.words))
+    return (invocation.path.text, *map(_WORD_KEY, invocation.words))
+
+
+_WORD_KEY = operator.attrgetter("text", "known", "pattern")
+"""What rules can tell of a word: its text, whether it is known, and the values it may take (`"*"*` and
+`*"*"` are both `**`, but only the first may be `*a`)."""

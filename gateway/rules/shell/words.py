@@ -42,11 +42,12 @@ class Word:
     chars: tuple[Char, ...] = ()
     pattern: Glob | None = field(default=None, compare=False)
     """Set when the word holds unquoted glob characters: the values it can take."""
+    known: bool = field(init=False, compare=False)
+    """False when the word holds an expansion (`$x`, `$(...)`, ...): its value is decided when it runs.
+    Set once here: each reading asks it of every word at each wrapper."""
 
-    @property
-    def known(self) -> bool:
-        """False when the word holds an expansion (`$x`, `$(...)`, ...): its value is decided when it runs."""
-        return EXPANSION not in self.chars
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "known", EXPANSION not in self.chars)
 
     def may_be(self, literal: str) -> bool:
         """Whether this word can be `literal` when the command runs (any value, if it holds an expansion)."""
