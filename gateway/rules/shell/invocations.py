@@ -54,7 +54,7 @@ _SEPARATORS = re.compile(r"&&|\|\||;|\||&|\n")  # no `\s*` around: it backtracks
 _SKIPPED = frozenset({"{", "}", "(", ")", "!", "then", "do", "else", "elif", "if", "while", "until", "fi", "done",
                       "esac", "nocorrect", "noglob"})  # fmt: skip
 _NOT_COMMANDS = frozenset({"for", "select", "case", "in", "[[", "]]", "((", "))"})
-_SUBSTITUTIONS = ("$(", "`", "<(", ">(")
+_SUBSTITUTION = re.compile(r"\$\(|`|<\(|>\(")
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +186,7 @@ class _Reader:
     def command(self, found: SimpleCommand, depth: int) -> None:
         self.charge(len(found.words))
         for word in found.words:  # assignments too: `PS4='$(rm x)'`, `declare -i n; n='a[$(rm x)]'`
-            if word.known and any(s in word.text for s in _SUBSTITUTIONS):
+            if word.known and _SUBSTITUTION.search(word.text):
                 self.read(word.text, depth + 1)
             for text in assigned_code(word):  # `PROMPT_COMMAND='rm x'`, `env 'BASH_FUNC_ls%%=() { rm x; }'`
                 self.read(text, depth + 1)

@@ -54,6 +54,9 @@ class _Lexer:
             if plain is not None:  # most of a command: added as one run, not character by character
                 self.word.add(plain.group(), quoted=False)
                 self.i = plain.end()
+            elif c in " \t":  # the next most common: asked before the rarer cases
+                self.end_word()
+                self.i += 1
             elif c == "\\":
                 if s.startswith("\\\n", self.i):
                     self.i += 2
@@ -75,9 +78,6 @@ class _Lexer:
             elif c == "$" and _parameter_end(s, self.i) > self.i + 1:
                 self.i = _parameter_end(s, self.i)
                 self.word.add_unknown()
-            elif c in " \t":
-                self.end_word()
-                self.i += 1
             elif c == "\n":
                 self.end_command()
                 self.i += 1
