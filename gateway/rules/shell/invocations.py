@@ -262,9 +262,16 @@ def _output(command: SimpleCommand) -> list[str]:
 
 
 def _key(invocation: Invocation) -> tuple[object, ...]:
-    return (invocation.path.text, *map(_WORD_KEY, invocation.words))
+    """What rules can tell of its words: their text, whether each is known, and the values each may take
+    (`"*"*` and `*"*"` are both `**`, but only the first may be `*a`). Three tuples, not one per word: a
+    reading makes a key per wrapper of a long chain."""
+    words = invocation.words
+    return (
+        invocation.path.text,
+        tuple(map(_TEXT, words)),
+        tuple(map(_KNOWN, words)),
+        tuple(map(_PATTERN, words)),
+    )
 
 
-_WORD_KEY = operator.attrgetter("text", "known", "pattern")
-"""What rules can tell of a word: its text, whether it is known, and the values it may take (`"*"*` and
-`*"*"` are both `**`, but only the first may be `*a`)."""
+_TEXT, _KNOWN, _PATTERN = operator.attrgetter("text"), operator.attrgetter("known"), operator.attrgetter("pattern")

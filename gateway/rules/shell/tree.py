@@ -17,7 +17,7 @@ import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
 from gateway.rules.shell.lexer import substitution
-from gateway.rules.shell.words import SimpleCommand, Word, WordBuilder, decode_ansi_c, literal_word
+from gateway.rules.shell.words import SimpleCommand, Word, WordBuilder, decode_ansi_c, literal_word, unquoted_words
 
 _BASH = Language(tree_sitter_bash.language())
 _NOT_WORDS = frozenset({"variable_assignment", "variable_assignments", "file_redirect", "heredoc_redirect",
@@ -101,6 +101,10 @@ def _heredocs(statement: Node, source: bytes) -> list[str]:
 
 
 def _words(node: Node, source: bytes) -> list[Word]:
+    if node.type == "word":
+        text = _text(node, source)
+        if _PLAIN.fullmatch(text):  # most arguments: no builder to feed character runs
+            return unquoted_words(text)
     builder = WordBuilder()
     _feed(node, builder, source)
     return builder.take()

@@ -112,6 +112,11 @@ class WordBuilder:
         return [word_of(c) for c in expand_braces(chars)]
 
 
+def unquoted_words(text: str) -> list[Word]:
+    """The words a WordBuilder fed only `text`, unquoted, takes: one, or its brace expansion."""
+    return [word_of(c) for c in expand_braces(tuple(zip(text, itertools.repeat(False))))]
+
+
 def expand_braces(chars: tuple[Char, ...]) -> list[tuple[Char, ...]]:
     """Bash's `a{b,c}d` -> `abd acd` on unquoted braces holding a comma (bounded); else the word as is."""
     out: list[tuple[Char, ...]] = []
