@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -96,7 +97,7 @@ class WordBuilder:
     started: bool = False
 
     def add(self, text: str, *, quoted: bool) -> None:
-        self.chars.extend(zip(text, itertools.repeat(quoted)))
+        self.chars.extend(_chars(text, quoted=quoted))
         self.started = True
 
     def add_unknown(self) -> None:
@@ -114,7 +115,18 @@ class WordBuilder:
 
 def unquoted_words(text: str) -> list[Word]:
     """The words a WordBuilder fed only `text`, unquoted, takes: one, or its brace expansion."""
-    return [word_of(c) for c in expand_braces(tuple(zip(text, itertools.repeat(False))))]
+    return [word_of(c) for c in expand_braces(tuple(_chars(text, quoted=False)))]
+
+
+def _chars(text: str, *, quoted: bool) -> Iterator[Char]:
+    """Each character of `text` with `quoted`; an ASCII one as a shared pair (a long command's characters are
+    not each a new object for the collector to walk)."""
+    if text.isascii():
+        return map(_ASCII_CHARS[quoted].__getitem__, text)
+    return zip(text, itertools.repeat(quoted))
+
+
+_ASCII_CHARS = {quoted: {chr(i): (chr(i), quoted) for i in range(128)} for quoted in (False, True)}
 
 
 def expand_braces(chars: tuple[Char, ...]) -> list[tuple[Char, ...]]:
