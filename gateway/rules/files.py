@@ -176,9 +176,13 @@ def _join(base: str, prefix: str) -> str:
 
 
 def _ancestry(relative: str) -> list[str]:
-    """The path and every folder above it within the workspace (`a/b/c`: `a/b/c`, `a/b`, `a`)."""
-    parts = PurePosixPath(relative).parts
-    return [str(PurePosixPath(*parts[:n])) for n in range(len(parts), 0, -1)] or [relative]
+    """The path and every folder above it within the workspace (`a/b/c`: `a/b/c`, `a/b`, `a`). The parts
+    are joined as strings: a PurePosixPath per folder parsed the whole path again (quadratic in its parts)."""
+    path = PurePosixPath(relative)
+    parts = path.parts
+    if path.anchor:  # not a workspace-relative path: pathlib writes its root (`/`, `//`)
+        return [str(PurePosixPath(*parts[:n])) for n in range(len(parts), 0, -1)]
+    return ["/".join(parts[:n]) for n in range(len(parts), 0, -1)] or [relative]
 
 
 def _inside(spec: str, relative: str) -> bool:
@@ -210,6 +214,8 @@ def _covers_tree(spec: str, relative: str) -> bool:
 
 
 def path_matches(spec: str, relative: str) -> bool:
+    if not hasattr(PurePosixPath, "full_match"):  # Python < 3.13: no PurePosixPath to build (each parses the path)
+        return _glob(spec, relative)
     path = PurePosixPath(relative)
     return path.full_match(spec) if hasattr(path, "full_match") else _glob(spec, relative)
 

@@ -18,6 +18,7 @@ never allowed by a rule. Reading is bounded (the MAX_ values below): past a boun
 from __future__ import annotations
 
 import fnmatch
+import operator
 import re
 import time
 from collections.abc import Sequence
@@ -53,7 +54,7 @@ _SEPARATORS = re.compile(r"&&|\|\||;|\||&|\n")  # no `\s*` around: it backtracks
 _SKIPPED = frozenset({"{", "}", "(", ")", "!", "then", "do", "else", "elif", "if", "while", "until", "fi", "done",
                       "esac", "nocorrect", "noglob"})  # fmt: skip
 _NOT_COMMANDS = frozenset({"for", "select", "case", "in", "[[", "]]", "((", "))"})
-_SUBSTITUTIONS = ("$(", "`", "<(", ">(")
+_SUBSTITUTION = re.compile(r"\$\(|`|<\(|>\(")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,7 @@ def _check_size(command: str) -> None:
         raise _Exceeded(
             f"the command is {len(command)} characters long, over the {MAX_COMMAND_CHARS} the gateway reads"
         )
-    if sum(1 for _ in zip(_TOKENS.finditer(command), range(MAX_WORDS + 1), strict=False)) > MAX_WORDS:
+    if len(_TOKENS.findall(command)) > MAX_WORDS:  # at most 32,768 within the length bound
         raise _Exceeded(f"the command has more than {MAX_WORDS} words")
 
 
@@ -185,7 +186,7 @@ class _Reader:
     def command(self, found: SimpleCommand, depth: int) -> None:
         self.charge(len(found.words))
         for word in found.words:  # assignments too: `PS4='$(rm x)'`, `declare -i n; n='a[$(rm x)]'`
-            if word.known and any(s in word.text for s in _SUBSTITUTIONS):
+            if word.known and _SUBSTITUTION.search(word.text):
                 self.read(word.text, depth + 1)
             for text in assigned_code(word):  # `PROMPT_COMMAND='rm x'`, `env 'BASH_FUNC_ls%%=() { rm x; }'`
                 self.read(text, depth + 1)
@@ -261,4 +262,16 @@ def _output(command: SimpleCommand) -> list[str]:
 
 
 def _key(invocation: Invocation) -> tuple[object, ...]:
-    return (invocation.path.text, *((w.text, w.known, w.pattern is not None) for w in invocation.words))
+    """What rules can tell of its words: their text, whether each is known, and the values each may take
+    (`"*"*` and `*"*"` are both `**`, but only the first may be `*a`). Three tuples, not one per word: a
+    reading makes a key per wrapper of a long chain."""
+    words = invocation.words
+    return (
+        invocation.path.text,
+        tuple(map(_TEXT, words)),
+        tuple(map(_KNOWN, words)),
+        tuple(map(_PATTERN, words)),
+    )
+
+
+_TEXT, _KNOWN, _PATTERN = operator.attrgetter("text"), operator.attrgetter("known"), operator.attrgetter("pattern")

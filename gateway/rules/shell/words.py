@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 Char = tuple[str, bool]
 """A character of a word and whether it was quoted (quoted characters are never special).
@@ -41,11 +43,12 @@ class Word:
     chars: tuple[Char, ...] = ()
     pattern: Glob | None = field(default=None, compare=False)
     """Set when the word holds unquoted glob characters: the values it can take."""
+    known: bool = field(init=False, compare=False)
+    """False when the word holds an expansion (`$x`, `$(...)`, ...): its value is decided when it runs.
+    Set once here: each reading asks it of every word at each wrapper."""
 
-    @property
-    def known(self) -> bool:
-        """False when the word holds an expansion (`$x`, `$(...)`, ...): its value is decided when it runs."""
-        return EXPANSION not in self.chars
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "known", EXPANSION not in self.chars)
 
     def may_be(self, literal: str) -> bool:
         """Whether this word can be `literal` when the command runs (any value, if it holds an expansion)."""
@@ -77,8 +80,12 @@ def literal_word(text: str) -> Word:
 
 
 def word_of(chars: tuple[Char, ...]) -> Word:
-    text = "".join(ch for ch, _ in chars)
-    globbing = EXPANSION not in chars and any(ch in "*?[" and not q for ch, q in chars)
+    text = "".join(map(itemgetter(0), chars))
+    globbing = (
+        ("*" in text or "?" in text or "[" in text)  # most words hold none: skip the per-character look
+        and EXPANSION not in chars
+        and any(ch in "*?[" and not q for ch, q in chars)
+    )
     return Word(text, chars, _glob(chars) if globbing else None)
 
 
@@ -90,7 +97,7 @@ class WordBuilder:
     started: bool = False
 
     def add(self, text: str, *, quoted: bool) -> None:
-        self.chars.extend((ch, quoted) for ch in text)
+        self.chars.extend(_chars(text, quoted=quoted))
         self.started = True
 
     def add_unknown(self) -> None:
@@ -106,11 +113,29 @@ class WordBuilder:
         return [word_of(c) for c in expand_braces(chars)]
 
 
+def unquoted_words(text: str) -> list[Word]:
+    """The words a WordBuilder fed only `text`, unquoted, takes: one, or its brace expansion."""
+    return [word_of(c) for c in expand_braces(tuple(_chars(text, quoted=False)))]
+
+
+def _chars(text: str, *, quoted: bool) -> Iterator[Char]:
+    """Each character of `text` with `quoted`; an ASCII one as a shared pair (a long command's characters are
+    not each a new object for the collector to walk)."""
+    if text.isascii():
+        return map(_ASCII_CHARS[quoted].__getitem__, text)
+    return zip(text, itertools.repeat(quoted))
+
+
+_ASCII_CHARS = {quoted: {chr(i): (chr(i), quoted) for i in range(128)} for quoted in (False, True)}
+
+
 def expand_braces(chars: tuple[Char, ...]) -> list[tuple[Char, ...]]:
     """Bash's `a{b,c}d` -> `abd acd` on unquoted braces holding a comma (bounded); else the word as is."""
     out: list[tuple[Char, ...]] = []
     if len(chars) > MAX_BRACE_CHARS and any(c == ("{", False) for c in chars):
         raise Unreadable(f"a word of more than {MAX_BRACE_CHARS} characters holds braces to expand")
+    if ("{", False) not in chars or (",", False) not in chars:
+        return [chars]  # nothing to expand (the usual word): skip the one-pass look below
     pending = [chars]
     while pending and len(out) + len(pending) <= _MAX_BRACE_WORDS:
         word = pending.pop(0)

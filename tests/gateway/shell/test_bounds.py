@@ -74,7 +74,9 @@ def test_three_thousand_xargs_before_rm_is_denied_not_asked() -> None:
         ("nice " * (MAX_WRAPPERS + 1) + "ls", f"more than {MAX_WRAPPERS} wrappers"),
         ("; ".join(f"p{i} x" for i in range(MAX_INVOCATIONS + 1)), f"more than {MAX_INVOCATIONS} programs"),
         ("$(" * (MAX_DEPTH + 2) + "ls" + ")" * (MAX_DEPTH + 2), f"more than {MAX_DEPTH} deep"),
-        ("eval " * 3000 + "ls", "steps"),
+        # just past the steps: nine texts of 16 KB, each inside the last (with 14,000 "a" it is read whole);
+        # `eval ` x 4,000, the costliest reading, is in tests/gateway/test_server_permission_bounds.py
+        ("eval " * 8 + "ls " + "a" * 16_000, "steps"),
         ("echo " + " ".join(f"'$(a{i})'" for i in range(MAX_TEXTS + 1)), f"more than {MAX_TEXTS} texts"),
         ("echo " + "{a,b}" * (MAX_BRACE_CHARS // 5 + 1), f"more than {MAX_BRACE_CHARS} characters holds braces"),
     ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.rules.permissions import Judgement, RuleSet, judge
 from gateway.rules.shell import read_invocations
 from gateway.rules.shell.invocations import MAX_DEPTH
 from gateway.rules.shell.words import WordBuilder, decode_ansi_c, expand_braces, word_of
@@ -42,6 +43,13 @@ def test_a_word_with_glob_characters_may_be_any_value_they_match() -> None:
     word = word_of(chars("/bin/r[mx]")).basename()
     assert word.may_be("rm") and word.may_be("rx") and not word.may_be("ls")
     assert word_of(chars("r*", quoted="*")).may_be("r*") and not word_of(chars("r*", quoted="*")).may_be("rm")
+
+
+@pytest.mark.parametrize("command", ['rm *"*"; rm "*"*', 'rm "*"*; rm *"*"'])
+def test_two_programs_whose_words_read_alike_but_match_differently_are_both_kept(command: str) -> None:
+    """`*"*"` and `"*"*` are both `**`, but only the second may be `*a`: neither reading hides the other."""
+    rules = RuleSet.parse(["Bash(rm *a:*)"], [], ["Bash"])
+    assert judge(rules, "Bash", {"command": command}) == Judgement("deny", "Bash(rm *a:*)")
 
 
 def test_a_word_holding_an_expansion_may_be_anything_but_names_a_program_only_by_its_known_start() -> None:
