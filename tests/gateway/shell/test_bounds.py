@@ -29,7 +29,8 @@ from gateway.rules.shell.words import MAX_BRACE_CHARS
 
 DENY_RM = RuleSet.parse(["Bash(rm:*)"], [], ["Bash"])
 TIME_LIMIT_S = 10.0
-"""Far above what the bounded readers take (under a second on one idle core)."""
+"""Far above what the bounded readers take (under a second on one idle core). The bounds here are on the reading
+thread's CPU time, not the wall clock: a busy machine (load 18) took 11 s of wall for a 10 s bound."""
 
 WRAPPERS = [
     "env -u a ", "env A=1 ", "nice -n 1 ", "nice ", "timeout 1 ", "timeout -s KILL 5 ", "xargs ", "xargs -0 ",
@@ -40,9 +41,9 @@ WRAPPERS = [
 
 
 def judged(command: str) -> tuple[str, str | None, float]:
-    started = time.monotonic()
+    started = time.thread_time()
     verdict = judge(DENY_RM, "Bash", {"command": command})
-    return verdict.verdict, verdict.rule or verdict.unreadable, time.monotonic() - started
+    return verdict.verdict, verdict.rule or verdict.unreadable, time.thread_time() - started
 
 
 @pytest.mark.parametrize("wrapper", WRAPPERS)
@@ -120,10 +121,10 @@ def test_the_work_bound_is_above_what_the_other_bounds_let_through() -> None:
 )
 def test_shapes_that_were_superlinear_read_in_bounded_time(command: str) -> None:
     rules = RuleSet.parse(["Bash(rm --no-preserve-root-of-the-system:*)"], [], ["Bash"])
-    started = time.monotonic()
+    started = time.thread_time()
     judge(rules, "Bash", {"command": command})
     judge(DENY_RM, "Bash", {"command": command})
-    assert time.monotonic() - started < TIME_LIMIT_S
+    assert time.thread_time() - started < TIME_LIMIT_S
 
 
 @pytest.mark.parametrize(
@@ -147,20 +148,20 @@ def test_a_file_tool_path_past_a_bound_is_denied_with_the_bound_named(
 def test_a_deep_path_within_the_bounds_is_judged_quickly() -> None:
     """Each folder above a path is judged against each rule: 4,000 parts took 40 s before the bound."""
     rules = RuleSet.parse(["Edit(secrets/**)", "Read(**/.env)"], ["Edit(src/**)"], ["Edit(docs/**)", "Read"])
-    started = time.monotonic()
+    started = time.thread_time()
     for tool in ("Edit", "Read"):
         assert judge(rules, tool, {"file_path": "/".join(["abcdefghijklmno"] * 255)}, "/srv/ws", os.path.realpath)
-    assert time.monotonic() - started < TIME_LIMIT_S
+    assert time.thread_time() - started < TIME_LIMIT_S
 
 
 def test_a_webfetch_url_past_the_bound_is_denied() -> None:
     rules = RuleSet.parse([], [], ["WebFetch(domain:example.com)"])
     long_url = "https://" + "a@" * 200_000 + "example.com/"  # every `@` was a host to read: over a second
-    started = time.monotonic()
+    started = time.thread_time()
     verdict = judge(rules, "WebFetch", {"url": long_url})
     assert (verdict.verdict, verdict.unreadable) == (
         "deny",
         f"its url is {len(long_url)} characters long, over the 8192 the gateway judges",
     )
-    assert time.monotonic() - started < 1.0
+    assert time.thread_time() - started < 1.0
     assert judge(rules, "WebFetch", {"url": "https://example.com/" + "a" * 8000}).verdict == "allow"
