@@ -128,13 +128,10 @@ bytecode: $(STAMP)
 # collects them, then forks UNIT_WORKERS workers that share what it collected and start at once
 # (tests/forked_workers.py); more workers than cores, since many tests wait on a watchdog, a sweep or a timeout.
 # Where the time goes: `$(PY) -m pytest -p no:xdist --forks 5 tests/gateway tests/sandbox --cpu-costs=30`
-# (tests/cpu_costs.py). What was measured and rejected: decisions 103, 105 and 107, and git log.
-# 2026-11-28, nothing else running, interleaved with the tree before (d1b7043: 6 pytest-xdist workers, the same
-# machine in the same hour): 13:10, pytest 56.3 and 54.4 s against 69.5 and 68.3 s; 13:50-14:08, a slower hour
-# (the old tree 73-77 s where it took 65 s at 09:31), `make unit` 58.1, 58.6, 63.2, 63.5, 60.3 s with 5 forks
-# and 60.4, 60.8 s with 6, against 73.3-77.5 s; user+sys 83-95 s against 107-112 s (the suite's PostgreSQL not
-# counted). So about 0.8 of the old tree's time: under a minute when this machine runs at its usual speed, not
-# yet with a margin in its slow hours.
+# (tests/cpu_costs.py). What was measured and rejected: decisions 103, 105, 107, 109 and 110, and git log.
+# 2026-11-28 16:12-16:18, nothing else running, interleaved with the tree before these changes (7f564e1, the same
+# machine in the same quarter hour): `make unit` 51.8 and 49.4 s against 64.0 and 59.9 s; user+sys 74 and 70 s
+# against 89 and 87 s. The tests' own CPU 58.8 s where it was 84 s, the suite's PostgreSQL 10.6 s where 12.2.
 UNIT_WORKERS ?= 5
 unit: $(STAMP) bytecode
 	$(TEST_ENV) $(PY) -m pytest -p no:xdist --forks $(UNIT_WORKERS) tests/gateway tests/sandbox
