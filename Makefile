@@ -129,9 +129,9 @@ bytecode: $(STAMP)
 # (tests/forked_workers.py); more workers than cores, since many tests wait on a watchdog, a sweep or a timeout.
 # Where the time goes: `$(PY) -m pytest -p no:xdist --forks 5 tests/gateway tests/sandbox --cpu-costs=30`
 # (tests/cpu_costs.py). What was measured and rejected: decisions 103, 105, 107, 109 and 110, and git log.
-# 2026-11-28 16:12-16:18, nothing else running, interleaved with the tree before these changes (7f564e1, the same
-# machine in the same quarter hour): `make unit` 51.8 and 49.4 s against 64.0 and 59.9 s; user+sys 74 and 70 s
-# against 89 and 87 s. The tests' own CPU 58.8 s where it was 84 s, the suite's PostgreSQL 10.6 s where 12.2.
+# 2026-11-28 16:51-17:00, nothing else running, interleaved with the tree before these changes (7f564e1 in a venv
+# of its own, the same machine in the same quarter hour): `make unit` 51.2, 51.0 and 51.5 s against 68.2, 64.2
+# and 65.9 s; user+sys 71-76 s against 95-104 s. The tests' own CPU 58.8 s where it was 84 s (--cpu-costs).
 UNIT_WORKERS ?= 5
 unit: $(STAMP) bytecode
 	$(TEST_ENV) $(PY) -m pytest -p no:xdist --forks $(UNIT_WORKERS) tests/gateway tests/sandbox
