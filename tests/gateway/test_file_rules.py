@@ -8,11 +8,12 @@ something a deny or ask rule names is asked, never allowed; an allow rule must c
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 
+from gateway.rules.files import _ancestry
 from gateway.rules.permissions import Judgement, RuleSet, Verdict, judge, parse_rule
 
 ROOT = "/srv/ws"
@@ -172,3 +173,25 @@ def test_searches_are_judged_on_the_folders_links_lead_to(tmp_path: Path) -> Non
     assert verdict("Grep", {"path": "src", "glob": "keys/*"}) == "deny"
     assert verdict("Grep", {"path": f"{root}/src/up"}) == "ask"  # a link to the workspace's parent
     assert verdict("Grep", {"path": f"{root}/src"}) == "allow"
+
+
+def _ancestry_by_pathlib(relative: str) -> list[str]:
+    """What `_ancestry` gave when it built a PurePosixPath per folder: the result it must keep."""
+    parts = PurePosixPath(relative).parts
+    return [str(PurePosixPath(*parts[:n])) for n in range(len(parts), 0, -1)] or [relative]
+
+
+@pytest.mark.parametrize(
+    ("relative", "ancestry"),
+    [
+        ("a/b/c", ["a/b/c", "a/b", "a"]),
+        ("a//b/./c", ["a/b/c", "a/b", "a"]),
+        ("a", ["a"]),
+        ("", [""]),
+        (".", ["."]),
+        ("/a/b", ["/a/b", "/a", "/"]),  # not workspace-relative: pathlib's root is kept
+        ("//a/b", ["//a/b", "//a", "//"]),
+    ],
+)
+def test_a_paths_ancestry_is_each_folder_above_it_as_pathlib_writes_it(relative: str, ancestry: list[str]) -> None:
+    assert _ancestry(relative) == ancestry == _ancestry_by_pathlib(relative)
