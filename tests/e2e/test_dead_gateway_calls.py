@@ -64,6 +64,12 @@ def question_status(gateway: GatewayHome, run_id: str) -> str | None:
         return connection.execute(select(q.c.status).where(q.c.id == run_id)).scalar_one_or_none()
 
 
+def closed(gateway: GatewayHome, run_id: str) -> bool:
+    """Whether the sweep's closure is written: its terminal event, which lands with the card's move in one
+    transaction. The card's status alone is not enough: the sweep claims a card (status `error`) first."""
+    return bool(terminal_events(gateway, run_id))
+
+
 def terminal_events(gateway: GatewayHome, run_id: str) -> list[dict[str, Any]]:
     return [e for e in gateway.events_of(run_id) if e["event_type"] in ("POLICY_BLOCKED", "TOOL_FINISHED")]
 
@@ -99,11 +105,12 @@ def test_a_call_killed_at_the_in_band_question_is_closed_by_another_gateways_swe
     run_id = kill_during_the_consent_question(home, open_session)
 
     # Old code: the card stayed pending, the trail MCP_TOOL_CALL alone, the charge 60,000 ms: forever.
-    assert wait_until(lambda: card_of(home, run_id)["status"] != "pending", timeout=15), survivor.stderr_text()
+    assert wait_until(lambda: closed(home, run_id), timeout=15), survivor.stderr_text()
     assert_closed_as_abandoned(home, run_id, "POLICY_BLOCKED")
+    # Settled and given back just after the closure's transaction, before the sweep logs it.
+    assert wait_until(lambda: lines_naming(survivor, run_id), 5)
     assert charged_ms(home, run_id) == 0, "it waited for consent: nothing ran"
     assert question_status(home, run_id) == "expired", "its place under the cap of open questions is given back"
-    assert wait_until(lambda: lines_naming(survivor, run_id), 5)
     time.sleep(3 * PERIOD_S)  # later sweeps find nothing more to close, or to log
     assert len(lines_naming(survivor, run_id)) == 1, survivor.stderr_text()
     assert len(terminal_events(home, run_id)) == 1
@@ -161,7 +168,9 @@ def test_a_run_whose_gateway_was_killed_is_closed_at_the_next_sweep_charged_what
 
     assert wait_until(lambda: gone(pytest_pid), timeout=5), "the run's processes die with their gateway"
     # Old code: closed only past the deadline (the time limit, 60 s, plus the watchdog's grace).
+    # The card moves with the run's end in one transaction; its charge is settled just after.
     assert wait_until(lambda: card_of(home, run_id)["status"] != "running", timeout=15), survivor.stderr_text()
+    assert wait_until(lambda: charged_ms(home, run_id) != RUN_TIMEOUT_S * 1000, timeout=15), "the charge is settled"
     closed_at = time.time()
     with home.engine.connect() as connection:
         row = connection.execute(select(db.runs).where(db.runs.c.run_id == run_id)).one()
@@ -199,7 +208,7 @@ def test_a_check_permission_question_killed_while_it_waits_is_closed_with_its_ca
     asker.process.wait(timeout=10)
 
     run_id = str(card["run_id"])
-    assert wait_until(lambda: card_of(gateway, run_id)["status"] != "pending", timeout=15), survivor.stderr_text()
+    assert wait_until(lambda: closed(gateway, run_id), timeout=15), survivor.stderr_text()
     assert card_of(gateway, run_id)["status"] == "error"
     ended = terminal_events(gateway, run_id)
     assert [(e["event_type"], e["detail"]) for e in ended] == [("POLICY_BLOCKED", ABANDONED)], ended

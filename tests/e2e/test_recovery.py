@@ -210,6 +210,8 @@ def test_with_no_gateway_left_the_approver_is_not_shown_the_question_and_the_nex
     successor = open_session(home, env=SWEEPING)
 
     assert wait_until(lambda: status_of_question(home) == "abandoned", timeout=10), successor.stderr_text()
+    # The question is marked first; its decision and terminal event are written just after.
+    assert wait_until(lambda: len(home.events_of(waiting["id"])) == 3, timeout=10), home.events_of(waiting["id"])
     events = home.events_of(waiting["id"])
     assert [e["event_type"] for e in events] == ["MCP_TOOL_CALL", "mcp.permission.decision", "POLICY_BLOCKED"]
     assert len(lines_naming(successor, waiting["id"])) == 1, successor.stderr_text()
