@@ -908,14 +908,16 @@ class Pipeline:
         writer ends with the run, its last write (shielded) committed first."""
         ran: list[ToolRun] = []
         raised: list[Exception] = []
+        writer = anyio.CancelScope()
         async with anyio.create_task_group() as group:
 
             async def flushing() -> None:
-                try:
-                    await flush_connections(trail, engine)
-                except Exception as exc:
-                    raised.append(exc)
-                    group.cancel_scope.cancel()
+                with writer:
+                    try:
+                        await flush_connections(trail, engine)
+                    except Exception as exc:
+                        raised.append(exc)
+                        group.cancel_scope.cancel()  # the run too
 
             group.start_soon(flushing)
             try:
@@ -923,7 +925,7 @@ class Pipeline:
             except Exception as exc:  # raised after the group, as itself: never wrapped in a group
                 raised.append(exc)
             finally:
-                group.cancel_scope.cancel()
+                writer.cancel()  # the writer alone: the run's end is not cancelled with it
         if raised:
             raise raised[0]
         return ran[0]
