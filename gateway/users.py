@@ -51,6 +51,19 @@ def password_matches(password: str, password_hash: str) -> bool:
     return bool(_passwords().verify(password, password_hash))
 
 
+NO_USER_HASH = "$pbkdf2-sha256$600000$pHSuVYoR4ty7l7J2DmHMuQ$x76uBoTXTHW/VvPMWFPSF7WA24UNOk5vydSFtQDllMo"
+"""The hash of a random password nobody kept, at the rounds `hash_password` uses: what a sign-in without a
+stored hash is checked against. A constant, not made at the first such sign-in, which then took twice as long
+as any later one and told an unknown name from a known one."""
+
+
+def no_password_matches(password: str) -> bool:
+    """False, after the work of checking `password` against a stored hash: an unknown name, a disabled user
+    or an empty password costs what a wrong password does."""
+    _passwords().verify(password or "x", NO_USER_HASH)
+    return False
+
+
 FETCH_USER = (
     select(db.users, db.user_workspaces.c.workspace)
     .outerjoin(db.user_workspaces, db.user_workspaces.c.user_id == db.users.c.id)

@@ -60,7 +60,7 @@ from gateway.policy import Policy
 from gateway.services import Stores
 from gateway.tools.registry import catalogue
 from gateway.upstreams.pins import offered_tools, tool_lines
-from gateway.users import hash_password, password_matches
+from gateway.users import no_password_matches, password_matches
 
 STATIC = Path(__file__).parent / "static"
 SESSION_COOKIE = "gw_session"
@@ -558,14 +558,8 @@ def _check_password(c: Console, name: str, password: str) -> bool:
     record = c.stores.users.fetch(name) if name else None
     stored = c.stores.users.fetch_password_hash(name) if record is not None and not record.disabled else None
     if stored is None or not password:
-        password_matches(password or "x", _dummy_hash())  # an unknown name costs what a wrong password does
-        return False
+        return no_password_matches(password)
     return password_matches(password, stored)
-
-
-@functools.cache
-def _dummy_hash() -> str:
-    return hash_password(secrets.token_urlsafe(16))
 
 
 def _audit_sign_in(c: Console, name: str, ok: bool, reason: str | None) -> None:

@@ -65,7 +65,7 @@ TEST_ROUNDS = 1_000
 at the gateway's 600,000 (`hash_password`) each sign-in cost about 0.13 s of CPU, most of what the console's
 route tests spent (test_console_upstreams.py alone signs in about 40 times). The routes are what these tests
 are about; `test_a_hash_at_the_gateways_own_rounds_signs_in` and tests/gateway/test_users.py keep the
-gateway's own hashes covered, and an unknown name still costs a full-strength verification (`_dummy_hash`)."""
+gateway's own hashes covered, and an unknown name still costs a full-strength verification (`NO_USER_HASH`)."""
 
 
 @functools.cache
