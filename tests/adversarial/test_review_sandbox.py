@@ -29,7 +29,7 @@ from sandbox.guarantees import Guarantee
 from sandbox.leftovers import ROOT_PREFIX, SCRATCH_PREFIX
 from sandbox.limits import BACKENDS, Backend
 from tests.adversarial.conftest import RUN_UIDS, Arena, answer_allow_once, open_arena
-from tests.harness import StdioSession
+from tests.harness import GatewayHome, StdioSession
 
 CAP = 1024 * 1024  # the arenas' max_output_bytes
 
@@ -296,6 +296,10 @@ def pump_until(session: StdioSession, condition: Callable[[], bool], timeout: fl
     return condition()
 
 
+def finished(gateway: GatewayHome, run_id: str) -> list[dict[str, Any]]:
+    return [e for e in gateway.events_of(run_id) if e["event_type"] == "TOOL_FINISHED"]
+
+
 def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not condition():
@@ -359,11 +363,14 @@ def test_a_run_dies_with_its_gateway_and_the_next_gateway_closes_its_record(
         successor = StdioSession(arena.gateway, env=env)
         try:
             assert "result" in successor.initialize()
-            assert wait_until(lambda: run_row(arena, run_id)[0] == "abandoned", timeout=10), successor.stderr_text()
+            # The run's row is closed first, its TOOL_FINISHED written in the next transaction: wait for both.
+            assert wait_until(
+                lambda: run_row(arena, run_id)[0] == "abandoned" and bool(finished(arena.gateway, run_id)), timeout=10
+            ), successor.stderr_text()
             assert not scratch[0].exists(), "the next gateway to start removes it"
         finally:
             successor.close()
-        ended = [e for e in arena.gateway.events_of(run_id) if e["event_type"] == "TOOL_FINISHED"]
+        ended = finished(arena.gateway, run_id)
         assert [e["detail"] for e in ended] == [{"status": "abandoned", "reason": "gateway_lost"}]
         assert arena.gateway.chain_ok()
         with sqlite3.connect(arena.gateway.home / "gateway.db") as db:

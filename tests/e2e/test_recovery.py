@@ -173,8 +173,8 @@ def test_a_killed_gateways_question_cannot_be_decided_and_a_live_gateway_closes_
     assert [e["detail"] for e in events if e["event_type"] == "POLICY_BLOCKED"] == [
         {"status": "abandoned", "reason": "gateway_lost"}
     ]
+    assert wait_until(lambda: lines_naming(survivor, waiting["id"]), 5), "logged once its charge is settled"
     assert charged_ms(home, waiting["id"]) == 0, "it waited for consent: nothing ran, its reservation is given back"
-    assert wait_until(lambda: lines_naming(survivor, waiting["id"]), 5)
     time.sleep(3 * PERIOD_S)
     assert len(lines_naming(survivor, waiting["id"])) == 1, survivor.stderr_text()
     verify = home.cli("audit", "verify")
