@@ -319,11 +319,14 @@ def test_a_run_that_ended_by_itself_past_its_limit_while_the_gateway_was_stuck_i
     async def main(folder: Path) -> None:
         scratch = folder / "scratch"
         scratch.mkdir()
+        # The command ends at a time set here, 1.5 s on: past the 1 s limit, 1.5 s before the watchdog's kill,
+        # however long its interpreter took to start on a busy machine.
+        ends_at = time.time() + 1.5
         async with anyio.create_task_group() as group:
 
             async def run_it() -> None:
                 seen["result"] = await run_sandboxed(
-                    [PYTHON, "-I", "-c", "import time; time.sleep(1.5)"],
+                    [PYTHON, "-I", "-c", f"import time; time.sleep(max(0.0, {ends_at!r} - time.time()))"],
                     folder,
                     limits(backend, timeout_s=1),
                     folder / "out",
@@ -338,7 +341,7 @@ def test_a_run_that_ended_by_itself_past_its_limit_while_the_gateway_was_stuck_i
             # command ends by itself; it stays stuck until the run's outer supervisor, this process's child,
             # has exited too (a zombie nobody reaped yet), so the gateway finds the run ended on its own.
             stuck_until = time.monotonic() + 2.2
-            time.sleep(1.5)  # the command's own sleep: nothing can end before
+            time.sleep(max(0.0, ends_at - time.time()))  # the command's own sleep: nothing can end before
             while ended_child_pending(others) and time.monotonic() < stuck_until:
                 time.sleep(0.05)
 
