@@ -126,6 +126,13 @@ def assert_audit_verifies(fleet: Fleet) -> None:
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+def admitted_and_ran(answer: Answer) -> bool:
+    """A charged call admitted that ran: its result, or its time limit reached (-32007 `timeout`, charged and
+    trailed as a run), as happened once under `make coverage` when the 80 calls of the kill test met the
+    suite's other workers on 2 cores and the tiny run took over RUN_S."""
+    return answer.call.kind == "run" and (answer.code is None or (answer.code, answer.reason) == (-32007, "timeout"))
+
+
 def assert_budget_refusal(answer: Answer, reason: str) -> None:
     assert (answer.code, answer.reason) == (-32005, reason), answer.response
     retry = answer.data["retry_after_s"]
@@ -428,14 +435,15 @@ def test_one_gateway_killed_at_a_random_moment_leaves_the_others_right(
             restarted.close()
 
     assert len(survivors) == 5 * (GATEWAYS - 1), note
-    admitted = [a for a in [*survivors, *last_words] if a.call.kind == "run" and a.code is None]
+    admitted = [a for a in [*survivors, *last_words] if admitted_and_ran(a)]
     assert len(admitted) <= ATTEMPTS, note
     assert usage(fleet, "survivor")[0] == ATTEMPTS, f"the 30 charged calls of the 15 fill the budget; {note}"
     assert all(a.call.kind != "held" for a in last_words), "nobody decided the killed gateway's question"
     events = events_by_run(fleet.home)
     for answer in [*survivors, *last_words]:
-        if answer.call.kind == "run" and answer.code is None:
-            assert answer.response["result"]["structuredContent"]["passed"] == 1, note
+        if admitted_and_ran(answer):
+            if answer.code is None:
+                assert answer.response["result"]["structuredContent"]["passed"] == 1, note
             assert_trail(events, answer, RAN)
         elif answer.call.kind == "run":
             assert_budget_refusal(answer, "attempts_exhausted")
