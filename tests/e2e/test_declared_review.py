@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 from sqlalchemy import select
 
 from gateway import db
+from gateway.consent.store import MAX_OPEN_QUESTIONS, ConsentStore, PendingRequest
 from gateway.recovery import SWEEP_ENV
 from tests.e2e.test_recovery import wait_until
 from tests.harness import (
@@ -463,6 +465,58 @@ def test_a_review_whose_gateway_died_is_closed_in_its_runs_trail_with_nothing_ap
     review = gateway.events_of(run_id)[-2]["detail"]
     assert (review["about"], review["decision"], review["reason"]) == ("change_set", "DENY_ONCE", "changes_denied")
     assert gateway.events_of(str(row["id"])) == [], "nothing is written under the question's own id"
+    assert gateway.chain_ok()
+
+
+def test_a_review_that_finds_the_users_questions_full_applies_nothing_and_says_why(
+    gateway: GatewayHome, open_session: SessionFactory
+) -> None:
+    """The run ran; its review would be one question more than the user may have open: nobody is asked, the
+    change set is recorded as not applied (decided by the policy, with the limit as its reason), and the
+    call is refused with -32008 `consent_questions_limit`. The user's other questions stay as they were."""
+    granted = gateway.cli("consent", "grant", "alice", "ruff_fix", "--always")  # the call itself asks nothing
+    assert granted.returncode == 0, granted.stderr
+    session = open_session(gateway)
+    now = time.time()
+    store = ConsentStore(gateway.engine)
+    for n in range(MAX_OPEN_QUESTIONS):  # what other gateways (of other sessions) have open for alice
+        store.insert_request(
+            PendingRequest(
+                f"elsewhere-{n}", now, now + 300, "another-session", "alice", "default", "gateway", "ruff_fix",
+                "0" * 64, "{}", "write", False,
+            )
+        )  # fmt: skip
+
+    response = session.call_tool("ruff_fix", {}, gateway.token("alice"), timeout=120)
+
+    error = response["error"]
+    assert (error["code"], error["data"]["reason"]) == (-32008, "consent_questions_limit"), response
+    assert f"at most {MAX_OPEN_QUESTIONS}" in error["message"], error
+    assert (gateway.workspace / "lint_me.py").read_text() == UNUSED_IMPORT
+    run_id = error["data"]["run_id"]
+    assert (gateway.home / "artifacts" / run_id / "changes.patch").is_file(), "the set is kept for a person to read"
+    trail = [(e["event_type"], e["code"]) for e in gateway.events_of(run_id)][-4:]
+    assert trail == [
+        ("SANDBOX_EXEC", None),
+        ("mcp.permission.decision", None),
+        ("WORKSPACE_CHANGES", None),
+        ("TOOL_FINISHED", -32008),
+    ]
+    review = gateway.events_of(run_id)[-3]["detail"]
+    assert (review["about"], review["decision"], review["origin"], review["reason"]) == (
+        "change_set",
+        "DENY_ONCE",
+        "policy",
+        "consent_questions_limit",
+    ), review
+    changes = event(gateway, run_id, "WORKSPACE_CHANGES")
+    assert (changes["applied"], changes["decided_by"], changes["reason"]) == (
+        False,
+        "policy",
+        "consent_questions_limit",
+    )
+    assert [r["id"] for r in question_rows(gateway) if r["kind"] == "change_review"] == [], "nobody was asked"
+    assert len(store.fetch_pending(time.time())) == MAX_OPEN_QUESTIONS
     assert gateway.chain_ok()
 
 
