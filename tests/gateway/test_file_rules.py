@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.rules.files import _ancestry
+from gateway.rules.files import _ancestry, _below, path_matches
 from gateway.rules.permissions import Judgement, RuleSet, Verdict, judge, parse_rule
 
 ROOT = "/srv/ws"
@@ -195,3 +195,24 @@ def _ancestry_by_pathlib(relative: str) -> list[str]:
 )
 def test_a_paths_ancestry_is_each_folder_above_it_as_pathlib_writes_it(relative: str, ancestry: list[str]) -> None:
     assert _ancestry(relative) == ancestry == _ancestry_by_pathlib(relative)
+
+
+@pytest.mark.parametrize(
+    ("spec", "relative", "below"),
+    [
+        ("src/**/x.py", "src/a", True),  # `**` may reach any folder beneath
+        ("src/*.py", "src", True), ("src/*.py", "lib", False),
+        ("a/b", "a/b/c", False),  # the glob ends above the folder: nothing beneath it matches
+        ("a/b", "a/b", False),
+    ],
+)  # fmt: skip
+def test_a_glob_may_match_beneath_a_folder_only_where_its_parts_reach(spec: str, relative: str, below: bool) -> None:
+    assert _below(spec, relative) is below
+
+
+@pytest.mark.parametrize(
+    ("spec", "relative", "matches"),
+    [("a?c", "abc", True), ("a?c", "a/c", False), ("a?c", "ac", False), ("?", "\n", True), ("a?", "a??", False)],
+)
+def test_a_question_mark_is_one_character_within_a_folder(spec: str, relative: str, matches: bool) -> None:
+    assert path_matches(spec, relative) is matches

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from gateway.rules.permissions import Judgement, RuleSet, judge
-from gateway.rules.shell import read_invocations
+from gateway.rules.shell import invocations, lexer, read_invocations, tree
 from gateway.rules.shell.invocations import MAX_DEPTH
 from gateway.rules.shell.words import WordBuilder, decode_ansi_c, expand_braces, word_of
 
@@ -20,6 +22,7 @@ def programs(command: str) -> list[str]:
     [
         ("\\x72m", "rm"), ("\\162m", "rm"), ("\\u0072m", "rm"), ("\\U00000072m", "rm"), ("a\\tb", "a\tb"),
         ("\\'", "'"), ("\\\\", "\\"), ("\\cA", "\x01"), ("\\e[0m", "\x1b[0m"), ("\\q", "\\q"), ("x\\", "x\\"),
+        ("\\xg", "\\xg"), ("\\u", "\\u"),  # no digit after `\\x`/`\\u`: bash keeps the backslash
         ("a[\\x24(touch P)]", "a[$(touch P)]"),
     ],
 )  # fmt: skip
@@ -37,12 +40,16 @@ def test_brace_expansion_applies_to_unquoted_braces_with_a_comma_and_is_bounded(
     assert len(expand_braces(chars("{a,b}" * 10))) == 64
     assert expand_braces(chars("{rm,x}", quoted="{}")) == [chars("{rm,x}", quoted="{}")]
     assert expand_braces(chars("{rm}")) == [chars("{rm}")]
+    quoted_comma = expand_braces((*chars("{rm"), (",", True), *chars("-rf,x}")))  # `{rm','-rf,x}`
+    assert ["".join(c for c, _ in w) for w in quoted_comma] == ["rm,-rf", "x"]
 
 
 def test_a_word_with_glob_characters_may_be_any_value_they_match() -> None:
     word = word_of(chars("/bin/r[mx]")).basename()
     assert word.may_be("rm") and word.may_be("rx") and not word.may_be("ls")
     assert word_of(chars("r*", quoted="*")).may_be("r*") and not word_of(chars("r*", quoted="*")).may_be("rm")
+    star = word_of(chars("/bin/rm**")).basename()  # a trailing star may be nothing: `rm**` may be `rm`
+    assert star.may_be("rm") and star.may_be("rmdir") and not star.may_be("r")
 
 
 @pytest.mark.parametrize("command", ['rm *"*"; rm "*"*', 'rm "*"*; rm *"*"'])
@@ -111,3 +118,61 @@ def test_heredocs_are_stdin_not_commands_unless_a_shell_reads_them() -> None:
     assert programs("cat <<EOF\nrm $(ls)\nEOF") == ["cat", "ls"]  # expanded: its substitutions run
     assert "rm -rf ~" in programs("sh <<'EOF'\nrm -rf ~\nEOF")
     assert "rm x" in programs("echo -e 'rm\\x20x' | bash")
+
+
+def lexed(command: str) -> tuple[list[list[str]], list[list[str]], list[str]]:
+    """The lexer's words (an expansion shown as `?`), standard inputs and substitution bodies."""
+    commands, nested = lexer.lex(command)
+    return [[w.text if w.known else "?" for w in c.words] for c in commands], [c.stdin for c in commands], nested
+
+
+@pytest.mark.parametrize(
+    ("command", "words", "nested"),
+    [
+        ("rm a#b c$% $", [["rm", "a#b", "c$%", "$"]], []),  # `#` inside a word and a bare `$` are characters
+        ('rm "-r\\\nf" x', [["rm", "-rf", "x"]], []),  # a line continuation inside double quotes is removed
+        ('rm "$1" "x$HOME" "a$ b" "\\$"', [["rm", "?", "?", "a$ b", "$"]], []),
+        ("rm -rf /x>/dev/null", [["rm", "-rf", "/x"]], []),  # a word ending at `>` is an argument
+        ("rm 2>/dev/null x", [["rm", "x"]], []),  # `2>`: the number belongs to the redirection
+        ("rm $1 $@ $?", [["rm", "?", "?", "?"]], []),
+        ("echo $(echo \\); rm y)", [["echo", "?"]], ["echo \\); rm y"]),  # an escaped `)` does not close it
+        ('echo $(echo ")\\""; rm z)', [["echo", "?"]], ['echo ")\\""; rm z']),  # nor one in double quotes
+    ],
+)
+def test_the_lexer_reads_words_as_bash_does(command: str, words: list[list[str]], nested: list[str]) -> None:
+    assert lexed(command)[0] == words and lexed(command)[2] == nested
+
+
+def test_the_lexer_reads_a_heredoc_delimiter_after_blanks() -> None:
+    assert lexed("cat << \t EOF\nrm x\nEOF\nls") == ([["cat"], ["ls"]], [["rm x"], []], [])
+
+
+def test_a_here_string_piped_through_a_redirection_reaches_the_shell() -> None:
+    (cat, sh), _ = tree.parse("cat <<< 'rm x' >&2 | sh")
+    assert cat.stdin == ["rm x"] and sh.piped_from is cat
+    assert "rm x" in programs("cat <<< 'rm x' >&2 | sh") and "rm -rf /" in programs("cat <<EOF | sh\nrm -rf /\nEOF")
+    assert programs("<<< 'rm x' | sh") == ["sh"]  # no command before the pipe: nothing written to the shell
+    assert programs("tr a b <<< 'rm x' | sh") == ["sh", "tr a b"]  # what tr writes is not known: not read
+
+
+def test_a_rule_longer_than_the_command_does_not_match_it() -> None:
+    (invocation,) = read_invocations("git push").invocations
+    assert not invocation.starts_with(["git", "push", "origin"]) and invocation.starts_with(["git", "push"])
+    rules = RuleSet.parse(["Bash(git push origin:*)"], [], ["Bash"])
+    assert judge(rules, "Bash", {"command": "git push"}).verdict == "allow"  # the deny rule does not apply
+
+
+def test_tree_sitter_stops_at_its_cpu_deadline() -> None:
+    """Its error recovery is superlinear on some input: past the deadline the parse is cancelled."""
+    command = "{|{{||{" * 4000
+    started = time.thread_time()
+    with pytest.raises(tree.ParseTooSlow):
+        tree.parse(command, started + 0.05)
+    assert time.thread_time() - started < 1.0
+    assert tree.parse("ls", started + 100)[1]
+
+
+def test_a_reading_past_tree_sitters_time_is_incomplete(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(invocations, "TREE_SITTER_S", 0.0)  # the limit reached before the first parse
+    reading = read_invocations("ls " + "x " * 4000)
+    assert not reading.complete and "ls " + "x " * 3999 + "x" in {i.text for i in reading.invocations}
