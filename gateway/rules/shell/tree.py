@@ -62,12 +62,48 @@ def parse(text: str, deadline: float = math.inf) -> tuple[list[SimpleCommand], b
         body = node.child_by_field_name("body")
         if body is not None and body.id in found:
             found[body.id].stdin.extend(_heredocs(node, source))
+        elif body is not None:  # a group, a subshell, a loop: its input reaches every command inside it
+            texts = _heredocs(node, source)
+            for inner in _inside(body, found) if texts else ():
+                inner.stdin.extend(texts)
     for node in pipelines:
-        stages = [_command_id(c) for c in node.named_children]
-        for before, after in itertools.pairwise(stages):
-            if before in found and after in found:
-                found[after].piped_from = found[before]
+        for before, after in itertools.pairwise(node.named_children):
+            writer, reader = _command_id(before), _command_id(after)
+            if writer in found and reader in found:
+                found[reader].piped_from = found[writer]
+            else:
+                _pipe_compound(before, after, found)
     return list(found.values()), not tree.root_node.has_error
+
+
+def _inside(node: Node, found: dict[int, SimpleCommand]) -> list[SimpleCommand]:
+    """The simple commands within `node`, itself included."""
+    inner: list[SimpleCommand] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current.id in found:
+            inner.append(found[current.id])
+        stack.extend(current.children)
+    return inner
+
+
+def _pipe_compound(before: Node, after: Node, found: dict[int, SimpleCommand]) -> None:
+    """A pipe into or out of a compound stage (`{ cat; } <<< 'rm x' | sh`, `echo rm x | ( sh )`): what any
+    command of `before` may write reaches every command of `after` that reads its input. Read on the safe side:
+    each command's arguments and input stand for what it may write, as a bare `cat` of its input would."""
+    writers = _inside(before, found)
+    if not writers:
+        return
+    written = SimpleCommand([literal_word("cat")])
+    for writer in writers:
+        written.stdin.extend(writer.stdin)
+        written.stdin.append(" ".join(w.text for w in writer.words[1:]))
+        if writer.piped_from is not None:
+            written.stdin.extend(writer.piped_from.stdin)
+    for reader in _inside(after, found):
+        if reader.piped_from is None:
+            reader.piped_from = written
 
 
 def _command_id(node: Node) -> int:

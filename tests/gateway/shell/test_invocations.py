@@ -155,6 +155,24 @@ def test_a_here_string_piped_through_a_redirection_reaches_the_shell() -> None:
     assert programs("tr a b <<< 'rm x' | sh") == ["sh", "tr a b"]  # what tr writes is not known: not read
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        "while read l; do echo $l; done <<< 'rm x' | sh",  # a loop's input, written on to a shell
+        "if true; then cat; fi <<< 'rm x' | sh",
+        "while true; do sh; done <<< 'rm x'",  # a shell inside the loop reads the loop's input
+        "echo rm x | ( bash )",  # into a subshell
+        "{ echo rm x; } | sh",  # out of a group
+        "cat <<< 'rm x' | { cat; } | sh",  # through a group
+        "{ cat; } < <(echo rm x) | sh",
+    ],
+)
+def test_input_into_or_out_of_a_compound_command_reaches_a_shell(command: str) -> None:
+    """A group, a subshell, a loop or an `if` passes its input to the commands inside, and what they write on
+    down the pipe: a shell there runs it. Each was `ask` where the deny rule applies (the rule never saw `rm`)."""
+    assert judge(RuleSet.parse(["Bash(rm:*)"], [], ["Bash"]), "Bash", {"command": command}).verdict == "deny"
+
+
 def test_a_rule_longer_than_the_command_does_not_match_it() -> None:
     (invocation,) = read_invocations("git push").invocations
     assert not invocation.starts_with(["git", "push", "origin"]) and invocation.starts_with(["git", "push"])
