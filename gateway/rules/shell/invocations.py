@@ -245,7 +245,10 @@ def _stripped(words: Sequence[Word]) -> list[Sequence[Word]]:
 
 
 def _output(command: SimpleCommand) -> list[str]:
-    """What `echo`, `printf` or a bare `cat` (of its here-document) piped into a shell write."""
+    """What `echo`, `printf`, a bare `cat` (of its here-document) or a compound (of its input: `{ cat; } <<< x`)
+    piped into a shell write."""
+    if command.ends_compound:
+        return list(command.stdin)
     if not command.words:
         return []
     program, args = command.words[0].basename().text, [w.text for w in command.words[1:]]

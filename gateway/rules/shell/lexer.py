@@ -18,6 +18,8 @@ from gateway.rules.shell.words import SimpleCommand, Word, WordBuilder, decode_a
 _METACHARACTERS = " \t\n;&|()<>"
 _REDIRECTIONS = ("&>>", "<<<", "<<-", "&>", ">>", ">|", ">&", "<&", "<>", "<<", "<", ">")
 _SPECIAL_PARAMETERS = "@*#?$!-0123456789"
+_CLOSERS = frozenset({"}", "done", "fi", "esac"})
+"""Words that end a compound command: a redirection after one is the compound's."""
 _PLAIN = re.compile(r"[^\\'\"$`<>&;|() \t\n#]+")
 """A run of characters that are plain word characters wherever they stand (`#` only after a word's start:
 left to the loop)."""
@@ -29,6 +31,7 @@ def lex(text: str) -> tuple[list[SimpleCommand], list[str]]:
     """The simple commands in `text`, and the bodies of its substitutions (to read as commands)."""
     lexer = _Lexer(text)
     lexer.run()
+    lexer.share_compound_input()
     return lexer.commands, lexer.nested
 
 
@@ -45,6 +48,8 @@ class _Lexer:
         self.heredocs: list[tuple[str, bool, bool, SimpleCommand]] = []
         """Here-documents whose body starts at the next newline: delimiter, quoted, `<<-`, owner."""
         self.piped_from: SimpleCommand | None = None
+        self.closed = False
+        """The last separator was `)`: what follows, up to the next one, redirects the subshell."""
 
     def run(self) -> None:
         s, n = self.s, len(self.s)
@@ -92,10 +97,20 @@ class _Lexer:
                 self.end_command()
                 self.i += 2 if s.startswith(("||", "&&", ";;", "|&", ";&"), self.i) else 1
                 self.piped_from = self.commands[-1] if piped and self.commands else None
+                self.closed = c == ")"
             else:
                 self.word.add(c, quoted=False)
                 self.i += 1
         self.end_command()  # a here-document with no newline before the end has no body
+
+    def share_compound_input(self) -> None:
+        """A compound's input may reach any command before its end (the lexer does not know where it began):
+        read on the safe side, each of them may read it."""
+        inputs = [(index, text) for index, c in enumerate(self.commands) if c.ends_compound for text in c.stdin]
+        if inputs:  # one text for all (a shell would run each line): linear however many compounds there are
+            text = "\n".join(text for _, text in inputs)
+            for earlier in self.commands[: inputs[-1][0]]:
+                earlier.stdin.append(text)
 
     def ansi_c(self) -> None:
         s, j = self.s, self.i + 2
@@ -180,9 +195,13 @@ class _Lexer:
     def end_command(self) -> None:
         self.end_word()
         self.redirect = None
-        if self.current.words or self.current.stdin:
-            self.current.piped_from = self.piped_from
-            self.commands.append(self.current)
+        current = self.current
+        current.ends_compound = self.closed or bool(current.words and current.words[0].text in _CLOSERS)
+        self.closed = False
+        owns_heredoc = current.ends_compound and any(owner is current for *_, owner in self.heredocs)
+        if current.words or current.stdin or owns_heredoc:
+            current.piped_from = self.piped_from
+            self.commands.append(current)
         self.piped_from = None
         self.current = SimpleCommand([])
 

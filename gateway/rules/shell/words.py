@@ -266,3 +266,6 @@ class SimpleCommand:
     words: list[Word]
     stdin: list[str] = field(default_factory=list)
     piped_from: SimpleCommand | None = None
+    ends_compound: bool = False
+    """The end of a group, subshell, loop or `if` as the lexer reads it (`} <<< x`, `) <<< x`, `done < <(...)`):
+    its input is the compound's, which the commands inside may read and write on."""

@@ -165,6 +165,14 @@ def test_a_here_string_piped_through_a_redirection_reaches_the_shell() -> None:
         "{ echo rm x; } | sh",  # out of a group
         "cat <<< 'rm x' | { cat; } | sh",  # through a group
         "{ cat; } < <(echo rm x) | sh",
+        # Past what tree-sitter parses (a here-string or here-document after `}` or `)`): the lexer reads them.
+        "{ cat; } <<< 'rm x' | sh",
+        "( cat ) <<< 'rm x' | sh",
+        "{ sh; } <<< 'rm x'",
+        "( sh ) <<< 'rm x'",
+        "{ cat; } <<EOF | sh\nrm x\nEOF",
+        "( cat ) <<EOF | bash\nrm x\nEOF",
+        "for i in 1; do cat; done <<< 'rm x' | sh",
     ],
 )
 def test_input_into_or_out_of_a_compound_command_reaches_a_shell(command: str) -> None:
